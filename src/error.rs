@@ -1,0 +1,77 @@
+//! The library's typed errors. Each message says what failed, on what, and what to do;
+//! `exit_code` maps them to the CLI's documented exit codes.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A mistake in the project file: `file: field: problem; fix`.
+    #[error("{file}: {field}: {message}")]
+    Project {
+        file: PathBuf,
+        field: String,
+        message: String,
+    },
+
+    /// Bad command-line input that clap cannot catch (flag combinations, references).
+    #[error("{0}")]
+    Usage(String),
+
+    #[error("docker engine: {0}")]
+    Engine(String),
+
+    /// A platform build failed; `detail` carries the failing step and its last log lines.
+    #[error("build of {image} for {platform} failed: {message}")]
+    Build {
+        image: String,
+        platform: String,
+        message: String,
+    },
+
+    #[error("emulation: {0}")]
+    Emulation(String),
+
+    #[error("export of {image}: {message}")]
+    Export { image: String, message: String },
+
+    #[error("registry {registry}: {message}")]
+    Registry { registry: String, message: String },
+
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl Error {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Project { .. } | Error::Usage(_) => 2,
+            Error::Interrupted => 130,
+            _ => 3,
+        }
+    }
+
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Exit codes as documented in `--help` and the README.
+pub mod exit {
+    pub const COVERED: i32 = 0;
+    pub const GAP: i32 = 1;
+    pub const USAGE: i32 = 2;
+    pub const FAILURE: i32 = 3;
+    pub const INTERRUPTED: i32 = 130;
+}

@@ -1,0 +1,23 @@
+//! polyarch: build multi-architecture container images, push one OCI index per tag
+//! without attestation entries, and prove the pushed index covers the declared platforms.
+//!
+//! Data flows one way: project → plan → build → export → push → verify → record.
+
+pub mod binfmt;
+pub mod build;
+pub mod engine;
+pub mod error;
+pub mod export;
+pub mod k8s;
+pub mod oci;
+pub mod pipeline;
+pub mod plan;
+pub mod platform;
+pub mod progress;
+pub mod project;
+pub mod record;
+pub mod registry;
+pub mod verify;
+
+pub use error::{Error, Result};
+pub use platform::Platform;
