@@ -1,1 +1,466 @@
-//! TODO
+//! One build per image × platform through the Docker Engine API: BuildKit (`version=2`
+//! with a session) by default, the classic builder where BuildKit is not available.
+//! The context is streamed as a tar honouring `.dockerignore`.
+
+use crate::engine::Engine;
+use crate::progress::{Event, Reporter};
+use crate::project::{ImageSpec, Network};
+use crate::{Error, Platform, Result};
+use bollard::models::{BuildInfo, BuildInfoAux};
+use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Log lines kept per build to explain a failure.
+const LOG_TAIL: usize = 15;
+
+#[derive(Debug, Clone)]
+pub struct BuiltImage {
+    /// The engine's image ID (`sha256:…`), the digest of its config.
+    pub id: String,
+    /// The temporary local tag the build wrote; removed by the caller after export.
+    pub tag: String,
+    pub seconds: f64,
+}
+
+/// The build args buildx defines for every build; injected for the classic builder,
+/// which knows none of them.
+pub fn platform_build_args(target: &Platform, build: &Platform) -> Vec<(String, String)> {
+    let mut args = Vec::new();
+    for (prefix, platform) in [("TARGET", target), ("BUILD", build)] {
+        let variant = platform.build_variant().unwrap_or("");
+        let full = match platform.build_variant() {
+            Some(v) => format!("{}/{}/{}", platform.os, platform.architecture, v),
+            None => platform.to_string(),
+        };
+        args.push((format!("{prefix}PLATFORM"), full));
+        args.push((format!("{prefix}OS"), platform.os.clone()));
+        args.push((format!("{prefix}ARCH"), platform.architecture.clone()));
+        args.push((format!("{prefix}VARIANT"), variant.to_string()));
+    }
+    args
+}
+
+/// A local tag unique to this run, so parallel runs never collide.
+pub fn temporary_tag(image: &str, platform: &Platform, run_id: &str) -> String {
+    let slug = platform.to_string().replace('/', "-");
+    format!("polyarch-build/{image}:{slug}-{run_id}")
+}
+
+pub async fn build(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    run_id: &str,
+    reporter: &dyn Reporter,
+) -> Result<BuiltImage> {
+    let started = Instant::now();
+    let tag = temporary_tag(&spec.name, platform, run_id);
+    let failed = |message: String| Error::Build {
+        image: spec.name.clone(),
+        platform: platform.to_string(),
+        message,
+    };
+
+    let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
+    let version = if engine.buildkit {
+        BuilderVersion::BuilderBuildKit
+    } else {
+        for (key, value) in platform_build_args(platform, &engine.native) {
+            buildargs.entry(key).or_insert(value);
+        }
+        BuilderVersion::BuilderV1
+    };
+    let options = BuildImageOptions {
+        dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
+        t: Some(tag.clone()),
+        platform: platform.to_string(),
+        target: spec.target.clone().unwrap_or_default(),
+        buildargs: Some(buildargs),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        networkmode: Some(
+            match spec.network {
+                Network::Default => "default",
+                Network::Host => "host",
+                Network::None => "none",
+            }
+            .to_string(),
+        ),
+        rm: true,
+        forcerm: true,
+        version,
+        session: engine
+            .buildkit
+            .then(|| format!("polyarch-{}", uuid::Uuid::new_v4().simple())),
+        ..Default::default()
+    };
+
+    let context = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let mut stream = engine
+        .docker
+        .build_image(options, None, Some(bollard::body_stream(context)));
+    let mut log = BuildLog::new(spec, platform, reporter);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(info) => log.consume(info),
+            Err(e) => return Err(log.failure(&e.to_string(), failed)),
+        }
+    }
+    if let Some(message) = log.vertex_error.take() {
+        return Err(log.failure(&message, failed));
+    }
+
+    let inspected = engine.docker.inspect_image(&tag).await.map_err(|e| {
+        failed(format!(
+            "the engine reported success but the image {tag} is missing: {e}"
+        ))
+    })?;
+    let id = inspected
+        .id
+        .ok_or_else(|| failed(format!("the engine returned no ID for {tag}")))?;
+    Ok(BuiltImage {
+        id,
+        tag,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Turns the engine's build stream (BuildKit status or classic lines) into events and
+/// keeps what is needed to explain a failure.
+struct BuildLog<'a> {
+    image: &'a str,
+    platform: &'a Platform,
+    reporter: &'a dyn Reporter,
+    tail: VecDeque<String>,
+    vertex_names: HashMap<String, String>,
+    started: Vec<String>,
+    current_step: Option<String>,
+    vertex_error: Option<String>,
+}
+
+impl<'a> BuildLog<'a> {
+    fn new(spec: &'a ImageSpec, platform: &'a Platform, reporter: &'a dyn Reporter) -> Self {
+        BuildLog {
+            image: &spec.name,
+            platform,
+            reporter,
+            tail: VecDeque::new(),
+            vertex_names: HashMap::new(),
+            started: Vec::new(),
+            current_step: None,
+            vertex_error: None,
+        }
+    }
+
+    fn line(&mut self, line: &str) {
+        let line = line.trim_end();
+        if line.is_empty() {
+            return;
+        }
+        if self.tail.len() == LOG_TAIL {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line.to_string());
+        self.reporter.report(Event::Log {
+            image: self.image.to_string(),
+            platform: self.platform.clone(),
+            line: line.to_string(),
+        });
+    }
+
+    fn step(&mut self, name: &str, step: u32, total: Option<u32>) {
+        self.current_step = Some(name.to_string());
+        self.reporter.report(Event::Step {
+            image: self.image.to_string(),
+            platform: self.platform.clone(),
+            step,
+            total,
+            name: name.to_string(),
+        });
+    }
+
+    fn consume(&mut self, info: BuildInfo) {
+        if let Some(text) = &info.stream {
+            for line in text.lines() {
+                // Classic builder: "Step 2/5 : COPY . /src"
+                if let Some((n, m)) = classic_step(line) {
+                    let name = line.split_once(" : ").map_or(line, |(_, s)| s).to_string();
+                    self.step(&name, n, Some(m));
+                }
+                self.line(line);
+            }
+        }
+        if let Some(BuildInfoAux::BuildKit(status)) = info.aux {
+            for vertex in status.vertexes {
+                self.vertex_names
+                    .insert(vertex.digest.clone(), vertex.name.clone());
+                if vertex.started.is_some() && !self.started.contains(&vertex.digest) {
+                    self.started.push(vertex.digest.clone());
+                    let (n, m) = buildkit_step(&vertex.name).unzip();
+                    self.step(&vertex.name, n.unwrap_or(0), m);
+                }
+                if !vertex.error.is_empty() && self.vertex_error.is_none() {
+                    self.current_step = Some(vertex.name.clone());
+                    self.vertex_error = Some(vertex.error.clone());
+                }
+            }
+            for log in status.logs {
+                let text = String::from_utf8_lossy(&log.msg).to_string();
+                for line in text.lines() {
+                    self.line(line);
+                }
+            }
+        }
+    }
+
+    fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
+        let everything = format!("{message}\n{}", Vec::from(self.tail.clone()).join("\n"));
+        if everything.contains("exec format error") {
+            return Error::Emulation(format!(
+                "emulation for {} is not registered on this engine, so its RUN steps cannot execute; run with `--binfmt auto` (or `binfmt: auto` in polyarch.yaml) to register QEMU, or build {} on a native builder",
+                self.platform, self.platform
+            ));
+        }
+        let step = self
+            .current_step
+            .as_deref()
+            .map(|s| format!(" at step `{s}`"))
+            .unwrap_or_default();
+        let tail: Vec<String> = self.tail.iter().rev().take(5).rev().cloned().collect();
+        let tail = if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; last output: {}", tail.join(" | "))
+        };
+        failed(format!("{}{step}{tail}", one_line(message)))
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn classic_step(line: &str) -> Option<(u32, u32)> {
+    let rest = line.strip_prefix("Step ")?;
+    let (frac, _) = rest.split_once(' ')?;
+    let (n, m) = frac.split_once('/')?;
+    Some((n.parse().ok()?, m.parse().ok()?))
+}
+
+/// BuildKit names Dockerfile steps "[stage 2/5] RUN …" or "[2/5] COPY …".
+fn buildkit_step(name: &str) -> Option<(u32, u32)> {
+    let inner = name.strip_prefix('[')?.split_once(']')?.0;
+    let frac = inner.rsplit(' ').next()?;
+    let (n, m) = frac.split_once('/')?;
+    Some((n.parse().ok()?, m.parse().ok()?))
+}
+
+/// Streams the build context as a tar from a blocking thread, so a large context is
+/// never held in memory.
+fn stream_context(
+    context: PathBuf,
+    dockerfile: PathBuf,
+) -> Result<impl futures_util::Stream<Item = Bytes> + Send + 'static> {
+    let ignore = dockerignore(&context)?;
+    let files = context_files(&context, &dockerfile, &ignore)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    tokio::task::spawn_blocking(move || {
+        let mut tar = tar::Builder::new(ChannelWriter {
+            tx,
+            buf: Vec::new(),
+        });
+        tar.follow_symlinks(false);
+        for relative in files {
+            // A send error means the engine hung up; the build stream reports why.
+            if tar
+                .append_path_with_name(context.join(&relative), &relative)
+                .is_err()
+            {
+                return;
+            }
+        }
+        if let Ok(mut writer) = tar.into_inner() {
+            let _ = writer.flush();
+        }
+    });
+    Ok(tokio_stream_from(rx))
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 256 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx.blocking_send(chunk).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "engine closed the build")
+        })
+    }
+}
+
+/// `.dockerignore` patterns are relative to the context root, so each is anchored;
+/// gitignore matching then gives Docker's semantics (`*` within a segment, `**`, `!`).
+fn dockerignore(context: &Path) -> Result<Gitignore> {
+    let path = context.join(".dockerignore");
+    let mut builder = GitignoreBuilder::new(context);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        for raw in text.lines() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (negated, pattern) = match line.strip_prefix('!') {
+                Some(rest) => (true, rest.trim()),
+                None => (false, line),
+            };
+            let pattern = pattern.trim_start_matches("./").trim_start_matches('/');
+            let anchored = format!("{}/{}", if negated { "!" } else { "" }, pattern);
+            builder
+                .add_line(None, &anchored)
+                .map_err(|e| Error::Build {
+                    image: context.display().to_string(),
+                    platform: "any".into(),
+                    message: format!("{}: bad pattern `{line}`: {e}", path.display()),
+                })?;
+        }
+    }
+    builder.build().map_err(|e| Error::Build {
+        image: context.display().to_string(),
+        platform: "any".into(),
+        message: format!("{}: {e}", path.display()),
+    })
+}
+
+/// Files of the context in a stable order; the Dockerfile and `.dockerignore` are always
+/// sent, as the Docker CLI does.
+fn context_files(context: &Path, dockerfile: &Path, ignore: &Gitignore) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(dir) = stack.pop() {
+        let full = context.join(&dir);
+        let mut entries: Vec<_> = std::fs::read_dir(&full)
+            .map_err(|e| Error::io(&full, e))?
+            .filter_map(|e| e.ok())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let relative = dir.join(entry.file_name());
+            let file_type = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+            let is_dir = file_type.is_dir();
+            let ignored = ignore
+                .matched_path_or_any_parents(&relative, is_dir)
+                .is_ignore();
+            let always = relative == dockerfile || relative == Path::new(".dockerignore");
+            if is_dir {
+                // Walk ignored directories too: an exception (`!dir/keep`) may re-include a child.
+                if !ignored {
+                    out.push(relative.clone());
+                }
+                stack.push(relative);
+            } else if !ignored || always {
+                out.push(relative);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn build_args_match_buildx() {
+        let args: HashMap<_, _> = platform_build_args(
+            &"linux/arm64".parse().unwrap(),
+            &"linux/amd64".parse().unwrap(),
+        )
+        .into_iter()
+        .collect();
+        assert_eq!(args["TARGETPLATFORM"], "linux/arm64/v8");
+        assert_eq!(args["TARGETARCH"], "arm64");
+        assert_eq!(args["TARGETVARIANT"], "v8");
+        assert_eq!(args["BUILDPLATFORM"], "linux/amd64");
+        assert_eq!(args["BUILDVARIANT"], "");
+    }
+
+    #[test]
+    fn parses_step_counters() {
+        assert_eq!(classic_step("Step 2/5 : COPY . /"), Some((2, 5)));
+        assert_eq!(buildkit_step("[stage-1 3/4] RUN make"), Some((3, 4)));
+        assert_eq!(buildkit_step("[2/3] COPY a b"), Some((2, 3)));
+        assert_eq!(buildkit_step("[internal] load metadata"), None);
+    }
+
+    #[test]
+    fn dockerignore_is_anchored_with_exceptions() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("logs")).unwrap();
+        std::fs::create_dir_all(root.join("src/logs")).unwrap();
+        for f in [
+            "Dockerfile",
+            "a.txt",
+            "b.md",
+            "logs/x",
+            "logs/keep",
+            "src/logs/y",
+            "secret.key",
+        ] {
+            std::fs::write(root.join(f), f).unwrap();
+        }
+        std::fs::write(
+            root.join(".dockerignore"),
+            "# c\nlogs\n!logs/keep\n*.md\n/secret.key\nDockerfile\n",
+        )
+        .unwrap();
+        let ignore = dockerignore(root).unwrap();
+        let files: Vec<String> = context_files(root, Path::new("Dockerfile"), &ignore)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        for expected in [
+            "Dockerfile",
+            ".dockerignore",
+            "a.txt",
+            "logs/keep",
+            "src/logs/y",
+        ] {
+            assert!(
+                files.contains(&expected.to_string()),
+                "{expected} missing from {files:?}"
+            );
+        }
+        for excluded in ["b.md", "logs/x", "secret.key"] {
+            assert!(
+                !files.contains(&excluded.to_string()),
+                "{excluded} sent: {files:?}"
+            );
+        }
+    }
+}
