@@ -30,3 +30,13 @@ pub struct ExportedImage {
     /// Keeps the spooled layers alive; deleted on drop.
     pub spool: tempfile::TempDir,
 }
+
+pub async fn export_image(
+    _docker: &bollard::Docker,
+    _image_id: &str,
+    _image_name: &str,
+    _platform: Option<&crate::Platform>,
+    _reporter: &dyn crate::progress::Reporter,
+) -> crate::Result<ExportedImage> {
+    todo!("export")
+}

@@ -1,1 +1,188 @@
-fn main() {}
+//! The polyarch CLI: parses arguments, picks a reporter, runs the library, maps the
+//! outcome to the documented exit codes.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use polyarch::engine::Engine;
+use polyarch::error::exit;
+use polyarch::pipeline::{self, BuildOptions, Cleanup};
+use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
+use polyarch::project::Project;
+use polyarch::record::CoverageRecord;
+use polyarch::registry::RegistryOptions;
+use polyarch::{Error, Platform};
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+
+#[derive(Parser)]
+#[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct Output {
+    /// Write the coverage record (JSON) to this file.
+    #[arg(long, value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// text: human summary on stdout; json: the record on stdout and JSON-lines events on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    output_format: OutputFormat,
+    /// Plain lines instead of progress bars, and less of them.
+    #[arg(long, short)]
+    quiet: bool,
+    /// Show build output of every platform.
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+#[derive(clap::Args)]
+struct RegistryArgs {
+    /// Reach this registry (host[:port]) over plain HTTP; loopback registries always are.
+    #[arg(long, value_name = "HOST")]
+    insecure_registry: Vec<String>,
+    /// Registry user name; the password is read from stdin (--password-stdin).
+    #[arg(long, requires = "password_stdin")]
+    username: Option<String>,
+    /// Read the registry password from standard input.
+    #[arg(long, requires = "username")]
+    password_stdin: bool,
+    /// Trust this CA certificate (PEM) for registry TLS.
+    #[arg(long, value_name = "FILE", env = "SSL_CERT_FILE")]
+    ca_cert: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build every declared platform, push one index per tag, read it back and report coverage.
+    #[command(after_help = EXIT_CODES)]
+    Build {
+        /// The project file.
+        #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+        file: PathBuf,
+        /// Images to build (all when none are named).
+        images: Vec<String>,
+        /// Only these platforms (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        platform: Vec<Platform>,
+        /// Platform builds and uploads running at once.
+        #[arg(long, short = 'j', default_value_t = 2)]
+        jobs: usize,
+        #[command(flatten)]
+        output: Output,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+}
+
+fn reporter(output: &Output) -> Box<dyn Reporter> {
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    if output.output_format == OutputFormat::Json {
+        Box::new(JsonReporter)
+    } else if std::io::stderr().is_terminal() && !output.quiet && !ci {
+        Box::new(TerminalReporter::new())
+    } else {
+        Box::new(PlainReporter::new(output.verbose))
+    }
+}
+
+fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Error> {
+    let credentials = match &args.username {
+        Some(user) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .map_err(|e| {
+                    Error::Usage(format!("--password-stdin: cannot read standard input: {e}"))
+                })?;
+            let password = password.trim_end_matches(['\r', '\n']).to_string();
+            if password.is_empty() {
+                return Err(Error::Usage(
+                    "--password-stdin: standard input was empty; pipe the password in".into(),
+                ));
+            }
+            Some((user.clone(), password))
+        }
+        None => None,
+    };
+    Ok(RegistryOptions {
+        insecure: args.insecure_registry.clone(),
+        credentials,
+        ca_certs: args.ca_cert.iter().cloned().collect(),
+    })
+}
+
+/// Prints the record the way the output format asks and turns coverage into the exit code.
+fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
+    if let Some(path) = &output.record {
+        record.write(path)?;
+    }
+    match output.output_format {
+        OutputFormat::Json => println!("{}", record.to_json()),
+        OutputFormat::Text => print!("{}", record.render_text()),
+    }
+    Ok(if record.covered {
+        exit::COVERED
+    } else {
+        exit::GAP
+    })
+}
+
+async fn run(command: Command) -> Result<i32, Error> {
+    match command {
+        Command::Build {
+            file,
+            images,
+            platform,
+            jobs,
+            output,
+            registry,
+        } => {
+            let project = Project::load(&file)?;
+            let options = BuildOptions {
+                images,
+                platforms: platform,
+                registry: registry_options(&registry)?,
+                jobs,
+            };
+            let reporter = reporter(&output);
+            let engine = Engine::connect().await?;
+            let cleanup = Cleanup::default();
+            let outcome = tokio::select! {
+                outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
+                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+            };
+            cleanup.run(&engine).await;
+            drop(reporter);
+            finish(&outcome?, &output)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    let code = match run(cli.command).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error}");
+            error.exit_code()
+        }
+    };
+    std::process::exit(code);
+}

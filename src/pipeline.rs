@@ -1,1 +1,303 @@
-//! TODO
+//! The build command end to end: plan → build → export → push → publish → verify → record.
+//! Tags move only after every platform manifest of an image is in the registry.
+
+use crate::build::{self, BuiltImage};
+use crate::engine::Engine;
+use crate::export;
+use crate::oci::{self, ConfigPlatform, IndexEntry};
+use crate::plan::{self, Unit};
+use crate::progress::{Event, Phase, Reporter};
+use crate::project::Project;
+use crate::record::{BuildInfo, CoverageRecord, ImageCoverage};
+use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
+use crate::verify::{self, RegistrySource, Target};
+use crate::{Error, Platform, Result};
+use futures_util::{StreamExt, TryStreamExt};
+use oci_client::Reference;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Images to build (all when empty).
+    pub images: Vec<String>,
+    /// Restrict to these platforms.
+    pub platforms: Vec<Platform>,
+    pub registry: RegistryOptions,
+    /// Bounded concurrency for platform builds and blob uploads.
+    pub jobs: usize,
+}
+
+/// What a run created in the engine, so an interrupted or failed run can remove it.
+#[derive(Default, Clone)]
+pub struct Cleanup {
+    tags: Arc<Mutex<Vec<String>>>,
+}
+
+impl Cleanup {
+    fn add(&self, tag: &str) {
+        self.tags
+            .lock()
+            .expect("cleanup lock")
+            .push(tag.to_string());
+    }
+
+    async fn remove(&self, engine: &Engine, tag: &str) {
+        let _ = engine
+            .docker
+            .remove_image(
+                tag,
+                None::<bollard::query_parameters::RemoveImageOptions>,
+                None,
+            )
+            .await;
+        self.tags.lock().expect("cleanup lock").retain(|t| t != tag);
+    }
+
+    /// Removes every temporary image still recorded; safe to call more than once.
+    pub async fn run(&self, engine: &Engine) {
+        let tags: Vec<String> = self.tags.lock().expect("cleanup lock").clone();
+        for tag in tags {
+            self.remove(engine, &tag).await;
+        }
+    }
+}
+
+/// One platform's pushed manifest plus how it was built.
+struct Pushed {
+    platform: Platform,
+    entry: IndexEntry,
+    build: BuildInfo,
+}
+
+pub async fn build(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    let registries: Vec<String> = plan
+        .images
+        .iter()
+        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
+        .collect::<Result<_>>()?;
+    let registry = Registry::new(&registries, &options.registry)?;
+    // Fail on credentials or reachability before spending minutes building.
+    for image in &plan.images {
+        registry
+            .probe(
+                &repository_reference(&image.repository, &image.tags[0])?,
+                true,
+            )
+            .await?;
+    }
+
+    let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let jobs = options.jobs.max(1);
+    let pushed: Vec<(String, Pushed)> = futures_util::stream::iter(plan.units.iter())
+        .map(|unit| {
+            let run_id = run_id.clone();
+            let registry = &registry;
+            async move {
+                let pushed =
+                    build_and_push(engine, registry, unit, &run_id, cleanup, reporter).await?;
+                Ok::<_, Error>((unit.image.name.clone(), pushed))
+            }
+        })
+        .buffer_unordered(jobs)
+        .try_collect()
+        .await?;
+
+    let mut coverage = Vec::new();
+    for image in &plan.images {
+        let mut mine: Vec<&Pushed> = pushed
+            .iter()
+            .filter(|(name, _)| name == &image.name)
+            .map(|(_, p)| p)
+            .collect();
+        // Index order follows the project file, not build completion order.
+        mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
+        let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
+        let index = oci::image_index(&entries).map_err(|m| Error::Registry {
+            registry: image.repository.clone(),
+            message: m,
+        })?;
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: None,
+            phase: Phase::Publish,
+            message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
+        });
+        let first = repository_reference(&image.repository, &image.tags[0])?;
+        registry
+            .push_manifest(&first.clone_with_digest(index.digest.clone()), &index)
+            .await?;
+        for tag in &image.tags {
+            registry
+                .push_manifest(&repository_reference(&image.repository, tag)?, &index)
+                .await?;
+        }
+
+        let target = Target {
+            name: image.name.clone(),
+            reference: format!("{}:{}", image.repository, image.tags[0]),
+            tags: image.tags.clone(),
+            declared: image.platforms.clone(),
+        };
+        let source = RegistrySource {
+            registry: &registry,
+            reference: first.clone(),
+        };
+        let mut checked = verify::verify(&source, &target, reporter).await?;
+        check_tags_agree(&registry, image, &index.digest, &mut checked).await?;
+        for platform in &mut checked.platforms {
+            platform.build = mine
+                .iter()
+                .find(|p| p.platform == platform.platform)
+                .map(|p| p.build.clone());
+        }
+        coverage.push(checked);
+    }
+    Ok(CoverageRecord::new(coverage))
+}
+
+/// Every tag must resolve to the index just pushed; a tag that does not is a gap.
+async fn check_tags_agree(
+    registry: &Registry,
+    image: &crate::project::ImageSpec,
+    index_digest: &str,
+    coverage: &mut ImageCoverage,
+) -> Result<()> {
+    for tag in &image.tags {
+        let (_, digest) = registry
+            .get_manifest(&repository_reference(&image.repository, tag)?)
+            .await?;
+        if digest != index_digest {
+            coverage.covered = false;
+            coverage.warnings.push(format!(
+                "tag {tag} resolves to {digest}, not the index just pushed ({index_digest}); another push raced this one"
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
+    registry::parse_reference(&format!("{repository}:{tag}"))
+}
+
+async fn build_and_push(
+    engine: &Engine,
+    registry: &Registry,
+    unit: &Unit<'_>,
+    run_id: &str,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<Pushed> {
+    let image = unit.image;
+    let phase = |phase: Phase, message: String| {
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: Some(unit.platform.clone()),
+            phase,
+            message,
+        })
+    };
+    phase(
+        Phase::Build,
+        format!(
+            "building with {}",
+            if engine.buildkit {
+                "BuildKit"
+            } else {
+                "the classic builder"
+            }
+        ),
+    );
+    cleanup.add(&build::temporary_tag(&image.name, &unit.platform, run_id));
+    let built: BuiltImage = build::build(engine, image, &unit.platform, run_id, reporter).await?;
+
+    phase(Phase::Export, format!("exporting {}", &built.id));
+    let exported = export::export_image(
+        &engine.docker,
+        &built.id,
+        &image.name,
+        Some(&unit.platform),
+        reporter,
+    )
+    .await;
+    // The image is in the spool (or the export failed): the engine copy is not needed.
+    cleanup.remove(engine, &built.tag).await;
+    let exported = exported?;
+
+    let config_platform =
+        ConfigPlatform::from_config(&exported.config).map_err(|m| Error::Export {
+            image: image.name.clone(),
+            message: m,
+        })?;
+    if config_platform.normalized() != unit.platform {
+        return Err(Error::Build {
+            image: image.name.clone(),
+            platform: unit.platform.to_string(),
+            message: format!(
+                "the engine built an image for {} instead; it cannot build for {} (upgrade the engine or use a native builder)",
+                config_platform.normalized(),
+                unit.platform
+            ),
+        });
+    }
+
+    let reference = repository_reference(&image.repository, &image.tags[0])?;
+    let total: u64 = exported.layers.iter().map(|l| l.size).sum();
+    phase(
+        Phase::Push,
+        format!("pushing {} layers ({} bytes)", exported.layers.len(), total),
+    );
+    let progress = BlobProgress {
+        image: &image.name,
+        platform: Some(&unit.platform),
+        total: Some(total),
+        reporter,
+        done: Default::default(),
+    };
+    for layer in &exported.layers {
+        registry
+            .push_blob_file(
+                &reference,
+                &layer.path,
+                &layer.digest,
+                layer.size,
+                &progress,
+            )
+            .await?;
+    }
+    registry
+        .push_blob_bytes(&reference, &exported.config, &exported.config_digest)
+        .await?;
+    let manifest = oci::image_manifest(&exported).map_err(|m| Error::Export {
+        image: image.name.clone(),
+        message: m,
+    })?;
+    // By digest: no per-platform tags are left behind in the repository.
+    registry
+        .push_manifest(
+            &reference.clone_with_digest(manifest.digest.clone()),
+            &manifest,
+        )
+        .await?;
+    phase(Phase::Done, format!("pushed {}", manifest.digest));
+    Ok(Pushed {
+        platform: unit.platform.clone(),
+        entry: IndexEntry {
+            digest: manifest.digest.clone(),
+            size: manifest.bytes.len() as u64,
+            platform: config_platform,
+        },
+        build: BuildInfo {
+            emulated: unit.foreign,
+            seconds: (built.seconds * 10.0).round() / 10.0,
+            builder: Some(engine.endpoint.clone()),
+        },
+    })
+}

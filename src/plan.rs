@@ -1,1 +1,71 @@
-//! TODO
+//! The build plan: which image × platform units to build, resolved against the engine.
+
+use crate::project::{ImageSpec, Project};
+use crate::{Error, Platform, Result};
+
+#[derive(Debug, Clone)]
+pub struct Unit<'a> {
+    pub image: &'a ImageSpec,
+    pub platform: Platform,
+    /// The platform is not the engine's own, so RUN steps (if any) need emulation.
+    pub foreign: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan<'a> {
+    pub images: Vec<&'a ImageSpec>,
+    pub units: Vec<Unit<'a>>,
+    pub native: Platform,
+}
+
+/// Selects the named images (all when none are named) and expands them per platform.
+/// `only` restricts every image to those platforms (split runners build one each).
+pub fn plan<'a>(
+    project: &'a Project,
+    selected: &[String],
+    only: &[Platform],
+    native: &Platform,
+) -> Result<Plan<'a>> {
+    for name in selected {
+        if !project.images.iter().any(|i| &i.name == name) {
+            let known: Vec<&str> = project.images.iter().map(|i| i.name.as_str()).collect();
+            return Err(Error::Usage(format!(
+                "no image named `{name}` in {}; it declares: {}",
+                project.file.display(),
+                known.join(", ")
+            )));
+        }
+    }
+    let images: Vec<&ImageSpec> = project
+        .images
+        .iter()
+        .filter(|i| selected.is_empty() || selected.contains(&i.name))
+        .collect();
+    for platform in only {
+        if !images.iter().any(|i| i.platforms.contains(platform)) {
+            return Err(Error::Usage(format!(
+                "--platform {platform} is not declared by any selected image in {}",
+                project.file.display()
+            )));
+        }
+    }
+    let units = images
+        .iter()
+        .flat_map(|image| {
+            image
+                .platforms
+                .iter()
+                .filter(|p| only.is_empty() || only.contains(p))
+                .map(move |platform| Unit {
+                    image,
+                    platform: platform.clone(),
+                    foreign: platform.os_arch() != native.os_arch(),
+                })
+        })
+        .collect();
+    Ok(Plan {
+        images,
+        units,
+        native: native.clone(),
+    })
+}

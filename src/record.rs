@@ -102,3 +102,80 @@ fn now_rfc3339() -> String {
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
 }
+
+fn short(digest: &str) -> &str {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    &hex[..hex.len().min(12)]
+}
+
+fn human_size(bytes: u64) -> String {
+    if bytes >= 1_000_000 {
+        format!("{:.1} MB", bytes as f64 / 1_000_000.0)
+    } else {
+        format!("{:.1} kB", bytes as f64 / 1_000.0)
+    }
+}
+
+impl CoverageRecord {
+    /// The human summary printed in text mode.
+    pub fn render_text(&self) -> String {
+        let mut out = String::new();
+        for image in &self.images {
+            let verdict = if image.covered {
+                "covered"
+            } else {
+                "NOT covered"
+            };
+            out += &format!(
+                "{} {} -> {} ({})\n",
+                image.name,
+                image.reference,
+                short(&image.digest),
+                verdict
+            );
+            for p in &image.platforms {
+                let status = serde_json::to_value(&p.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                let digest = p.digest.as_deref().map(short).unwrap_or("-");
+                let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
+                let build = p.build.as_ref().map_or(String::new(), |b| {
+                    format!(
+                        "  built in {:.1}s{}",
+                        b.seconds,
+                        if b.emulated { " (emulated)" } else { "" }
+                    )
+                });
+                out += &format!(
+                    "  {:<16} {:<15} {:<12} {:>9}{build}\n",
+                    p.platform.to_string(),
+                    status,
+                    digest,
+                    size
+                );
+                if let Some(detail) = &p.detail {
+                    out += &format!("    {detail}\n");
+                }
+            }
+            for digest in &image.attestations {
+                out += &format!(
+                    "  attestation entry {digest}: older containerd fails on it with \"unknown media type\"; push without provenance/SBOM (buildx --provenance=false --sbom=false)\n"
+                );
+            }
+            for warning in &image.warnings {
+                out += &format!("  warning: {warning}\n");
+            }
+            out += &format!("  pin: {}\n", image.pinned);
+            if !image.tags.is_empty() {
+                out += "  note: tags are mutable; nodes with imagePullPolicy: IfNotPresent keep a re-pushed tag's old image (possibly a stale architecture): deploy the pinned digest\n";
+            }
+        }
+        out += if self.covered {
+            "every declared platform is covered\n"
+        } else {
+            "coverage gap: see above\n"
+        };
+        out
+    }
+}

@@ -1,1 +1,296 @@
-//! TODO
+//! Reading a reference back (never from memory) and judging whether it covers the declared
+//! platforms: one entry per platform, each entry's config agreeing with the entry, and no
+//! attestation entries (older containerd fails on them with "unknown media type").
+
+use crate::oci::{self, ConfigPlatform, Parsed};
+use crate::progress::{Event, Phase, Reporter};
+use crate::record::{ImageCoverage, PlatformCoverage, PlatformStatus};
+use crate::registry::Registry;
+use crate::{Error, Platform, Result};
+use oci_client::Reference;
+
+/// Nested indexes deeper than this are reported rather than followed.
+const MAX_INDEX_DEPTH: usize = 4;
+
+/// Where manifests and configs are read from: a registry repository or an OCI layout.
+pub trait ContentSource {
+    /// Resolves the reference being verified: manifest bytes and their digest.
+    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, String)>>;
+    /// A manifest by digest, its content checked against the digest.
+    fn manifest(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    /// A small JSON blob (a config) by digest, checked against the digest.
+    fn json_blob(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    /// `repo` part for `repo@sha256:…` pins.
+    fn repository(&self) -> String;
+}
+
+pub struct RegistrySource<'a> {
+    pub registry: &'a Registry,
+    pub reference: Reference,
+}
+
+impl ContentSource for RegistrySource<'_> {
+    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+        self.registry.get_manifest(&self.reference).await
+    }
+
+    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+        let by_digest = self.reference.clone_with_digest(digest.to_string());
+        let (bytes, _) = self.registry.get_manifest(&by_digest).await?;
+        Ok(bytes)
+    }
+
+    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        self.registry.get_json_blob(&self.reference, digest).await
+    }
+
+    fn repository(&self) -> String {
+        format!(
+            "{}/{}",
+            self.reference.registry(),
+            self.reference.repository()
+        )
+    }
+}
+
+/// What to check.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub name: String,
+    /// The reference as the user wrote it (`repo:tag`, `repo@sha256:…`, `oci:DIR:TAG`).
+    pub reference: String,
+    pub tags: Vec<String>,
+    pub declared: Vec<Platform>,
+}
+
+/// A platform manifest found under the reference.
+struct Entry {
+    platform: Option<Platform>,
+    digest: String,
+    size: u64,
+}
+
+pub async fn verify<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    reporter.report(Event::Phase {
+        image: target.name.clone(),
+        platform: None,
+        phase: Phase::Verify,
+        message: format!("reading {} back", target.reference),
+    });
+    let (bytes, digest) = source.resolve().await?;
+    let mut warnings = Vec::new();
+    let mut attestations = Vec::new();
+    let mut entries = Vec::new();
+    let media_type = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
+        Parsed::Unknown { media_type } => {
+            warnings.push(format!(
+                "{} has media type {media_type}, which is not an image index or manifest",
+                target.reference
+            ));
+            media_type
+        }
+        Parsed::Image { media_type, .. } => {
+            entries.push(Entry {
+                platform: None,
+                digest: digest.clone(),
+                size: bytes.len() as u64,
+            });
+            media_type
+        }
+        Parsed::Index { media_type, index } => {
+            collect_entries(
+                source,
+                index,
+                0,
+                &mut entries,
+                &mut attestations,
+                &mut warnings,
+            )
+            .await?;
+            media_type
+        }
+    };
+
+    let mut found: Vec<PlatformCoverage> = Vec::new();
+    for entry in &entries {
+        found.push(check_entry(source, target, entry, &mut warnings).await?);
+    }
+
+    let mut platforms = Vec::new();
+    let mut missing = Vec::new();
+    for declared in &target.declared {
+        let matching: Vec<&PlatformCoverage> =
+            found.iter().filter(|p| &p.platform == declared).collect();
+        match matching.as_slice() {
+            [] => {
+                missing.push(declared.clone());
+                platforms.push(PlatformCoverage {
+                    platform: declared.clone(),
+                    digest: None,
+                    config_platform: None,
+                    size: None,
+                    status: PlatformStatus::Missing,
+                    detail: Some(format!("{} has no entry for {declared}", target.reference)),
+                    build: None,
+                });
+            }
+            [one] => platforms.push((*one).clone()),
+            [first, ..] => {
+                warnings.push(format!(
+                    "{} lists {declared} {} times; runtimes pick the first, so the others are dead weight",
+                    target.reference,
+                    matching.len()
+                ));
+                platforms.push((*first).clone());
+            }
+        }
+    }
+    let unexpected: Vec<Platform> = found
+        .iter()
+        .map(|p| p.platform.clone())
+        .filter(|p| !target.declared.contains(p))
+        .collect();
+    for platform in &unexpected {
+        warnings.push(format!(
+            "{} also provides {platform}, which is not declared",
+            target.reference
+        ));
+    }
+    let duplicated = target
+        .declared
+        .iter()
+        .any(|d| found.iter().filter(|p| &p.platform == d).count() > 1);
+    let covered = missing.is_empty()
+        && attestations.is_empty()
+        && !duplicated
+        && platforms.iter().all(|p| p.status == PlatformStatus::Ok);
+    Ok(ImageCoverage {
+        name: target.name.clone(),
+        reference: target.reference.clone(),
+        tags: target.tags.clone(),
+        pinned: format!("{}@{}", source.repository(), digest),
+        digest,
+        media_type,
+        declared: target.declared.clone(),
+        platforms,
+        missing,
+        unexpected,
+        attestations,
+        warnings,
+        covered,
+    })
+}
+
+fn unreadable(target: &Target, message: &str) -> Error {
+    Error::Registry {
+        registry: target.reference.clone(),
+        message: format!("cannot read {}: {message}", target.reference),
+    }
+}
+
+/// Flattens (possibly nested) indexes into platform entries, setting aside attestations.
+async fn collect_entries<S: ContentSource>(
+    source: &S,
+    index: oci_spec::image::ImageIndex,
+    depth: usize,
+    entries: &mut Vec<Entry>,
+    attestations: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let mut pending = vec![(index, depth)];
+    while let Some((index, depth)) = pending.pop() {
+        for descriptor in index.manifests() {
+            let digest = descriptor.digest().to_string();
+            let media_type = descriptor.media_type().to_string();
+            if oci::is_attestation(descriptor) {
+                attestations.push(digest);
+            } else if oci::is_index_media_type(&media_type) {
+                if depth + 1 >= MAX_INDEX_DEPTH {
+                    warnings.push(format!(
+                        "index {digest} is nested more than {MAX_INDEX_DEPTH} deep; not followed"
+                    ));
+                    continue;
+                }
+                let bytes = source.manifest(&digest).await?;
+                match oci::parse_manifest(&bytes) {
+                    Ok(Parsed::Index { index, .. }) => pending.push((index, depth + 1)),
+                    Ok(_) => warnings.push(format!("{digest} claims to be an index but is not")),
+                    Err(e) => warnings.push(format!("nested index {digest}: {e}")),
+                }
+            } else if oci::is_image_media_type(&media_type) {
+                entries.push(Entry {
+                    platform: oci::descriptor_platform(descriptor),
+                    digest,
+                    size: descriptor.size(),
+                });
+            } else {
+                warnings.push(format!(
+                    "entry {digest} has unknown media type {media_type}; ignored"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Fetches an entry's manifest and config and compares the config's platform with the entry's.
+async fn check_entry<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    entry: &Entry,
+    warnings: &mut Vec<String>,
+) -> Result<PlatformCoverage> {
+    let bytes = source.manifest(&entry.digest).await?;
+    let manifest = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
+        Parsed::Image { manifest, .. } => manifest,
+        _ => {
+            return Err(unreadable(
+                target,
+                &format!("entry {} is not an image manifest", entry.digest),
+            ))
+        }
+    };
+    let config_digest = manifest.config().digest().to_string();
+    let config = source.json_blob(&config_digest).await?;
+    let (config_platform, detail) = match ConfigPlatform::from_config(&config) {
+        Ok(p) => (Some(p.normalized()), None),
+        Err(e) => {
+            warnings.push(format!("config {config_digest}: {e}"));
+            (None, Some(format!("config {config_digest}: {e}")))
+        }
+    };
+    // A single-platform manifest has no entry platform: its config says what it is.
+    let platform = entry
+        .platform
+        .clone()
+        .or_else(|| config_platform.clone())
+        .unwrap_or_else(|| Platform::new("unknown", "unknown", None));
+    let status = match &config_platform {
+        Some(c) if c == &platform => PlatformStatus::Ok,
+        _ => PlatformStatus::ConfigMismatch,
+    };
+    let detail = detail.or_else(|| {
+        (status == PlatformStatus::ConfigMismatch).then(|| {
+            format!(
+                "entry {} says {platform} but its config says {}",
+                entry.digest,
+                config_platform
+                    .as_ref()
+                    .map_or("nothing".to_string(), |c| c.to_string())
+            )
+        })
+    });
+    Ok(PlatformCoverage {
+        platform,
+        digest: Some(entry.digest.clone()),
+        config_platform,
+        size: Some(entry.size),
+        status,
+        detail,
+        build: None,
+    })
+}
