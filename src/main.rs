@@ -81,6 +81,30 @@ enum Command {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Check existing tags: a reference against --platform, or a project's images against
+    /// their declared platforms. Needs no engine.
+    #[command(after_help = EXIT_CODES)]
+    Verify {
+        /// A tag or digest reference (`host/repo:tag`, `host/repo@sha256:…`); with -f, the
+        /// images to verify (all when none are named).
+        #[arg(value_name = "REFERENCE|IMAGE", required_unless_present = "file")]
+        targets: Vec<String>,
+        /// Platforms the reference must provide (comma-separated).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            required_unless_present = "file",
+            conflicts_with = "file"
+        )]
+        platform: Vec<Platform>,
+        /// Verify the images of this project file instead.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        #[command(flatten)]
+        output: Output,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
 }
 
 fn reporter(output: &Output) -> Box<dyn Reporter> {
@@ -161,6 +185,36 @@ async fn run(command: Command) -> Result<i32, Error> {
                 _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
             };
             cleanup.run(&engine).await;
+            drop(reporter);
+            finish(&outcome?, &output)
+        }
+        Command::Verify {
+            targets,
+            platform,
+            file,
+            output,
+            registry,
+        } => {
+            let options = registry_options(&registry)?;
+            let reporter = reporter(&output);
+            let work = async {
+                match (targets.as_slice(), &file) {
+                    ([reference], None) => {
+                        pipeline::verify_reference(reference, &platform, &options, reporter.as_ref()).await
+                    }
+                    (images, Some(file)) => {
+                        let project = Project::load(file)?;
+                        pipeline::verify_project(&project, images, &options, reporter.as_ref()).await
+                    }
+                    _ => Err(Error::Usage(
+                        "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),
+                    )),
+                }
+            };
+            let outcome = tokio::select! {
+                outcome = work => outcome,
+                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+            };
             drop(reporter);
             finish(&outcome?, &output)
         }

@@ -7,7 +7,7 @@ use crate::export;
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::{self, Unit};
 use crate::progress::{Event, Phase, Reporter};
-use crate::project::Project;
+use crate::project::{ImageSpec, Project};
 use crate::record::{BuildInfo, CoverageRecord, ImageCoverage};
 use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, RegistrySource, Target};
@@ -139,18 +139,7 @@ pub async fn build(
                 .await?;
         }
 
-        let target = Target {
-            name: image.name.clone(),
-            reference: format!("{}:{}", image.repository, image.tags[0]),
-            tags: image.tags.clone(),
-            declared: image.platforms.clone(),
-        };
-        let source = RegistrySource {
-            registry: &registry,
-            reference: first.clone(),
-        };
-        let mut checked = verify::verify(&source, &target, reporter).await?;
-        check_tags_agree(&registry, image, &index.digest, &mut checked).await?;
+        let mut checked = verify_image(&registry, image, Some(&index.digest), reporter).await?;
         for platform in &mut checked.platforms {
             platform.build = mine
                 .iter()
@@ -162,25 +151,44 @@ pub async fn build(
     Ok(CoverageRecord::new(coverage))
 }
 
-/// Every tag must resolve to the index just pushed; a tag that does not is a gap.
-async fn check_tags_agree(
+/// Reads an image's first tag back and checks it against the declared platforms; every
+/// other tag must resolve to the same digest (and to `expected`, the index just pushed).
+pub async fn verify_image(
     registry: &Registry,
-    image: &crate::project::ImageSpec,
-    index_digest: &str,
-    coverage: &mut ImageCoverage,
-) -> Result<()> {
+    image: &ImageSpec,
+    expected: Option<&str>,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let first = repository_reference(&image.repository, &image.tags[0])?;
+    let target = Target {
+        name: image.name.clone(),
+        reference: format!("{}:{}", image.repository, image.tags[0]),
+        tags: image.tags.clone(),
+        declared: image.platforms.clone(),
+    };
+    let source = RegistrySource {
+        registry,
+        reference: first,
+    };
+    let mut coverage = verify::verify(&source, &target, reporter).await?;
+    let wanted = expected.unwrap_or(&coverage.digest).to_string();
     for tag in &image.tags {
         let (_, digest) = registry
             .get_manifest(&repository_reference(&image.repository, tag)?)
             .await?;
-        if digest != index_digest {
+        if digest != wanted {
             coverage.covered = false;
+            let why = if expected.is_some() {
+                "not the index just pushed; another push raced this one"
+            } else {
+                "so the tags disagree; re-publish them together"
+            };
             coverage.warnings.push(format!(
-                "tag {tag} resolves to {digest}, not the index just pushed ({index_digest}); another push raced this one"
+                "tag {tag} resolves to {digest}, {wanted} expected: {why}"
             ));
         }
     }
-    Ok(())
+    Ok(coverage)
 }
 
 pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
@@ -300,4 +308,60 @@ async fn build_and_push(
             builder: Some(engine.endpoint.clone()),
         },
     })
+}
+
+/// `verify -f polyarch.yaml [IMAGE …]`: each selected image's tags against its platforms.
+pub async fn verify_project(
+    project: &Project,
+    selected: &[String],
+    options: &RegistryOptions,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    // The plan validates the image names; verification needs no engine.
+    let plan = plan::plan(project, selected, &[], &Platform::linux("amd64", None))?;
+    let registries: Vec<String> = plan
+        .images
+        .iter()
+        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
+        .collect::<Result<_>>()?;
+    let registry = Registry::new(&registries, options)?;
+    let mut coverage = Vec::new();
+    for image in &plan.images {
+        coverage.push(verify_image(&registry, image, None, reporter).await?);
+    }
+    Ok(CoverageRecord::new(coverage))
+}
+
+/// `verify REF --platform …`: a tag or digest someone else may have pushed.
+pub async fn verify_reference(
+    reference: &str,
+    declared: &[Platform],
+    options: &RegistryOptions,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let parsed = registry::parse_reference(reference)?;
+    let registry = Registry::new(&[parsed.registry().to_string()], options)?;
+    let name = parsed
+        .repository()
+        .rsplit('/')
+        .next()
+        .unwrap_or(parsed.repository())
+        .to_string();
+    let target = Target {
+        name,
+        reference: reference.to_string(),
+        tags: if parsed.digest().is_none() {
+            parsed.tag().map(str::to_string).into_iter().collect()
+        } else {
+            Vec::new()
+        },
+        declared: declared.to_vec(),
+    };
+    let source = RegistrySource {
+        registry: &registry,
+        reference: parsed,
+    };
+    Ok(CoverageRecord::new(vec![
+        verify::verify(&source, &target, reporter).await?,
+    ]))
 }
