@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod export;
 pub mod k8s;
+pub mod layout;
 pub mod oci;
 pub mod pipeline;
 pub mod plan;

@@ -76,8 +76,11 @@ enum Command {
         /// Platform builds and uploads running at once.
         #[arg(long, short = 'j', default_value_t = 2)]
         jobs: usize,
+        /// Write an OCI image layout instead of pushing: `oci:DIR`.
+        #[arg(long, value_name = "oci:DIR")]
+        output: Option<String>,
         #[command(flatten)]
-        output: Output,
+        output_args: Output,
         #[command(flatten)]
         registry: RegistryArgs,
     },
@@ -167,15 +170,28 @@ async fn run(command: Command) -> Result<i32, Error> {
             images,
             platform,
             jobs,
-            output,
+            output: destination,
+            output_args: output,
             registry,
         } => {
             let project = Project::load(&file)?;
+            let layout = match destination {
+                None => None,
+                Some(d) => match polyarch::layout::parse_layout_reference(&d) {
+                    Some((dir, None)) => Some(dir),
+                    _ => {
+                        return Err(Error::Usage(format!(
+                            "--output {d}: expected oci:DIR (tags come from polyarch.yaml)"
+                        )))
+                    }
+                },
+            };
             let options = BuildOptions {
                 images,
                 platforms: platform,
                 registry: registry_options(&registry)?,
                 jobs,
+                layout,
             };
             let reporter = reporter(&output);
             let engine = Engine::connect().await?;

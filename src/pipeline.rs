@@ -4,7 +4,8 @@
 use crate::build::{self, BuiltImage};
 use crate::engine::Engine;
 use crate::export;
-use crate::oci::{self, ConfigPlatform, IndexEntry};
+use crate::layout::{LayoutSource, OciLayout};
+use crate::oci::{self, ConfigPlatform, IndexEntry, ManifestBlob};
 use crate::plan::{self, Unit};
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::{ImageSpec, Project};
@@ -25,6 +26,112 @@ pub struct BuildOptions {
     pub registry: RegistryOptions,
     /// Bounded concurrency for platform builds and blob uploads.
     pub jobs: usize,
+    /// Write an OCI image layout directory instead of pushing (`--output oci:DIR`).
+    pub layout: Option<std::path::PathBuf>,
+}
+
+/// Where built images go: a registry, or an OCI layout directory for air-gapped handoff.
+enum Destination {
+    Registry(Registry),
+    Layout(OciLayout),
+}
+
+impl Destination {
+    async fn put_layer(
+        &self,
+        reference: &Reference,
+        layer: &export::ExportedLayer,
+        progress: &BlobProgress<'_>,
+    ) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_blob_file(reference, &layer.path, &layer.digest, layer.size, progress)
+                    .await?;
+            }
+            Destination::Layout(l) => {
+                l.put_blob_file(&layer.path, &layer.digest)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_config(&self, reference: &Reference, image: &export::ExportedImage) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_blob_bytes(reference, &image.config, &image.config_digest)
+                    .await?;
+            }
+            Destination::Layout(l) => {
+                l.put_blob_bytes(&image.config, &image.config_digest)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores a manifest under its digest only (no tag moves).
+    async fn put_manifest(&self, reference: &Reference, manifest: &ManifestBlob) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_manifest(
+                    &reference.clone_with_digest(manifest.digest.clone()),
+                    manifest,
+                )
+                .await
+            }
+            Destination::Layout(l) => l
+                .put_blob_bytes(&manifest.bytes, &manifest.digest)
+                .map(|_| ()),
+        }
+    }
+
+    async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_manifest(&repository_reference(&image.repository, tag)?, index)
+                    .await
+            }
+            Destination::Layout(l) => l.tag(index, tag),
+        }
+    }
+
+    async fn verify(
+        &self,
+        image: &ImageSpec,
+        expected: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<ImageCoverage> {
+        match self {
+            Destination::Registry(r) => verify_image(r, image, Some(expected), reporter).await,
+            Destination::Layout(l) => {
+                let target = Target {
+                    name: image.name.clone(),
+                    reference: format!("oci:{}:{}", l.dir.display(), image.tags[0]),
+                    tags: image.tags.clone(),
+                    declared: image.platforms.clone(),
+                };
+                let mut coverage = Vec::new();
+                for tag in &image.tags {
+                    let source = LayoutSource {
+                        layout: OciLayout { dir: l.dir.clone() },
+                        tag: Some(tag.clone()),
+                    };
+                    coverage.push(verify::verify(&source, &target, reporter).await?);
+                }
+                let mut first = coverage.remove(0);
+                for other in coverage.iter().chain(std::iter::once(&first.clone())) {
+                    if other.digest != expected {
+                        first.covered = false;
+                        first.warnings.push(format!(
+                            "a tag in {} resolves to {}, not {expected}",
+                            l.dir.display(),
+                            other.digest
+                        ));
+                    }
+                }
+                Ok(first)
+            }
+        }
+    }
 }
 
 /// What a run created in the engine, so an interrupted or failed run can remove it.
@@ -77,31 +184,45 @@ pub async fn build(
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
-    let registries: Vec<String> = plan
-        .images
-        .iter()
-        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
-        .collect::<Result<_>>()?;
-    let registry = Registry::new(&registries, &options.registry)?;
-    // Fail on credentials or reachability before spending minutes building.
-    for image in &plan.images {
-        registry
-            .probe(
-                &repository_reference(&image.repository, &image.tags[0])?,
-                true,
-            )
-            .await?;
-    }
+    let destination = match &options.layout {
+        Some(dir) => {
+            if plan.images.len() != 1 {
+                return Err(Error::Usage(format!(
+                    "--output oci:{} holds one image's tags; name one image ({})",
+                    dir.display(),
+                    plan.images
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Destination::Layout(OciLayout::create(dir)?)
+        }
+        None => {
+            let registry = Registry::new(&registry_hosts(&plan.images)?, &options.registry)?;
+            // Fail on credentials or reachability before spending minutes building.
+            for image in &plan.images {
+                registry
+                    .probe(
+                        &repository_reference(&image.repository, &image.tags[0])?,
+                        true,
+                    )
+                    .await?;
+            }
+            Destination::Registry(registry)
+        }
+    };
 
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let jobs = options.jobs.max(1);
     let pushed: Vec<(String, Pushed)> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
             let run_id = run_id.clone();
-            let registry = &registry;
+            let destination = &destination;
             async move {
                 let pushed =
-                    build_and_push(engine, registry, unit, &run_id, cleanup, reporter).await?;
+                    build_and_push(engine, destination, unit, &run_id, cleanup, reporter).await?;
                 Ok::<_, Error>((unit.image.name.clone(), pushed))
             }
         })
@@ -130,16 +251,12 @@ pub async fn build(
             message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
         });
         let first = repository_reference(&image.repository, &image.tags[0])?;
-        registry
-            .push_manifest(&first.clone_with_digest(index.digest.clone()), &index)
-            .await?;
+        destination.put_manifest(&first, &index).await?;
         for tag in &image.tags {
-            registry
-                .push_manifest(&repository_reference(&image.repository, tag)?, &index)
-                .await?;
+            destination.tag(image, tag, &index).await?;
         }
 
-        let mut checked = verify_image(&registry, image, Some(&index.digest), reporter).await?;
+        let mut checked = destination.verify(image, &index.digest, reporter).await?;
         for platform in &mut checked.platforms {
             platform.build = mine
                 .iter()
@@ -191,13 +308,20 @@ pub async fn verify_image(
     Ok(coverage)
 }
 
+fn registry_hosts(images: &[&ImageSpec]) -> Result<Vec<String>> {
+    images
+        .iter()
+        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
+        .collect()
+}
+
 pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
     registry::parse_reference(&format!("{repository}:{tag}"))
 }
 
 async fn build_and_push(
     engine: &Engine,
-    registry: &Registry,
+    destination: &Destination,
     unit: &Unit<'_>,
     run_id: &str,
     cleanup: &Cleanup,
@@ -270,30 +394,15 @@ async fn build_and_push(
         done: Default::default(),
     };
     for layer in &exported.layers {
-        registry
-            .push_blob_file(
-                &reference,
-                &layer.path,
-                &layer.digest,
-                layer.size,
-                &progress,
-            )
-            .await?;
+        destination.put_layer(&reference, layer, &progress).await?;
     }
-    registry
-        .push_blob_bytes(&reference, &exported.config, &exported.config_digest)
-        .await?;
+    destination.put_config(&reference, &exported).await?;
     let manifest = oci::image_manifest(&exported).map_err(|m| Error::Export {
         image: image.name.clone(),
         message: m,
     })?;
     // By digest: no per-platform tags are left behind in the repository.
-    registry
-        .push_manifest(
-            &reference.clone_with_digest(manifest.digest.clone()),
-            &manifest,
-        )
-        .await?;
+    destination.put_manifest(&reference, &manifest).await?;
     phase(Phase::Done, format!("pushed {}", manifest.digest));
     Ok(Pushed {
         platform: unit.platform.clone(),
@@ -319,12 +428,7 @@ pub async fn verify_project(
 ) -> Result<CoverageRecord> {
     // The plan validates the image names; verification needs no engine.
     let plan = plan::plan(project, selected, &[], &Platform::linux("amd64", None))?;
-    let registries: Vec<String> = plan
-        .images
-        .iter()
-        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
-        .collect::<Result<_>>()?;
-    let registry = Registry::new(&registries, options)?;
+    let registry = Registry::new(&registry_hosts(&plan.images)?, options)?;
     let mut coverage = Vec::new();
     for image in &plan.images {
         coverage.push(verify_image(&registry, image, None, reporter).await?);

@@ -1,0 +1,250 @@
+//! An OCI image layout directory (`oci-layout`, `index.json`, `blobs/sha256/…`) as a
+//! destination for `build --output oci:DIR` and a source for `verify oci:DIR[:TAG]`.
+//! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
+
+use crate::oci::{self, ManifestBlob};
+use crate::verify::ContentSource;
+use crate::{Error, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// `oci:DIR[:TAG]` split into its parts; None when the reference is not a layout.
+pub fn parse_layout_reference(reference: &str) -> Option<(PathBuf, Option<String>)> {
+    let rest = reference.strip_prefix("oci:")?;
+    // The tag follows the last colon, unless that colon is part of the path.
+    match rest.rsplit_once(':') {
+        Some((dir, tag)) if !tag.is_empty() && !tag.contains('/') => {
+            Some((PathBuf::from(dir), Some(tag.to_string())))
+        }
+        _ => Some((PathBuf::from(rest), None)),
+    }
+}
+
+pub struct OciLayout {
+    pub dir: PathBuf,
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::io(path, e)
+}
+
+fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf> {
+    let hex = digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| Error::Usage(format!("`{digest}` is not a sha256 digest")))?;
+    Ok(dir.join("blobs/sha256").join(hex))
+}
+
+impl OciLayout {
+    /// Creates the layout (or opens an existing one to add to).
+    pub fn create(dir: &Path) -> Result<OciLayout> {
+        std::fs::create_dir_all(dir.join("blobs/sha256")).map_err(io(dir))?;
+        let marker = dir.join("oci-layout");
+        if !marker.exists() {
+            std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(io(&marker))?;
+        }
+        let index = dir.join("index.json");
+        if !index.exists() {
+            let empty = json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX, "manifests": []});
+            std::fs::write(&index, empty.to_string()).map_err(io(&index))?;
+        }
+        Ok(OciLayout {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn open(dir: &Path) -> Result<OciLayout> {
+        if !dir.join("oci-layout").is_file() || !dir.join("index.json").is_file() {
+            return Err(Error::Usage(format!(
+                "{} is not an OCI image layout (no oci-layout/index.json); build into it with --output oci:{}",
+                dir.display(),
+                dir.display()
+            )));
+        }
+        Ok(OciLayout {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn has_blob(&self, digest: &str) -> Result<bool> {
+        Ok(blob_path(&self.dir, digest)?.is_file())
+    }
+
+    /// Copies a spooled blob in; written under a temporary name first so a crash never
+    /// leaves a truncated blob under its digest.
+    pub fn put_blob_file(&self, source: &Path, digest: &str) -> Result<bool> {
+        let target = blob_path(&self.dir, digest)?;
+        if target.is_file() {
+            return Ok(false);
+        }
+        let partial = target.with_extension("partial");
+        std::fs::copy(source, &partial).map_err(io(&partial))?;
+        std::fs::rename(&partial, &target).map_err(io(&target))?;
+        Ok(true)
+    }
+
+    pub fn put_blob_bytes(&self, bytes: &[u8], digest: &str) -> Result<bool> {
+        let target = blob_path(&self.dir, digest)?;
+        if target.is_file() {
+            return Ok(false);
+        }
+        let partial = target.with_extension("partial");
+        std::fs::write(&partial, bytes).map_err(io(&partial))?;
+        std::fs::rename(&partial, &target).map_err(io(&target))?;
+        Ok(true)
+    }
+
+    fn read_index(&self) -> Result<Value> {
+        let path = self.dir.join("index.json");
+        let text = std::fs::read(&path).map_err(io(&path))?;
+        let index: Value = serde_json::from_slice(&text).map_err(|e| {
+            Error::Usage(format!(
+                "{}: not valid JSON ({e}); remove the directory and build again",
+                path.display()
+            ))
+        })?;
+        if !index["manifests"].is_array() {
+            return Err(Error::Usage(format!(
+                "{}: has no manifests list",
+                path.display()
+            )));
+        }
+        Ok(index)
+    }
+
+    /// Points `tag` at `manifest` (replacing what the tag pointed at), atomically.
+    pub fn tag(&self, manifest: &ManifestBlob, tag: &str) -> Result<()> {
+        let mut index = self.read_index()?;
+        let manifests = index["manifests"].as_array_mut().expect("checked above");
+        manifests.retain(|m| m["annotations"][REF_NAME].as_str() != Some(tag));
+        manifests.push(json!({
+            "mediaType": manifest.media_type,
+            "digest": manifest.digest,
+            "size": manifest.bytes.len(),
+            "annotations": {REF_NAME: tag},
+        }));
+        let path = self.dir.join("index.json");
+        let partial = self.dir.join("index.json.partial");
+        std::fs::write(&partial, serde_json::to_vec(&index).expect("serialises"))
+            .map_err(io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(io(&path))
+    }
+
+    fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        let path = blob_path(&self.dir, digest)?;
+        let bytes = std::fs::read(&path).map_err(|e| {
+            Error::Usage(format!(
+                "{}: blob {digest} is missing from the layout ({e})",
+                self.dir.display()
+            ))
+        })?;
+        let computed = oci::sha256_digest(&bytes);
+        if computed != digest {
+            return Err(Error::Registry {
+                registry: self.dir.display().to_string(),
+                message: format!("blob {digest} is corrupt (its content hashes to {computed})"),
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// Reads a tag (or the only manifest) of a layout for verification.
+pub struct LayoutSource {
+    pub layout: OciLayout,
+    pub tag: Option<String>,
+}
+
+impl ContentSource for LayoutSource {
+    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+        let index = self.layout.read_index()?;
+        let manifests = index["manifests"].as_array().expect("checked on read");
+        let chosen: Vec<&Value> = match &self.tag {
+            Some(tag) => manifests
+                .iter()
+                .filter(|m| m["annotations"][REF_NAME].as_str() == Some(tag))
+                .collect(),
+            None => manifests.iter().collect(),
+        };
+        let descriptor = match chosen.as_slice() {
+            [one] => *one,
+            [] => {
+                return Err(Error::Usage(format!(
+                    "{}: no manifest {}",
+                    self.layout.dir.display(),
+                    self.tag
+                        .as_ref()
+                        .map_or("at all".into(), |t| format!("tagged `{t}`"))
+                )))
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "{}: several manifests; name one as oci:{}:TAG",
+                    self.layout.dir.display(),
+                    self.layout.dir.display()
+                )))
+            }
+        };
+        let digest = descriptor["digest"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        Ok((self.layout.read_blob(&digest)?, digest))
+    }
+
+    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+        self.layout.read_blob(digest)
+    }
+
+    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        self.layout.read_blob(digest)
+    }
+
+    fn repository(&self) -> String {
+        format!("oci:{}", self.layout.dir.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_layout_references() {
+        assert_eq!(
+            parse_layout_reference("oci:/tmp/out:v1"),
+            Some((PathBuf::from("/tmp/out"), Some("v1".into())))
+        );
+        assert_eq!(
+            parse_layout_reference("oci:out"),
+            Some((PathBuf::from("out"), None))
+        );
+        assert_eq!(parse_layout_reference("127.0.0.1:5000/x:v1"), None);
+    }
+
+    #[test]
+    fn tags_replace_and_blobs_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = OciLayout::create(dir.path()).unwrap();
+        let blob = |b: &[u8]| ManifestBlob {
+            bytes: b.to_vec(),
+            digest: oci::sha256_digest(b),
+            media_type: oci::OCI_INDEX,
+        };
+        let (a, b) = (blob(b"{\"a\":1}"), blob(b"{\"b\":2}"));
+        for m in [&a, &b] {
+            layout.put_blob_bytes(&m.bytes, &m.digest).unwrap();
+        }
+        layout.tag(&a, "v1").unwrap();
+        layout.tag(&b, "v1").unwrap();
+        let index = layout.read_index().unwrap();
+        assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
+        assert_eq!(index["manifests"][0]["digest"], b.digest.as_str());
+        std::fs::write(blob_path(dir.path(), &a.digest).unwrap(), b"tampered").unwrap();
+        assert!(layout.read_blob(&a.digest).is_err());
+        assert!(OciLayout::open(&dir.path().join("nope")).is_err());
+    }
+}
