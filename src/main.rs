@@ -108,6 +108,20 @@ enum Command {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Refuse a deploy whose images do not cover every node pool its pods may land on.
+    #[command(after_help = EXIT_CODES)]
+    Gate {
+        /// Kubernetes YAML files or directories (helm template / kustomize build output).
+        #[arg(long, required = true, value_name = "PATH")]
+        manifests: Vec<PathBuf>,
+        /// `kubectl get nodes -o json` output, or a pool file (`pools: [{name, labels, taints, count}]`).
+        #[arg(long, value_name = "FILE")]
+        nodes: PathBuf,
+        #[command(flatten)]
+        output: Output,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
 }
 
 fn reporter(output: &Output) -> Box<dyn Reporter> {
@@ -203,6 +217,46 @@ async fn run(command: Command) -> Result<i32, Error> {
             cleanup.run(&engine).await;
             drop(reporter);
             finish(&outcome?, &output)
+        }
+        Command::Gate {
+            manifests,
+            nodes,
+            output,
+            registry,
+        } => {
+            let workloads = polyarch::k8s::load_workloads(&manifests)?;
+            let pools = polyarch::k8s::load_nodes(&nodes)?;
+            let mut images: Vec<String> = workloads
+                .iter()
+                .flat_map(|w| w.containers.iter().map(|c| c.image.clone()))
+                .collect();
+            images.sort();
+            images.dedup();
+            let options = registry_options(&registry)?;
+            let reporter = reporter(&output);
+            let provided = tokio::select! {
+                found = pipeline::provided_platforms(&images, &options, reporter.as_ref()) => found?,
+                _ = tokio::signal::ctrl_c() => return Err(Error::Interrupted),
+            };
+            drop(reporter);
+            let record = polyarch::k8s::evaluate(&workloads, &pools, &|image: &str| {
+                provided
+                    .get(image)
+                    .cloned()
+                    .ok_or_else(|| Error::Usage(format!("image {image} was not looked up")))
+            })?;
+            if let Some(path) = &output.record {
+                record.write(path)?;
+            }
+            match output.output_format {
+                OutputFormat::Json => println!("{}", record.to_json()),
+                OutputFormat::Text => print!("{}", polyarch::k8s::render_text(&record)),
+            }
+            Ok(if record.covered {
+                exit::COVERED
+            } else {
+                exit::GAP
+            })
         }
         Command::Verify {
             targets,

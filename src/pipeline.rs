@@ -469,3 +469,41 @@ pub async fn verify_reference(
         verify::verify(&source, &target, reporter).await?,
     ]))
 }
+
+/// What an image reference provides, for the deploy gate: every platform entry of its
+/// index (attestations excluded) and the digest to pin.
+pub async fn provided_platforms(
+    references: &[String],
+    options: &RegistryOptions,
+    reporter: &dyn Reporter,
+) -> Result<std::collections::BTreeMap<String, crate::k8s::ProvidedPlatforms>> {
+    let parsed: Vec<Reference> = references
+        .iter()
+        .map(|r| registry::parse_reference(r))
+        .collect::<Result<_>>()?;
+    let hosts: Vec<String> = parsed.iter().map(|r| r.registry().to_string()).collect();
+    let registry = Registry::new(&hosts, options)?;
+    let mut out = std::collections::BTreeMap::new();
+    for (text, reference) in references.iter().zip(parsed) {
+        let target = Target {
+            name: text.clone(),
+            reference: text.clone(),
+            tags: Vec::new(),
+            declared: Vec::new(),
+        };
+        let source = RegistrySource {
+            registry: &registry,
+            reference,
+        };
+        // With nothing declared, every platform found is listed as "unexpected".
+        let coverage = verify::verify(&source, &target, reporter).await?;
+        out.insert(
+            text.clone(),
+            crate::k8s::ProvidedPlatforms {
+                digest: Some(coverage.digest),
+                platforms: coverage.unexpected,
+            },
+        );
+    }
+    Ok(out)
+}
