@@ -1,9 +1,19 @@
 //! The project file, `polyarch.yaml` (version 1): parsing and validation into typed specs.
 //! Every mistake becomes one `Error::Project` naming the file, the field path
 //! (e.g. `images.hello.platforms[1]`) and the fix.
+//!
+//! Parsing runs in two passes over the text: first into a generic YAML value (so syntax
+//! errors and the `version` check come before anything version-specific), then into
+//! loosely typed `Raw*` structs (every field optional, every scalar a string) so that the
+//! validation below, not serde, decides what is missing or wrong and how to say so.
 
+use crate::error::{Error, Result};
 use crate::platform::Platform;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 pub const SUPPORTED_VERSION: u32 = 1;
@@ -36,6 +46,10 @@ pub struct Project {
     pub binfmt: BinfmtMode,
     /// Installer image for binfmt registration.
     pub binfmt_image: Option<String>,
+    /// Engine endpoint per (normalised) platform, so foreign platforms can build natively
+    /// on another machine instead of under emulation. Values are `unix://…`, `tcp://…`
+    /// or a docker context name, exactly as written.
+    pub builders: BTreeMap<Platform, String>,
 }
 
 #[derive(Debug, Clone)]
@@ -57,8 +71,2067 @@ pub struct ImageSpec {
     pub binfmt: Option<BinfmtMode>,
 }
 
+impl ImageSpec {
+    /// The binfmt mode that applies to this image, so callers need not repeat the fallback.
+    pub fn binfmt_mode(&self, project_default: BinfmtMode) -> BinfmtMode {
+        self.binfmt.unwrap_or(project_default)
+    }
+}
+
+/// Top-level keys the parser accepts (kept in sync with the schema by a test).
+pub const PROJECT_FIELDS: &[&str] = &["version", "binfmt", "binfmt_image", "builders", "images"];
+
+/// Per-image keys the parser accepts (kept in sync with serde and the schema by tests).
+pub const IMAGE_FIELDS: &[&str] = &[
+    "repository",
+    "tags",
+    "context",
+    "dockerfile",
+    "platforms",
+    "build_args",
+    "target",
+    "labels",
+    "network",
+    "binfmt",
+];
+
+/// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
+pub const SCHEMA_JSON: &str = include_str!("../schema/polyarch.schema.json");
+
+const NETWORKS: &[(&str, Network)] = &[
+    ("default", Network::Default),
+    ("host", Network::Host),
+    ("none", Network::None),
+];
+
+const BINFMT_MODES: &[(&str, BinfmtMode)] = &[
+    ("auto", BinfmtMode::Auto),
+    ("never", BinfmtMode::Never),
+    ("require", BinfmtMode::Require),
+];
+
 impl Project {
-    pub fn load(_path: &Path) -> crate::Result<Project> {
-        todo!("project loading")
+    /// Reads and validates a project file; every failure is an `Error::Project` naming `path`.
+    pub fn load(path: &Path) -> Result<Project> {
+        let whole = |message: String| Error::Project {
+            file: path.to_path_buf(),
+            field: String::new(),
+            message: one_line(&message),
+        };
+        if path.is_dir() {
+            return Err(whole(format!(
+                "is a directory; pass the project file itself, e.g. -f {}",
+                path.join("polyarch.yaml").display()
+            )));
+        }
+        let bytes = std::fs::read(path).map_err(|e| {
+            whole(match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    "no such file; create it or pass -f FILE".to_string()
+                }
+                _ => format!("cannot read it ({e}); fix its permissions or pass -f FILE"),
+            })
+        })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            whole(format!(
+                "is not UTF-8 text (invalid byte at offset {}); save it as UTF-8",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
+        Project::parse(path, &text)
+    }
+
+    /// Validates project text as if it were read from `file`; relative paths in it
+    /// (contexts) resolve against `file`'s directory, which must therefore be real.
+    pub fn parse(file: &Path, text: &str) -> Result<Project> {
+        let cx = Cx {
+            file: file.to_path_buf(),
+            base: match file.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            },
+        };
+        cx.precheck(text)?;
+        let raw: RawProject =
+            serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
+                .map_err(|e| cx.from_serde(e))?;
+        cx.project(raw)
+    }
+
+    /// Looks an image up by the name used on the command line.
+    pub fn image(&self, name: &str) -> Option<&ImageSpec> {
+        self.images.iter().find(|i| i.name == name)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Raw, loosely typed shape of the file.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProject {
+    // Checked in the first pass; kept here so `deny_unknown_fields` accepts it.
+    #[allow(dead_code)]
+    version: Option<serde_norway::Value>,
+    binfmt: Option<String>,
+    binfmt_image: Option<String>,
+    builders: Option<Entries<String>>,
+    images: Option<Entries<RawImage>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawImage {
+    repository: Option<String>,
+    tags: Option<Vec<String>>,
+    context: Option<String>,
+    dockerfile: Option<String>,
+    platforms: Option<Vec<String>>,
+    build_args: Option<Entries<String>>,
+    target: Option<String>,
+    labels: Option<Entries<String>>,
+    network: Option<String>,
+    binfmt: Option<String>,
+}
+
+/// A mapping kept in file order (images are built and reported in declaration order).
+/// Scalars deserialize as written, so `GREETING: 1.10` stays `"1.10"`.
+struct Entries<T>(Vec<(String, T)>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Entries<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Entries<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value = map.next_value::<T>()?;
+                    out.push((key, value));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Validation.
+
+/// Where messages point and where relative paths start.
+struct Cx {
+    file: PathBuf,
+    base: PathBuf,
+}
+
+impl Cx {
+    fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> Error {
+        Error::Project {
+            file: self.file.clone(),
+            field: one_line(field.as_ref()),
+            message: one_line(message.as_ref()),
+        }
+    }
+
+    /// Syntax, top-level shape and version, before any version-specific typing.
+    fn precheck(&self, text: &str) -> Result<()> {
+        let top = match Shallow::deserialize_top(serde_norway::Deserializer::from_str(text)) {
+            Ok(v) => v,
+            Err(e) => {
+                let msg = strip_marks(&e.to_string());
+                if msg.starts_with("EOF while parsing") {
+                    return Err(self.err("", EMPTY_FILE));
+                }
+                // Non-syntax failures carry serde_norway's path prefix (`a.b: invalid type…`).
+                let has_path = msg.split_once(": ").is_some_and(|(pre, _)| {
+                    !pre.is_empty() && !pre.contains(char::is_whitespace) && !pre.contains('`')
+                });
+                let kind = if has_path || msg.starts_with("invalid ") {
+                    "YAML error"
+                } else {
+                    "YAML syntax error"
+                };
+                let msg = clip_long(&msg, 200);
+                return Err(self.err(
+                    "",
+                    match e.location() {
+                        Some(l) => format!(
+                            "{kind} at line {}, column {}: {msg}; fix the indentation, quoting or brackets there",
+                            l.line(),
+                            l.column()
+                        ),
+                        None => format!(
+                            "{kind}: {msg}; fix the file so it is a single YAML document"
+                        ),
+                    },
+                ));
+            }
+        };
+        let version = match top {
+            Shallow::Map(version) => version,
+            Shallow::Null => return Err(self.err("", EMPTY_FILE)),
+            other => {
+                return Err(self.err(
+                    "",
+                    format!(
+                        "the top level is {}, not a mapping; write `key: value` lines starting with `version: {SUPPORTED_VERSION}` and `images:`",
+                        other.describe()
+                    ),
+                ))
+            }
+        };
+        match version.as_deref() {
+            None | Some(Shallow::Null) => Err(self.err(
+                "version",
+                format!("missing; add `version: {SUPPORTED_VERSION}` at the top of the file"),
+            )),
+            Some(Shallow::Int(n)) if *n == SUPPORTED_VERSION.to_string() => Ok(()),
+            Some(Shallow::Float(f)) if *f == f64::from(SUPPORTED_VERSION) => Ok(()),
+            Some(Shallow::Int(n)) => Err(self.unsupported(n)),
+            Some(Shallow::Float(f)) => Err(self.unsupported(&f.to_string())),
+            Some(other) => {
+                let quoted =
+                    matches!(other, Shallow::Str(s) if s.trim() == SUPPORTED_VERSION.to_string());
+                Err(self.err(
+                    "version",
+                    format!(
+                        "must be the number {SUPPORTED_VERSION}, found {}; write `version: {SUPPORTED_VERSION}`{}",
+                        other.describe(),
+                        if quoted { " without quotes" } else { "" }
+                    ),
+                ))
+            }
+        }
+    }
+
+    fn unsupported(&self, version: &str) -> Error {
+        self.err(
+            "version",
+            format!(
+                "unsupported version {}; this polyarch reads version {SUPPORTED_VERSION}, write `version: {SUPPORTED_VERSION}` or use a newer polyarch",
+                clip(version)
+            ),
+        )
+    }
+
+    fn from_serde(&self, e: serde_path_to_error::Error<serde_norway::Error>) -> Error {
+        let segs: Vec<Seg> = e
+            .path()
+            .iter()
+            .map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Seg::Key(key.clone()),
+                serde_path_to_error::Segment::Seq { index } => Seg::Index(*index),
+                serde_path_to_error::Segment::Enum { variant } => Seg::Key(variant.clone()),
+                serde_path_to_error::Segment::Unknown => Seg::Key("?".into()),
+            })
+            .collect();
+        let field = seg_path(&segs);
+        let inner = e.into_inner();
+        let location = inner.location();
+        let mut raw = strip_marks(&inner.to_string());
+        // serde_norway prefixes its own copy of the path (`images.hello: invalid type…`).
+        if let Some((pre, rest)) = raw.split_once(": ") {
+            if !pre.is_empty() && !pre.contains(char::is_whitespace) && !pre.contains('`') {
+                raw = rest.to_string();
+            }
+        }
+        let at = location
+            .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
+            .unwrap_or_default();
+        // serde reports a repeated key at the enclosing mapping; point at the key itself.
+        if let Some(rest) = raw.strip_prefix("duplicate field `") {
+            let key = rest.split('`').next().unwrap_or_default();
+            let field = if field.is_empty() {
+                key.to_string()
+            } else {
+                format!("{field}.{key}")
+            };
+            return self.err(field, format!("is given twice{at}; keep one"));
+        }
+        let message = humanize(&raw, &segs, &at);
+        self.err(field, message)
+    }
+
+    fn project(&self, raw: RawProject) -> Result<Project> {
+        let binfmt = match raw.binfmt {
+            Some(s) => pick("binfmt", &s, BINFMT_MODES, "binfmt mode")
+                .map_err(|m| self.err("binfmt", m))?,
+            None => BinfmtMode::default(),
+        };
+        let binfmt_image = match raw.binfmt_image {
+            Some(s) if s.trim().is_empty() => {
+                return Err(self.err(
+                    "binfmt_image",
+                    "is empty; name an installer image (e.g. tonistiigi/binfmt) or remove the key",
+                ))
+            }
+            Some(s) if s.contains(char::is_whitespace) => {
+                return Err(self.err(
+                    "binfmt_image",
+                    format!("{} contains whitespace; write a single image reference such as tonistiigi/binfmt", q(&s)),
+                ))
+            }
+            other => other,
+        };
+        let mut builders = BTreeMap::new();
+        let mut builder_keys: BTreeMap<Platform, String> = BTreeMap::new();
+        for (key, endpoint) in raw.builders.map(|b| b.0).unwrap_or_default() {
+            let field = format!("builders.{key}");
+            let platform: Platform = key.parse().map_err(|e| self.err(&field, format!("{e}")))?;
+            if let Some(earlier) = builder_keys.get(&platform) {
+                return Err(self.err(
+                    &field,
+                    format!(
+                        "is the same platform as builders.{earlier} (both are {platform}); keep one entry"
+                    ),
+                ));
+            }
+            if endpoint.trim().is_empty() {
+                return Err(self.err(
+                    &field,
+                    "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port) or a docker context name",
+                ));
+            }
+            builder_keys.insert(platform.clone(), key);
+            builders.insert(platform, endpoint);
+        }
+        let entries = raw.images.map(|i| i.0).unwrap_or_default();
+        if entries.is_empty() {
+            return Err(self.err(
+                "images",
+                "no images declared; add at least one, e.g. `images: {hello: {repository: registry.example.com/hello, tags: [v1], context: ., platforms: [linux/amd64]}}`",
+            ));
+        }
+        let mut images: Vec<ImageSpec> = Vec::with_capacity(entries.len());
+        for (name, img) in entries {
+            if images.iter().any(|i| i.name == name) {
+                return Err(self.err(
+                    format!("images.{name}"),
+                    "is declared twice; image names must be unique, rename or merge one",
+                ));
+            }
+            images.push(self.image(name, img)?);
+        }
+        Ok(Project {
+            file: self.file.clone(),
+            images,
+            binfmt,
+            binfmt_image,
+            builders,
+        })
+    }
+
+    fn image(&self, name: String, raw: RawImage) -> Result<ImageSpec> {
+        let at = |f: &str| format!("images.{name}.{f}");
+        if !valid_image_name(&name) {
+            let lower = name.to_ascii_lowercase();
+            let hint = if valid_image_name(&lower) {
+                format!(" (e.g. `{lower}`)")
+            } else {
+                String::new()
+            };
+            return Err(self.err(
+                format!("images.{name}"),
+                format!(
+                    "{} is not a valid image name; use lowercase letters, digits, `.`, `_` and `-`, starting with a letter or digit{hint}",
+                    q(&name)
+                ),
+            ));
+        }
+        let missing =
+            |f: &str, example: &str| self.err(at(f), format!("missing; add it, e.g. `{example}`"));
+
+        // repository
+        let repository = raw
+            .repository
+            .ok_or_else(|| missing("repository", "repository: registry.example.com/team/app"))?;
+        check_repository(&repository).map_err(|m| self.err(at("repository"), m))?;
+
+        // tags
+        let tags = raw
+            .tags
+            .ok_or_else(|| missing("tags", "tags: [v1, latest]"))?;
+        if tags.is_empty() {
+            return Err(self.err(
+                at("tags"),
+                "is empty; list at least one tag, e.g. `tags: [v1, latest]`",
+            ));
+        }
+        for (i, tag) in tags.iter().enumerate() {
+            let field = format!("images.{name}.tags[{i}]");
+            if !valid_tag(tag) {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{} is not a valid tag; use 1 to 128 letters, digits, `_`, `.` or `-`, not starting with `.` or `-`",
+                        q(tag)
+                    ),
+                ));
+            }
+            if let Some(j) = tags[..i].iter().position(|t| t == tag) {
+                return Err(self.err(
+                    field,
+                    format!("{} repeats tags[{j}]; remove the duplicate", q(tag)),
+                ));
+            }
+        }
+
+        // context
+        let context_raw = raw
+            .context
+            .ok_or_else(|| missing("context", "context: ."))?;
+        if context_raw.trim().is_empty() {
+            return Err(self.err(
+                at("context"),
+                "is empty; give the build directory relative to the project file, e.g. `context: .`",
+            ));
+        }
+        let looked = self.base.join(&context_raw);
+        let context = match std::fs::metadata(&looked) {
+            Ok(m) if m.is_dir() => looked.canonicalize().map_err(|e| {
+                self.err(at("context"), format!("cannot resolve {} ({e}); fix the path", looked.display()))
+            })?,
+            Ok(_) => {
+                return Err(self.err(
+                    at("context"),
+                    format!(
+                        "{} is not a directory; point `context:` at the directory holding the build files",
+                        looked.display()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(self.err(
+                    at("context"),
+                    format!(
+                        "{} does not exist; create it or fix the path (it is relative to the project file's directory {})",
+                        looked.display(),
+                        self.base.display()
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(self.err(
+                    at("context"),
+                    format!("cannot read {} ({e}); fix the path or its permissions", looked.display()),
+                ))
+            }
+        };
+
+        // dockerfile
+        let dockerfile_raw = raw.dockerfile.unwrap_or_else(|| "Dockerfile".to_string());
+        let dockerfile = self.dockerfile(&at("dockerfile"), &context, &dockerfile_raw)?;
+
+        // platforms
+        let platform_strs = raw
+            .platforms
+            .ok_or_else(|| missing("platforms", "platforms: [linux/amd64, linux/arm64]"))?;
+        if platform_strs.is_empty() {
+            return Err(self.err(
+                at("platforms"),
+                "is empty; list at least one platform, e.g. `platforms: [linux/amd64, linux/arm64]`",
+            ));
+        }
+        let mut platforms: Vec<Platform> = Vec::with_capacity(platform_strs.len());
+        for (i, s) in platform_strs.iter().enumerate() {
+            let field = format!("images.{name}.platforms[{i}]");
+            let p: Platform = s.parse().map_err(|e| self.err(&field, format!("{e}")))?;
+            if let Some(j) = platforms.iter().position(|x| *x == p) {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{} is the same platform as platforms[{j}] ({}) once normalised to {p}; remove one",
+                        q(s),
+                        q(&platform_strs[j])
+                    ),
+                ));
+            }
+            platforms.push(p);
+        }
+
+        // build args, labels
+        let mut build_args = BTreeMap::new();
+        for (k, v) in raw.build_args.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{name}.build_args.{k}");
+            if k.is_empty() || k.contains('=') || k.contains(char::is_whitespace) {
+                return Err(self.err(
+                    field,
+                    format!("{} is not a build argument name; use a name without `=` or spaces, e.g. GREETING", q(&k)),
+                ));
+            }
+            if build_args.insert(k, v).is_some() {
+                return Err(self.err(field, "is given twice; keep one"));
+            }
+        }
+        let mut labels = BTreeMap::new();
+        for (k, v) in raw.labels.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{name}.labels.{k}");
+            if k.trim().is_empty() {
+                return Err(self.err(
+                    field,
+                    "has an empty label key; use a key such as org.opencontainers.image.source",
+                ));
+            }
+            if labels.insert(k, v).is_some() {
+                return Err(self.err(field, "is given twice; keep one"));
+            }
+        }
+
+        // target
+        let target = match raw.target {
+            Some(t) if t.trim().is_empty() => return Err(self.err(
+                at("target"),
+                "is empty; name a stage of the Dockerfile (`FROM … AS NAME`) or remove `target:`",
+            )),
+            Some(t) if t.contains(char::is_whitespace) => {
+                return Err(self.err(
+                    at("target"),
+                    format!(
+                        "{} contains whitespace; name a single stage of the Dockerfile",
+                        q(&t)
+                    ),
+                ))
+            }
+            other => other,
+        };
+
+        let network = match raw.network {
+            Some(s) => pick("network", &s, NETWORKS, "network mode")
+                .map_err(|m| self.err(at("network"), m))?,
+            None => Network::default(),
+        };
+        let binfmt = match raw.binfmt {
+            Some(s) => Some(
+                pick("binfmt", &s, BINFMT_MODES, "binfmt mode")
+                    .map_err(|m| self.err(at("binfmt"), m))?,
+            ),
+            None => None,
+        };
+
+        Ok(ImageSpec {
+            name,
+            repository,
+            tags,
+            context,
+            dockerfile,
+            platforms,
+            build_args,
+            target,
+            labels,
+            network,
+            binfmt,
+        })
+    }
+
+    /// The Dockerfile must be inside the context: the engine only receives the context.
+    fn dockerfile(&self, field: &str, context: &Path, written: &str) -> Result<PathBuf> {
+        if written.trim().is_empty() {
+            return Err(self.err(
+                field,
+                "is empty; give the Dockerfile path relative to the context, or remove the key to use Dockerfile",
+            ));
+        }
+        let rel = Path::new(written);
+        if rel.is_absolute() {
+            return Err(self.err(
+                field,
+                format!(
+                    "{written} is absolute; write it relative to the context {}",
+                    context.display()
+                ),
+            ));
+        }
+        let looked = context.join(rel);
+        match std::fs::metadata(&looked) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(self.err(
+                    field,
+                    format!("{} is not a file; point `dockerfile:` at the Dockerfile itself", looked.display()),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{} does not exist; create it or set `dockerfile:` to its path relative to the context {}",
+                        looked.display(),
+                        context.display()
+                    ),
+                ))
+            }
+            Err(e) => {
+                return Err(self.err(
+                    field,
+                    format!("cannot read {} ({e}); fix the path or its permissions", looked.display()),
+                ))
+            }
+        }
+        let canonical = looked.canonicalize().map_err(|e| {
+            self.err(
+                field,
+                format!("cannot resolve {} ({e}); fix the path", looked.display()),
+            )
+        })?;
+        match canonical.strip_prefix(context) {
+            Ok(inside) => Ok(inside.to_path_buf()),
+            Err(_) => Err(self.err(
+                field,
+                format!(
+                    "{} is outside the context {}; the engine only sees files inside the context, so move the Dockerfile in or widen `context:`",
+                    looked.display(),
+                    context.display()
+                ),
+            )),
+        }
+    }
+}
+
+const EMPTY_FILE: &str =
+    "the file is empty; start it with `version: 1` and an `images:` mapping (see schema/polyarch.schema.json)";
+
+/// Matches one of the allowed spellings exactly; the message lists them all.
+fn pick<T: Copy>(
+    _key: &str,
+    s: &str,
+    allowed: &[(&str, T)],
+    what: &str,
+) -> std::result::Result<T, String> {
+    allowed
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| {
+            let names: Vec<&str> = allowed.iter().map(|(n, _)| *n).collect();
+            format!("{} is not a {what}; use one of {}", q(s), names.join(", "))
+        })
+}
+
+// ---------------------------------------------------------------------------------------
+// Grammar checks (distribution/reference, hand-written: no regex dependency).
+
+/// `[a-z0-9][a-z0-9._-]*`: names are typed on the command line and used in file names.
+fn valid_image_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Distribution's tag grammar `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
+fn valid_tag(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
+}
+
+/// A distribution reference *name* (no tag, no digest); `Err` is the one-line message.
+fn check_repository(repo: &str) -> std::result::Result<(), String> {
+    const EXAMPLE: &str = "e.g. `registry.example.com/team/app` or `127.0.0.1:5000/demo/hello`";
+    if repo.trim().is_empty() {
+        return Err(format!(
+            "is empty; set it to where the image is pushed, {EXAMPLE}"
+        ));
+    }
+    if repo.contains(char::is_whitespace) {
+        return Err(format!(
+            "{} contains whitespace; remove it, {EXAMPLE}",
+            q(repo)
+        ));
+    }
+    if let Some((name, digest)) = repo.split_once('@') {
+        return Err(format!(
+            "{} includes a digest (`@{}`); remove it and write `repository: {}` (polyarch pushes by tag, put tags under `tags:`)",
+            q(repo),
+            clip(digest),
+            clip(name)
+        ));
+    }
+    if repo.len() > 255 {
+        return Err(format!(
+            "is {} characters long; repository names are at most 255, shorten it",
+            repo.len()
+        ));
+    }
+    let comps: Vec<&str> = repo.split('/').collect();
+    let first_is_domain = |c: &str| c.contains('.') || c.contains(':') || c == "localhost";
+    if comps.len() == 1 && repo.contains(':') && check_domain(repo).is_ok() {
+        return Err(format!(
+            "{} is only a registry host; add the repository path, e.g. `{}/team/app`",
+            q(repo),
+            clip(repo)
+        ));
+    }
+    let last = comps[comps.len() - 1];
+    if let Some((before, tag)) = last.rsplit_once(':') {
+        let without = &repo[..repo.len() - tag.len() - 1];
+        let _ = before;
+        return Err(format!(
+            "{} includes a tag (`:{}`); write `repository: {}` and put the tag under `tags:`",
+            q(repo),
+            clip(tag),
+            clip(without)
+        ));
+    }
+    let path: &[&str] = if comps.len() > 1 && first_is_domain(comps[0]) {
+        check_domain(comps[0]).map_err(|m| format!("registry host {} {m}", q(comps[0])))?;
+        &comps[1..]
+    } else {
+        &comps[..]
+    };
+    for c in path {
+        check_path_component(c).map_err(|m| format!("{}: {m}", q(repo)))?;
+    }
+    Ok(())
+}
+
+/// `host[:port]`: a DNS name, IPv4 or `[IPv6]`.
+fn check_domain(d: &str) -> std::result::Result<(), String> {
+    let (host, port) = if let Some(rest) = d.strip_prefix('[') {
+        let Some(end) = rest.find(']') else {
+            return Err("has `[` without `]`; write IPv6 hosts as `[::1]:5000`".into());
+        };
+        let ip = &rest[..end];
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!(
+                "has {} which is not an IPv6 address; fix it, e.g. `[::1]:5000`",
+                q(ip)
+            ));
+        }
+        let after = &rest[end + 1..];
+        match after.strip_prefix(':') {
+            Some(p) => (None, Some(p)),
+            None if after.is_empty() => (None, None),
+            None => return Err("has text after `]`; write `[ADDRESS]:PORT`".into()),
+        }
+    } else {
+        match d.split_once(':') {
+            Some((h, p)) => (Some(h), Some(p)),
+            None => (Some(d), None),
+        }
+    };
+    if let Some(host) = host {
+        let ok_label = |l: &str| {
+            !l.is_empty()
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if !host.split('.').all(ok_label) {
+            return Err(
+                "is not a valid host name; use letters, digits, `-` and `.` (e.g. registry.example.com:5000)"
+                    .into(),
+            );
+        }
+    }
+    if let Some(port) = port {
+        if port.is_empty()
+            || !port.bytes().all(|b| b.is_ascii_digit())
+            || port.parse::<u16>().is_err()
+        {
+            return Err(format!(
+                "has port {} which is not a number from 0 to 65535; fix it, e.g. `localhost:5000`",
+                q(port)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*`.
+fn check_path_component(c: &str) -> std::result::Result<(), String> {
+    if c.is_empty() {
+        return Err("has an empty path component (`//`, or a leading or trailing `/`); remove the extra `/`".into());
+    }
+    if c.chars().any(|ch| ch.is_ascii_uppercase()) {
+        return Err(format!(
+            "repository paths must be lowercase; write `{}`",
+            clip(&c.to_ascii_lowercase())
+        ));
+    }
+    if let Some(bad) = c.chars().find(|ch| {
+        !(ch.is_ascii_lowercase() || ch.is_ascii_digit() || matches!(ch, '.' | '_' | '-'))
+    }) {
+        return Err(format!(
+            "{} contains {}; repository paths use lowercase letters, digits and the separators `.`, `_`, `__`, `-`",
+            q(c),
+            q(&bad.to_string())
+        ));
+    }
+    let alnum = |ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit();
+    let bad_sep = || {
+        format!(
+            "{} has a misplaced separator; components start and end with a letter or digit and separate words with one `.`, one `_`, `__`, or dashes",
+            q(c)
+        )
+    };
+    let mut sep = String::new();
+    let mut seen_alnum = false;
+    for ch in c.chars() {
+        if alnum(ch) {
+            if !sep.is_empty() {
+                let ok = sep == "." || sep == "_" || sep == "__" || sep.chars().all(|s| s == '-');
+                if !ok || !seen_alnum {
+                    return Err(bad_sep());
+                }
+                sep.clear();
+            }
+            seen_alnum = true;
+        } else {
+            sep.push(ch);
+        }
+    }
+    if !sep.is_empty() || !seen_alnum {
+        return Err(bad_sep());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Message shaping.
+
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn seg_path(segs: &[Seg]) -> String {
+    let mut out = String::new();
+    for s in segs {
+        match s {
+            Seg::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            Seg::Index(i) => out.push_str(&format!("[{i}]")),
+        }
+    }
+    out
+}
+
+/// Turns serde's wording into `problem; fix` for a person editing YAML.
+fn humanize(raw: &str, segs: &[Seg], at: &str) -> String {
+    if let Some(rest) = raw.strip_prefix("unknown field `") {
+        let (name, tail) = rest.split_once('`').unwrap_or((rest, ""));
+        let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+        if expected.is_empty() {
+            return format!("unknown field{at}; remove it");
+        }
+        let suggestion = closest(name, &expected)
+            .map(|s| format!("; did you mean {s}?"))
+            .unwrap_or_default();
+        return format!(
+            "unknown field{at}{suggestion}; expected one of {}",
+            expected.join(", ")
+        );
+    }
+    if let Some(rest) = raw.strip_prefix("invalid type: ") {
+        let (found, expected) = rest
+            .rsplit_once(", expected ")
+            .unwrap_or((rest, "something else"));
+        return format!(
+            "expected {}, found {}{at}; {}",
+            describe_expected(expected),
+            describe_found(found),
+            hint(segs)
+        );
+    }
+    if raw.starts_with("recursion limit exceeded") {
+        return format!(
+            "the document is nested too deeply{at}; flatten it to the documented layout"
+        );
+    }
+    if raw.starts_with("repetition limit exceeded") {
+        return format!("too many alias expansions{at}; remove the repeated `*alias` references");
+    }
+    format!("{}{at}; {}", clip_long(raw, 200), hint(segs))
+}
+
+fn describe_expected(e: &str) -> String {
+    match e {
+        "a sequence" => "a list".into(),
+        "a map" | "a mapping" => "a mapping".into(),
+        "struct RawProject" => "a mapping".into(),
+        "struct RawImage" => "a mapping of image settings".into(),
+        "a string" | "a borrowed string" => "a single value".into(),
+        other => other.to_string(),
+    }
+}
+
+fn describe_found(f: &str) -> String {
+    match f {
+        "map" => "a mapping".into(),
+        "sequence" => "a list".into(),
+        "unit value" => "nothing".into(),
+        other => clip_long(other, 60),
+    }
+}
+
+/// What the field should look like, by its position in the document.
+fn hint(segs: &[Seg]) -> String {
+    let keys: Vec<&str> = segs
+        .iter()
+        .filter_map(|s| match s {
+            Seg::Key(k) => Some(k.as_str()),
+            Seg::Index(_) => None,
+        })
+        .collect();
+    let field = match keys.as_slice() {
+        [] => {
+            return format!("write `key: value` lines starting with `version: {SUPPORTED_VERSION}`")
+        }
+        ["images"] => {
+            return "write each image as `NAME:` followed by its indented settings".into()
+        }
+        ["images", _] => {
+            return "give the image its settings as a mapping: repository, tags, context, platforms"
+                .into()
+        }
+        ["images", _, f, ..] => *f,
+        [f, ..] => *f,
+    };
+    let example = match field {
+        "repository" => "repository: registry.example.com/team/app",
+        "tags" => "tags: [v1, latest]",
+        "context" => "context: .",
+        "dockerfile" => "dockerfile: Dockerfile",
+        "platforms" => "platforms: [linux/amd64, linux/arm64]",
+        "build_args" => "build_args: {GREETING: hello}",
+        "labels" => "labels: {org.opencontainers.image.source: https://example.org/x}",
+        "target" => "target: release",
+        "network" => "network: default",
+        "binfmt" => "binfmt: auto",
+        "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
+        "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",
+        "version" => "version: 1",
+        _ => return "see schema/polyarch.schema.json for the expected layout".into(),
+    };
+    format!("write it like `{example}`")
+}
+
+/// A near-miss spelling (edit distance ≤ 2, or ≤ a third of the word).
+fn closest<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let limit = (word.chars().count() / 3).max(2);
+    candidates
+        .iter()
+        .map(|c| (levenshtein(word, c), *c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let a: Vec<char> = a.chars().take(64).collect();
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// A shallow look at a YAML value: enough to check `version` before anything else, and
+/// accepting every well-formed document (unlike `Value`, which rejects huge integers).
+enum Shallow {
+    Null,
+    Bool(bool),
+    /// Integer as decimal text, so any width compares exactly.
+    Int(String),
+    Float(f64),
+    Str(String),
+    List,
+    /// A mapping, with its `version` entry when looked at the top level.
+    Map(Option<Box<Shallow>>),
+    Tagged,
+}
+
+impl Shallow {
+    fn deserialize_top<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Shallow, D::Error> {
+        serde::de::DeserializeSeed::deserialize(ShallowSeed { top: true }, d)
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Shallow::Null => "nothing".into(),
+            Shallow::Bool(b) => format!("the boolean {b}"),
+            Shallow::Int(n) => format!("the number {}", clip(n)),
+            Shallow::Float(f) => format!("the number {f}"),
+            Shallow::Str(s) => format!("the string {}", q(s)),
+            Shallow::List => "a list".into(),
+            Shallow::Map(_) => "a mapping".into(),
+            Shallow::Tagged => "a tagged value".into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ShallowSeed {
+    top: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ShallowSeed {
+    type Value = Shallow;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Shallow, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ShallowSeed {
+    type Value = Shallow;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E>(self, v: bool) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Int(v.to_string()))
+    }
+    fn visit_u64<E>(self, v: u64) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Int(v.to_string()))
+    }
+    fn visit_i128<E>(self, v: i128) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Int(v.to_string()))
+    }
+    fn visit_u128<E>(self, v: u128) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Int(v.to_string()))
+    }
+    fn visit_f64<E>(self, v: f64) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Float(v))
+    }
+    fn visit_str<E>(self, v: &str) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Str(v.to_string()))
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Null)
+    }
+    fn visit_none<E>(self) -> std::result::Result<Shallow, E> {
+        Ok(Shallow::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> std::result::Result<Shallow, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Shallow, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(Shallow::List)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Shallow, A::Error> {
+        let mut version = None;
+        while let Some(key) = map.next_key_seed(ShallowSeed { top: false })? {
+            match key {
+                Shallow::Str(k) if self.top && k == "version" => {
+                    version = Some(Box::new(map.next_value_seed(ShallowSeed { top: false })?));
+                }
+                _ => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Shallow::Map(version))
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(
+        self,
+        data: A,
+    ) -> std::result::Result<Shallow, A::Error> {
+        use serde::de::VariantAccess;
+        let (_, variant) = data.variant::<serde::de::IgnoredAny>()?;
+        variant.newtype_variant::<serde::de::IgnoredAny>()?;
+        Ok(Shallow::Tagged)
+    }
+}
+
+/// Drops serde_norway's ` at line N column M` / ` at position N` (we report them our way).
+fn strip_marks(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find(" at ") {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 4..];
+        let skip = mark_len(after);
+        if skip == 0 {
+            out.push_str(" at ");
+            rest = after;
+        } else {
+            rest = &after[skip..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Length of a leading `line N column M` or `position N`, else 0.
+fn mark_len(s: &str) -> usize {
+    fn digits(s: &str) -> usize {
+        s.bytes().take_while(u8::is_ascii_digit).count()
+    }
+    if let Some(r) = s.strip_prefix("line ") {
+        let n = digits(r);
+        if n > 0 {
+            if let Some(r2) = r[n..].strip_prefix(" column ") {
+                let m = digits(r2);
+                if m > 0 {
+                    return 5 + n + 8 + m;
+                }
+            }
+        }
+    } else if let Some(r) = s.strip_prefix("position ") {
+        let n = digits(r);
+        if n > 0 {
+            return 9 + n;
+        }
+    }
+    0
+}
+
+/// Quotes user text for a message: escaped so it stays on one line, and clipped.
+fn q(s: &str) -> String {
+    format!("`{}`", clip(s))
+}
+
+fn clip(s: &str) -> String {
+    clip_long(s, 80)
+}
+
+fn clip_long(s: &str, max: usize) -> String {
+    let escaped: String = s.escape_debug().collect();
+    if escaped.chars().count() > max {
+        let head: String = escaped.chars().take(max).collect();
+        format!("{head}…")
+    } else {
+        escaped
+    }
+}
+
+/// Last guard for the one-line promise: no control characters reach the terminal.
+fn one_line(s: &str) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect()
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use tempfile::TempDir;
+
+    /// A project directory with a Dockerfile, a sub-context and a plain file.
+    fn fixture() -> TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("Dockerfile"), "FROM scratch\n").unwrap();
+        fs::create_dir(dir.path().join("app")).unwrap();
+        fs::write(
+            dir.path().join("app/Dockerfile.release"),
+            "FROM scratch AS release\n",
+        )
+        .unwrap();
+        fs::create_dir(dir.path().join("app/Dockerfile.d")).unwrap();
+        fs::write(dir.path().join("notadir"), "x").unwrap();
+        dir
+    }
+
+    fn parse_in(dir: &TempDir, text: &str) -> Result<Project> {
+        Project::parse(&dir.path().join("polyarch.yaml"), text)
+    }
+
+    /// A minimal valid image with `extra` lines appended to its settings.
+    fn with_image(extra: &str) -> String {
+        format!(
+            "version: 1\nimages:\n  hello:\n    repository: 127.0.0.1:5000/demo/hello\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n{extra}"
+        )
+    }
+
+    /// Replaces one line (`key: ...`) of the minimal image.
+    fn replacing(key: &str, line: &str) -> String {
+        with_image("")
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with(&format!("{key}:")) {
+                    line.to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n"
+    }
+
+    fn project_err(r: Result<Project>) -> (String, String, String) {
+        match r {
+            Err(e @ Error::Project { .. }) => {
+                let shown = e.to_string();
+                let Error::Project { field, message, .. } = e else {
+                    unreachable!()
+                };
+                assert!(
+                    !shown.contains('\n') && !shown.contains('\r'),
+                    "multi-line: {shown:?}"
+                );
+                (field, message, shown)
+            }
+            Err(other) => panic!("not a project error: {other}"),
+            Ok(_) => panic!("parsed"),
+        }
+    }
+
+    /// Asserts the failure is at `field` and the message mentions `needle` (the fix).
+    fn expect(dir: &TempDir, text: &str, field: &str, needle: &str) -> String {
+        let (f, m, shown) = project_err(parse_in(dir, text));
+        assert_eq!(f, field, "wrong field for {text:?}: {shown}");
+        assert!(m.contains(needle), "message lacks {needle:?}: {shown}");
+        assert!(
+            m.contains(';') || m.contains("e.g.") || m.contains("use "),
+            "no fix: {shown}"
+        );
+        shown
+    }
+
+    const FULL: &str = r#"
+version: 1
+binfmt: require
+binfmt_image: tonistiigi/binfmt:qemu-v8
+builders:
+  linux/arm64/v8: unix:///run/arm-docker.sock
+  linux/arm/v7: tcp://pi.local:2375
+images:
+  zeta:
+    repository: 127.0.0.1:5000/demo/hello
+    tags: [v1, latest, "1.10"]
+    context: app
+    dockerfile: Dockerfile.release
+    platforms: [linux/amd64, linux/aarch64, linux/arm/v7]
+    build_args: {GREETING: hello, COUNT: 3, DEBUG: true, VERSION: 1.10}
+    target: release
+    labels: {org.opencontainers.image.source: https://example.org/x}
+    network: host
+    binfmt: never
+  alpha:
+    repository: docker.io/library/alpha
+    tags: [edge]
+    context: .
+    platforms: [linux/amd64]
+"#;
+
+    #[test]
+    fn full_valid_file() {
+        let dir = fixture();
+        let p = parse_in(&dir, FULL).unwrap();
+        assert_eq!(p.binfmt, BinfmtMode::Require);
+        assert_eq!(p.binfmt_image.as_deref(), Some("tonistiigi/binfmt:qemu-v8"));
+        assert_eq!(p.builders.len(), 2);
+        assert_eq!(
+            p.builders
+                .get(&"linux/arm64".parse().unwrap())
+                .map(String::as_str),
+            Some("unix:///run/arm-docker.sock")
+        );
+        let names: Vec<&str> = p.images.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["zeta", "alpha"], "declaration order kept");
+        let z = p.image("zeta").unwrap();
+        assert_eq!(z.repository, "127.0.0.1:5000/demo/hello");
+        assert_eq!(z.tags, ["v1", "latest", "1.10"]);
+        assert_eq!(z.context, dir.path().join("app").canonicalize().unwrap());
+        assert!(z.context.is_absolute());
+        assert_eq!(z.dockerfile, PathBuf::from("Dockerfile.release"));
+        let plats: Vec<String> = z.platforms.iter().map(ToString::to_string).collect();
+        assert_eq!(plats, ["linux/amd64", "linux/arm64", "linux/arm/v7"]);
+        assert_eq!(z.build_args["GREETING"], "hello");
+        assert_eq!(z.build_args["COUNT"], "3");
+        assert_eq!(z.build_args["DEBUG"], "true");
+        assert_eq!(z.build_args["VERSION"], "1.10", "scalars kept as written");
+        assert_eq!(z.target.as_deref(), Some("release"));
+        assert_eq!(
+            z.labels["org.opencontainers.image.source"],
+            "https://example.org/x"
+        );
+        assert_eq!(z.network, Network::Host);
+        assert_eq!(z.binfmt, Some(BinfmtMode::Never));
+        assert_eq!(z.binfmt_mode(p.binfmt), BinfmtMode::Never);
+        let a = p.image("alpha").unwrap();
+        assert_eq!(a.binfmt_mode(p.binfmt), BinfmtMode::Require);
+    }
+
+    #[test]
+    fn defaults() {
+        let dir = fixture();
+        let p = parse_in(&dir, &with_image("")).unwrap();
+        assert_eq!(p.binfmt, BinfmtMode::Auto);
+        assert!(p.binfmt_image.is_none());
+        assert!(p.builders.is_empty());
+        let i = &p.images[0];
+        assert_eq!(i.dockerfile, PathBuf::from("Dockerfile"));
+        assert_eq!(i.network, Network::Default);
+        assert_eq!(i.binfmt, None);
+        assert!(i.target.is_none() && i.build_args.is_empty() && i.labels.is_empty());
+        assert_eq!(i.context, dir.path().canonicalize().unwrap());
+    }
+
+    #[test]
+    fn load_reads_file_and_reports_missing() {
+        let dir = fixture();
+        let file = dir.path().join("polyarch.yaml");
+        fs::write(&file, with_image("")).unwrap();
+        assert_eq!(Project::load(&file).unwrap().images.len(), 1);
+
+        let missing = dir.path().join("nope.yaml");
+        let (f, m, shown) = project_err(Project::load(&missing));
+        assert_eq!(f, "");
+        assert!(m.contains("-f FILE"), "{shown}");
+        assert!(shown.contains("nope.yaml"), "{shown}");
+
+        let (_, m, _) = project_err(Project::load(dir.path()));
+        assert!(m.contains("is a directory"), "{m}");
+
+        let bin = dir.path().join("bin.yaml");
+        fs::write(&bin, [0xff, 0xfe, 0x00, b'a']).unwrap();
+        let (_, m, _) = project_err(Project::load(&bin));
+        assert!(m.contains("UTF-8"), "{m}");
+    }
+
+    #[test]
+    fn relative_project_file_uses_current_directory() {
+        // No parent directory: contexts resolve against `.`; a missing one names it.
+        let (f, m, _) = project_err(Project::parse(
+            Path::new("polyarch.yaml"),
+            &replacing("context", "    context: definitely-not-here-xyz"),
+        ));
+        assert_eq!(f, "images.hello.context");
+        assert!(
+            m.contains("definitely-not-here-xyz") && m.contains("create it"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn version_errors() {
+        let d = fixture();
+        let body = "images:\n  hello:\n    repository: x/y\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n";
+        expect(&d, body, "version", "add `version: 1`");
+        let s = expect(
+            &d,
+            &format!("version: 2\n{body}"),
+            "version",
+            "reads version 1",
+        );
+        assert!(s.contains("unsupported version 2"), "{s}");
+        expect(
+            &d,
+            &format!("version: \"1\"\n{body}"),
+            "version",
+            "without quotes",
+        );
+        expect(
+            &d,
+            &format!("version: 1e999\n{body}"),
+            "version",
+            "write `version: 1`",
+        );
+        expect(
+            &d,
+            &format!("version: 99999999999999999999999999999999\n{body}"),
+            "version",
+            "reads version 1",
+        );
+        expect(
+            &d,
+            &format!("version: -1\n{body}"),
+            "version",
+            "reads version 1",
+        );
+        expect(
+            &d,
+            &format!("version: [1]\n{body}"),
+            "version",
+            "write `version: 1`",
+        );
+        // An unsupported version wins over version-1 field errors.
+        expect(
+            &d,
+            "version: 2\nfuture_key: 1\n",
+            "version",
+            "newer polyarch",
+        );
+        // 1.0 is the number one.
+        assert!(parse_in(&d, &with_image("").replace("version: 1", "version: 1.0")).is_ok());
+    }
+
+    #[test]
+    fn images_errors() {
+        let d = fixture();
+        expect(&d, "version: 1\n", "images", "add at least one");
+        expect(&d, "version: 1\nimages: {}\n", "images", "add at least one");
+        expect(&d, "version: 1\nimages:\n", "images", "add at least one");
+        expect(&d, "version: 1\nimages: [a, b]\n", "images", "NAME:");
+        let s = expect(
+            &d,
+            &with_image("").replace("hello:", "Hello:"),
+            "images.Hello",
+            "e.g. `hello`",
+        );
+        assert!(s.contains("not a valid image name"), "{s}");
+        expect(
+            &d,
+            &with_image("").replace("hello:", "-x:"),
+            "images.-x",
+            "lowercase letters",
+        );
+        expect(
+            &d,
+            "version: 1\nimages:\n  hello: 5\n",
+            "images.hello",
+            "repository, tags",
+        );
+        expect(
+            &d,
+            "version: 1\nimages:\n  hello:\n",
+            "images.hello.repository",
+            "missing; add it",
+        );
+        expect(
+            &d,
+            &format!("{}  hello:\n    tags: [v2]\n", with_image("")),
+            "images.hello",
+            "names must be unique",
+        );
+        // A key repeated inside an image is serde's duplicate-field error, at that key.
+        let (f, m, _) = project_err(parse_in(&d, &with_image("    tags: [v2]\n")));
+        assert_eq!(f, "images.hello.tags");
+        assert!(m.contains("given twice") && m.contains("keep one"), "{m}");
+    }
+
+    #[test]
+    fn platform_errors() {
+        let d = fixture();
+        let s = expect(
+            &d,
+            &replacing("platforms", "    platforms: [linux/amd64, plan10/amd64]"),
+            "images.hello.platforms[1]",
+            "e.g. linux/amd64",
+        );
+        assert!(s.contains("plan10"), "{s}");
+        let s = expect(
+            &d,
+            &replacing(
+                "platforms",
+                "    platforms: [linux/arm64, linux/amd64, linux/arm64/v8]",
+            ),
+            "images.hello.platforms[2]",
+            "remove one",
+        );
+        assert!(
+            s.contains("platforms[0]") && s.contains("`linux/arm64`"),
+            "{s}"
+        );
+        expect(
+            &d,
+            &replacing("platforms", "    platforms: []"),
+            "images.hello.platforms",
+            "at least one",
+        );
+        expect(
+            &d,
+            &replacing("platforms", ""),
+            "images.hello.platforms",
+            "platforms: [linux/amd64",
+        );
+        expect(
+            &d,
+            &replacing("platforms", "    platforms: linux/amd64"),
+            "images.hello.platforms",
+            "platforms: [linux/amd64",
+        );
+        expect(
+            &d,
+            &replacing("platforms", "    platforms: [[linux/amd64]]"),
+            "images.hello.platforms[0]",
+            "expected a single value",
+        );
+    }
+
+    #[test]
+    fn tag_errors() {
+        let d = fixture();
+        expect(
+            &d,
+            &replacing("tags", "    tags: [v1, \"v 2\"]"),
+            "images.hello.tags[1]",
+            "not a valid tag",
+        );
+        expect(
+            &d,
+            &replacing("tags", "    tags: [.hidden]"),
+            "images.hello.tags[0]",
+            "not starting with",
+        );
+        expect(
+            &d,
+            &replacing("tags", "    tags: [-x]"),
+            "images.hello.tags[0]",
+            "not starting with",
+        );
+        let long = "a".repeat(129);
+        expect(
+            &d,
+            &replacing("tags", &format!("    tags: [{long}]")),
+            "images.hello.tags[0]",
+            "1 to 128",
+        );
+        assert!(parse_in(
+            &d,
+            &replacing("tags", &format!("    tags: [{}]", "a".repeat(128)))
+        )
+        .is_ok());
+        let s = expect(
+            &d,
+            &replacing("tags", "    tags: [v1, latest, v1]"),
+            "images.hello.tags[2]",
+            "remove the duplicate",
+        );
+        assert!(s.contains("tags[0]"), "{s}");
+        expect(
+            &d,
+            &replacing("tags", "    tags: []"),
+            "images.hello.tags",
+            "at least one tag",
+        );
+        expect(
+            &d,
+            &replacing("tags", ""),
+            "images.hello.tags",
+            "tags: [v1, latest]",
+        );
+        expect(
+            &d,
+            &replacing("tags", "    tags: v1"),
+            "images.hello.tags",
+            "tags: [v1, latest]",
+        );
+        assert!(parse_in(&d, &replacing("tags", "    tags: [_x, V1.2-rc_3, 2]")).is_ok());
+    }
+
+    #[test]
+    fn repository_errors() {
+        let d = fixture();
+        let f = "images.hello.repository";
+        let repo = |r: &str| replacing("repository", &format!("    repository: {r}"));
+        expect(&d, &repo("127.0.0.1:5000/Demo/hello"), f, "write `demo`");
+        let s = expect(
+            &d,
+            &repo("127.0.0.1:5000/demo/hello:v1"),
+            f,
+            "put the tag under `tags:`",
+        );
+        assert!(s.contains("`repository: 127.0.0.1:5000/demo/hello`"), "{s}");
+        expect(&d, &repo("hello:v1"), f, "under `tags:`");
+        expect(
+            &d,
+            &repo("demo/hello@sha256:0123abcd"),
+            f,
+            "put tags under `tags:`",
+        );
+        expect(&d, &repo("\"\""), f, "set it to where the image is pushed");
+        expect(&d, &replacing("repository", ""), f, "missing; add it");
+        expect(&d, &repo("127.0.0.1:5000"), f, "only a registry host");
+        expect(&d, &repo("\"[::1]:5000\""), f, "only a registry host");
+        expect(&d, &repo("localhost:99999/x"), f, "0 to 65535");
+        expect(&d, &repo("localhost:5000//x"), f, "empty path component");
+        expect(&d, &repo("demo/"), f, "empty path component");
+        expect(&d, &repo("demo/he!lo"), f, "contains `!`");
+        expect(&d, &repo("demo/-hello"), f, "misplaced separator");
+        expect(&d, &repo("demo/hel..lo"), f, "misplaced separator");
+        expect(&d, &repo("demo/hel___lo"), f, "misplaced separator");
+        expect(
+            &d,
+            &repo("bad_host.example.com/x"),
+            f,
+            "not a valid host name",
+        );
+        expect(&d, &repo("\"[zz::1]:5000/x\""), f, "not an IPv6 address");
+        expect(
+            &d,
+            &repo(&format!("x/{}", "a".repeat(260))),
+            f,
+            "at most 255",
+        );
+        expect(&d, &repo("[a, b]"), f, "repository: registry.example.com");
+    }
+
+    #[test]
+    fn repository_grammar() {
+        for ok in [
+            "hello",
+            "library/hello",
+            "demo/hello",
+            "localhost/x",
+            "localhost:5000/x",
+            "127.0.0.1:5000/demo/hello",
+            "[::1]:5000/demo/hello",
+            "[::1]/x",
+            "registry.example.com/team/app",
+            "ghcr.io/a_b/c__d/e---f/g.h",
+            "example.com",
+            "Registry.Example.com:443/app",
+        ] {
+            assert_eq!(check_repository(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "a//b",
+            "/a",
+            "a/",
+            "A/b",
+            "a/b:c",
+            "a@sha256:00",
+            "a/_b",
+            "a/b_",
+            "a/b-",
+            "a/b.-c",
+            "host:/x",
+            "[::1/x",
+            "[::1]x/y",
+            "ex ample/x",
+            "é/x",
+        ] {
+            assert!(check_repository(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn context_and_dockerfile_errors() {
+        let d = fixture();
+        let ctx = |c: &str| replacing("context", &format!("    context: {c}"));
+        let s = expect(
+            &d,
+            &ctx("missing-dir"),
+            "images.hello.context",
+            "create it or fix the path",
+        );
+        assert!(s.contains("missing-dir"), "{s}");
+        expect(
+            &d,
+            &ctx("notadir"),
+            "images.hello.context",
+            "not a directory",
+        );
+        expect(&d, &ctx("\"\""), "images.hello.context", "context: .");
+        expect(
+            &d,
+            &replacing("context", ""),
+            "images.hello.context",
+            "missing; add it",
+        );
+
+        let s = expect(
+            &d,
+            &with_image("    dockerfile: Nope.Dockerfile\n"),
+            "images.hello.dockerfile",
+            "create it or set `dockerfile:`",
+        );
+        assert!(
+            s.contains("Nope.Dockerfile")
+                && s.contains(&d.path().canonicalize().unwrap().display().to_string()),
+            "{s}"
+        );
+        // Default Dockerfile missing in the context: still names the field and path.
+        let s = expect(&d, &ctx("app"), "images.hello.dockerfile", "does not exist");
+        assert!(s.contains("app/Dockerfile"), "{s}");
+        expect(
+            &d,
+            &with_image("    dockerfile: app/Dockerfile.d\n"),
+            "images.hello.dockerfile",
+            "not a file",
+        );
+        expect(
+            &d,
+            &with_image("    dockerfile: /etc/hostname\n"),
+            "images.hello.dockerfile",
+            "relative to the context",
+        );
+        let outside = replacing("context", "    context: app") + "    dockerfile: ../Dockerfile\n";
+        expect(
+            &d,
+            &outside,
+            "images.hello.dockerfile",
+            "outside the context",
+        );
+        expect(
+            &d,
+            &with_image("    dockerfile: \"\"\n"),
+            "images.hello.dockerfile",
+            "remove the key",
+        );
+        let ok = parse_in(
+            &d,
+            &with_image("    dockerfile: ./app/Dockerfile.release\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            ok.images[0].dockerfile,
+            PathBuf::from("app/Dockerfile.release")
+        );
+    }
+
+    #[test]
+    fn enum_errors() {
+        let d = fixture();
+        let s = expect(
+            &d,
+            &with_image("    network: bridge\n"),
+            "images.hello.network",
+            "default, host, none",
+        );
+        assert!(s.contains("`bridge`"), "{s}");
+        expect(
+            &d,
+            &with_image("    binfmt: sometimes\n"),
+            "images.hello.binfmt",
+            "auto, never, require",
+        );
+        expect(
+            &d,
+            &format!("binfmt: Auto\n{}", with_image("")),
+            "binfmt",
+            "auto, never, require",
+        );
+        expect(
+            &d,
+            &with_image("    network: {a: b}\n"),
+            "images.hello.network",
+            "network: default",
+        );
+        expect(
+            &d,
+            &format!("binfmt_image: \"\"\n{}", with_image("")),
+            "binfmt_image",
+            "tonistiigi/binfmt",
+        );
+        expect(
+            &d,
+            &with_image("    target: \"\"\n"),
+            "images.hello.target",
+            "remove `target:`",
+        );
+        expect(
+            &d,
+            &with_image("    build_args: {\"A=B\": x}\n"),
+            "images.hello.build_args.A=B",
+            "without `=`",
+        );
+        expect(
+            &d,
+            &with_image("    build_args: [A]\n"),
+            "images.hello.build_args",
+            "GREETING: hello",
+        );
+        expect(
+            &d,
+            &with_image("    labels: {\"\": x}\n"),
+            "images.hello.labels.",
+            "org.opencontainers",
+        );
+    }
+
+    #[test]
+    fn builder_errors() {
+        let d = fixture();
+        let b = |lines: &str| format!("builders:\n{lines}{}", with_image(""));
+        let s = expect(
+            &d,
+            &b("  plan10/arm64: unix:///x\n"),
+            "builders.plan10/arm64",
+            "e.g. linux/amd64",
+        );
+        assert!(s.contains("unknown operating system"), "{s}");
+        let s = expect(
+            &d,
+            &b("  linux/arm64: unix:///a\n  linux/arm64/v8: unix:///b\n"),
+            "builders.linux/arm64/v8",
+            "keep one",
+        );
+        assert!(s.contains("builders.linux/arm64 "), "{s}");
+        expect(
+            &d,
+            &b("  linux/arm64: \"\"\n"),
+            "builders.linux/arm64",
+            "docker context name",
+        );
+        expect(
+            &d,
+            &b("  linux/arm64: [a]\n"),
+            "builders.linux/arm64",
+            "builders: {linux/arm64",
+        );
+        expect(
+            &d,
+            "version: 1\nbuilders: x\n",
+            "builders",
+            "builders: {linux/arm64",
+        );
+    }
+
+    #[test]
+    fn unknown_fields() {
+        let d = fixture();
+        let s = expect(
+            &d,
+            &with_image("    platfroms: [linux/arm64]\n"),
+            "images.hello.platfroms",
+            "did you mean platforms?",
+        );
+        assert!(
+            s.contains("unknown field") && s.contains("expected one of repository, tags, context"),
+            "{s}"
+        );
+        assert!(!s.contains('`') || s.contains("did you mean"), "{s}");
+        let s = expect(
+            &d,
+            &format!("imagez: {{}}\n{}", with_image("")),
+            "imagez",
+            "did you mean images?",
+        );
+        assert!(s.contains("expected one of version, binfmt"), "{s}");
+        expect(
+            &d,
+            &with_image("    zzzzzz: 1\n"),
+            "images.hello.zzzzzz",
+            "expected one of",
+        );
+    }
+
+    #[test]
+    fn yaml_syntax_error_names_line_and_column() {
+        let d = fixture();
+        let text = "version: 1\nimages:\n  hello:\n    tags: [v1\n    context: .\n";
+        let (f, m, shown) = project_err(parse_in(&d, text));
+        assert_eq!(f, "");
+        assert!(m.starts_with("YAML syntax error at line "), "{shown}");
+        assert!(m.contains(", column "), "{shown}");
+        assert!(m.contains("fix the"), "{shown}");
+        let (_, m, _) = project_err(parse_in(&d, "version: 1\n images: x\n  - y\n"));
+        assert!(m.contains("line 2") || m.contains("line 3"), "{m}");
+    }
+
+    #[test]
+    fn type_error_reports_location() {
+        let d = fixture();
+        let (f, m, _) = project_err(parse_in(&d, &replacing("tags", "    tags: {a: b}")));
+        assert_eq!(f, "images.hello.tags");
+        assert!(
+            m.starts_with("expected a list, found a mapping (line 5, column"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        let d = fixture();
+        let deep_seq = "[".repeat(5000);
+        let deep_map = "a: {".repeat(2000);
+        let bomb = "a: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\nversion: 1\n";
+        let mut inputs: Vec<String> = [
+            "",
+            " ",
+            "\n\n",
+            "# only a comment\n",
+            "---",
+            "---\n...\n",
+            "~",
+            "null",
+            "[1, 2]",
+            "just a string",
+            "42",
+            "{",
+            "}",
+            "[",
+            "\"",
+            "'",
+            ":",
+            "- - -",
+            "? [a]\n: b\n",
+            "\0\u{1}\u{7f}",
+            "\u{feff}version: 1",
+            "version: 1\n---\nversion: 1\n",
+            "version: 1\nimages: !!binary aGVsbG8=\n",
+            "version: !!str 1\n",
+            "version: 1\nimages: *nope\n",
+            "version: 1\n<<: {images: {}}\n",
+            "version: 1\nimages:\n  ? [a, b]\n  : {}\n",
+            "version: 1\nimages:\n  hello: {tags: 99999999999999999999999999999999999}\n",
+            "version: 1\nimages:\n  hello: {platforms: [1e999, -0, .nan]}\n",
+            "version: 0x1\n",
+            "version: .inf\n",
+            "version: 18446744073709551617\n",
+            "version: -9223372036854775809\n",
+            "version: 1\nimages: {a: {b: {c: {d: e}}}}\n",
+            "\tversion: 1",
+            "version: 1\nimages:\n\thello: {}\n",
+            "!!map {version: 1}",
+            "%YAML 1.2\n---\nversion: 1\n",
+            "%TAG ! tag:x,2000:\n--- !foo\nversion: 1\n",
+            "version: 1\nimages: {\"\\n\": {}}\n",
+            "version: 1\nimages: {\"a\\nb\": {repository: \"x\\ny\"}}\n",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        inputs.push(deep_seq);
+        inputs.push(deep_map);
+        inputs.push(bomb.to_string());
+        inputs.push(format!(
+            "version: 1\nimages:\n  hello:\n    tags: [{}]\n",
+            "9".repeat(100_000)
+        ));
+        // Every truncation of a valid document.
+        let full = FULL.to_string();
+        let mut cut: Vec<String> = full
+            .char_indices()
+            .map(|(i, _)| full[..i].to_string())
+            .collect();
+        inputs.append(&mut cut);
+        for input in inputs {
+            match parse_in(&d, &input) {
+                Ok(_) => {}
+                Err(e) => {
+                    let s = e.to_string();
+                    assert!(
+                        !s.contains('\n') && !s.contains('\r'),
+                        "multi-line for {input:?}: {s:?}"
+                    );
+                    assert!(matches!(e, Error::Project { .. }), "{s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn empty_and_non_mapping_documents() {
+        let d = fixture();
+        for empty in ["", "  \n", "# c\n", "---\n", "~\n"] {
+            let (f, m, _) = project_err(parse_in(&d, empty));
+            assert_eq!(f, "");
+            assert!(
+                m.contains("the file is empty") && m.contains("version: 1"),
+                "{empty:?}: {m}"
+            );
+        }
+        for (doc, what) in [
+            ("[1, 2]", "a list"),
+            ("hello", "the string `hello`"),
+            ("7", "the number 7"),
+        ] {
+            let (f, m, _) = project_err(parse_in(&d, doc));
+            assert_eq!(f, "");
+            assert!(
+                m.contains(what) && m.contains("not a mapping") && m.contains("version: 1"),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_stay_on_one_line_with_hostile_values() {
+        let d = fixture();
+        let (_, m, _) = project_err(parse_in(&d, &replacing("tags", "    tags: [\"a\\nb\"]")));
+        assert!(m.contains("a\\nb"), "{m}");
+        let (f, _, _) = project_err(parse_in(&d, "version: 1\nimages: {\"a\\nb\": {}}\n"));
+        assert!(!f.contains('\n'));
+    }
+
+    fn schema() -> serde_json::Value {
+        serde_json::from_str(SCHEMA_JSON).expect("schema/polyarch.schema.json is JSON")
+    }
+
+    fn keys(v: &serde_json::Value) -> Vec<String> {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    }
+
+    fn sorted(fields: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn schema_matches_parser() {
+        let s = schema();
+        assert_eq!(s["$schema"], "https://json-schema.org/draft/2020-12/schema");
+        assert_eq!(keys(&s["properties"]), sorted(PROJECT_FIELDS));
+        assert_eq!(
+            keys(&s["$defs"]["image"]["properties"]),
+            sorted(IMAGE_FIELDS)
+        );
+        assert_eq!(s["additionalProperties"], false);
+        assert_eq!(s["$defs"]["image"]["additionalProperties"], false);
+        assert_eq!(s["properties"]["version"]["const"], SUPPORTED_VERSION);
+        let enum_of = |v: &serde_json::Value| -> Vec<String> {
+            v["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(enum_of(&s["$defs"]["binfmt"]), ["auto", "never", "require"]);
+        assert_eq!(
+            enum_of(&s["$defs"]["image"]["properties"]["network"]),
+            ["default", "host", "none"]
+        );
+        let mut req: Vec<&str> = s["$defs"]["image"]["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().unwrap())
+            .collect();
+        req.sort();
+        assert_eq!(req, ["context", "platforms", "repository", "tags"]);
+    }
+
+    /// The lists the parser's serde derive actually accepts, read back from its own
+    /// unknown-field message, equal the published constants (and so the schema).
+    #[test]
+    fn field_lists_match_serde() {
+        let d = fixture();
+        let listed = |text: &str| -> Vec<String> {
+            let (_, m, _) = project_err(parse_in(&d, text));
+            let list = m.split("expected one of ").nth(1).unwrap();
+            let mut v: Vec<String> = list.split(", ").map(str::to_string).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(
+            listed(&with_image("    qqqqqqqq: 1\n")),
+            sorted(IMAGE_FIELDS)
+        );
+        assert_eq!(
+            listed(&format!("qqqqqqqq: 1\n{}", with_image(""))),
+            sorted(PROJECT_FIELDS)
+        );
     }
 }
