@@ -1,0 +1,36 @@
+# polyarch developer targets. `make test` is the README's test command and
+# is what .ci/run executes.
+SHELL := /bin/bash
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+CARGO ?= cargo
+TEST_THREADS ?= 2
+
+.PHONY: all build demo test lint fmt bench env fixtures
+
+all: build
+
+build:
+	$(CARGO) build --release
+
+env:
+	bash scripts/ensure-env.sh
+
+fixtures:
+	bash fixtures/fetch-busybox.sh
+
+demo: build
+	bash scripts/demo.sh
+
+test: env
+	$(CARGO) test --all-targets -- --test-threads=$(TEST_THREADS)
+
+lint:
+	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) fmt --check
+
+fmt:
+	$(CARGO) fmt
+
+bench:
+	@if [ -x bench/run.sh ] || [ -f bench/run.sh ]; then bash bench/run.sh; else echo "no bench/run.sh"; fi

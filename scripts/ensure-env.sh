@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Shared environment set-up for CI (.ci/run), `make test` and `make demo`:
+#   1. install missing tools from Debian's apt (only when a command is missing),
+#   2. make sure a Docker engine answers `docker info` (start dockerd if not),
+#   3. fetch the busybox fixtures (fixtures/fetch-busybox.sh).
+# Idempotent and cheap when everything is already there.
+#
+# Knobs (environment):
+#   POLYARCH_SKIP_INSTALL=1     do not apt-get anything
+#   POLYARCH_SKIP_ENGINE=1      do not check/start dockerd
+#   POLYARCH_SKIP_FIXTURES=1    do not fetch busybox
+#   POLYARCH_DOCKERD_LOG=FILE   dockerd log (default /tmp/polyarch-dockerd.log)
+#   POLYARCH_DOCKERD_ARGS=...   extra dockerd arguments (word-split)
+#   POLYARCH_DOCKERD_WAIT=SECS  how long to wait for the engine (default 60)
+#   DOCKER_HOST=unix:///path    also passed to dockerd as -H when set
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export DEBIAN_FRONTEND=noninteractive
+
+log() { printf 'ensure-env: %s\n' "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+# ---------------------------------------------------------------- 1. tools
+# command -> Debian package that provides it
+tools=(
+  "docker:docker.io"
+  "dockerd:docker.io"
+  "docker-registry:docker-registry"
+  "skopeo:skopeo"
+  "qemu-aarch64-static:qemu-user-static"
+  "htpasswd:apache2-utils"
+  "openssl:openssl"
+  "objdump:binutils"
+  "curl:curl"
+  "make:make"
+  "flock:util-linux"
+)
+
+apt_updated=0
+apt_update() {
+  [[ $apt_updated -eq 1 ]] && return 0
+  log "apt-get update"
+  # Unreachable third-party sources make apt-get update exit non-zero even
+  # though the Debian lists are fine; the install below is the real check.
+  apt-get -o DPkg::Lock::Timeout=300 update -qq || log "apt-get update reported errors (continuing)"
+  apt_updated=1
+}
+
+install_missing() {
+  local pkgs=() entry cmd pkg
+  for entry in "${tools[@]}"; do
+    cmd="${entry%%:*}" pkg="${entry#*:}"
+    if ! command -v "$cmd" >/dev/null 2>&1 && [[ " ${pkgs[*]-} " != *" $pkg "* ]]; then
+      pkgs+=("$pkg")
+    fi
+  done
+  [[ ${#pkgs[@]} -eq 0 ]] && return 0
+  [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "missing packages: ${pkgs[*]} (POLYARCH_SKIP_INSTALL=1)"
+  [[ $(id -u) -eq 0 ]] || die "missing packages: ${pkgs[*]} and not root"
+  apt_update
+  log "apt-get install ${pkgs[*]}"
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${pkgs[@]}" </dev/null
+  for entry in "${tools[@]}"; do
+    command -v "${entry%%:*}" >/dev/null 2>&1 || die "still missing after install: ${entry%%:*}"
+  done
+}
+
+# ---------------------------------------------------------------- 2. engine
+dockerd_log="${POLYARCH_DOCKERD_LOG:-/tmp/polyarch-dockerd.log}"
+dockerd_wait="${POLYARCH_DOCKERD_WAIT:-60}"
+
+engine_up() { docker info >/dev/null 2>&1; }
+
+# start_dockerd EXTRA_ARGS... ; returns 0 when `docker info` works in time.
+start_dockerd() {
+  local args=() pid i
+  [[ "${DOCKER_HOST:-}" == unix://* ]] && args+=(-H "$DOCKER_HOST")
+  # shellcheck disable=SC2206
+  [[ -n "${POLYARCH_DOCKERD_ARGS:-}" ]] && args+=(${POLYARCH_DOCKERD_ARGS})
+  args+=("$@")
+  log "starting dockerd ${args[*]} (log: $dockerd_log)"
+  printf '\n==== %s dockerd %s\n' "$(date -Is)" "${args[*]}" >>"$dockerd_log"
+  # setsid + nohup: the engine must outlive this script (make test runs after).
+  setsid nohup dockerd "${args[@]}" >>"$dockerd_log" 2>&1 </dev/null &
+  pid=$!
+  for ((i = 0; i < dockerd_wait * 2; i++)); do
+    if engine_up; then log "engine up (dockerd pid $pid)"; return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      log "dockerd exited early; last log lines:"
+      tail -n 15 "$dockerd_log" >&2 || true
+      return 1
+    fi
+    sleep 0.5
+  done
+  log "dockerd did not answer within ${dockerd_wait}s; stopping it"
+  kill "$pid" 2>/dev/null || true
+  for ((i = 0; i < 20; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -9 "$pid" 2>/dev/null || true
+  tail -n 15 "$dockerd_log" >&2 || true
+  return 1
+}
+
+ensure_engine() {
+  if engine_up; then return 0; fi
+  [[ "${POLYARCH_SKIP_ENGINE:-}" == 1 ]] && die "docker info fails and POLYARCH_SKIP_ENGINE=1"
+  command -v dockerd >/dev/null 2>&1 || die "dockerd not installed"
+  log "docker info fails; starting an engine"
+  if start_dockerd; then return 0; fi
+  # Hand-started engines in containers often cannot create docker0
+  # ("could not find bridge docker0" / iptables failures). polyarch's helper
+  # containers use network none, so no default bridge is fine.
+  log "retrying dockerd with --bridge=none"
+  if start_dockerd --bridge=none; then return 0; fi
+  die "could not start dockerd; see $dockerd_log"
+}
+
+# ---------------------------------------------------------------- main
+install_missing
+if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
+if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
+log "ok"
