@@ -58,7 +58,8 @@ pub struct ArchInfo {
     pub mask: &'static str,
 }
 
-const MASK_LE: &str = r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff";
+const MASK_LE: &str =
+    r"\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff";
 
 const X86_64: ArchInfo = ArchInfo {
     qemu: "x86_64",
@@ -221,7 +222,11 @@ fn exit_code_for(platform: &Platform, code: u8) -> Option<Vec<u8>> {
             v
         }
         // movz x0, #code; movz x8, #93 (exit); svc #0
-        "arm64" => words_le(&[0xd280_0000 | (c << 5), 0xd280_0000 | (93 << 5) | 8, 0xd400_0001]),
+        "arm64" => words_le(&[
+            0xd280_0000 | (c << 5),
+            0xd280_0000 | (93 << 5) | 8,
+            0xd400_0001,
+        ]),
         // mov r0, #code; mov r7, #1 (exit); svc #0  (A32, valid on v6 and v7)
         "arm" => words_le(&[0xe3a0_0000 | c, 0xe3a0_7001, 0xef00_0000]),
         // li r0, 1 (exit); li r3, code; sc
@@ -229,7 +234,11 @@ fn exit_code_for(platform: &Platform, code: u8) -> Option<Vec<u8>> {
         // lghi %r2, code; svc 1 (exit)   (big-endian)
         "s390x" => vec![0xa7, 0x29, 0x00, code, 0x0a, 0x01],
         // addi a0, zero, code; addi a7, zero, 93 (exit); ecall
-        "riscv64" => words_le(&[(c << 20) | (10 << 7) | 0x13, (93 << 20) | (17 << 7) | 0x13, 0x73]),
+        "riscv64" => words_le(&[
+            (c << 20) | (10 << 7) | 0x13,
+            (93 << 20) | (17 << 7) | 0x13,
+            0x73,
+        ]),
         _ => return None,
     })
 }
@@ -314,6 +323,940 @@ pub fn probe_elf(platform: &Platform) -> Option<Vec<u8>> {
     Some(elf_executable(target, |_| code))
 }
 
+// ---------------------------------------------------------------------------------------
+// The generated installer (x86_64)
+// ---------------------------------------------------------------------------------------
+
+/// A tiny x86_64 assembler: just what the installer needs.
+struct Asm {
+    code: Vec<u8>,
+    fixups: Vec<(usize, usize)>,
+    labels: Vec<Option<usize>>,
+}
+
+#[derive(Clone, Copy)]
+enum Reg64 {
+    Rdi = 0xbf,
+    Rsi = 0xbe,
+    Rdx = 0xba,
+}
+
+impl Asm {
+    fn new() -> Self {
+        Asm {
+            code: vec![],
+            fixups: vec![],
+            labels: vec![],
+        }
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.code.extend_from_slice(b);
+    }
+    fn label(&mut self) -> usize {
+        self.labels.push(None);
+        self.labels.len() - 1
+    }
+    fn bind(&mut self, label: usize) {
+        self.labels[label] = Some(self.code.len());
+    }
+    /// `jcc rel32` / `jmp rel32` to a label (`op` is the opcode bytes).
+    fn jump(&mut self, op: &[u8], label: usize) {
+        self.bytes(op);
+        self.fixups.push((self.code.len(), label));
+        self.bytes(&[0; 4]);
+    }
+    fn mov_imm64(&mut self, reg: Reg64, value: u64) {
+        self.bytes(&[0x48, reg as u8]);
+        self.bytes(&value.to_le_bytes());
+    }
+    /// `mov e?x, imm32` with a one-byte opcode (`b8`+reg).
+    fn mov_imm32(&mut self, op: u8, value: u32) {
+        self.bytes(&[op]);
+        self.bytes(&value.to_le_bytes());
+    }
+    fn syscall(&mut self, nr: u32) {
+        self.mov_imm32(0xb8, nr); // mov eax, nr
+        self.bytes(&[0x0f, 0x05]);
+    }
+    fn finish(mut self) -> Vec<u8> {
+        for (at, label) in std::mem::take(&mut self.fixups) {
+            let target = self.labels[label].expect("unbound label") as i64;
+            let rel = (target - (at as i64 + 4)) as i32;
+            self.code[at..at + 4].copy_from_slice(&rel.to_le_bytes());
+        }
+        self.code
+    }
+}
+
+fn installer_code(lines: &[String], data_base: u64) -> (Vec<u8>, Vec<u8>) {
+    const SYS_WRITE: u32 = 1;
+    const SYS_OPEN: u32 = 2;
+    const SYS_CLOSE: u32 = 3;
+    const SYS_EXIT: u32 = 60;
+    const SYS_MOUNT: u32 = 165;
+    const EEXIST: u8 = 17;
+
+    let mut data = vec![];
+    let mut put = |bytes: &[u8], nul: bool| {
+        let at = data_base + data.len() as u64;
+        data.extend_from_slice(bytes);
+        if nul {
+            data.push(0);
+        }
+        at
+    };
+    let fstype = put(b"binfmt_misc", true);
+    let target = put(BINFMT_MISC.as_bytes(), true);
+    let register = put(format!("{BINFMT_MISC}/register").as_bytes(), true);
+    let dot = put(b".", false);
+    let entries: Vec<(u64, u32)> = lines
+        .iter()
+        .map(|l| (put(l.as_bytes(), false), l.len() as u32))
+        .collect();
+
+    let mut a = Asm::new();
+    let open_fail = a.label();
+    let write_fail = a.label();
+    // r12 = mount("binfmt_misc", BINFMT_MISC, "binfmt_misc", 0, NULL)
+    a.mov_imm64(Reg64::Rdi, fstype);
+    a.mov_imm64(Reg64::Rsi, target);
+    a.mov_imm64(Reg64::Rdx, fstype);
+    a.bytes(&[0x45, 0x31, 0xd2]); // xor r10d, r10d
+    a.bytes(&[0x45, 0x31, 0xc0]); // xor r8d, r8d
+    a.syscall(SYS_MOUNT);
+    a.bytes(&[0x49, 0x89, 0xc4]); // mov r12, rax
+    for (addr, len) in entries {
+        let next = a.label();
+        // r13 = open(register, O_WRONLY)
+        a.mov_imm64(Reg64::Rdi, register);
+        a.mov_imm32(0xbe, 1); // mov esi, O_WRONLY
+        a.bytes(&[0x31, 0xd2]); // xor edx, edx
+        a.syscall(SYS_OPEN);
+        a.bytes(&[0x48, 0x85, 0xc0]); // test rax, rax
+        a.jump(&[0x0f, 0x88], open_fail); // js
+        a.bytes(&[0x49, 0x89, 0xc5]); // mov r13, rax
+                                      // r14 = write(r13, line, len)
+        a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
+        a.mov_imm64(Reg64::Rsi, addr);
+        a.mov_imm32(0xba, len); // mov edx, len
+        a.syscall(SYS_WRITE);
+        a.bytes(&[0x49, 0x89, 0xc6]); // mov r14, rax
+                                      // close(r13)
+        a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
+        a.syscall(SYS_CLOSE);
+        // -EEXIST: already registered, fine; other negative: exit(errno)
+        a.bytes(&[0x49, 0x83, 0xfe, EEXIST.wrapping_neg()]); // cmp r14, -17
+        a.jump(&[0x0f, 0x84], next); // je
+        a.bytes(&[0x4d, 0x85, 0xf6]); // test r14, r14
+        a.jump(&[0x0f, 0x88], write_fail); // js
+        a.bind(next);
+        // write(1, ".", 1): one dot per entry handled
+        a.mov_imm32(0xbf, 1); // mov edi, 1
+        a.mov_imm64(Reg64::Rsi, dot);
+        a.mov_imm32(0xba, 1); // mov edx, 1
+        a.syscall(SYS_WRITE);
+    }
+    a.bytes(&[0x31, 0xff]); // xor edi, edi
+    a.syscall(SYS_EXIT);
+    // write failed: exit(-r14)
+    a.bind(write_fail);
+    a.bytes(&[0x4c, 0x89, 0xf7]); // mov rdi, r14
+    a.bytes(&[0x48, 0xf7, 0xdf]); // neg rdi
+    a.syscall(SYS_EXIT);
+    // open failed: exit(128 + mount errno) when mount failed, else exit(100)
+    a.bind(open_fail);
+    let do_exit = a.label();
+    a.mov_imm32(0xbf, 100); // mov edi, 100
+    a.bytes(&[0x4d, 0x85, 0xe4]); // test r12, r12
+    a.jump(&[0x0f, 0x89], do_exit); // jns
+    a.bytes(&[0x4c, 0x89, 0xe7]); // mov rdi, r12
+    a.bytes(&[0x48, 0xf7, 0xdf]); // neg rdi
+    a.bytes(&[0x48, 0x81, 0xc7, 0x80, 0, 0, 0]); // add rdi, 128
+    a.bind(do_exit);
+    a.syscall(SYS_EXIT);
+    (a.finish(), data)
+}
+
+/// A static x86_64 executable that mounts binfmt_misc (ignoring failure, e.g. when it is
+/// already mounted) and writes each line to `register`. Exit status: 0 on success (an
+/// entry that already exists counts as success); the errno of the first failed
+/// registration (EINVAL: bad line, ENOENT: interpreter missing); 128+errno of the mount
+/// when `register` cannot be opened after a failed mount; 100 when it cannot be opened
+/// although the mount worked. It prints one `.` per entry handled.
+pub fn installer_elf(lines: &[String]) -> Vec<u8> {
+    let target = ElfTarget {
+        class64: true,
+        big_endian: false,
+        machine: 62,
+        flags: 0,
+    };
+    elf_executable(target, |entry| {
+        // Instruction sizes do not depend on addresses: measure, then place data after code.
+        let (code, _) = installer_code(lines, 0);
+        let (code, data) = installer_code(lines, entry + code.len() as u64);
+        [code, data].concat()
+    })
+}
+
+/// Explains an installer exit status.
+fn installer_exit_meaning(code: i64) -> String {
+    let errno = |e: i64| match e {
+        1 => "EPERM (operation not permitted)".to_string(),
+        2 => "ENOENT (interpreter not found)".to_string(),
+        13 => "EACCES (permission denied)".to_string(),
+        22 => "EINVAL (invalid entry)".to_string(),
+        30 => "EROFS (read-only file system)".to_string(),
+        e => format!("errno {e}"),
+    };
+    match code {
+        0 => "success".into(),
+        100 => format!("{BINFMT_MISC}/register could not be opened"),
+        c if c > 128 => format!(
+            "binfmt_misc could not be mounted ({}) and is not available",
+            errno(c - 128)
+        ),
+        c => format!("registration failed: {}", errno(c)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Detection and registration through the engine
+// ---------------------------------------------------------------------------------------
+
+/// Whether the engine's kernel can run binaries of a platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runnable {
+    Native,
+    /// Runs through a registered binfmt_misc emulator.
+    Emulated,
+    NotRunnable,
+}
+
+/// The outcome of [`Emulation::ensure`] for one platform.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmulationStatus {
+    Native,
+    Emulated { registered_now: bool },
+}
+
+/// How emulators were registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Registration {
+    /// Through an installer image (`<image> --install <arches>`).
+    InstallerImage { image: String, privileged: bool },
+    /// Through an image assembled from the client host's qemu-user-static files.
+    Assembled { privileged: bool },
+}
+
+struct RunOutcome {
+    exit: Option<i64>,
+    /// A create or start refusal.
+    refused: Option<String>,
+    logs: String,
+}
+
+/// Emulation detection and registration for one run on one engine: probe results and
+/// probe images are cached; call [`Emulation::cleanup`] at the end of the run (dropping
+/// it without does a best-effort cleanup in the background).
+pub struct Emulation {
+    engine: Engine,
+    run_id: String,
+    cache: Mutex<HashMap<Platform, Runnable>>,
+    /// Probe image tags built for this run.
+    images: tokio::sync::Mutex<HashMap<Platform, String>>,
+    serial: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for Emulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulation")
+            .field("engine", &self.engine)
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+fn slug(platform: &Platform) -> String {
+    platform.to_string().replace('/', "-")
+}
+
+fn tar_context(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data, mode) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(*mode);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .map_err(|e| Error::io(*path, e))?;
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("build context", e))
+}
+
+impl Emulation {
+    pub fn new(engine: Engine) -> Self {
+        Emulation {
+            engine,
+            run_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            cache: Mutex::new(HashMap::new()),
+            images: tokio::sync::Mutex::new(HashMap::new()),
+            serial: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn container_name(&self, what: &str) -> String {
+        let n = self
+            .serial
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("polyarch-{what}-{}-{n}", self.run_id)
+    }
+
+    /// Builds (once per run) the FROM-scratch probe image for `platform` and returns its tag.
+    pub async fn probe_image(&self, platform: &Platform) -> Result<String> {
+        let mut images = self.images.lock().await;
+        if let Some(tag) = images.get(platform) {
+            return Ok(tag.clone());
+        }
+        let elf = probe_elf(platform).ok_or_else(|| {
+            Error::Emulation(format!("polyarch has no probe executable for {platform}"))
+        })?;
+        let tag = format!("polyarch-probe:{}-{}", self.run_id, slug(platform));
+        let dockerfile = "FROM scratch\nCOPY probe /probe\nENTRYPOINT [\"/probe\"]\n";
+        let context = tar_context(&[
+            ("Dockerfile", dockerfile.as_bytes(), 0o644),
+            ("probe", &elf, 0o755),
+        ])?;
+        self.build(&tag, platform, context).await?;
+        images.insert(platform.clone(), tag.clone());
+        Ok(tag)
+    }
+
+    /// Classic-builder build of an in-memory context.
+    async fn build(&self, tag: &str, platform: &Platform, context: Vec<u8>) -> Result<()> {
+        let options = BuildImageOptionsBuilder::default()
+            .dockerfile("Dockerfile")
+            .t(tag)
+            .rm(true)
+            .forcerm(true)
+            .platform(&platform.to_string())
+            .build();
+        let mut stream = self.engine.docker.build_image(
+            options,
+            None,
+            Some(bollard::body_full(bytes::Bytes::from(context))),
+        );
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(|e| Error::Engine(format!("building {tag}: {e}")))?;
+            if let Some(detail) = info.error_detail {
+                return Err(Error::Engine(format!(
+                    "building {tag}: {}",
+                    detail.message.unwrap_or_default()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates, starts and waits for a container, then removes it.
+    async fn run(
+        &self,
+        what: &str,
+        image: &str,
+        platform: Option<&Platform>,
+        cmd: Option<Vec<String>>,
+        host_config: HostConfig,
+        timeout: Duration,
+    ) -> Result<RunOutcome> {
+        let docker = &self.engine.docker;
+        let name = self.container_name(what);
+        let mut options = CreateContainerOptionsBuilder::default().name(&name);
+        if let Some(p) = platform {
+            options = options.platform(&p.to_string());
+        }
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd,
+            network_disabled: Some(true),
+            host_config: Some(HostConfig {
+                network_mode: Some("none".into()),
+                ..host_config
+            }),
+            ..Default::default()
+        };
+        if let Err(e) = docker.create_container(Some(options.build()), body).await {
+            return Ok(RunOutcome {
+                exit: None,
+                refused: Some(e.to_string()),
+                logs: String::new(),
+            });
+        }
+        let result = self.start_and_wait(&name, timeout).await;
+        let logs = self.logs(&name).await;
+        let _ = docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+            )
+            .await;
+        let (exit, refused) = result?;
+        Ok(RunOutcome {
+            exit,
+            refused,
+            logs,
+        })
+    }
+
+    async fn start_and_wait(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(Option<i64>, Option<String>)> {
+        let docker = &self.engine.docker;
+        if let Err(e) = docker.start_container(name, None).await {
+            return Ok((None, Some(e.to_string())));
+        }
+        let mut wait = docker.wait_container(
+            name,
+            Some(
+                WaitContainerOptionsBuilder::default()
+                    .condition("not-running")
+                    .build(),
+            ),
+        );
+        let waited = tokio::time::timeout(timeout, wait.next())
+            .await
+            .map_err(|_| {
+                Error::Engine(format!("container {name} did not exit within {timeout:?}"))
+            })?;
+        match waited {
+            Some(Ok(r)) => Ok((Some(r.status_code), None)),
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok((Some(code), None)),
+            Some(Err(e)) => Err(Error::Engine(format!("waiting for {name}: {e}"))),
+            None => Err(Error::Engine(format!("waiting for {name}: no status"))),
+        }
+    }
+
+    async fn logs(&self, name: &str) -> String {
+        let mut out = String::new();
+        let mut stream = self.engine.docker.logs(
+            name,
+            Some(
+                LogsOptionsBuilder::default()
+                    .stdout(true)
+                    .stderr(true)
+                    .build(),
+            ),
+        );
+        while let Some(Ok(chunk)) = stream.next().await {
+            out.push_str(&chunk.to_string());
+        }
+        out
+    }
+
+    /// Whether the engine's kernel runs `platform` binaries: the engine's own platform
+    /// is `Native` without a probe; every other one runs the probe image (cached per run).
+    pub async fn probe(&self, platform: &Platform) -> Result<Runnable> {
+        if *platform == self.engine.native {
+            return Ok(Runnable::Native);
+        }
+        if let Some(r) = self.cache.lock().unwrap().get(platform) {
+            return Ok(*r);
+        }
+        let runs = self.run_probe(platform).await?;
+        let result = match (runs, natively_compatible(&self.engine.native, platform)) {
+            (false, _) => Runnable::NotRunnable,
+            (true, true) => Runnable::Native,
+            (true, false) => Runnable::Emulated,
+        };
+        self.cache.lock().unwrap().insert(platform.clone(), result);
+        Ok(result)
+    }
+
+    /// Drops the cached probe result for `platform` (after registering an emulator).
+    pub fn forget(&self, platform: &Platform) {
+        self.cache.lock().unwrap().remove(platform);
+    }
+
+    async fn run_probe(&self, platform: &Platform) -> Result<bool> {
+        let image = self.probe_image(platform).await?;
+        let outcome = self
+            .run(
+                "probe",
+                &image,
+                Some(platform),
+                None,
+                HostConfig::default(),
+                Duration::from_secs(60),
+            )
+            .await?;
+        match (outcome.exit, outcome.refused) {
+            (Some(code), _) if code == PROBE_EXIT as i64 => Ok(true),
+            (Some(_), _) => Ok(false),
+            (None, Some(e)) if e.contains("exec format error") || e.contains("no such file") => {
+                Ok(false)
+            }
+            (None, Some(e)) => Err(Error::Engine(format!(
+                "running the {platform} probe container: {e}"
+            ))),
+            (None, None) => Ok(false),
+        }
+    }
+
+    /// Makes sure every platform in `platforms` (those whose builds RUN something) can run
+    /// on the engine, according to `mode`:
+    /// * `Auto`: registers missing emulators, then probes again;
+    /// * `Require`: errors when one is missing, never registers;
+    /// * `Never`: errors for any platform that is not native, before touching the engine
+    ///   for it.
+    pub async fn ensure(
+        &self,
+        platforms: &[Platform],
+        mode: BinfmtMode,
+        installer_image: Option<&str>,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<(Platform, EmulationStatus)>> {
+        let native = &self.engine.native;
+        if mode == BinfmtMode::Never {
+            let foreign: Vec<&Platform> = platforms
+                .iter()
+                .filter(|p| !natively_compatible(native, p))
+                .collect();
+            if !foreign.is_empty() {
+                return Err(never_error(&foreign, native));
+            }
+        }
+        let mut statuses: Vec<(Platform, Option<EmulationStatus>)> = vec![];
+        for platform in platforms {
+            let status = match self.probe(platform).await? {
+                Runnable::Native => Some(EmulationStatus::Native),
+                Runnable::Emulated => Some(EmulationStatus::Emulated {
+                    registered_now: false,
+                }),
+                Runnable::NotRunnable => None,
+            };
+            statuses.push((platform.clone(), status));
+        }
+        let missing: Vec<Platform> = statuses
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(p, _)| p.clone())
+            .collect();
+        if mode == BinfmtMode::Never {
+            let emulated: Vec<&Platform> = statuses
+                .iter()
+                .filter(|(_, s)| !matches!(s, Some(EmulationStatus::Native)))
+                .map(|(p, _)| p)
+                .collect();
+            if !emulated.is_empty() {
+                return Err(never_error(&emulated, native));
+            }
+        }
+        if !missing.is_empty() {
+            let names = join(&missing);
+            match mode {
+                BinfmtMode::Never => unreachable!("handled above"),
+                BinfmtMode::Require => {
+                    return Err(Error::Emulation(format!(
+                        "{names}: the engine ({native}) cannot run binaries for {names} and \
+                         no QEMU emulator is registered for it; binfmt is `require`, so \
+                         polyarch does not register one: register it yourself (e.g. `docker \
+                         run --privileged --rm {DEFAULT_INSTALLER} --install {}`), set \
+                         `binfmt: auto`, or add a native builder for it under `builders:`",
+                        missing
+                            .iter()
+                            .filter_map(arch_info)
+                            .map(|a| a.installer_name)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )))
+                }
+                BinfmtMode::Auto => {
+                    let unknown: Vec<&Platform> =
+                        missing.iter().filter(|p| arch_info(p).is_none()).collect();
+                    if !unknown.is_empty() {
+                        return Err(Error::Emulation(format!(
+                            "{}: polyarch knows no QEMU emulator for it; add a native builder \
+                             for it under `builders:`",
+                            join(&unknown)
+                        )));
+                    }
+                    let how = self.register(&missing, installer_image, reporter).await?;
+                    for p in &missing {
+                        self.forget(p);
+                    }
+                    let mut still = vec![];
+                    for (p, s) in statuses.iter_mut() {
+                        if s.is_none() {
+                            match self.probe(p).await? {
+                                Runnable::NotRunnable => still.push(p.clone()),
+                                _ => {
+                                    *s = Some(EmulationStatus::Emulated {
+                                        registered_now: true,
+                                    })
+                                }
+                            }
+                        }
+                    }
+                    if !still.is_empty() {
+                        return Err(Error::Emulation(format!(
+                            "{}: registered QEMU emulators ({how:?}) but the probe still cannot \
+                             run; an existing binfmt_misc entry without flag F may shadow them \
+                             (check {BINFMT_MISC}/qemu-* on the engine host and remove stale \
+                             ones with `echo -1 > {BINFMT_MISC}/<name>`), or add a native \
+                             builder under `builders:`",
+                            join(&still)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(statuses
+            .into_iter()
+            .map(|(p, s)| (p, s.expect("all resolved")))
+            .collect())
+    }
+
+    /// Registers QEMU emulators for `platforms` on the engine's kernel.
+    /// Uses `installer_image` (default [`DEFAULT_INSTALLER`]) when the engine has it or can
+    /// pull it, else an installer assembled from the client host's qemu-user-static files.
+    pub async fn register(
+        &self,
+        platforms: &[Platform],
+        installer_image: Option<&str>,
+        reporter: &dyn Reporter,
+    ) -> Result<Registration> {
+        let arches: Vec<ArchInfo> = {
+            let mut v: Vec<ArchInfo> = vec![];
+            for p in platforms {
+                let a = arch_info(p).ok_or_else(|| {
+                    Error::Emulation(format!("{p}: polyarch knows no QEMU emulator for it"))
+                })?;
+                if !v.contains(&a) {
+                    v.push(a);
+                }
+            }
+            v
+        };
+        let names = join(platforms);
+        let image = installer_image.unwrap_or(DEFAULT_INSTALLER);
+        let image_error = match self.have_or_pull(image, reporter).await {
+            Ok(()) => {
+                reporter.report(Event::Phase {
+                    image: image.to_string(),
+                    platform: None,
+                    phase: Phase::Emulation,
+                    message: format!("registering QEMU for {names} with {image}"),
+                });
+                let list = arches
+                    .iter()
+                    .map(|a| a.installer_name)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let cmd = vec!["--install".to_string(), list];
+                match self.run_installer(image, Some(cmd), false, reporter).await {
+                    Ok(privileged) => {
+                        return Ok(Registration::InstallerImage {
+                            image: image.to_string(),
+                            privileged,
+                        })
+                    }
+                    Err(e) => e.to_string(),
+                }
+            }
+            Err(e) => e,
+        };
+        reporter.report(Event::Note {
+            message: format!(
+                "installer image {image} is not usable ({image_error}); assembling one from \
+                 this host's qemu-user-static"
+            ),
+        });
+        let privileged = self
+            .register_assembled(&arches, reporter)
+            .await
+            .map_err(|e| match e {
+                Error::Emulation(m) => Error::Emulation(format!(
+                    "{names}: cannot register QEMU emulators: {image}: {image_error}; {m}"
+                )),
+                other => other,
+            })?;
+        Ok(Registration::Assembled { privileged })
+    }
+
+    async fn have_or_pull(&self, image: &str, reporter: &dyn Reporter) -> Result<(), String> {
+        let docker = &self.engine.docker;
+        if docker.inspect_image(image).await.is_ok() {
+            return Ok(());
+        }
+        reporter.report(Event::Note {
+            message: format!("pulling {image}"),
+        });
+        let (from, tag) = match image.rsplit_once(':') {
+            Some((f, t)) if !t.contains('/') => (f, t),
+            _ => (image, "latest"),
+        };
+        let options = CreateImageOptionsBuilder::default()
+            .from_image(from)
+            .tag(tag)
+            .build();
+        let pull = async {
+            let mut stream = docker.create_image(Some(options), None, None);
+            while let Some(item) = stream.next().await {
+                item.map_err(|e| format!("cannot pull it: {e}"))?;
+            }
+            Ok::<(), String>(())
+        };
+        tokio::time::timeout(Duration::from_secs(60), pull)
+            .await
+            .map_err(|_| "pulling it timed out".to_string())??;
+        docker
+            .inspect_image(image)
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("pulled but not found: {e}"))
+    }
+
+    /// Runs an installer container: privileged first, then CAP_SYS_ADMIN with unconfined
+    /// AppArmor/seccomp when that is refused or fails. Returns whether privileged worked.
+    async fn run_installer(
+        &self,
+        image: &str,
+        cmd: Option<Vec<String>>,
+        assembled: bool,
+        reporter: &dyn Reporter,
+    ) -> Result<bool> {
+        let attempts = [
+            (
+                true,
+                HostConfig {
+                    privileged: Some(true),
+                    ..Default::default()
+                },
+            ),
+            (
+                false,
+                HostConfig {
+                    cap_add: Some(vec!["SYS_ADMIN".into()]),
+                    security_opt: Some(vec![
+                        "apparmor=unconfined".into(),
+                        "seccomp=unconfined".into(),
+                    ]),
+                    ..Default::default()
+                },
+            ),
+        ];
+        let mut failures = vec![];
+        for (privileged, host_config) in attempts {
+            let outcome = self
+                .run(
+                    "binfmt",
+                    image,
+                    Some(&self.engine.native),
+                    cmd.clone(),
+                    host_config,
+                    Duration::from_secs(120),
+                )
+                .await?;
+            let mode = if privileged {
+                "privileged"
+            } else {
+                "with CAP_SYS_ADMIN"
+            };
+            match (outcome.exit, outcome.refused) {
+                (Some(0), _) => return Ok(privileged),
+                (Some(code), _) => {
+                    let meaning = if assembled {
+                        installer_exit_meaning(code)
+                    } else {
+                        format!("exit status {code}")
+                    };
+                    failures.push(format!(
+                        "{mode}: {meaning}{}",
+                        tail(&outcome.logs)
+                            .map(|l| format!(" ({l})"))
+                            .unwrap_or_default()
+                    ));
+                }
+                (None, Some(e)) => failures.push(format!("{mode}: refused: {e}")),
+                (None, None) => failures.push(format!("{mode}: did not run")),
+            }
+            if privileged {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "binfmt installer {}; retrying with CAP_SYS_ADMIN",
+                        failures.last().unwrap()
+                    ),
+                });
+            }
+        }
+        Err(Error::Emulation(format!(
+            "installer {image} failed: {}",
+            failures.join("; ")
+        )))
+    }
+
+    async fn register_assembled(
+        &self,
+        arches: &[ArchInfo],
+        reporter: &dyn Reporter,
+    ) -> Result<bool> {
+        let native = &self.engine.native;
+        let host = Platform::linux(std::env::consts::ARCH, None);
+        if native.os != "linux" || native.architecture != "amd64" {
+            return Err(Error::Emulation(format!(
+                "the assembled installer only supports linux/amd64 engines (this one is \
+                 {native}); make an installer image available to the engine (`binfmt_image:`)"
+            )));
+        }
+        if host.architecture != native.architecture {
+            return Err(Error::Emulation(format!(
+                "this host ({host}) differs from the engine ({native}), so its qemu-user-static \
+                 binaries cannot run there; make an installer image available to the engine"
+            )));
+        }
+        let mut files: Vec<(String, Vec<u8>)> = vec![];
+        let mut lines = vec![];
+        for a in arches {
+            let path = PathBuf::from(a.interpreter());
+            let data = std::fs::read(&path).map_err(|e| {
+                Error::Emulation(format!(
+                    "{}: {e}; install qemu-user-static (Debian/Ubuntu: `apt-get install \
+                     qemu-user-static`)",
+                    path.display()
+                ))
+            })?;
+            files.push((a.interpreter().trim_start_matches('/').to_string(), data));
+            lines.push(a.register_line(&a.interpreter()));
+        }
+        let installer = installer_elf(&lines);
+        let dockerfile = "FROM scratch\nCOPY usr /usr\nCOPY installer /installer\n\
+                          ENTRYPOINT [\"/installer\"]\n";
+        let mut ctx: Vec<(&str, &[u8], u32)> = vec![
+            ("Dockerfile", dockerfile.as_bytes(), 0o644),
+            ("installer", &installer, 0o755),
+        ];
+        for (p, d) in &files {
+            ctx.push((p, d, 0o755));
+        }
+        let context = tar_context(&ctx)?;
+        let tag = format!("polyarch-binfmt-installer:{}", self.run_id);
+        reporter.report(Event::Phase {
+            image: tag.clone(),
+            platform: None,
+            phase: Phase::Emulation,
+            message: format!(
+                "registering {} from {}",
+                arches
+                    .iter()
+                    .map(|a| a.entry_name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Path::new("/usr/bin").display()
+            ),
+        });
+        let built = self.build(&tag, native, context).await;
+        let result = match built {
+            Ok(()) => self.run_installer(&tag, None, true, reporter).await,
+            Err(e) => Err(e),
+        };
+        let _ = self
+            .engine
+            .docker
+            .remove_image(
+                &tag,
+                Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                None,
+            )
+            .await;
+        result
+    }
+
+    /// Removes the probe images built during this run.
+    pub async fn cleanup(&self) -> Result<()> {
+        let tags: Vec<String> = self.images.lock().await.drain().map(|(_, t)| t).collect();
+        let mut errors = vec![];
+        for tag in tags {
+            if let Err(e) = self
+                .engine
+                .docker
+                .remove_image(
+                    &tag,
+                    Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                    None,
+                )
+                .await
+            {
+                errors.push(format!("{tag}: {e}"));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Engine(format!(
+                "removing probe images: {}",
+                errors.join("; ")
+            )))
+        }
+    }
+}
+
+impl Drop for Emulation {
+    fn drop(&mut self) {
+        let tags: Vec<String> = self.images.get_mut().drain().map(|(_, t)| t).collect();
+        if tags.is_empty() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let docker = self.engine.docker.clone();
+            handle.spawn(async move {
+                for tag in tags {
+                    let _ = docker
+                        .remove_image(
+                            &tag,
+                            Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                            None,
+                        )
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+fn tail(logs: &str) -> Option<String> {
+    let lines: Vec<&str> = logs
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && l.chars().any(|c| c != '.'))
+        .collect();
+    (!lines.is_empty()).then(|| lines[lines.len().saturating_sub(3)..].join(" | "))
+}
+
+fn join<P: std::borrow::Borrow<Platform>>(platforms: &[P]) -> String {
+    platforms
+        .iter()
+        .map(|p| p.borrow().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn never_error(platforms: &[&Platform], native: &Platform) -> Error {
+    let names = join(platforms);
+    Error::Emulation(format!(
+        "{names}: the engine is {native}, so building {names} needs QEMU emulation, but binfmt \
+         is `never`; allow emulation with `binfmt: auto`, or add a native builder for {names} \
+         under `builders:`"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,6 +1275,25 @@ mod tests {
         "linux/s390x",
         "linux/riscv64",
     ];
+
+    #[test]
+    fn installer_is_an_x86_64_executable() {
+        let line = AARCH64.register_line(&AARCH64.interpreter());
+        assert_eq!(
+            line,
+            format!(
+                ":qemu-aarch64:M::{}:{}:/usr/bin/qemu-aarch64-static:POCF",
+                AARCH64.magic, AARCH64.mask
+            )
+        );
+        let elf = installer_elf(&[line.clone(), ARM.register_line(&ARM.interpreter())]);
+        assert_eq!(&elf[..4], b"\x7fELF");
+        assert_eq!(u16::from_le_bytes([elf[18], elf[19]]), 62);
+        let text = String::from_utf8_lossy(&elf);
+        assert!(text.contains(&line));
+        assert!(text.contains("/proc/sys/fs/binfmt_misc/register"));
+        assert!(installer_exit_meaning(129).contains("EPERM"));
+    }
 
     #[test]
     fn probe_headers() {
@@ -353,11 +1315,19 @@ mod tests {
             let be = data == 2;
             let u16at = |o: usize| {
                 let b = [elf[o], elf[o + 1]];
-                if be { u16::from_be_bytes(b) } else { u16::from_le_bytes(b) }
+                if be {
+                    u16::from_be_bytes(b)
+                } else {
+                    u16::from_le_bytes(b)
+                }
             };
             let u32at = |o: usize| {
                 let b = [elf[o], elf[o + 1], elf[o + 2], elf[o + 3]];
-                if be { u32::from_be_bytes(b) } else { u32::from_le_bytes(b) }
+                if be {
+                    u32::from_be_bytes(b)
+                } else {
+                    u32::from_le_bytes(b)
+                }
             };
             assert_eq!(u16at(16), 2, "{plat} ET_EXEC");
             assert_eq!(u16at(18), machine, "{plat} e_machine");
@@ -408,7 +1378,11 @@ mod tests {
                 .arg(&file)
                 .status()
                 .unwrap();
-            assert_eq!(status.code(), Some(PROBE_EXIT as i32), "{plat} under {qemu}");
+            assert_eq!(
+                status.code(),
+                Some(PROBE_EXIT as i32),
+                "{plat} under {qemu}"
+            );
         }
     }
 }
