@@ -22,8 +22,9 @@ use bollard::query_parameters::{
     WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
+use sha2::Digest;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -32,6 +33,9 @@ pub const PROBE_EXIT: u8 = 42;
 
 /// The default installer image (`--install <arch>[,<arch>…]`).
 pub const DEFAULT_INSTALLER: &str = "tonistiigi/binfmt";
+
+/// Repository of the locally assembled installer images.
+pub const INSTALLER_REPOSITORY: &str = "polyarch-binfmt-installer";
 
 /// Where binfmt_misc lives, on the engine's kernel as seen from a container.
 pub const BINFMT_MISC: &str = "/proc/sys/fs/binfmt_misc";
@@ -544,8 +548,10 @@ pub enum EmulationStatus {
 pub enum Registration {
     /// Through an installer image (`<image> --install <arches>`).
     InstallerImage { image: String, privileged: bool },
-    /// Through an image assembled from the client host's qemu-user-static files.
-    Assembled { privileged: bool },
+    /// Through an image assembled from the client host's qemu-user-static files, tagged
+    /// `polyarch-binfmt-installer:<content digest>` and kept (the registered entries
+    /// pin interpreters inside it).
+    Assembled { image: String, privileged: bool },
 }
 
 struct RunOutcome {
@@ -562,6 +568,7 @@ pub struct Emulation {
     engine: Engine,
     run_id: String,
     cache: Mutex<HashMap<Platform, Runnable>>,
+    details: Mutex<HashMap<Platform, String>>,
     /// Probe image tags built for this run.
     images: tokio::sync::Mutex<HashMap<Platform, String>>,
     serial: std::sync::atomic::AtomicU32,
@@ -603,6 +610,7 @@ impl Emulation {
             engine,
             run_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
             cache: Mutex::new(HashMap::new()),
+            details: Mutex::new(HashMap::new()),
             images: tokio::sync::Mutex::new(HashMap::new()),
             serial: std::sync::atomic::AtomicU32::new(0),
         }
@@ -610,6 +618,11 @@ impl Emulation {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The id in this run's container and image names (`polyarch-probe:<run_id>-…`).
+    pub fn run_id(&self) -> &str {
+        &self.run_id
     }
 
     fn container_name(&self, what: &str) -> String {
@@ -770,7 +783,11 @@ impl Emulation {
         if let Some(r) = self.cache.lock().unwrap().get(platform) {
             return Ok(*r);
         }
-        let runs = self.run_probe(platform).await?;
+        let detail = self.run_probe(platform).await?;
+        let runs = detail.is_none();
+        if let Some(d) = detail {
+            self.details.lock().unwrap().insert(platform.clone(), d);
+        }
         let result = match (runs, natively_compatible(&self.engine.native, platform)) {
             (false, _) => Runnable::NotRunnable,
             (true, true) => Runnable::Native,
@@ -785,7 +802,8 @@ impl Emulation {
         self.cache.lock().unwrap().remove(platform);
     }
 
-    async fn run_probe(&self, platform: &Platform) -> Result<bool> {
+    /// Runs the probe: `None` when it exits with [`PROBE_EXIT`], else why it did not.
+    async fn run_probe(&self, platform: &Platform) -> Result<Option<String>> {
         let image = self.probe_image(platform).await?;
         let outcome = self
             .run(
@@ -797,17 +815,25 @@ impl Emulation {
                 Duration::from_secs(60),
             )
             .await?;
+        let logs = tail(&outcome.logs)
+            .map(|l| format!(": {l}"))
+            .unwrap_or_default();
         match (outcome.exit, outcome.refused) {
-            (Some(code), _) if code == PROBE_EXIT as i64 => Ok(true),
-            (Some(_), _) => Ok(false),
+            (Some(code), _) if code == PROBE_EXIT as i64 => Ok(None),
+            (Some(code), _) => Ok(Some(format!("the probe exited with {code}{logs}"))),
             (None, Some(e)) if e.contains("exec format error") || e.contains("no such file") => {
-                Ok(false)
+                Ok(Some(format!("the probe did not start: {e}")))
             }
             (None, Some(e)) => Err(Error::Engine(format!(
                 "running the {platform} probe container: {e}"
             ))),
-            (None, None) => Ok(false),
+            (None, None) => Ok(Some("the probe did not run".into())),
         }
+    }
+
+    /// Why the last probe of `platform` found it not runnable.
+    pub fn probe_detail(&self, platform: &Platform) -> Option<String> {
+        self.details.lock().unwrap().get(platform).cloned()
     }
 
     /// Makes sure every platform in `platforms` (those whose builds RUN something) can run
@@ -906,9 +932,14 @@ impl Emulation {
                         }
                     }
                     if !still.is_empty() {
+                        let why = still
+                            .iter()
+                            .filter_map(|p| self.probe_detail(p).map(|d| format!("{p}: {d}")))
+                            .collect::<Vec<_>>()
+                            .join("; ");
                         return Err(Error::Emulation(format!(
                             "{}: registered QEMU emulators ({how:?}) but the probe still cannot \
-                             run; an existing binfmt_misc entry without flag F may shadow them \
+                             run ({why}); an existing binfmt_misc entry without flag F may shadow them \
                              (check {BINFMT_MISC}/qemu-* on the engine host and remove stale \
                              ones with `echo -1 > {BINFMT_MISC}/<name>`), or add a native \
                              builder under `builders:`",
@@ -979,16 +1010,16 @@ impl Emulation {
                  this host's qemu-user-static"
             ),
         });
-        let privileged = self
-            .register_assembled(&arches, reporter)
-            .await
-            .map_err(|e| match e {
-                Error::Emulation(m) => Error::Emulation(format!(
-                    "{names}: cannot register QEMU emulators: {image}: {image_error}; {m}"
-                )),
-                other => other,
-            })?;
-        Ok(Registration::Assembled { privileged })
+        let (image, privileged) =
+            self.register_assembled(&arches, reporter)
+                .await
+                .map_err(|e| match e {
+                    Error::Emulation(m) => Error::Emulation(format!(
+                        "{names}: cannot register QEMU emulators: {image}: {image_error}; {m}"
+                    )),
+                    other => other,
+                })?;
+        Ok(Registration::Assembled { image, privileged })
     }
 
     async fn have_or_pull(&self, image: &str, reporter: &dyn Reporter) -> Result<(), String> {
@@ -1107,7 +1138,7 @@ impl Emulation {
         &self,
         arches: &[ArchInfo],
         reporter: &dyn Reporter,
-    ) -> Result<bool> {
+    ) -> Result<(String, bool)> {
         let native = &self.engine.native;
         let host = Platform::linux(std::env::consts::ARCH, None);
         if native.os != "linux" || native.architecture != "amd64" {
@@ -1147,36 +1178,30 @@ impl Emulation {
             ctx.push((p, d, 0o755));
         }
         let context = tar_context(&ctx)?;
-        let tag = format!("polyarch-binfmt-installer:{}", self.run_id);
+        // Content-addressed and KEPT: with flag F the kernel re-opens the interpreter through
+        // the path it pinned in the installer container, which stops working once the
+        // image's layers are deleted. Removing this image disables the emulators it
+        // registered (like removing tonistiigi/binfmt's image would).
+        let digest = hex::encode(sha2::Sha256::digest(&context));
+        let tag = format!("{INSTALLER_REPOSITORY}:{}", &digest[..16]);
         reporter.report(Event::Phase {
             image: tag.clone(),
             platform: None,
             phase: Phase::Emulation,
             message: format!(
-                "registering {} from {}",
+                "registering {} with {tag} (from this host's /usr/bin/qemu-*-static)",
                 arches
                     .iter()
                     .map(|a| a.entry_name())
                     .collect::<Vec<_>>()
                     .join(", "),
-                Path::new("/usr/bin").display()
             ),
         });
-        let built = self.build(&tag, native, context).await;
-        let result = match built {
-            Ok(()) => self.run_installer(&tag, None, true, reporter).await,
-            Err(e) => Err(e),
-        };
-        let _ = self
-            .engine
-            .docker
-            .remove_image(
-                &tag,
-                Some(RemoveImageOptionsBuilder::default().force(true).build()),
-                None,
-            )
-            .await;
-        result
+        if self.engine.docker.inspect_image(&tag).await.is_err() {
+            self.build(&tag, native, context).await?;
+        }
+        let privileged = self.run_installer(&tag, None, true, reporter).await?;
+        Ok((tag, privileged))
     }
 
     /// Removes the probe images built during this run.
