@@ -1385,7 +1385,7 @@ mod tests {
             let plat = p(plat);
             let info = arch_info(&plat).unwrap();
             let qemu = format!("/usr/bin/qemu-{}-static", info.qemu);
-            if !Path::new(&qemu).exists() {
+            if !std::path::Path::new(&qemu).exists() {
                 eprintln!("skipping {plat}: no {qemu}");
                 continue;
             }

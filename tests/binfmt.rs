@@ -206,6 +206,21 @@ fn leftovers(run_id: &str) -> Vec<String> {
         .collect()
 }
 
+/// Removes a run's containers and images even when a case panics (the library's own
+/// cleanup is async and a panic skips it).
+struct Sweep(Vec<String>);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for id in &self.0 {
+            for name in leftovers(id) {
+                let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+                let _ = Command::new("docker").args(["rmi", "-f", &name]).output();
+            }
+        }
+    }
+}
+
 fn installer_images() -> Vec<String> {
     let out = Command::new("docker")
         .args([
@@ -244,6 +259,7 @@ async fn binfmt_on_the_real_engine() {
 
     // native → Native
     let emu = Emulation::new(engine.clone());
+    let mut sweep = Sweep(vec![emu.run_id().to_string()]);
     assert_eq!(emu.probe(&native).await.unwrap(), Runnable::Native);
 
     // 386 on amd64 is decided by probe.
@@ -268,8 +284,14 @@ async fn binfmt_on_the_real_engine() {
 
     // never → error naming linux/arm64 and both fixes, before touching the engine
     let never = Emulation::new(engine.clone());
+    sweep.0.push(never.run_id().to_string());
     let err = never
-        .ensure(&[arm64.clone()], BinfmtMode::Never, None, &reporter)
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Never,
+            None,
+            &reporter,
+        )
         .await
         .unwrap_err();
     let msg = err.to_string();
@@ -286,7 +308,12 @@ async fn binfmt_on_the_real_engine() {
     // require → error, nothing registered
     let before = entries();
     let err = emu
-        .ensure(&[arm64.clone()], BinfmtMode::Require, None, &reporter)
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Require,
+            None,
+            &reporter,
+        )
         .await
         .unwrap_err();
     eprintln!("require: {err}");
@@ -350,8 +377,14 @@ async fn binfmt_on_the_real_engine() {
 
     // A second auto ensure is a no-op (cached, registered_now false after re-probe).
     let again = Emulation::new(engine.clone());
+    sweep.0.push(again.run_id().to_string());
     let statuses = again
-        .ensure(&[arm64.clone()], BinfmtMode::Auto, None, &reporter)
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Auto,
+            None,
+            &reporter,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -368,6 +401,7 @@ async fn binfmt_on_the_real_engine() {
 
     emu.cleanup().await.unwrap();
     assert_eq!(leftovers(emu.run_id()), Vec::<String>::new());
+    drop(sweep);
     drop(guard);
     // The assembled installer image is kept by design (the entries pin interpreters in
     // it); the guard has unregistered them, so remove the images this test added.
