@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod dockerfile;
 pub mod engine;
 pub mod error;
 pub mod export;

@@ -1,0 +1,413 @@
+//! binfmt detection and registration against the real engine and kernel.
+//!
+//! Everything that touches binfmt_misc runs in ONE test function, under a file lock, with
+//! a guard that saves the host's binfmt_misc state first and restores exactly that state
+//! on drop (also when a case panics).
+
+use polyarch::binfmt::{Emulation, EmulationStatus, Runnable, BINFMT_MISC};
+use polyarch::engine::Engine;
+use polyarch::progress::{Event, Reporter};
+use polyarch::project::BinfmtMode;
+use polyarch::{Error, Platform};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Instant;
+
+const LOCK: &str = "/tmp/polyarch-binfmt-tests.lock";
+
+fn mounted() -> bool {
+    fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(BINFMT_MISC))
+}
+
+fn mount() {
+    let st = Command::new("mount")
+        .args(["-t", "binfmt_misc", "binfmt_misc", BINFMT_MISC])
+        .status()
+        .expect("mount");
+    assert!(st.success(), "cannot mount binfmt_misc");
+}
+
+/// name → content of each entry (without `register` and `status`).
+fn entries() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for e in fs::read_dir(BINFMT_MISC).expect("read binfmt_misc") {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().to_string();
+        if name == "register" || name == "status" {
+            continue;
+        }
+        if let Ok(content) = fs::read_to_string(e.path()) {
+            out.insert(name, content);
+        }
+    }
+    out
+}
+
+fn unregister(name: &str) {
+    let path = Path::new(BINFMT_MISC).join(name);
+    if let Err(e) = fs::write(&path, "-1") {
+        eprintln!("binfmt guard: cannot unregister {name}: {e}");
+    }
+}
+
+fn hex_to_escaped(hex: &str) -> String {
+    hex.as_bytes()
+        .chunks(2)
+        .map(|c| format!("\\x{}", std::str::from_utf8(c).unwrap()))
+        .collect()
+}
+
+/// Rebuilds the `register` line from an entry's content.
+fn register_line(name: &str, content: &str) -> Option<String> {
+    let mut interpreter = "";
+    let mut flags = "";
+    let mut offset = "0";
+    let mut magic = String::new();
+    let mut mask = String::new();
+    let mut extension = None;
+    for line in content.lines() {
+        if let Some(v) = line.strip_prefix("interpreter ") {
+            interpreter = v;
+        } else if let Some(v) = line.strip_prefix("flags:") {
+            flags = v.trim();
+        } else if let Some(v) = line.strip_prefix("offset ") {
+            offset = v;
+        } else if let Some(v) = line.strip_prefix("magic ") {
+            magic = hex_to_escaped(v);
+        } else if let Some(v) = line.strip_prefix("mask ") {
+            mask = hex_to_escaped(v);
+        } else if let Some(v) = line.strip_prefix("extension .") {
+            extension = Some(v.to_string());
+        }
+    }
+    match extension {
+        Some(ext) => Some(format!(":{name}:E::{ext}::{interpreter}:{flags}")),
+        None if !magic.is_empty() => Some(format!(
+            ":{name}:M:{offset}:{magic}:{mask}:{interpreter}:{flags}"
+        )),
+        None => None,
+    }
+}
+
+struct BinfmtGuard {
+    _lock: fs::File,
+    was_mounted: bool,
+    saved: BTreeMap<String, String>,
+}
+
+impl BinfmtGuard {
+    fn save() -> Self {
+        let lock = fs::File::create(LOCK).expect("lock file");
+        lock.lock().expect("lock");
+        let was_mounted = mounted();
+        if !was_mounted {
+            mount();
+        }
+        let saved = entries();
+        eprintln!(
+            "binfmt guard: mounted={was_mounted}, entries={:?}",
+            saved.keys().collect::<Vec<_>>()
+        );
+        BinfmtGuard {
+            _lock: lock,
+            was_mounted,
+            saved,
+        }
+    }
+
+    fn restore(&self) {
+        if !mounted() {
+            mount();
+        }
+        let now = entries();
+        for (name, content) in &now {
+            if self.saved.get(name) != Some(content) {
+                unregister(name);
+            }
+        }
+        let now = entries();
+        for (name, content) in &self.saved {
+            if now.contains_key(name) {
+                continue;
+            }
+            match register_line(name, content) {
+                Some(line) => {
+                    if let Err(e) = fs::write(Path::new(BINFMT_MISC).join("register"), &line) {
+                        eprintln!("binfmt guard: cannot re-register {name} ({line}): {e}");
+                    } else if content.starts_with("disabled") {
+                        let _ = fs::write(Path::new(BINFMT_MISC).join(name), "0");
+                    }
+                }
+                None => eprintln!("binfmt guard: cannot rebuild {name}: {content}"),
+            }
+        }
+        let after = entries();
+        if after.keys().ne(self.saved.keys()) {
+            eprintln!(
+                "binfmt guard: restored set differs: {:?} vs saved {:?}",
+                after.keys().collect::<Vec<_>>(),
+                self.saved.keys().collect::<Vec<_>>()
+            );
+        }
+        if !self.was_mounted {
+            let _ = Command::new("umount").arg(BINFMT_MISC).status();
+        }
+    }
+}
+
+impl Drop for BinfmtGuard {
+    fn drop(&mut self) {
+        self.restore();
+        eprintln!("binfmt guard: restored; mounted={}", mounted());
+    }
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<String>>);
+
+impl Reporter for Collect {
+    fn report(&self, event: Event) {
+        let line = match event {
+            Event::Phase { message, .. } => format!("phase: {message}"),
+            Event::Warning { message } => format!("warning: {message}"),
+            Event::Note { message } => format!("note: {message}"),
+            other => format!("{other:?}"),
+        };
+        eprintln!("  [reporter] {line}");
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+fn p(s: &str) -> Platform {
+    s.parse().unwrap()
+}
+
+/// Names of engine objects (images, containers) of a run.
+fn leftovers(run_id: &str) -> Vec<String> {
+    let images = Command::new("docker")
+        .args(["images", "--format", "{{.Repository}}:{{.Tag}}"])
+        .output()
+        .unwrap();
+    let containers = Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&images.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&containers.stdout).lines())
+        .filter(|l| l.contains(run_id))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Removes a run's containers and images even when a case panics (the library's own
+/// cleanup is async and a panic skips it).
+struct Sweep(Vec<String>);
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        for id in &self.0 {
+            for name in leftovers(id) {
+                let _ = Command::new("docker").args(["rm", "-f", &name]).output();
+                let _ = Command::new("docker").args(["rmi", "-f", &name]).output();
+            }
+        }
+    }
+}
+
+fn installer_images() -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "images",
+            "--format",
+            "{{.Repository}}:{{.Tag}}",
+            polyarch::binfmt::INSTALLER_REPOSITORY,
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binfmt_on_the_real_engine() {
+    let guard = BinfmtGuard::save();
+    let installers_before = installer_images();
+    // Make sure arm64 is not registered (the guard puts back whatever was there).
+    for (name, content) in entries() {
+        if name.contains("aarch64") || content.contains("aarch64") {
+            unregister(&name);
+        }
+    }
+    let engine = Engine::connect().await.expect("engine");
+    let native = engine.native.clone();
+    assert_eq!(
+        native,
+        p("linux/amd64"),
+        "these cases assume an amd64 engine"
+    );
+    let arm64 = p("linux/arm64");
+    let reporter = Collect::default();
+
+    // native → Native
+    let emu = Emulation::new(engine.clone());
+    let mut sweep = Sweep(vec![emu.run_id().to_string()]);
+    assert_eq!(emu.probe(&native).await.unwrap(), Runnable::Native);
+
+    // 386 on amd64 is decided by probe.
+    let t = Instant::now();
+    let r386 = emu.probe(&p("linux/386")).await.unwrap();
+    eprintln!(
+        "probe linux/386 (build + run): {:?} → {r386:?}",
+        t.elapsed()
+    );
+
+    // foreign arm64, unregistered → NotRunnable
+    let t = Instant::now();
+    assert_eq!(emu.probe(&arm64).await.unwrap(), Runnable::NotRunnable);
+    eprintln!("probe linux/arm64 (build + run): {:?}", t.elapsed());
+    emu.forget(&arm64);
+    let t = Instant::now();
+    assert_eq!(emu.probe(&arm64).await.unwrap(), Runnable::NotRunnable);
+    eprintln!("probe linux/arm64 (run only): {:?}", t.elapsed());
+    let t = Instant::now();
+    assert_eq!(emu.probe(&arm64).await.unwrap(), Runnable::NotRunnable);
+    eprintln!("probe linux/arm64 (cached): {:?}", t.elapsed());
+
+    // never → error naming linux/arm64 and both fixes, before touching the engine
+    let never = Emulation::new(engine.clone());
+    sweep.0.push(never.run_id().to_string());
+    let err = never
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Never,
+            None,
+            &reporter,
+        )
+        .await
+        .unwrap_err();
+    let msg = err.to_string();
+    eprintln!("never: {msg}");
+    assert!(matches!(err, Error::Emulation(_)));
+    assert!(msg.contains("linux/arm64"), "{msg}");
+    assert!(
+        msg.contains("binfmt: auto") && msg.contains("builders:"),
+        "{msg}"
+    );
+    assert!(leftovers(never.run_id()).is_empty() && reporter.0.lock().unwrap().is_empty());
+    never.cleanup().await.unwrap();
+
+    // require → error, nothing registered
+    let before = entries();
+    let err = emu
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Require,
+            None,
+            &reporter,
+        )
+        .await
+        .unwrap_err();
+    eprintln!("require: {err}");
+    assert!(matches!(err, Error::Emulation(_)));
+    assert!(err.to_string().contains("linux/arm64"));
+    assert_eq!(entries(), before, "require must not register");
+
+    // auto → registers, then Emulated, and the probe image runs under docker run
+    let t = Instant::now();
+    let statuses = emu
+        .ensure(
+            &[arm64.clone(), native.clone()],
+            BinfmtMode::Auto,
+            None,
+            &reporter,
+        )
+        .await;
+    eprintln!("auto ensure (registration + re-probe): {:?}", t.elapsed());
+    eprintln!("entries after auto: {:#?}", entries());
+    let statuses = statuses.unwrap();
+    assert_eq!(
+        statuses,
+        vec![
+            (
+                arm64.clone(),
+                EmulationStatus::Emulated {
+                    registered_now: true
+                }
+            ),
+            (native.clone(), EmulationStatus::Native),
+        ]
+    );
+    let entry = fs::read_to_string(Path::new(BINFMT_MISC).join("qemu-aarch64")).unwrap();
+    eprintln!("qemu-aarch64 entry:\n{entry}");
+    assert!(entry.contains("flags: POCF"), "{entry}");
+    let t = Instant::now();
+    assert_eq!(emu.probe(&arm64).await.unwrap(), Runnable::Emulated);
+    eprintln!("probe linux/arm64 (cached after ensure): {:?}", t.elapsed());
+    emu.forget(&arm64);
+    let t = Instant::now();
+    assert_eq!(emu.probe(&arm64).await.unwrap(), Runnable::Emulated);
+    eprintln!("probe linux/arm64 (emulated run): {:?}", t.elapsed());
+
+    let image = emu.probe_image(&arm64).await.unwrap();
+    let name = format!("polyarch-binfmt-test-{}", emu.run_id());
+    let st = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--name",
+            &name,
+            "--network",
+            "none",
+            "--platform",
+            "linux/arm64",
+            &image,
+        ])
+        .status()
+        .unwrap();
+    assert_eq!(st.code(), Some(42), "docker run of {image}");
+
+    // A second auto ensure is a no-op (cached, registered_now false after re-probe).
+    let again = Emulation::new(engine.clone());
+    sweep.0.push(again.run_id().to_string());
+    let statuses = again
+        .ensure(
+            std::slice::from_ref(&arm64),
+            BinfmtMode::Auto,
+            None,
+            &reporter,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses,
+        vec![(
+            arm64.clone(),
+            EmulationStatus::Emulated {
+                registered_now: false
+            }
+        )]
+    );
+    again.cleanup().await.unwrap();
+    assert!(leftovers(again.run_id()).is_empty());
+
+    emu.cleanup().await.unwrap();
+    assert_eq!(leftovers(emu.run_id()), Vec::<String>::new());
+    drop(sweep);
+    drop(guard);
+    // The assembled installer image is kept by design (the entries pin interpreters in
+    // it); the guard has unregistered them, so remove the images this test added.
+    for image in installer_images() {
+        if !installers_before.contains(&image) {
+            let _ = Command::new("docker").args(["rmi", &image]).output();
+        }
+    }
+}
