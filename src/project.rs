@@ -154,7 +154,7 @@ impl Project {
         cx.precheck(text)?;
         let raw: RawProject =
             serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
-                .map_err(|e| cx.from_serde(e))?;
+                .map_err(|e| cx.serde_error(e))?;
         cx.project(raw)
     }
 
@@ -321,7 +321,7 @@ impl Cx {
         )
     }
 
-    fn from_serde(&self, e: serde_path_to_error::Error<serde_norway::Error>) -> Error {
+    fn serde_error(&self, e: serde_path_to_error::Error<serde_norway::Error>) -> Error {
         let segs: Vec<Seg> = e
             .path()
             .iter()
@@ -361,8 +361,7 @@ impl Cx {
 
     fn project(&self, raw: RawProject) -> Result<Project> {
         let binfmt = match raw.binfmt {
-            Some(s) => pick("binfmt", &s, BINFMT_MODES, "binfmt mode")
-                .map_err(|m| self.err("binfmt", m))?,
+            Some(s) => pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err("binfmt", m))?,
             None => BinfmtMode::default(),
         };
         let binfmt_image = match raw.binfmt_image {
@@ -603,15 +602,15 @@ impl Cx {
         };
 
         let network = match raw.network {
-            Some(s) => pick("network", &s, NETWORKS, "network mode")
-                .map_err(|m| self.err(at("network"), m))?,
+            Some(s) => {
+                pick(&s, NETWORKS, "network mode").map_err(|m| self.err(at("network"), m))?
+            }
             None => Network::default(),
         };
         let binfmt = match raw.binfmt {
-            Some(s) => Some(
-                pick("binfmt", &s, BINFMT_MODES, "binfmt mode")
-                    .map_err(|m| self.err(at("binfmt"), m))?,
-            ),
+            Some(s) => {
+                Some(pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err(at("binfmt"), m))?)
+            }
             None => None,
         };
 
@@ -698,12 +697,7 @@ const EMPTY_FILE: &str =
     "the file is empty; start it with `version: 1` and an `images:` mapping (see schema/polyarch.schema.json)";
 
 /// Matches one of the allowed spellings exactly; the message lists them all.
-fn pick<T: Copy>(
-    _key: &str,
-    s: &str,
-    allowed: &[(&str, T)],
-    what: &str,
-) -> std::result::Result<T, String> {
+fn pick<T: Copy>(s: &str, allowed: &[(&str, T)], what: &str) -> std::result::Result<T, String> {
     allowed
         .iter()
         .find(|(name, _)| *name == s)
@@ -773,9 +767,8 @@ fn check_repository(repo: &str) -> std::result::Result<(), String> {
         ));
     }
     let last = comps[comps.len() - 1];
-    if let Some((before, tag)) = last.rsplit_once(':') {
+    if let Some((_, tag)) = last.rsplit_once(':') {
         let without = &repo[..repo.len() - tag.len() - 1];
-        let _ = before;
         return Err(format!(
             "{} includes a tag (`:{}`); write `repository: {}` and put the tag under `tags:`",
             q(repo),
@@ -789,6 +782,22 @@ fn check_repository(repo: &str) -> std::result::Result<(), String> {
     } else {
         &comps[..]
     };
+    if path
+        .iter()
+        .any(|c| c.chars().any(|ch| ch.is_ascii_uppercase()))
+    {
+        let lowered: Vec<String> = path.iter().map(|c| c.to_ascii_lowercase()).collect();
+        let fixed = if path.len() < comps.len() {
+            format!("{}/{}", comps[0], lowered.join("/"))
+        } else {
+            lowered.join("/")
+        };
+        return Err(format!(
+            "{} has uppercase letters in its path; repository paths are lowercase, write `{}`",
+            q(repo),
+            clip(&fixed)
+        ));
+    }
     for c in path {
         check_path_component(c).map_err(|m| format!("{}: {m}", q(repo)))?;
     }
@@ -852,12 +861,6 @@ fn check_domain(d: &str) -> std::result::Result<(), String> {
 fn check_path_component(c: &str) -> std::result::Result<(), String> {
     if c.is_empty() {
         return Err("has an empty path component (`//`, or a leading or trailing `/`); remove the extra `/`".into());
-    }
-    if c.chars().any(|ch| ch.is_ascii_uppercase()) {
-        return Err(format!(
-            "repository paths must be lowercase; write `{}`",
-            clip(&c.to_ascii_lowercase())
-        ));
     }
     if let Some(bad) = c.chars().find(|ch| {
         !(ch.is_ascii_lowercase() || ch.is_ascii_digit() || matches!(ch, '.' | '_' | '-'))
@@ -930,10 +933,10 @@ fn humanize(raw: &str, segs: &[Seg], at: &str) -> String {
             return format!("unknown field{at}; remove it");
         }
         let suggestion = closest(name, &expected)
-            .map(|s| format!("; did you mean {s}?"))
+            .map(|s| format!(" did you mean {s}?"))
             .unwrap_or_default();
         return format!(
-            "unknown field{at}{suggestion}; expected one of {}",
+            "unknown field{at};{suggestion} expected one of {}",
             expected.join(", ")
         );
     }
@@ -1213,7 +1216,17 @@ fn clip(s: &str) -> String {
 }
 
 fn clip_long(s: &str, max: usize) -> String {
-    let escaped: String = s.escape_debug().collect();
+    let escaped: String = s
+        .chars()
+        .flat_map(|c| {
+            let e: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            e
+        })
+        .collect();
     if escaped.chars().count() > max {
         let head: String = escaped.chars().take(max).collect();
         format!("{head}…")
@@ -1639,7 +1652,12 @@ images:
         let d = fixture();
         let f = "images.hello.repository";
         let repo = |r: &str| replacing("repository", &format!("    repository: {r}"));
-        expect(&d, &repo("127.0.0.1:5000/Demo/hello"), f, "write `demo`");
+        expect(
+            &d,
+            &repo("127.0.0.1:5000/Demo/hello"),
+            f,
+            "write `127.0.0.1:5000/demo/hello`",
+        );
         let s = expect(
             &d,
             &repo("127.0.0.1:5000/demo/hello:v1"),
