@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `make demo`: build examples/hello for linux/amd64 + linux/arm64 with polyarch,
+# push it to a throw-away loopback registry and print the coverage record.
+#   1. scripts/ensure-env.sh (tools, engine, busybox fixtures)
+#   2. copy fixtures/busybox/<arch>/busybox into examples/hello/bin/ (gitignored)
+#   3. start `docker-registry serve` on a free 127.0.0.1 port (temp storage)
+#   4. write polyarch.yaml (repository host -> that registry, absolute context)
+#   5. target/release/polyarch build -f … --record … --output-format json
+#   6. print the record; the registry is stopped and the temp dir removed on exit
+# Set POLYARCH_DEMO_KEEP=1 to keep the temp dir (record, registry log).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+if [[ -f "$HOME/.cargo/env" ]]; then source "$HOME/.cargo/env"; fi
+log() { printf 'demo: %s\n' "$*" >&2; }
+
+bash scripts/ensure-env.sh
+bin="$root/target/release/polyarch"
+if [[ ! -x "$bin" ]]; then cargo build --release; fi
+
+# 2. build context
+example="$root/examples/hello"
+for a in amd64 arm64; do
+  install -D -m 0755 "fixtures/busybox/$a/busybox" "$example/bin/$a/busybox"
+done
+
+# 3. registry
+tmp="$(mktemp -d -t polyarch-demo.XXXXXX)"
+reg_pid=""
+cleanup() {
+  if [[ -n "$reg_pid" ]] && kill -0 "$reg_pid" 2>/dev/null; then
+    kill "$reg_pid" 2>/dev/null || true
+    wait "$reg_pid" 2>/dev/null || true
+    log "registry stopped"
+  fi
+  if [[ "${POLYARCH_DEMO_KEEP:-}" == 1 ]]; then log "kept $tmp"; else rm -rf "$tmp"; fi
+}
+trap cleanup EXIT
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+start_registry() { # start_registry PORT -> 0 when /v2/ answers
+  local port="$1" i
+  cat >"$tmp/registry.yml" <<YAML
+version: 0.1
+log:
+  level: info
+storage:
+  filesystem:
+    rootdirectory: $tmp/registry-data
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:$port
+YAML
+  docker-registry serve "$tmp/registry.yml" >"$tmp/registry.log" 2>&1 </dev/null &
+  reg_pid=$!
+  for ((i = 0; i < 50; i++)); do
+    if curl -fsS -o /dev/null "http://127.0.0.1:$port/v2/" 2>/dev/null; then return 0; fi
+    kill -0 "$reg_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  kill "$reg_pid" 2>/dev/null || true
+  wait "$reg_pid" 2>/dev/null || true
+  reg_pid=""
+  tail -n 5 "$tmp/registry.log" >&2
+  return 1
+}
+
+port=""
+for _ in 1 2 3 4 5; do
+  p=$((20000 + RANDOM % 40000))
+  port_in_use "$p" && continue
+  if start_registry "$p"; then port="$p"; break; fi
+done
+[[ -n "$port" ]] || { log "could not start docker-registry"; exit 1; }
+host="127.0.0.1:$port"
+log "registry at http://$host (pid $reg_pid, log $tmp/registry.log)"
+
+# 4. project file
+sed -e "s#^\(\s*repository:\s*\)127\.0\.0\.1:5000/#\1$host/#" \
+    -e "s#^\(\s*context:\s*\)\.\s*\$#\1$example#" \
+    "$example/polyarch.yaml" >"$tmp/polyarch.yaml"
+grep -q "$host/" "$tmp/polyarch.yaml" || { log "failed to rewrite repository"; exit 1; }
+log "project file:"; sed 's/^/  /' "$tmp/polyarch.yaml" >&2
+
+# 5. build + push + verify
+record="$tmp/record.json"
+log "$bin build -f $tmp/polyarch.yaml --record $record --output-format json"
+"$bin" build -f "$tmp/polyarch.yaml" --record "$record" --output-format json
+
+# 6. result
+if [[ ! -s "$record" ]]; then
+  log "polyarch wrote no coverage record to $record (is the build command implemented yet?)"
+  exit 1
+fi
+echo "==== coverage record ($record)"
+if command -v python3 >/dev/null; then python3 -m json.tool "$record"; else cat "$record"; echo; fi
+echo "==== index in the registry (skopeo inspect --raw docker://$host/demo/hello:v1)"
+skopeo inspect --raw --tls-verify=false "docker://$host/demo/hello:v1" || true
+echo
