@@ -8,7 +8,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A mistake in the project file: `file: field: problem; fix`.
-    #[error("{file}: {field}: {message}")]
+    #[error("{}: {}{message}", file.display(), if field.is_empty() { String::new() } else { format!("{field}: ") })]
     Project {
         file: PathBuf,
         field: String,

@@ -6,7 +6,7 @@ use polyarch::engine::Engine;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions, Cleanup};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
-use polyarch::project::Project;
+use polyarch::project::{BinfmtMode, Project};
 use polyarch::record::CoverageRecord;
 use polyarch::registry::RegistryOptions;
 use polyarch::{Error, Platform};
@@ -26,6 +26,23 @@ struct Cli {
 enum OutputFormat {
     Text,
     Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BinfmtArg {
+    Auto,
+    Never,
+    Require,
+}
+
+impl From<BinfmtArg> for BinfmtMode {
+    fn from(arg: BinfmtArg) -> Self {
+        match arg {
+            BinfmtArg::Auto => BinfmtMode::Auto,
+            BinfmtArg::Never => BinfmtMode::Never,
+            BinfmtArg::Require => BinfmtMode::Require,
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -76,6 +93,13 @@ enum Command {
         /// Platform builds and uploads running at once.
         #[arg(long, short = 'j', default_value_t = 2)]
         jobs: usize,
+        /// How to treat foreign platforms that need emulation (overrides polyarch.yaml).
+        #[arg(long, value_enum, value_name = "MODE")]
+        binfmt: Option<BinfmtArg>,
+        /// Installer image for QEMU binfmt registration (default tonistiigi/binfmt, or one
+        /// assembled from the host's qemu-user-static when it cannot be pulled).
+        #[arg(long, value_name = "IMAGE")]
+        binfmt_image: Option<String>,
         /// Write an OCI image layout instead of pushing: `oci:DIR`.
         #[arg(long, value_name = "oci:DIR")]
         output: Option<String>,
@@ -184,6 +208,8 @@ async fn run(command: Command) -> Result<i32, Error> {
             images,
             platform,
             jobs,
+            binfmt,
+            binfmt_image,
             output: destination,
             output_args: output,
             registry,
@@ -206,6 +232,8 @@ async fn run(command: Command) -> Result<i32, Error> {
                 registry: registry_options(&registry)?,
                 jobs,
                 layout,
+                binfmt: binfmt.map(Into::into),
+                binfmt_image,
             };
             let reporter = reporter(&output);
             let engine = Engine::connect().await?;

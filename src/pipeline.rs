@@ -1,20 +1,23 @@
 //! The build command end to end: plan → build → export → push → publish → verify → record.
 //! Tags move only after every platform manifest of an image is in the registry.
 
+use crate::binfmt::{Emulation, EmulationStatus};
 use crate::build::{self, BuiltImage};
+use crate::dockerfile;
 use crate::engine::Engine;
 use crate::export;
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::{self, ConfigPlatform, IndexEntry, ManifestBlob};
 use crate::plan::{self, Unit};
 use crate::progress::{Event, Phase, Reporter};
-use crate::project::{ImageSpec, Project};
+use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::record::{BuildInfo, CoverageRecord, ImageCoverage};
 use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, RegistrySource, Target};
 use crate::{Error, Platform, Result};
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::Reference;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Default)]
@@ -28,6 +31,10 @@ pub struct BuildOptions {
     pub jobs: usize,
     /// Write an OCI image layout directory instead of pushing (`--output oci:DIR`).
     pub layout: Option<std::path::PathBuf>,
+    /// `--binfmt`: overrides the project's and every image's mode.
+    pub binfmt: Option<BinfmtMode>,
+    /// `--binfmt-image`: overrides the project's installer image.
+    pub binfmt_image: Option<String>,
 }
 
 /// Where built images go: a registry, or an OCI layout directory for air-gapped handoff.
@@ -214,15 +221,30 @@ pub async fn build(
         }
     };
 
+    let emulation = Emulation::new(engine.clone());
+    let emulated = prepare_emulation(project, &plan, options, &emulation, reporter).await;
+    // Probe images are per run; the registrations themselves stay, as binfmt --install's do.
+    let _ = emulation.cleanup().await;
+    let emulated = emulated?;
+
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let jobs = options.jobs.max(1);
     let pushed: Vec<(String, Pushed)> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
             let run_id = run_id.clone();
             let destination = &destination;
+            let emulated = emulated.contains(&(unit.image.name.clone(), unit.platform.clone()));
             async move {
-                let pushed =
-                    build_and_push(engine, destination, unit, &run_id, cleanup, reporter).await?;
+                let pushed = build_and_push(
+                    engine,
+                    destination,
+                    unit,
+                    emulated,
+                    &run_id,
+                    cleanup,
+                    reporter,
+                )
+                .await?;
                 Ok::<_, Error>((unit.image.name.clone(), pushed))
             }
         })
@@ -266,6 +288,73 @@ pub async fn build(
         coverage.push(checked);
     }
     Ok(CoverageRecord::new(coverage))
+}
+
+/// The binfmt mode in force for an image: CLI, then the image's own, then the project's.
+fn binfmt_mode(project: &Project, image: &ImageSpec, options: &BuildOptions) -> BinfmtMode {
+    options.binfmt.or(image.binfmt).unwrap_or(project.binfmt)
+}
+
+/// Whether an image's Dockerfile RUNs anything in stages built for the target platform.
+pub fn image_needs_emulation(image: &ImageSpec) -> Result<bool> {
+    let path = image.context.join(&image.dockerfile);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(dockerfile::needs_emulation(&text, image.target.as_deref()))
+}
+
+/// Before any build: makes every foreign platform whose build RUNs something runnable on
+/// the engine (or fails, per the binfmt mode). Returns the image × platform pairs that
+/// will build under emulation.
+async fn prepare_emulation(
+    project: &Project,
+    plan: &plan::Plan<'_>,
+    options: &BuildOptions,
+    emulation: &Emulation,
+    reporter: &dyn Reporter,
+) -> Result<HashSet<(String, Platform)>> {
+    let mut emulated = HashSet::new();
+    let installer = options
+        .binfmt_image
+        .as_deref()
+        .or(project.binfmt_image.as_deref());
+    for image in &plan.images {
+        let foreign: Vec<Platform> = plan
+            .units
+            .iter()
+            .filter(|u| u.image.name == image.name && u.foreign)
+            .map(|u| u.platform.clone())
+            .collect();
+        if foreign.is_empty() {
+            continue;
+        }
+        if !image_needs_emulation(image)? {
+            reporter.report(Event::Note {
+                message: format!(
+                    "{}: no RUN step executes for the target platform, so {} builds need no emulation",
+                    image.name,
+                    foreign.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                ),
+            });
+            continue;
+        }
+        let mode = binfmt_mode(project, image, options);
+        for (platform, status) in emulation
+            .ensure(&foreign, mode, installer, reporter)
+            .await?
+        {
+            if let EmulationStatus::Emulated { registered_now } = status {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "{} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
+                        image.name,
+                        if registered_now { " (emulator registered by this run)" } else { "" }
+                    ),
+                });
+                emulated.insert((image.name.clone(), platform));
+            }
+        }
+    }
+    Ok(emulated)
 }
 
 /// Reads an image's first tag back and checks it against the declared platforms; every
@@ -323,6 +412,7 @@ async fn build_and_push(
     engine: &Engine,
     destination: &Destination,
     unit: &Unit<'_>,
+    emulated: bool,
     run_id: &str,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
@@ -412,7 +502,7 @@ async fn build_and_push(
             platform: config_platform,
         },
         build: BuildInfo {
-            emulated: unit.foreign,
+            emulated,
             seconds: (built.seconds * 10.0).round() / 10.0,
             builder: Some(engine.endpoint.clone()),
         },
@@ -443,6 +533,23 @@ pub async fn verify_reference(
     options: &RegistryOptions,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
+    if let Some((dir, tag)) = crate::layout::parse_layout_reference(reference) {
+        let target = Target {
+            name: dir
+                .file_name()
+                .map_or("image".into(), |n| n.to_string_lossy().into_owned()),
+            reference: reference.to_string(),
+            tags: tag.iter().cloned().collect(),
+            declared: declared.to_vec(),
+        };
+        let source = LayoutSource {
+            layout: OciLayout::open(&dir)?,
+            tag,
+        };
+        return Ok(CoverageRecord::new(vec![
+            verify::verify(&source, &target, reporter).await?,
+        ]));
+    }
     let parsed = registry::parse_reference(reference)?;
     let registry = Registry::new(&[parsed.registry().to_string()], options)?;
     let name = parsed
