@@ -5,6 +5,8 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 
 CARGO ?= cargo
 TEST_THREADS ?= 2
+# extra libtest arguments, e.g. TEST_ARGS="--skip some::test"
+TEST_ARGS ?=
 
 .PHONY: all build demo test lint fmt bench env fixtures
 
@@ -23,7 +25,7 @@ demo: build
 	bash scripts/demo.sh
 
 test: env
-	$(CARGO) test --all-targets -- --test-threads=$(TEST_THREADS)
+	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
 
 lint:
 	$(CARGO) clippy --all-targets -- -D warnings
