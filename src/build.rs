@@ -93,6 +93,9 @@ pub async fn build(
         ),
         rm: true,
         forcerm: true,
+        // The classic builder's cache ignores the platform: a layer cached for amd64 would
+        // be reused for arm64.
+        nocache: !engine.buildkit,
         version,
         session: engine
             .buildkit

@@ -6,6 +6,7 @@
 pub mod binfmt;
 pub mod build;
 pub mod dockerfile;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod export;

@@ -29,6 +29,12 @@ enum OutputFormat {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum SchemaKind {
+    Project,
+    Coverage,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum BinfmtArg {
     Auto,
     Never,
@@ -132,6 +138,41 @@ enum Command {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Show, without building, how each image × platform would build on this engine.
+    Plan {
+        #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+        file: PathBuf,
+        /// Images to plan (all when none are named).
+        images: Vec<String>,
+        /// Emulation mode to plan with (overrides polyarch.yaml).
+        #[arg(long, value_enum, value_name = "MODE")]
+        binfmt: Option<BinfmtArg>,
+        #[arg(long, value_enum, default_value = "text")]
+        output_format: OutputFormat,
+    },
+    /// Check engine, BuildKit, emulation and registries in one go; exit 0 only when all
+    /// declared work can run.
+    Doctor {
+        /// Also check this project's platforms and registries (when the file exists).
+        #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        output_format: OutputFormat,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Print a JSON Schema: of the project file (for editors) or of the coverage record.
+    Schema {
+        #[arg(value_enum, default_value = "project")]
+        which: SchemaKind,
+    },
+    /// Print shell completions.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff).
+    Man,
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
     #[command(after_help = EXIT_CODES)]
     Gate {
@@ -245,6 +286,81 @@ async fn run(command: Command) -> Result<i32, Error> {
             cleanup.run(&engine).await;
             drop(reporter);
             finish(&outcome?, &output)
+        }
+        Command::Plan {
+            file,
+            images,
+            binfmt,
+            output_format,
+        } => {
+            let project = Project::load(&file)?;
+            let engine = Engine::connect().await?;
+            let options = BuildOptions {
+                images,
+                binfmt: binfmt.map(Into::into),
+                ..Default::default()
+            };
+            let lines = polyarch::doctor::plan_report(&project, &engine, &options).await?;
+            match output_format {
+                OutputFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&lines).expect("serialises")
+                ),
+                OutputFormat::Text => print!("{}", polyarch::doctor::render_plan(&lines)),
+            }
+            Ok(exit::COVERED)
+        }
+        Command::Doctor {
+            file,
+            output_format,
+            registry,
+        } => {
+            let project = if file.exists() {
+                Some(Project::load(&file)?)
+            } else {
+                None
+            };
+            let options = BuildOptions {
+                registry: registry_options(&registry)?,
+                ..Default::default()
+            };
+            let checks = polyarch::doctor::doctor(project.as_ref(), &options).await;
+            match output_format {
+                OutputFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&checks).expect("serialises")
+                ),
+                OutputFormat::Text => print!("{}", polyarch::doctor::render_checks(&checks)),
+            }
+            let failed = checks
+                .iter()
+                .any(|c| c.verdict == polyarch::doctor::Verdict::Fail);
+            Ok(if failed { exit::FAILURE } else { exit::COVERED })
+        }
+        Command::Schema { which } => {
+            print!(
+                "{}",
+                match which {
+                    SchemaKind::Project => polyarch::project::SCHEMA_JSON,
+                    SchemaKind::Coverage => polyarch::record::SCHEMA_JSON,
+                }
+            );
+            Ok(exit::COVERED)
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "polyarch",
+                &mut std::io::stdout(),
+            );
+            Ok(exit::COVERED)
+        }
+        Command::Man => {
+            let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            man.render(&mut std::io::stdout())
+                .map_err(|e| Error::io("stdout", e))?;
+            Ok(exit::COVERED)
         }
         Command::Gate {
             manifests,

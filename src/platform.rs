@@ -113,11 +113,11 @@ impl FromStr for Platform {
             [os, arch, variant] if KNOWN_OS.contains(&os.to_ascii_lowercase().as_str()) => {
                 Ok(Platform::new(os, arch, Some(variant)))
             }
+            // containerd accepts a bare architecture and assumes linux.
+            [arch] => Ok(Platform::new("linux", arch, None)),
             [os, ..] if !KNOWN_OS.contains(&os.to_ascii_lowercase().as_str()) => {
                 Err(err(&format!("unknown operating system `{os}`")))
             }
-            // containerd accepts a bare architecture and assumes linux.
-            [arch] => Ok(Platform::new("linux", arch, None)),
             _ => Err(err("it is malformed")),
         }
     }

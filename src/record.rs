@@ -179,3 +179,6 @@ impl CoverageRecord {
         out
     }
 }
+
+/// The record's JSON Schema, shipped as `schema/coverage.schema.json`.
+pub const SCHEMA_JSON: &str = include_str!("../schema/coverage.schema.json");

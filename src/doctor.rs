@@ -1,0 +1,280 @@
+//! `polyarch plan` and `polyarch doctor`: what a build would do on this engine, and whether
+//! everything it needs is in place — without building anything.
+
+use crate::binfmt::{Emulation, Runnable};
+use crate::engine::Engine;
+use crate::pipeline::{image_needs_emulation, repository_reference, BuildOptions};
+use crate::plan;
+use crate::project::{BinfmtMode, Project};
+use crate::registry::Registry;
+use crate::{Platform, Result};
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Execution {
+    Native,
+    /// Foreign, but no RUN step executes for the target platform (COPY-only or cross-compiled).
+    NoEmulationNeeded,
+    EmulatedRegistered,
+    EmulatedWillRegister,
+    NotRunnable,
+}
+
+impl Execution {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Execution::Native => "native",
+            Execution::NoEmulationNeeded => "foreign, no emulation needed (no RUN for the target)",
+            Execution::EmulatedRegistered => "emulated (registered)",
+            Execution::EmulatedWillRegister => "emulated (will register)",
+            Execution::NotRunnable => "not runnable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanLine {
+    pub image: String,
+    pub platform: Platform,
+    pub execution: Execution,
+    pub builder: String,
+    pub binfmt: BinfmtMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// Resolves each image × platform against the engine, probing (never registering).
+pub async fn plan_report(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+) -> Result<Vec<PlanLine>> {
+    let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    let emulation = Emulation::new(engine.clone());
+    let lines = plan_lines(project, &plan, engine, options, &emulation).await;
+    let _ = emulation.cleanup().await;
+    lines
+}
+
+async fn plan_lines(
+    project: &Project,
+    plan: &plan::Plan<'_>,
+    engine: &Engine,
+    options: &BuildOptions,
+    emulation: &Emulation,
+) -> Result<Vec<PlanLine>> {
+    let mut lines = Vec::new();
+    for unit in &plan.units {
+        let mode = options
+            .binfmt
+            .or(unit.image.binfmt)
+            .unwrap_or(project.binfmt);
+        let execution = if !unit.foreign {
+            Execution::Native
+        } else if !image_needs_emulation(unit.image)? {
+            Execution::NoEmulationNeeded
+        } else {
+            match emulation.probe(&unit.platform).await? {
+                Runnable::Native => Execution::Native,
+                Runnable::Emulated => Execution::EmulatedRegistered,
+                Runnable::NotRunnable if mode == BinfmtMode::Auto => {
+                    Execution::EmulatedWillRegister
+                }
+                Runnable::NotRunnable => Execution::NotRunnable,
+            }
+        };
+        let warning = match execution {
+            Execution::EmulatedRegistered | Execution::EmulatedWillRegister => Some(format!(
+                "RUN steps for {} execute under QEMU: typically 5-10x slower than a native builder",
+                unit.platform
+            )),
+            Execution::NotRunnable => Some(format!(
+                "{} cannot run on this engine and binfmt is `{}`: set `binfmt: auto` or give it a native builder under `builders:`",
+                unit.platform,
+                serde_json::to_value(mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+            )),
+            _ => None,
+        };
+        let builder = project
+            .builders
+            .get(&unit.platform)
+            .cloned()
+            .unwrap_or_else(|| format!("{} ({})", engine.endpoint, engine.native));
+        lines.push(PlanLine {
+            image: unit.image.name.clone(),
+            platform: unit.platform.clone(),
+            execution,
+            builder,
+            binfmt: mode,
+            warning,
+        });
+    }
+    Ok(lines)
+}
+
+pub fn render_plan(lines: &[PlanLine]) -> String {
+    let mut out = String::new();
+    for line in lines {
+        out += &format!(
+            "{:<12} {:<16} {:<52} builder {}\n",
+            line.image,
+            line.platform.to_string(),
+            line.execution.describe(),
+            line.builder
+        );
+        if let Some(w) = &line.warning {
+            out += &format!("  warning: {w}\n");
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Ok,
+    Warn,
+    Fail,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub verdict: Verdict,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+fn check(name: &str, verdict: Verdict, detail: String, fix: Option<&str>) -> Check {
+    Check {
+        name: name.to_string(),
+        verdict,
+        detail,
+        fix: fix.map(str::to_string),
+    }
+}
+
+/// Every check in one go; the caller exits 0 only when none failed.
+pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let engine = match Engine::connect().await {
+        Ok(engine) => {
+            checks.push(check(
+                "engine",
+                Verdict::Ok,
+                format!(
+                    "{} reachable: Docker {} (API {}), {}",
+                    engine.endpoint, engine.server_version, engine.api_version, engine.native
+                ),
+                None,
+            ));
+            engine
+        }
+        Err(e) => {
+            checks.push(check(
+                "engine",
+                Verdict::Fail,
+                e.to_string(),
+                Some("start dockerd, or point DOCKER_HOST at a running engine"),
+            ));
+            return checks;
+        }
+    };
+    checks.push(if engine.buildkit {
+        check(
+            "buildkit",
+            Verdict::Ok,
+            "BuildKit builds (version=2) available".into(),
+            None,
+        )
+    } else {
+        check(
+            "buildkit",
+            Verdict::Warn,
+            format!(
+                "API {} has no BuildKit; the classic builder is used with TARGET* args injected",
+                engine.api_version
+            ),
+            Some("upgrade the engine to 18.09+ (API 1.39+)"),
+        )
+    });
+    let local = !std::env::var("DOCKER_HOST")
+        .is_ok_and(|h| h.starts_with("tcp://") || h.starts_with("ssh://"));
+    if local {
+        let mounted = std::path::Path::new("/proc/sys/fs/binfmt_misc/status").exists();
+        checks.push(if mounted {
+            check("binfmt_misc", Verdict::Ok, "mounted at /proc/sys/fs/binfmt_misc".into(), None)
+        } else {
+            check(
+                "binfmt_misc",
+                Verdict::Warn,
+                "not mounted on this host; foreign RUN steps need it".into(),
+                Some("polyarch mounts it when it registers emulation (binfmt: auto), or: mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc"),
+            )
+        });
+    }
+    let Some(project) = project else {
+        return checks;
+    };
+    match plan_report(project, &engine, options).await {
+        Ok(lines) => {
+            for line in lines {
+                let verdict = match line.execution {
+                    Execution::NotRunnable => Verdict::Fail,
+                    Execution::EmulatedRegistered | Execution::EmulatedWillRegister => {
+                        Verdict::Warn
+                    }
+                    _ => Verdict::Ok,
+                };
+                checks.push(Check {
+                    name: format!("platform {} {}", line.image, line.platform),
+                    verdict,
+                    detail: line.execution.describe().to_string(),
+                    fix: line.warning,
+                });
+            }
+        }
+        Err(e) => checks.push(check("platforms", Verdict::Fail, e.to_string(), None)),
+    }
+    for image in &project.images {
+        let outcome = async {
+            let reference = repository_reference(&image.repository, &image.tags[0])?;
+            let registry = Registry::new(&[reference.registry().to_string()], &options.registry)?;
+            registry.probe(&reference, true).await
+        }
+        .await;
+        checks.push(match outcome {
+            Ok(()) => check(
+                &format!("registry {}", image.repository),
+                Verdict::Ok,
+                "reachable and accepts pushes".into(),
+                None,
+            ),
+            Err(e) => check(
+                &format!("registry {}", image.repository),
+                Verdict::Fail,
+                e.to_string(),
+                Some("start the registry, or check credentials (docker login / --username --password-stdin)"),
+            ),
+        });
+    }
+    checks
+}
+
+pub fn render_checks(checks: &[Check]) -> String {
+    let mut out = String::new();
+    for c in checks {
+        let tag = match c.verdict {
+            Verdict::Ok => "ok  ",
+            Verdict::Warn => "warn",
+            Verdict::Fail => "FAIL",
+        };
+        out += &format!("{tag} {:<32} {}\n", c.name, c.detail);
+        if let (Some(fix), false) = (&c.fix, c.verdict == Verdict::Ok) {
+            out += &format!("     fix: {fix}\n");
+        }
+    }
+    out
+}
