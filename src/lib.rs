@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod deep;
 pub mod engine;
 pub mod error;
 pub mod export;
