@@ -425,7 +425,7 @@ impl Fs {
     }
 
     /// Reads one layer tar, then applies its whiteouts to the lower layers and merges it.
-    fn apply_layer(&mut self, reader: Box<dyn Read + Send>) -> io::Result<()> {
+    fn apply_layer(&mut self, reader: impl Read) -> io::Result<()> {
         let mut archive = tar::Archive::new(reader);
         let mut upper: BTreeMap<String, Node> = BTreeMap::new();
         let mut whiteouts = Vec::new();
@@ -642,7 +642,7 @@ fn unreadable(detail: String) -> DeepReport {
 }
 
 /// Wraps a layer so that gzip-compressed layers are decompressed; zstd ones fail to read.
-fn decompressing(mut reader: Box<dyn Read + Send>) -> io::Result<Box<dyn Read + Send>> {
+fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dyn Read + 'a>> {
     let mut magic = [0u8; 4];
     let mut n = 0;
     while n < magic.len() {
@@ -690,8 +690,12 @@ pub fn inspect(
         ));
     }
     let mut fs = Fs::default();
-    for (i, layer) in layers.into_iter().enumerate() {
-        let applied = decompressing(layer).and_then(|l| fs.apply_layer(l));
+    for (i, mut layer) in layers.into_iter().enumerate() {
+        let applied = decompressing(&mut *layer).and_then(|l| fs.apply_layer(l));
+        // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
+        // trailer) so a streaming source completes (and verifies its digest) before the
+        // next layer is read.
+        let applied = applied.and_then(|()| io::copy(&mut layer, &mut io::sink()).map(drop));
         if let Err(e) = applied {
             return Ok(unreadable(format!(
                 "layer {} of the image cannot be read: {}",
@@ -1693,6 +1697,63 @@ mod tests {
             expected_machine(&p("linux/riscv64")),
             Some((EM_RISCV, ElfClass::Elf64, Endian::Little))
         );
+    }
+
+    /// The remote path: small chunks through bounded channels, layers with trailing
+    /// padding after the tar end marker (as real tars have), fed strictly in order.
+    #[test]
+    fn channel_streaming_does_not_deadlock_on_trailing_padding() {
+        use std::io::Write;
+        let x86 = elf64(EM_X86_64, true, None);
+        let arm = elf64(EM_AARCH64, true, None);
+        let mut first = tar_bytes(&[E::File("bin/app", 0o755, &x86)]);
+        first.extend(vec![0u8; 20 * 1024]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut second = tar_bytes(&[E::File("bin/app", 0o755, &arm)]);
+        second.extend(vec![0u8; 20 * 1024]);
+        gz.write_all(&second).unwrap();
+        let blobs = [first, gz.finish().unwrap()];
+        let mut senders = Vec::new();
+        let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
+        for _ in &blobs {
+            let (tx, rx) = tokio::sync::mpsc::channel(2);
+            senders.push(tx);
+            readers.push(Box::new(ChannelReader {
+                rx,
+                current: bytes::Bytes::new(),
+            }));
+        }
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = inspect(&config(&["/bin/app"], &[]), readers, &p("linux/arm64"));
+            let _ = done_tx.send(r);
+        });
+        for (blob, tx) in blobs.iter().zip(senders) {
+            for chunk in blob.chunks(512) {
+                tx.blocking_send(Ok(bytes::Bytes::copy_from_slice(chunk)))
+                    .expect("the inspector reads every layer to its end");
+            }
+        }
+        let r = done_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("no deadlock")
+            .unwrap();
+        assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+    }
+
+    #[allow(dead_code)]
+    fn inspect_remote_is_send(
+        registry: &crate::registry::Registry,
+        reference: &oci_client::Reference,
+    ) {
+        fn is_send<T: Send>(_: T) {}
+        is_send(inspect_remote(
+            registry,
+            reference,
+            b"",
+            &[],
+            &p("linux/arm64"),
+        ));
     }
 
     #[test]
