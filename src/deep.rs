@@ -320,8 +320,9 @@ enum Node {
 
 static IMPLICIT_DIR: Node = Node::Dir;
 
-#[derive(Default)]
 struct Fs {
+    /// Cap on retained prefixes ([`MAX_RETAINED`] outside tests).
+    cap: usize,
     /// Normalised paths (`usr/bin/env`, no leading `/`) to nodes; the root is implicit.
     nodes: BTreeMap<String, Node>,
     retained: usize,
@@ -389,7 +390,7 @@ impl ResolveError {
 impl Fs {
     fn take_prefix(&mut self, limit: u64) -> bool {
         let limit = limit as usize;
-        if self.retained.saturating_add(limit) > MAX_RETAINED {
+        if self.retained.saturating_add(limit) > self.cap {
             return false;
         }
         self.retained += limit;
@@ -671,6 +672,15 @@ pub fn inspect(
     layers: Vec<Box<dyn Read + Send>>,
     platform: &Platform,
 ) -> Result<DeepReport> {
+    inspect_capped(config, layers, platform, MAX_RETAINED)
+}
+
+fn inspect_capped(
+    config: &[u8],
+    layers: Vec<Box<dyn Read + Send>>,
+    platform: &Platform,
+    cap: usize,
+) -> Result<DeepReport> {
     let command = match command(config) {
         Ok(c) => c,
         Err(e) => return Ok(unreadable(e)),
@@ -689,7 +699,11 @@ pub fn inspect(
             "the image's command starts with an empty string".into(),
         ));
     }
-    let mut fs = Fs::default();
+    let mut fs = Fs {
+        cap,
+        nodes: BTreeMap::new(),
+        retained: 0,
+    };
     for (i, mut layer) in layers.into_iter().enumerate() {
         let applied = decompressing(&mut *layer).and_then(|l| fs.apply_layer(l));
         // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
@@ -807,8 +821,12 @@ impl Inspector<'_> {
             return Verdict {
                 finding: Finding::Unreadable,
                 detail: format!(
-                    "{shown} was not retained: the image has more than {} MiB of executable headers (the --deep cap)",
-                    MAX_RETAINED / (1024 * 1024)
+                    "{shown} was not retained: the image has more than {} of file headers (the --deep cap)",
+                    if self.fs.cap % (1 << 20) == 0 {
+                        format!("{} MiB", self.fs.cap >> 20)
+                    } else {
+                        format!("{} bytes", self.fs.cap)
+                    }
                 ),
             };
         };
@@ -1754,6 +1772,25 @@ mod tests {
             &[],
             &p("linux/arm64"),
         ));
+    }
+
+    #[test]
+    fn retention_cap_is_reported_only_when_it_matters() {
+        let mut bin = elf64(EM_AARCH64, true, None);
+        bin.resize(5000, 0);
+        let layers = || {
+            vec![layer(&[
+                E::File("a", 0o755, &bin),
+                E::File("b", 0o755, &bin),
+            ])]
+        };
+        let cap = 4096 + 100;
+        let r = inspect_capped(&config(&["/a"], &[]), layers(), &p("linux/arm64"), cap).unwrap();
+        assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+        let r = inspect_capped(&config(&["/b"], &[]), layers(), &p("linux/arm64"), cap).unwrap();
+        assert_eq!(r.finding, Finding::Unreadable);
+        assert!(r.detail.contains("4196 bytes"), "{}", r.detail);
+        assert!(format!("{} MiB", MAX_RETAINED >> 20) == "64 MiB");
     }
 
     #[test]
