@@ -822,7 +822,7 @@ impl Inspector<'_> {
                 finding: Finding::Unreadable,
                 detail: format!(
                     "{shown} was not retained: the image has more than {} of file headers (the --deep cap)",
-                    if self.fs.cap % (1 << 20) == 0 {
+                    if self.fs.cap.is_multiple_of(1 << 20) {
                         format!("{} MiB", self.fs.cap >> 20)
                     } else {
                         format!("{} bytes", self.fs.cap)
