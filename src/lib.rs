@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod deep;
 pub mod dockerfile;
 pub mod doctor;
 pub mod engine;
@@ -21,6 +22,5 @@ pub mod project;
 pub mod record;
 pub mod registry;
 pub mod verify;
-
 pub use error::{Error, Result};
 pub use platform::Platform;
