@@ -498,7 +498,7 @@ pub fn read_save_stream(
     let mut trailer = [0u8; BLOCK];
     let mut filled = 0;
     while filled < BLOCK && !tracked.eof {
-        filled += (&mut tracked)
+        filled += tracked
             .read(&mut trailer[filled..])
             .map_err(|e| err(format!("reading the end of the save stream: {e}")))?;
     }
@@ -1059,7 +1059,7 @@ mod tests {
         }]))
         .unwrap();
         let stream = archive(
-            vec![
+            [
                 E::File(&format!("{cfg_hex}.json"), config.clone()).owned(),
                 E::Dir(&format!("{d3}/")).owned(),
                 E::File(&format!("{d3}/VERSION"), b"1.0".to_vec()).owned(),
