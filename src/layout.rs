@@ -206,6 +206,24 @@ impl ContentSource for LayoutSource {
     fn repository(&self) -> String {
         format!("oci:{}", self.layout.dir.display())
     }
+
+    async fn inspect(
+        &self,
+        config: &[u8],
+        layers: &[(String, String)],
+        platform: &crate::Platform,
+    ) -> Result<crate::deep::DeepReport> {
+        let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
+        for (digest, _) in layers {
+            let path = blob_path(&self.layout.dir, digest)?;
+            let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            readers.push(Box::new(std::io::BufReader::new(file)));
+        }
+        let (config, platform) = (config.to_vec(), platform.clone());
+        tokio::task::spawn_blocking(move || crate::deep::inspect(&config, readers, &platform))
+            .await
+            .map_err(|e| Error::Usage(format!("deep inspection stopped: {e}")))?
+    }
 }
 
 #[cfg(test)]

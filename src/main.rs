@@ -133,6 +133,10 @@ enum Command {
         /// Verify the images of this project file instead.
         #[arg(short = 'f', long = "file")]
         file: Option<PathBuf>,
+        /// Also stream each platform's layers and check that its entrypoint binary is built
+        /// for that platform (ELF machine, class, endianness).
+        #[arg(long)]
+        deep: bool,
         #[command(flatten)]
         output: Output,
         #[command(flatten)]
@@ -406,6 +410,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             targets,
             platform,
             file,
+            deep,
             output,
             registry,
         } => {
@@ -414,11 +419,11 @@ async fn run(command: Command) -> Result<i32, Error> {
             let work = async {
                 match (targets.as_slice(), &file) {
                     ([reference], None) => {
-                        pipeline::verify_reference(reference, &platform, &options, reporter.as_ref()).await
+                        pipeline::verify_reference(reference, &platform, &options, deep, reporter.as_ref()).await
                     }
                     (images, Some(file)) => {
                         let project = Project::load(file)?;
-                        pipeline::verify_project(&project, images, &options, reporter.as_ref()).await
+                        pipeline::verify_project(&project, images, &options, deep, reporter.as_ref()).await
                     }
                     _ => Err(Error::Usage(
                         "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),

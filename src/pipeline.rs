@@ -108,13 +108,16 @@ impl Destination {
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
-            Destination::Registry(r) => verify_image(r, image, Some(expected), reporter).await,
+            Destination::Registry(r) => {
+                verify_image(r, image, Some(expected), false, reporter).await
+            }
             Destination::Layout(l) => {
                 let target = Target {
                     name: image.name.clone(),
                     reference: format!("oci:{}:{}", l.dir.display(), image.tags[0]),
                     tags: image.tags.clone(),
                     declared: image.platforms.clone(),
+                    deep: false,
                 };
                 let mut coverage = Vec::new();
                 for tag in &image.tags {
@@ -363,6 +366,7 @@ pub async fn verify_image(
     registry: &Registry,
     image: &ImageSpec,
     expected: Option<&str>,
+    deep: bool,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let first = repository_reference(&image.repository, &image.tags[0])?;
@@ -371,6 +375,7 @@ pub async fn verify_image(
         reference: format!("{}:{}", image.repository, image.tags[0]),
         tags: image.tags.clone(),
         declared: image.platforms.clone(),
+        deep: deep,
     };
     let source = RegistrySource {
         registry,
@@ -514,6 +519,7 @@ pub async fn verify_project(
     project: &Project,
     selected: &[String],
     options: &RegistryOptions,
+    deep: bool,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     // The plan validates the image names; verification needs no engine.
@@ -521,7 +527,7 @@ pub async fn verify_project(
     let registry = Registry::new(&registry_hosts(&plan.images)?, options)?;
     let mut coverage = Vec::new();
     for image in &plan.images {
-        coverage.push(verify_image(&registry, image, None, reporter).await?);
+        coverage.push(verify_image(&registry, image, None, deep, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -531,6 +537,7 @@ pub async fn verify_reference(
     reference: &str,
     declared: &[Platform],
     options: &RegistryOptions,
+    deep: bool,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     if let Some((dir, tag)) = crate::layout::parse_layout_reference(reference) {
@@ -541,6 +548,7 @@ pub async fn verify_reference(
             reference: reference.to_string(),
             tags: tag.iter().cloned().collect(),
             declared: declared.to_vec(),
+            deep: deep,
         };
         let source = LayoutSource {
             layout: OciLayout::open(&dir)?,
@@ -567,6 +575,7 @@ pub async fn verify_reference(
             Vec::new()
         },
         declared: declared.to_vec(),
+        deep: deep,
     };
     let source = RegistrySource {
         registry: &registry,
@@ -597,6 +606,7 @@ pub async fn provided_platforms(
             reference: text.clone(),
             tags: Vec::new(),
             declared: Vec::new(),
+            deep: false,
         };
         let source = RegistrySource {
             registry: &registry,

@@ -61,8 +61,39 @@ pub struct PlatformCoverage {
     pub status: PlatformStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// `--deep`: what the entrypoint resolved to and what machine it is built for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deep: Option<DeepCheck>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<BuildInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DeepCheck {
+    pub executable: Option<String>,
+    /// match, binary_mismatch, missing_entrypoint, no_entrypoint, interpreter_missing, not_elf, unreadable
+    pub finding: String,
+    pub detail: String,
+}
+
+impl From<&crate::deep::DeepReport> for DeepCheck {
+    fn from(report: &crate::deep::DeepReport) -> Self {
+        use crate::deep::Finding;
+        let finding = match report.finding {
+            Finding::Match => "match",
+            Finding::BinaryMismatch { .. } => "binary_mismatch",
+            Finding::MissingEntrypoint => "missing_entrypoint",
+            Finding::NoEntrypoint => "no_entrypoint",
+            Finding::InterpreterMissing { .. } => "interpreter_missing",
+            Finding::NotElf => "not_elf",
+            Finding::Unreadable => "unreadable",
+        };
+        DeepCheck {
+            executable: report.executable.clone(),
+            finding: finding.to_string(),
+            detail: report.detail.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -2,9 +2,10 @@
 //! platforms: one entry per platform, each entry's config agreeing with the entry, and no
 //! attestation entries (older containerd fails on them with "unknown media type").
 
+use crate::deep::{self, DeepReport, Finding};
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
-use crate::record::{ImageCoverage, PlatformCoverage, PlatformStatus};
+use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::registry::Registry;
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
@@ -22,6 +23,13 @@ pub trait ContentSource {
     fn json_blob(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
+    /// `--deep`: streams the layers and checks the entrypoint's binary against `platform`.
+    fn inspect(
+        &self,
+        config: &[u8],
+        layers: &[(String, String)],
+        platform: &Platform,
+    ) -> impl std::future::Future<Output = Result<DeepReport>>;
 }
 
 pub struct RegistrySource<'a> {
@@ -51,6 +59,15 @@ impl ContentSource for RegistrySource<'_> {
             self.reference.repository()
         )
     }
+
+    async fn inspect(
+        &self,
+        config: &[u8],
+        layers: &[(String, String)],
+        platform: &Platform,
+    ) -> Result<DeepReport> {
+        deep::inspect_remote(self.registry, &self.reference, config, layers, platform).await
+    }
 }
 
 /// What to check.
@@ -61,6 +78,8 @@ pub struct Target {
     pub reference: String,
     pub tags: Vec<String>,
     pub declared: Vec<Platform>,
+    /// Also check each platform's entrypoint binary (`--deep`).
+    pub deep: bool,
 }
 
 /// A platform manifest found under the reference.
@@ -135,6 +154,7 @@ pub async fn verify<S: ContentSource>(
                     size: None,
                     status: PlatformStatus::Missing,
                     detail: Some(format!("{} has no entry for {declared}", target.reference)),
+                    deep: None,
                     build: None,
                 });
             }
@@ -269,21 +289,47 @@ async fn check_entry<S: ContentSource>(
         .clone()
         .or_else(|| config_platform.clone())
         .unwrap_or_else(|| Platform::new("unknown", "unknown", None));
-    let status = match &config_platform {
+    let mut status = match &config_platform {
         Some(c) if c == &platform => PlatformStatus::Ok,
         _ => PlatformStatus::ConfigMismatch,
     };
-    let detail = detail.or_else(|| {
-        (status == PlatformStatus::ConfigMismatch).then(|| {
-            format!(
-                "entry {} says {platform} but its config says {}",
-                entry.digest,
-                config_platform
-                    .as_ref()
-                    .map_or("nothing".to_string(), |c| c.to_string())
-            )
+    let deep = if target.deep {
+        let layers: Vec<(String, String)> = manifest
+            .layers()
+            .iter()
+            .map(|l| (l.digest().to_string(), l.media_type().to_string()))
+            .collect();
+        let report = source.inspect(&config, &layers, &platform).await?;
+        match &report.finding {
+            Finding::Match => {}
+            Finding::BinaryMismatch { .. } => {
+                if status == PlatformStatus::Ok {
+                    status = PlatformStatus::BinaryMismatch;
+                }
+            }
+            _ => warnings.push(format!("{platform}: {}", report.detail)),
+        }
+        Some(DeepCheck::from(&report))
+    } else {
+        None
+    };
+    let detail = detail
+        .or_else(|| {
+            (status == PlatformStatus::BinaryMismatch)
+                .then(|| deep.as_ref().map(|d| d.detail.clone()))
+                .flatten()
         })
-    });
+        .or_else(|| {
+            (status == PlatformStatus::ConfigMismatch).then(|| {
+                format!(
+                    "entry {} says {platform} but its config says {}",
+                    entry.digest,
+                    config_platform
+                        .as_ref()
+                        .map_or("nothing".to_string(), |c| c.to_string())
+                )
+            })
+        });
     Ok(PlatformCoverage {
         platform,
         digest: Some(entry.digest.clone()),
@@ -291,6 +337,7 @@ async fn check_entry<S: ContentSource>(
         size: Some(entry.size),
         status,
         detail,
+        deep,
         build: None,
     })
 }
