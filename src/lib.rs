@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod credentials;
 pub mod dockerfile;
 pub mod engine;
 pub mod error;
