@@ -96,11 +96,25 @@ enum Failure {
     Permanent,
 }
 
-pub struct Registry {
+/// `(registry, digest)`.
+type BlobKey = (String, String);
+
+/// A registry client shared by a run (boxed: it is large and lives in enums).
+pub struct Registry(Box<Inner>);
+
+impl std::ops::Deref for Registry {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+#[doc(hidden)]
+pub struct Inner {
     /// HTTPS for every registry except explicitly plain ones.
-    https: Client,
+    https: Box<Client>,
     /// Plain HTTP for loopback and `--insecure-registry` registries.
-    plain: Client,
+    plain: Box<Client>,
     /// Registries allowed to fall back to plain HTTP.
     plain_capable: HashSet<String>,
     /// Per registry: whether it speaks plain HTTP (decided on first contact).
@@ -110,9 +124,9 @@ pub struct Registry {
     cli_credentials: Option<(String, String)>,
     retry: RetryPolicy,
     /// `registry digest` → repositories this run knows to hold the blob.
-    known: Mutex<HashMap<(String, String), HashSet<String>>>,
+    known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
-    uploads: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Loopback registries speak plain HTTP, as Docker treats them.
@@ -195,9 +209,11 @@ impl Registry {
             read_timeout: Some(Duration::from_secs(60)),
             ..Default::default()
         };
-        let registry = Registry {
-            https: Client::new(config(ClientProtocol::HttpsExcept(explicit_plain))),
-            plain: Client::new(config(ClientProtocol::Http)),
+        let registry = Registry(Box::new(Inner {
+            https: Box::new(Client::new(config(ClientProtocol::HttpsExcept(
+                explicit_plain,
+            )))),
+            plain: Box::new(Client::new(config(ClientProtocol::Http))),
             plain_capable,
             schemes: Mutex::default(),
             auths: Mutex::default(),
@@ -205,7 +221,7 @@ impl Registry {
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
             known: Mutex::default(),
             uploads: Mutex::default(),
-        };
+        }));
         for host in registries {
             registry.auth_for(host)?;
         }
@@ -600,7 +616,32 @@ fn chain(error: &dyn std::error::Error) -> String {
         }
         source = e.source();
     }
-    one_line(&text)
+    strip_urls(&one_line(&text))
+}
+
+/// URLs in error text lose any `user:pass@` and query string (upload state, tokens).
+fn strip_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | ',' | '"' | '\''))
+            .unwrap_or(rest.len());
+        let url = &rest[..end];
+        let url = match url.find('/') {
+            Some(slash) => match url[..slash].rfind('@') {
+                Some(a) => &url[a + 1..],
+                None => url,
+            },
+            None => url.rsplit('@').next().unwrap_or(url),
+        };
+        out.push_str(url.split('?').next().unwrap_or(url));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn status_of(error: &OciDistributionError) -> Option<u16> {
@@ -662,13 +703,13 @@ fn registry_error(
     let status = status_of(&error);
     let message = if matches!(status, Some(401)) {
         format!(
-            "401 unauthorized: cannot {what} of {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"
+            "401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"
         )
     } else if matches!(status, Some(403)) {
-        format!("403 denied: cannot {what} of {reference}: the credentials for {registry} lack permission for this repository")
+        format!("403 denied: cannot {what} for {reference}: the credentials for {registry} lack permission for this repository")
     } else if failure == Failure::Tls {
         format!(
-            "TLS: cannot {what} of {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}",
+            "TLS: cannot {what} for {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}",
             certs_d_root().join(&registry).join("ca.crt").display()
         )
     } else if matches!(failure, Failure::Transient(_)) {
@@ -682,9 +723,9 @@ fn registry_error(
         } else {
             "; the registry keeps failing, try again later"
         };
-        format!("cannot {what} of {reference}{tries}: {detail}{hint}")
+        format!("cannot {what} for {reference}{tries}: {detail}{hint}")
     } else {
-        format!("cannot {what} of {reference}: {detail}")
+        format!("cannot {what} for {reference}: {detail}")
     };
     Error::Registry { registry, message }
 }
@@ -726,6 +767,41 @@ impl BlobProgress<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_urls_lose_credentials_and_queries() {
+        assert_eq!(
+            strip_urls("url (http://u:p@h:1/v2/x?_state=abc&digest=d), code: 500"),
+            "url (http://h:1/v2/x), code: 500"
+        );
+    }
+
+    #[test]
+    fn retries_back_off_within_bounds() {
+        let p = RetryPolicy::default();
+        for attempt in 1..10 {
+            let d = p.delay(attempt);
+            assert!(d <= p.max_delay.mul_f64(1.5), "{attempt}: {d:?}");
+        }
+        assert!(p.delay(1) >= p.base / 2 && p.delay(1) < p.base * 3 / 2);
+    }
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let server = |code| OciDistributionError::ServerError {
+            code,
+            url: "http://h/v2/".into(),
+            message: String::new(),
+        };
+        assert_eq!(classify(&server(503)), Failure::Transient(Duration::ZERO));
+        assert_eq!(
+            classify(&server(429)),
+            Failure::Transient(Duration::from_secs(1))
+        );
+        for code in [400, 401, 403, 404] {
+            assert_eq!(classify(&server(code)), Failure::Permanent, "{code}");
+        }
+    }
 
     #[test]
     fn loopback_registries_are_plain_http() {

@@ -1,9 +1,9 @@
 //! Registry reality: credentials as Docker finds them, TLS trust, transient faults and
 //! atomic publishing, against real `docker-registry` instances (and a fault proxy).
 
-mod support;
 #[path = "support/proxy.rs"]
 mod proxy;
+mod support;
 
 use proxy::{Fault, Proxy, Rule};
 use std::io::Write;
@@ -130,13 +130,12 @@ const PASS: &str = "s3cret-Pa55-7f3a";
 #[test]
 fn htpasswd_registry_accepts_cli_config_and_helper_credentials() {
     let registry = Registry::start_htpasswd(USER, PASS);
-    let project = Project::new(
-        &registry.repo(&unique_name("auth/hello")),
-        "[linux/amd64]",
-    );
+    let project = Project::new(&registry.repo(&unique_name("auth/hello")), "[linux/amd64]");
 
     let out = run_with_stdin(
-        project.build().args(["--username", USER, "--password-stdin"]),
+        project
+            .build()
+            .args(["--username", USER, "--password-stdin"]),
         &format!("{PASS}\n"),
     );
     assert_exit(&out, 0);
@@ -185,10 +184,7 @@ fn htpasswd_registry_accepts_cli_config_and_helper_credentials() {
 #[test]
 fn wrong_password_fails_first_without_building_or_leaking() {
     let registry = Registry::start_htpasswd(USER, PASS);
-    let project = Project::new(
-        &registry.repo(&unique_name("auth/hello")),
-        "[linux/amd64]",
-    );
+    let project = Project::new(&registry.repo(&unique_name("auth/hello")), "[linux/amd64]");
     let wrong = "wr0ng-Secret-91c2";
     // The config file has a wrong password too: the CLI one must be the one used.
     std::fs::write(
@@ -208,6 +204,7 @@ fn wrong_password_fails_first_without_building_or_leaking() {
         &format!("{wrong}\n"),
     );
     let took = started.elapsed();
+    eprintln!("{}", text(&out));
     assert_exit(&out, 3);
     assert!(took < Duration::from_secs(10), "took {took:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -241,6 +238,7 @@ fn tls_registry_is_trusted_through_ca_cert_or_certs_d_only() {
     let project = Project::new(&registry.repo(&unique_name("tls/hello")), "[linux/amd64]");
 
     let out = run(&mut project.build());
+    eprintln!("{}", text(&out));
     assert_exit(&out, 3);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -253,7 +251,10 @@ fn tls_registry_is_trusted_through_ca_cert_or_certs_d_only() {
         text(&out)
     );
 
-    let out = run(project.build().arg("--ca-cert").arg(registry.ca_cert_path()));
+    let out = run(project
+        .build()
+        .arg("--ca-cert")
+        .arg(registry.ca_cert_path()));
     assert_exit(&out, 0);
 
     let certs_d = project.dir.path().join("certs.d");
@@ -314,7 +315,8 @@ fn transient_faults_are_retried_and_the_index_verifies() {
     let out = run(&mut project.build());
     assert_exit(&out, 0);
     let log = proxy.log();
-    for fault in ["Drop", "503", "500", "429", "Delay"] {
+    eprintln!("{}\n{log:#?}", text(&out));
+    for fault in ["Drop {", "code: 503", "code: 500", "code: 429", "Delay("] {
         assert!(
             log.iter().any(|l| l.contains(fault)),
             "{fault} never fired: {log:#?}"
@@ -360,6 +362,7 @@ fn permanent_upload_failure_exits_3_and_keeps_the_old_tag() {
     );
     let started = Instant::now();
     let out = run(&mut project.build());
+    eprintln!("{}", text(&out));
     assert_exit(&out, 3);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -16,10 +16,7 @@ pub enum Fault {
     /// Forward the head and this many body bytes, then close both sides.
     Drop { after_bytes: usize },
     /// Answer this status instead of forwarding.
-    Status {
-        code: u16,
-        retry_after: Option<u32>,
-    },
+    Status { code: u16, retry_after: Option<u32> },
     /// Wait, then forward.
     Delay(Duration),
 }
