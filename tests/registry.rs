@@ -401,3 +401,51 @@ fn base64(input: &str) -> String {
     }
     out
 }
+
+#[test]
+fn shared_layers_upload_once_and_mount_across_repositories() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\n",
+    );
+    let (a, b) = (unique_name("shared/a"), unique_name("shared/b"));
+    let file = dir.path().join("polyarch.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  a:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n  b:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n",
+            proxy.repo(&a),
+            proxy.repo(&b)
+        ),
+    )
+    .unwrap();
+    let out = run(polyarch()
+        .args(["build", "-j", "4", "-f"])
+        .arg(&file)
+        .env("DOCKER_CONFIG", dir.path()));
+    assert_exit(&out, 0);
+    let index = support::skopeo_inspect_raw(&registry.repo(&format!("{a}:v1")));
+    let manifest = support::skopeo_inspect_raw(&format!(
+        "{}@{}",
+        registry.repo(&a),
+        index["manifests"][0]["digest"].as_str().unwrap()
+    ));
+    let layer = manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let log = proxy.log();
+    let puts = log
+        .iter()
+        .filter(|l| l.starts_with("PUT ") && l.contains(&layer.replace(':', "%3A")))
+        .count();
+    let mounts = log
+        .iter()
+        .filter(|l| l.starts_with("POST ") && l.contains("mount="))
+        .count();
+    assert_eq!(puts, 1, "layer {layer} uploaded {puts} times: {log:#?}");
+    assert!(mounts >= 1, "no cross-repository mount: {log:#?}");
+}
