@@ -227,6 +227,7 @@ fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Error> {
         insecure: args.insecure_registry.clone(),
         credentials,
         ca_certs: args.ca_cert.iter().cloned().collect(),
+        ..Default::default()
     })
 }
 

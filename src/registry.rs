@@ -1,6 +1,7 @@
 //! Talking to an OCI distribution registry through oci-client: blobs by digest (HEAD
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
+use crate::credentials::{self, Credential};
 use crate::oci::{self, ManifestBlob};
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Platform, Result};
@@ -9,9 +10,12 @@ use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Largest manifest or config polyarch will read; real ones are a few KiB.
 const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
@@ -24,11 +28,105 @@ pub struct RegistryOptions {
     pub credentials: Option<(String, String)>,
     /// Extra CA certificates (PEM files) to trust.
     pub ca_certs: Vec<std::path::PathBuf>,
+    /// Retry policy for transient failures; `None` uses [`RetryPolicy::from_env`].
+    pub retry: Option<RetryPolicy>,
 }
 
-pub struct Registry {
-    client: Client,
-    auth: RegistryAuth,
+/// Bounded retries with exponential backoff and jitter for 5xx, 429 and transport errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// First backoff; doubles per attempt (±50 % jitter).
+    pub base: Duration,
+    /// Longest single backoff.
+    pub max_delay: Duration,
+    /// Upper bound of all backoffs of one call together.
+    pub total: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            base: Duration::from_millis(500),
+            max_delay: Duration::from_secs(4),
+            total: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The default, with `POLYARCH_RETRY_ATTEMPTS` and `POLYARCH_RETRY_BASE_MS` overrides.
+    pub fn from_env() -> Self {
+        let mut policy = RetryPolicy::default();
+        let number = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let Some(n) = number("POLYARCH_RETRY_ATTEMPTS") {
+            policy.attempts = n.clamp(1, 20) as u32;
+        }
+        if let Some(ms) = number("POLYARCH_RETRY_BASE_MS") {
+            policy.base = Duration::from_millis(ms);
+        }
+        policy
+    }
+
+    /// Backoff before attempt `attempt + 1` (`attempt` counts from 1).
+    fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1u32 << (attempt - 1).min(16))
+            .min(self.max_delay);
+        // Jitter in [0.5, 1.5) of the exponential delay.
+        let r = (uuid::Uuid::new_v4().as_u128() % 1000) as u32;
+        exp.mul_f64(0.5 + r as f64 / 1000.0)
+    }
+}
+
+/// How a failed call should be treated.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// Retry after at least this long (429 `Retry-After`, default 1 s).
+    Transient(Duration),
+    /// The certificate chain is not trusted: no retry, a TLS fix.
+    Tls,
+    Permanent,
+}
+
+/// `(registry, digest)`.
+type BlobKey = (String, String);
+
+/// A registry client shared by a run (boxed: it is large and lives in enums).
+pub struct Registry(Box<Inner>);
+
+impl std::ops::Deref for Registry {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+#[doc(hidden)]
+pub struct Inner {
+    /// HTTPS for every registry except explicitly plain ones.
+    https: Box<Client>,
+    /// Plain HTTP for loopback and `--insecure-registry` registries.
+    plain: Box<Client>,
+    /// Registries allowed to fall back to plain HTTP.
+    plain_capable: HashSet<String>,
+    /// Per registry: whether it speaks plain HTTP (decided on first contact).
+    schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<bool>>>>,
+    /// Per registry, resolved once (CLI, credential helpers, Docker config).
+    auths: Mutex<HashMap<String, RegistryAuth>>,
+    cli_credentials: Option<(String, String)>,
+    retry: RetryPolicy,
+    /// `registry digest` → repositories this run knows to hold the blob.
+    known: Mutex<HashMap<BlobKey, HashSet<String>>>,
+    /// One upload per `registry digest` at a time.
+    uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Loopback registries speak plain HTTP, as Docker treats them.
@@ -53,41 +151,175 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
     })
 }
 
+/// Docker's per-registry trust directory root (`POLYARCH_CERTS_D` overrides it).
+pub fn certs_d_root() -> PathBuf {
+    std::env::var_os("POLYARCH_CERTS_D")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/etc/docker/certs.d"))
+}
+
+fn certs_d_files(registry: &str) -> Vec<PathBuf> {
+    let dir = certs_d_root().join(registry);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "crt"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// What a blob upload sends: a spooled file (restartable) or bytes in memory.
+enum Body<'a> {
+    File { path: &'a Path, size: u64 },
+    Bytes(&'a [u8]),
+}
+
 impl Registry {
-    /// `registries` are the hosts this run talks to, so loopback ones get plain HTTP.
+    /// `registries` are the hosts this run talks to: their credentials are resolved now,
+    /// loopback and `--insecure-registry` ones may fall back to plain HTTP.
     pub fn new(registries: &[String], options: &RegistryOptions) -> Result<Registry> {
-        let plain: Vec<String> = registries
+        let plain_capable: HashSet<String> = registries
             .iter()
             .filter(|r| is_loopback(r) || options.insecure.contains(r))
             .cloned()
             .collect();
+        let explicit_plain: Vec<String> = options.insecure.clone();
+        let mut ca_files: Vec<PathBuf> = options.ca_certs.clone();
+        for registry in registries {
+            ca_files.extend(certs_d_files(registry));
+        }
         let mut extra_root_certificates = Vec::new();
-        for path in &options.ca_certs {
+        for path in &ca_files {
             let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
             extra_root_certificates.push(oci_client::client::Certificate {
                 encoding: oci_client::client::CertificateEncoding::Pem,
                 data,
             });
         }
-        let config = ClientConfig {
-            protocol: ClientProtocol::HttpsExcept(plain),
+        let config = |protocol: ClientProtocol| ClientConfig {
+            protocol,
             // One streaming PUT per blob: the size is known from the spool file.
             use_monolithic_push: true,
-            extra_root_certificates,
+            extra_root_certificates: extra_root_certificates.clone(),
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
             ..Default::default()
         };
-        let auth = match &options.credentials {
-            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
-            None => RegistryAuth::Anonymous,
-        };
-        Ok(Registry {
-            client: Client::new(config),
-            auth,
-        })
+        let registry = Registry(Box::new(Inner {
+            https: Box::new(Client::new(config(ClientProtocol::HttpsExcept(
+                explicit_plain,
+            )))),
+            plain: Box::new(Client::new(config(ClientProtocol::Http))),
+            plain_capable,
+            schemes: Mutex::default(),
+            auths: Mutex::default(),
+            cli_credentials: options.credentials.clone(),
+            retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
+            known: Mutex::default(),
+            uploads: Mutex::default(),
+        }));
+        for host in registries {
+            registry.auth_for(host)?;
+        }
+        Ok(registry)
     }
 
-    fn fail(&self, reference: &Reference, what: &str, error: OciDistributionError) -> Error {
-        registry_error(reference, what, error)
+    /// The auth for a registry, resolved on first use and then kept.
+    fn auth_for(&self, registry: &str) -> Result<RegistryAuth> {
+        if let Some(auth) = self.auths.lock().expect("auth lock").get(registry) {
+            return Ok(auth.clone());
+        }
+        let auth = match credentials::resolve(registry, self.cli_credentials.as_ref())? {
+            Some(Credential::Basic { username, password }) => {
+                RegistryAuth::Basic(username, password)
+            }
+            // oci-client has no refresh-token grant: the token is presented as a bearer.
+            Some(Credential::IdentityToken(token)) => RegistryAuth::Bearer(token),
+            None => RegistryAuth::Anonymous,
+        };
+        self.auths
+            .lock()
+            .expect("auth lock")
+            .insert(registry.to_string(), auth.clone());
+        Ok(auth)
+    }
+
+    /// The client speaking the right scheme to the reference's registry. Like Docker,
+    /// loopback and insecure registries are tried over HTTPS first and fall back to plain
+    /// HTTP when the server does not speak TLS.
+    async fn client_for<'a>(&'a self, reference: &Reference) -> Result<&'a Client> {
+        let host = reference.registry().to_string();
+        let auth = self.auth_for(&host)?;
+        let resolved = reference.resolve_registry().to_string();
+        if !self.plain_capable.contains(&host) {
+            self.https.store_auth_if_needed(&resolved, &auth).await;
+            return Ok(&self.https);
+        }
+        let cell = self
+            .schemes
+            .lock()
+            .expect("scheme lock")
+            .entry(host.clone())
+            .or_default()
+            .clone();
+        let plain = *cell
+            .get_or_init(|| async {
+                self.https.store_auth_if_needed(&resolved, &auth).await;
+                let absent = format!("sha256:{}", "0".repeat(64));
+                match self.https.blob_exists(reference, &absent).await {
+                    Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
+                        // A certificate problem means the server does speak TLS.
+                        classify(&OciDistributionError::RequestError(e)) != Failure::Tls
+                    }
+                    _ => false,
+                }
+            })
+            .await;
+        if plain {
+            self.plain.store_auth_if_needed(&resolved, &auth).await;
+            Ok(&self.plain)
+        } else {
+            Ok(&self.https)
+        }
+    }
+
+    /// Runs one registry call with bounded, jittered retries of transient failures.
+    /// Every oci-client call goes through here.
+    async fn call<'a, T, F, Fut>(
+        &'a self,
+        reference: &Reference,
+        what: &str,
+        mut op: F,
+    ) -> Result<T>
+    where
+        F: FnMut(&'a Client, RegistryAuth) -> Fut,
+        Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
+    {
+        let client = self.client_for(reference).await?;
+        let auth = self.auth_for(reference.registry())?;
+        let mut waited = Duration::ZERO;
+        let mut attempt = 1;
+        loop {
+            let error = match op(client, auth.clone()).await {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            let failure = classify(&error);
+            let Failure::Transient(min) = failure else {
+                return Err(registry_error(reference, what, error, failure, attempt));
+            };
+            let delay = self.retry.delay(attempt).max(min);
+            if attempt >= self.retry.attempts || waited + delay > self.retry.total {
+                return Err(registry_error(reference, what, error, failure, attempt));
+            }
+            tokio::time::sleep(delay).await;
+            waited += delay;
+            attempt += 1;
+        }
     }
 
     async fn authenticate(
@@ -95,11 +327,10 @@ impl Registry {
         reference: &Reference,
         operation: RegistryOperation,
     ) -> Result<()> {
-        self.client
-            .auth(reference, &self.auth, operation)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(reference, "authenticate", e))
+        self.call(reference, "authenticate", |c, auth| async move {
+            c.auth(reference, &auth, operation).await.map(|_| ())
+        })
+        .await
     }
 
     /// Fails early (before any build) when the registry is unreachable or refuses us.
@@ -111,18 +342,18 @@ impl Registry {
         };
         self.authenticate(reference, operation).await?;
         let absent = format!("sha256:{}", "0".repeat(64));
-        self.client
-            .blob_exists(reference, &absent)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(reference, "reach", e))
+        self.call(reference, "check access", |c, _| {
+            let absent = absent.clone();
+            async move { c.blob_exists(reference, &absent).await.map(|_| ()) }
+        })
+        .await
     }
 
     pub async fn blob_exists(&self, reference: &Reference, digest: &str) -> Result<bool> {
-        self.client
-            .blob_exists(reference, digest)
-            .await
-            .map_err(|e| self.fail(reference, &format!("check blob {digest}"), e))
+        self.call(reference, &format!("check blob {digest}"), |c, _| {
+            c.blob_exists(reference, digest)
+        })
+        .await
     }
 
     /// Uploads a spooled blob unless the registry already has it; returns whether it uploaded.
@@ -134,27 +365,8 @@ impl Registry {
         size: u64,
         progress: &BlobProgress<'_>,
     ) -> Result<bool> {
-        if self.blob_exists(reference, digest).await? {
-            progress.add(size);
-            return Ok(false);
-        }
-        self.authenticate(reference, RegistryOperation::Push)
-            .await?;
-        let file = tokio::fs::File::open(path)
+        self.push_blob(reference, digest, Body::File { path, size }, Some(progress))
             .await
-            .map_err(|e| Error::io(path, e))?;
-        let counter = progress.counter();
-        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
-            .inspect_ok(move |chunk| {
-                counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            })
-            .map_err(OciDistributionError::IoError);
-        self.client
-            .push_blob_stream(reference, stream, digest, Some(size))
-            .await
-            .map_err(|e| self.fail(reference, &format!("upload blob {digest}"), e))?;
-        progress.report();
-        Ok(true)
     }
 
     pub async fn push_blob_bytes(
@@ -163,15 +375,130 @@ impl Registry {
         bytes: &[u8],
         digest: &str,
     ) -> Result<bool> {
+        self.push_blob(reference, digest, Body::Bytes(bytes), None)
+            .await
+    }
+
+    /// HEAD, then a cross-repository mount when this run put the blob in another
+    /// repository of the same registry, then an upload. Concurrent pushes of one digest
+    /// to one registry wait for each other, so a shared layer is uploaded once.
+    async fn push_blob(
+        &self,
+        reference: &Reference,
+        digest: &str,
+        body: Body<'_>,
+        progress: Option<&BlobProgress<'_>>,
+    ) -> Result<bool> {
+        let key = (reference.registry().to_string(), digest.to_string());
+        let repository = reference.repository().to_string();
+        let size = match &body {
+            Body::File { size, .. } => *size,
+            Body::Bytes(b) => b.len() as u64,
+        };
+        let skipped = |progress: Option<&BlobProgress<'_>>| {
+            if let Some(p) = progress {
+                p.add(size);
+            }
+        };
+        let lock = self
+            .uploads
+            .lock()
+            .expect("upload lock")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _guard = lock.lock().await;
+        let elsewhere: Vec<String> = {
+            let known = self.known.lock().expect("known lock");
+            match known.get(&key) {
+                Some(repos) if repos.contains(&repository) => {
+                    drop(known);
+                    skipped(progress);
+                    return Ok(false);
+                }
+                Some(repos) => repos.iter().cloned().collect(),
+                None => Vec::new(),
+            }
+        };
+        let remember = || {
+            self.known
+                .lock()
+                .expect("known lock")
+                .entry(key.clone())
+                .or_default()
+                .insert(repository.clone());
+        };
         if self.blob_exists(reference, digest).await? {
+            remember();
+            skipped(progress);
             return Ok(false);
         }
         self.authenticate(reference, RegistryOperation::Push)
             .await?;
-        self.client
-            .push_blob(reference, bytes.to_vec(), digest)
-            .await
-            .map_err(|e| self.fail(reference, &format!("upload blob {digest}"), e))?;
+        for source_repo in elsewhere {
+            let Ok(source) =
+                parse_reference(&format!("{}/{source_repo}:latest", reference.registry()))
+            else {
+                continue;
+            };
+            let mounted = self
+                .call(reference, &format!("mount blob {digest}"), |c, _| {
+                    c.mount_blob(reference, &source, digest)
+                })
+                .await;
+            // A registry that declines the mount answers 202 and we upload instead.
+            if mounted.is_ok() && self.blob_exists(reference, digest).await? {
+                remember();
+                skipped(progress);
+                return Ok(false);
+            }
+        }
+        let what = format!("upload blob {digest}");
+        match body {
+            Body::File { path, size } => {
+                let counter = progress.map(|p| p.counter());
+                self.call(reference, &what, |c, _| {
+                    let counter = counter.clone();
+                    async move {
+                        let file = tokio::fs::File::open(path).await?;
+                        // Bytes sent by a failed attempt are taken back before the retry.
+                        let sent = Arc::new(AtomicU64::new(0));
+                        let sent_here = sent.clone();
+                        let counted = counter.clone();
+                        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
+                            .inspect_ok(move |chunk| {
+                                sent_here.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                if let Some(c) = &counted {
+                                    c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                }
+                            })
+                            .map_err(OciDistributionError::IoError);
+                        let result = c
+                            .push_blob_stream(reference, stream, digest, Some(size))
+                            .await;
+                        if result.is_err() {
+                            if let Some(c) = &counter {
+                                c.fetch_sub(sent.load(Ordering::Relaxed), Ordering::Relaxed);
+                            }
+                        }
+                        result
+                    }
+                })
+                .await?;
+                if let Some(p) = progress {
+                    p.report();
+                }
+            }
+            Body::Bytes(bytes) => {
+                let bytes = bytes::Bytes::copy_from_slice(bytes);
+                self.call(reference, &what, |c, _| {
+                    let bytes = bytes.clone();
+                    async move { c.push_blob(reference, bytes, digest).await }
+                })
+                .await?;
+            }
+        }
+        remember();
         Ok(true)
     }
 
@@ -183,25 +510,29 @@ impl Registry {
     ) -> Result<()> {
         self.authenticate(reference, RegistryOperation::Push)
             .await?;
-        let content_type = manifest
-            .media_type
-            .parse()
-            .expect("media types are valid header values");
-        self.client
-            .push_manifest_raw(reference, manifest.bytes.clone(), content_type)
-            .await
-            .map(|_| ())
-            .map_err(|e| self.fail(reference, "push manifest", e))
+        self.call(reference, "push manifest", |c, _| async move {
+            {
+                let content_type = manifest
+                    .media_type
+                    .parse()
+                    .expect("media types are valid header values");
+                c.push_manifest_raw(reference, manifest.bytes.clone(), content_type)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await
     }
 
     /// Reads a manifest; oci-client checks the body against the requested digest or the
     /// registry's Docker-Content-Digest. Returns the bytes and their digest.
     pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
         let (bytes, digest) = self
-            .client
-            .pull_manifest_raw(reference, &self.auth, oci::ACCEPTED_MANIFESTS)
-            .await
-            .map_err(|e| self.fail(reference, "read manifest", e))?;
+            .call(reference, "read manifest", |c, auth| async move {
+                c.pull_manifest_raw(reference, &auth, oci::ACCEPTED_MANIFESTS)
+                    .await
+            })
+            .await?;
         if bytes.len() > MAX_JSON_BLOB {
             return Err(Error::Registry {
                 registry: reference.registry().to_string(),
@@ -215,23 +546,30 @@ impl Registry {
         Ok((bytes.to_vec(), digest))
     }
 
-    /// Reads a small JSON blob (an image config) and checks its digest.
-    pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
+    async fn open_blob(
+        &self,
+        reference: &Reference,
+        digest: &str,
+    ) -> Result<oci_client::client::SizedStream> {
         let layer = oci_client::manifest::OciDescriptor {
             digest: digest.to_string(),
             ..Default::default()
         };
+        self.call(reference, &format!("read blob {digest}"), |c, _| {
+            c.pull_blob_stream(reference, &layer)
+        })
+        .await
+    }
+
+    /// Reads a small JSON blob (an image config) and checks its digest.
+    pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
         let mut out = Vec::new();
-        let mut stream = self
-            .client
-            .pull_blob_stream(reference, &layer)
-            .await
-            .map_err(|e| self.fail(reference, &format!("read blob {digest}"), e))?;
-        while let Some(chunk) = stream
-            .try_next()
-            .await
-            .map_err(|e| self.fail(reference, &format!("read blob {digest}"), e.into()))?
-        {
+        let mut stream = self.open_blob(reference, digest).await?;
+        while let Some(chunk) = stream.try_next().await.map_err(|e| {
+            let e: OciDistributionError = e.into();
+            let failure = classify(&e);
+            registry_error(reference, &format!("read blob {digest}"), e, failure, 1)
+        })? {
             out.extend_from_slice(&chunk);
             if out.len() > MAX_JSON_BLOB {
                 return Err(Error::Registry {
@@ -253,16 +591,7 @@ impl Registry {
         reference: &Reference,
         digest: &str,
     ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
-        let layer = oci_client::manifest::OciDescriptor {
-            digest: digest.to_string(),
-            ..Default::default()
-        };
-        let stream = self
-            .client
-            .pull_blob_stream(reference, &layer)
-            .await
-            .map_err(|e| self.fail(reference, &format!("read blob {digest}"), e))?;
-        Ok(stream.stream)
+        Ok(self.open_blob(reference, digest).await?.stream)
     }
 }
 
@@ -275,26 +604,128 @@ fn digest_mismatch(reference: &Reference, expected: &str, computed: &str) -> Err
     }
 }
 
-fn registry_error(reference: &Reference, what: &str, error: OciDistributionError) -> Error {
+/// The error and its sources, on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = e.source();
+    }
+    strip_urls(&one_line(&text))
+}
+
+/// URLs in error text lose any `user:pass@` and query string (upload state, tokens).
+fn strip_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | ',' | '"' | '\''))
+            .unwrap_or(rest.len());
+        let url = &rest[..end];
+        let url = match url.find('/') {
+            Some(slash) => match url[..slash].rfind('@') {
+                Some(a) => &url[a + 1..],
+                None => url,
+            },
+            None => url.rsplit('@').next().unwrap_or(url),
+        };
+        out.push_str(url.split('?').next().unwrap_or(url));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn status_of(error: &OciDistributionError) -> Option<u16> {
+    match error {
+        OciDistributionError::RequestError(e) => e.status().map(|s| s.as_u16()),
+        OciDistributionError::ServerError { code, .. } => Some(*code),
+        OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::AuthenticationFailure(_) => Some(401),
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let text = envelope.to_string().to_ascii_uppercase();
+            if text.contains("TOOMANYREQUESTS") {
+                Some(429)
+            } else if text.contains("UNAUTHORIZED") {
+                Some(401)
+            } else if text.contains("DENIED") {
+                Some(403)
+            } else {
+                Some(400)
+            }
+        }
+        _ => None,
+    }
+}
+
+/// 5xx, 429 and transport failures (resets, timeouts, refused connections) are
+/// transient; 4xx answers, certificate problems and local errors are not.
+fn classify(error: &OciDistributionError) -> Failure {
+    if let Some(code) = status_of(error) {
+        return match code {
+            // oci-client does not expose response headers, so Retry-After cannot be read;
+            // wait at least its common value.
+            429 => Failure::Transient(Duration::from_secs(1)),
+            500..=599 => Failure::Transient(Duration::ZERO),
+            _ => Failure::Permanent,
+        };
+    }
+    match error {
+        OciDistributionError::RequestError(_) | OciDistributionError::IoError(_) => {
+            let text = chain(error).to_ascii_lowercase();
+            if text.contains("certificate") || text.contains("unknownissuer") {
+                Failure::Tls
+            } else {
+                Failure::Transient(Duration::ZERO)
+            }
+        }
+        _ => Failure::Permanent,
+    }
+}
+
+fn registry_error(
+    reference: &Reference,
+    what: &str,
+    error: OciDistributionError,
+    failure: Failure,
+    attempts: u32,
+) -> Error {
     let registry = reference.registry().to_string();
-    let detail = error.to_string();
-    let unauthorized = matches!(
-        &error,
-        OciDistributionError::AuthenticationFailure(_)
-            | OciDistributionError::UnauthorizedError { .. }
-    ) || detail.contains("401")
-        || detail.to_ascii_lowercase().contains("unauthorized");
-    let message = if unauthorized {
+    let detail = chain(&error);
+    let status = status_of(&error);
+    let message = if matches!(status, Some(401)) {
         format!(
-            "401 unauthorized: cannot {what} for {registry}: check credentials for this registry"
+            "401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"
         )
-    } else if matches!(&error, OciDistributionError::RequestError(_)) {
+    } else if matches!(status, Some(403)) {
+        format!("403 denied: cannot {what} for {reference}: the credentials for {registry} lack permission for this repository")
+    } else if failure == Failure::Tls {
         format!(
-            "cannot {what} of {reference}: {}; is the registry running and reachable?",
-            one_line(&detail)
+            "TLS: cannot {what} for {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}",
+            certs_d_root().join(&registry).join("ca.crt").display()
         )
+    } else if matches!(failure, Failure::Transient(_)) {
+        let tries = if attempts > 1 {
+            format!(" after {attempts} attempts")
+        } else {
+            String::new()
+        };
+        let hint = if status.is_none() {
+            "; is the registry running and reachable?"
+        } else {
+            "; the registry keeps failing, try again later"
+        };
+        format!("cannot {what} for {reference}{tries}: {detail}{hint}")
     } else {
-        format!("cannot {what} of {reference}: {}", one_line(&detail))
+        format!("cannot {what} for {reference}: {detail}")
     };
     Error::Registry { registry, message }
 }
@@ -336,6 +767,41 @@ impl BlobProgress<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_urls_lose_credentials_and_queries() {
+        assert_eq!(
+            strip_urls("url (http://u:p@h:1/v2/x?_state=abc&digest=d), code: 500"),
+            "url (http://h:1/v2/x), code: 500"
+        );
+    }
+
+    #[test]
+    fn retries_back_off_within_bounds() {
+        let p = RetryPolicy::default();
+        for attempt in 1..10 {
+            let d = p.delay(attempt);
+            assert!(d <= p.max_delay.mul_f64(1.5), "{attempt}: {d:?}");
+        }
+        assert!(p.delay(1) >= p.base / 2 && p.delay(1) < p.base * 3 / 2);
+    }
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let server = |code| OciDistributionError::ServerError {
+            code,
+            url: "http://h/v2/".into(),
+            message: String::new(),
+        };
+        assert_eq!(classify(&server(503)), Failure::Transient(Duration::ZERO));
+        assert_eq!(
+            classify(&server(429)),
+            Failure::Transient(Duration::from_secs(1))
+        );
+        for code in [400, 401, 403, 404] {
+            assert_eq!(classify(&server(code)), Failure::Permanent, "{code}");
+        }
+    }
 
     #[test]
     fn loopback_registries_are_plain_http() {

@@ -1,0 +1,451 @@
+//! Registry reality: credentials as Docker finds them, TLS trust, transient faults and
+//! atomic publishing, against real `docker-registry` instances (and a fault proxy).
+
+#[path = "support/proxy.rs"]
+mod proxy;
+mod support;
+
+use proxy::{Fault, Proxy, Rule};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{polyarch, unique_name, Registry};
+
+/// A FROM-scratch context holding Debian's static busybox for each platform.
+fn hello_context(dir: &Path, dockerfile: &str) {
+    std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
+    for arch in ["amd64", "arm64"] {
+        let bin = dir.join("bin").join(arch);
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::copy(support::busybox(arch), bin.join("busybox")).unwrap();
+    }
+}
+
+const HELLO: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"echo\", \"hello\"]\n";
+
+fn write_project(dir: &Path, repository: &str, tags: &str, platforms: &str) -> PathBuf {
+    let file = dir.join("polyarch.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: {tags}\n    context: .\n    platforms: {platforms}\n"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// A project for `repository` in a fresh dir, plus an empty DOCKER_CONFIG dir.
+struct Project {
+    dir: tempfile::TempDir,
+    file: PathBuf,
+}
+
+impl Project {
+    fn new(repository: &str, platforms: &str) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        hello_context(dir.path(), HELLO);
+        let file = write_project(dir.path(), repository, "[v1]", platforms);
+        std::fs::create_dir_all(dir.path().join("docker-config")).unwrap();
+        Project { dir, file }
+    }
+
+    fn record(&self) -> PathBuf {
+        self.dir.path().join("coverage.json")
+    }
+
+    fn docker_config(&self) -> PathBuf {
+        self.dir.path().join("docker-config")
+    }
+
+    /// `polyarch build` with an isolated environment (no host Docker config or CA).
+    fn build(&self) -> Command {
+        let mut cmd = polyarch();
+        cmd.args(["build", "-f"])
+            .arg(&self.file)
+            .arg("--record")
+            .arg(self.record())
+            .env("DOCKER_CONFIG", self.docker_config())
+            .env("POLYARCH_CERTS_D", self.dir.path().join("no-certs.d"))
+            .env("POLYARCH_RETRY_BASE_MS", "50")
+            .env_remove("SSL_CERT_FILE");
+        cmd
+    }
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run polyarch")
+}
+
+fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn polyarch");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn assert_exit(out: &Output, code: i32) {
+    assert_eq!(out.status.code(), Some(code), "{}", text(out));
+}
+
+/// Digest of what `reference` resolves to, read from the registry with skopeo.
+fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
+    let mut cmd = Command::new("skopeo");
+    cmd.args(["inspect", "--tls-verify=false", "--raw"]);
+    if let Some((u, p)) = creds {
+        cmd.arg("--creds").arg(format!("{u}:{p}"));
+    }
+    let out = cmd
+        .arg(format!("docker://{reference}"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "skopeo: {}", text(&out));
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
+}
+
+const USER: &str = "polyuser";
+const PASS: &str = "s3cret-Pa55-7f3a";
+
+#[test]
+fn htpasswd_registry_accepts_cli_config_and_helper_credentials() {
+    let registry = Registry::start_htpasswd(USER, PASS);
+    let project = Project::new(&registry.repo(&unique_name("auth/hello")), "[linux/amd64]");
+
+    let out = run_with_stdin(
+        project
+            .build()
+            .args(["--username", USER, "--password-stdin"]),
+        &format!("{PASS}\n"),
+    );
+    assert_exit(&out, 0);
+
+    // `auths` with base64 user:pass under an https:// key, as `docker login` writes.
+    let auth = base64(&format!("{USER}:{PASS}"));
+    std::fs::write(
+        project.docker_config().join("config.json"),
+        format!(
+            "{{\"auths\":{{\"https://{}\":{{\"auth\":\"{auth}\"}}}}}}",
+            registry.host
+        ),
+    )
+    .unwrap();
+    let out = run(&mut project.build());
+    assert_exit(&out, 0);
+
+    // credsStore: a helper on PATH that only knows this registry.
+    let bin = project.dir.path().join("bin-helper");
+    std::fs::create_dir_all(&bin).unwrap();
+    let helper = bin.join("docker-credential-polyarchtest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = get ] || exit 1\nserver=$(cat)\nif [ \"$server\" = \"{}\" ]; then\n  printf '{{\"ServerURL\":\"%s\",\"Username\":\"{USER}\",\"Secret\":\"{PASS}\"}}' \"$server\"\nelse\n  echo 'credentials not found in native keychain'; exit 1\nfi\n",
+            registry.host
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        project.docker_config().join("config.json"),
+        "{\"auths\":{},\"credsStore\":\"polyarchtest\"}",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = run(project.build().env("PATH", path));
+    assert_exit(&out, 0);
+}
+
+#[test]
+fn wrong_password_fails_first_without_building_or_leaking() {
+    let registry = Registry::start_htpasswd(USER, PASS);
+    let project = Project::new(&registry.repo(&unique_name("auth/hello")), "[linux/amd64]");
+    let wrong = "wr0ng-Secret-91c2";
+    // The config file has a wrong password too: the CLI one must be the one used.
+    std::fs::write(
+        project.docker_config().join("config.json"),
+        format!(
+            "{{\"auths\":{{\"{}\":{{\"auth\":\"{}\"}}}}}}",
+            registry.host,
+            base64(&format!("{USER}:{PASS}x"))
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = run_with_stdin(
+        project
+            .build()
+            .args(["--username", USER, "--password-stdin", "-v"]),
+        &format!("{wrong}\n"),
+    );
+    let took = started.elapsed();
+    eprintln!("{}", text(&out));
+    assert_exit(&out, 3);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("registry {}", registry.host))
+            && stderr.contains("401 unauthorized")
+            && stderr.contains("check credentials for this registry"),
+        "{}",
+        text(&out)
+    );
+    assert!(
+        !stderr.contains("building with") && !stderr.contains("polyarch-build/"),
+        "a build started: {}",
+        text(&out)
+    );
+    let record = std::fs::read_to_string(project.record()).unwrap_or_default();
+    for secret in [wrong, PASS] {
+        for (name, haystack) in [
+            ("stdout", String::from_utf8_lossy(&out.stdout).into_owned()),
+            ("stderr", stderr.to_string()),
+            ("record", record.clone()),
+        ] {
+            assert!(!haystack.contains(secret), "{name} leaks a password");
+        }
+    }
+}
+
+#[test]
+fn tls_registry_is_trusted_through_ca_cert_or_certs_d_only() {
+    let registry = Registry::start_tls();
+    let project = Project::new(&registry.repo(&unique_name("tls/hello")), "[linux/amd64]");
+
+    let out = run(&mut project.build());
+    eprintln!("{}", text(&out));
+    assert_exit(&out, 3);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("registry {}", registry.host))
+            && stderr.contains("TLS")
+            && stderr.contains("--ca-cert")
+            && stderr.contains("ca.crt")
+            && !stderr.contains("building with"),
+        "{}",
+        text(&out)
+    );
+
+    let out = run(project
+        .build()
+        .arg("--ca-cert")
+        .arg(registry.ca_cert_path()));
+    assert_exit(&out, 0);
+
+    let certs_d = project.dir.path().join("certs.d");
+    std::fs::create_dir_all(certs_d.join(&registry.host)).unwrap();
+    std::fs::copy(
+        registry.ca_cert_path(),
+        certs_d.join(&registry.host).join("ca.crt"),
+    )
+    .unwrap();
+    let out = run(project.build().env("POLYARCH_CERTS_D", &certs_d));
+    assert_exit(&out, 0);
+}
+
+#[test]
+fn transient_faults_are_retried_and_the_index_verifies() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let name = unique_name("faults/hello");
+    let project = Project::new(&proxy.repo(&name), "[linux/amd64, linux/arm64]");
+
+    // Connection dropped mid-upload, 503 once on a HEAD, 500 once on starting an upload,
+    // 429 with Retry-After on the index, a slow manifest read.
+    proxy.add(Rule::new(
+        "PUT",
+        "/blobs/uploads/",
+        Fault::Drop { after_bytes: 4096 },
+    ));
+    proxy.add(Rule::new(
+        "HEAD",
+        "/blobs/sha256:",
+        Fault::Status {
+            code: 503,
+            retry_after: None,
+        },
+    ));
+    proxy.add(Rule::new(
+        "POST",
+        "/blobs/uploads/",
+        Fault::Status {
+            code: 500,
+            retry_after: None,
+        },
+    ));
+    proxy.add(Rule::new(
+        "PUT",
+        "/manifests/v1",
+        Fault::Status {
+            code: 429,
+            retry_after: Some(1),
+        },
+    ));
+    proxy.add(Rule::new(
+        "GET",
+        "/manifests/",
+        Fault::Delay(Duration::from_millis(1500)),
+    ));
+    let started = Instant::now();
+    let out = run(&mut project.build());
+    assert_exit(&out, 0);
+    let log = proxy.log();
+    eprintln!("{}\n{log:#?}", text(&out));
+    for fault in ["Drop {", "code: 503", "code: 500", "code: 429", "Delay("] {
+        assert!(
+            log.iter().any(|l| l.contains(fault)),
+            "{fault} never fired: {log:#?}"
+        );
+    }
+    // The record's index is what the tag resolves to.
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(project.record()).unwrap()).unwrap();
+    let digest = skopeo_digest(&registry.repo(&format!("{name}:v1")), None);
+    assert!(
+        record.to_string().contains(&digest),
+        "record lacks {digest}: {record}"
+    );
+    eprintln!("faulty run took {:?}", started.elapsed());
+}
+
+#[test]
+fn permanent_upload_failure_exits_3_and_keeps_the_old_tag() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let name = unique_name("atomic/hello");
+    let project = Project::new(&proxy.repo(&name), "[linux/amd64]");
+    let out = run(&mut project.build());
+    assert_exit(&out, 0);
+    let old = skopeo_digest(&registry.repo(&format!("{name}:v1")), None);
+
+    // A different config blob, so something has to be uploaded.
+    std::fs::write(
+        project.dir.path().join("Dockerfile"),
+        format!("{HELLO}LABEL run=\"{}\"\n", unique_name("second")),
+    )
+    .unwrap();
+    proxy.add(
+        Rule::new(
+            "PUT",
+            "/blobs/uploads/",
+            Fault::Status {
+                code: 500,
+                retry_after: None,
+            },
+        )
+        .always(),
+    );
+    let started = Instant::now();
+    let out = run(&mut project.build());
+    eprintln!("{}", text(&out));
+    assert_exit(&out, 3);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("registry {}", proxy.host))
+            && stderr.contains("upload blob sha256:")
+            && stderr.contains("after 5 attempts"),
+        "{}",
+        text(&out)
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(
+        skopeo_digest(&registry.repo(&format!("{name}:v1")), None),
+        old,
+        "the tag moved although the push failed"
+    );
+}
+
+fn base64(input: &str) -> String {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = input.as_bytes();
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(A[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn shared_layers_upload_once_and_mount_across_repositories() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\n",
+    );
+    let (a, b) = (unique_name("shared/a"), unique_name("shared/b"));
+    let file = dir.path().join("polyarch.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  a:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n  b:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n",
+            proxy.repo(&a),
+            proxy.repo(&b)
+        ),
+    )
+    .unwrap();
+    let out = run(polyarch()
+        .args(["build", "-j", "4", "-f"])
+        .arg(&file)
+        .env("DOCKER_CONFIG", dir.path()));
+    assert_exit(&out, 0);
+    let index = support::skopeo_inspect_raw(&registry.repo(&format!("{a}:v1")));
+    let manifest = support::skopeo_inspect_raw(&format!(
+        "{}@{}",
+        registry.repo(&a),
+        index["manifests"][0]["digest"].as_str().unwrap()
+    ));
+    let layer = manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let log = proxy.log();
+    let puts = log
+        .iter()
+        .filter(|l| l.starts_with("PUT ") && l.contains(&layer.replace(':', "%3A")))
+        .count();
+    let mounts = log
+        .iter()
+        .filter(|l| l.starts_with("POST ") && l.contains("mount="))
+        .count();
+    assert_eq!(puts, 1, "layer {layer} uploaded {puts} times: {log:#?}");
+    assert!(mounts >= 1, "no cross-repository mount: {log:#?}");
+}
