@@ -154,11 +154,11 @@ pub fn image_index(entries: &[IndexEntry]) -> Result<ManifestBlob, String> {
 pub enum Parsed {
     Index {
         media_type: String,
-        index: ImageIndex,
+        index: Box<ImageIndex>,
     },
     Image {
         media_type: String,
-        manifest: ImageManifest,
+        manifest: Box<ImageManifest>,
     },
     /// A media type polyarch does not know (reported, not fatal).
     Unknown { media_type: String },
@@ -187,14 +187,17 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, String> {
         OCI_INDEX | DOCKER_LIST => {
             let index = ImageIndex::from_reader(bytes)
                 .map_err(|e| format!("index ({media_type}) is malformed: {e}"))?;
-            Ok(Parsed::Index { media_type, index })
+            Ok(Parsed::Index {
+                media_type,
+                index: Box::new(index),
+            })
         }
         OCI_MANIFEST | DOCKER_MANIFEST => {
             let manifest = ImageManifest::from_reader(bytes)
                 .map_err(|e| format!("image manifest ({media_type}) is malformed: {e}"))?;
             Ok(Parsed::Image {
                 media_type,
-                manifest,
+                manifest: Box::new(manifest),
             })
         }
         _ => Ok(Parsed::Unknown { media_type }),

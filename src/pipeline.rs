@@ -375,7 +375,7 @@ pub async fn verify_image(
         reference: format!("{}:{}", image.repository, image.tags[0]),
         tags: image.tags.clone(),
         declared: image.platforms.clone(),
-        deep: deep,
+        deep,
     };
     let source = RegistrySource {
         registry,
@@ -548,7 +548,7 @@ pub async fn verify_reference(
             reference: reference.to_string(),
             tags: tag.iter().cloned().collect(),
             declared: declared.to_vec(),
-            deep: deep,
+            deep,
         };
         let source = LayoutSource {
             layout: OciLayout::open(&dir)?,
@@ -575,7 +575,7 @@ pub async fn verify_reference(
             Vec::new()
         },
         declared: declared.to_vec(),
-        deep: deep,
+        deep,
     };
     let source = RegistrySource {
         registry: &registry,

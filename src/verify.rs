@@ -215,7 +215,7 @@ fn unreadable(target: &Target, message: &str) -> Error {
 /// Flattens (possibly nested) indexes into platform entries, setting aside attestations.
 async fn collect_entries<S: ContentSource>(
     source: &S,
-    index: oci_spec::image::ImageIndex,
+    index: Box<oci_spec::image::ImageIndex>,
     depth: usize,
     entries: &mut Vec<Entry>,
     attestations: &mut Vec<String>,
