@@ -4,37 +4,11 @@
 mod support;
 
 use serde_json::Value;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use support::{polyarch, skopeo_config, skopeo_inspect_raw, unique_name, Registry};
-
-/// A FROM-scratch context holding Debian's static busybox for each platform.
-fn hello_context(dir: &Path, dockerfile: &str) {
-    std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
-    for arch in ["amd64", "arm64"] {
-        let bin = dir.join("bin").join(arch);
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::copy(support::busybox(arch), bin.join("busybox")).unwrap();
-    }
-}
-
-const HELLO: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"echo\", \"hello\"]\n";
-
-fn write_project(dir: &Path, repository: &str, tags: &str, platforms: &str) -> PathBuf {
-    let file = dir.join("polyarch.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: {tags}\n    context: .\n    platforms: {platforms}\n"
-        ),
-    )
-    .unwrap();
-    file
-}
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("run polyarch")
-}
+use std::process::{Command, Output};
+use support::{
+    hello_context, polyarch, run, skopeo_config, skopeo_digest, skopeo_inspect_raw, unique_name,
+    write_project, Registry, HELLO,
+};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -54,17 +28,6 @@ fn tags_of(reference_repo: &str) -> Vec<String> {
         .as_array()
         .map(|t| t.iter().map(|x| x.as_str().unwrap().to_string()).collect())
         .unwrap_or_default()
-}
-
-fn skopeo_digest(reference: &str) -> String {
-    let out = Command::new("skopeo")
-        .args(["inspect", "--tls-verify=false", "--raw"])
-        .arg(format!("docker://{reference}"))
-        .output()
-        .unwrap();
-    // The digest of a manifest is the sha256 of its raw bytes.
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
 }
 
 #[test]
@@ -118,8 +81,8 @@ fn two_platform_image_is_one_index_with_exactly_the_declared_platforms() {
     }
 
     // Two tags, one index; no per-platform tags left behind.
-    let v1 = skopeo_digest(&format!("{repo}:v1"));
-    assert_eq!(v1, skopeo_digest(&format!("{repo}:latest")));
+    let v1 = skopeo_digest(&format!("{repo}:v1"), None);
+    assert_eq!(v1, skopeo_digest(&format!("{repo}:latest"), None));
     let mut tags = tags_of(&repo);
     tags.sort();
     assert_eq!(tags, ["latest", "v1"]);

@@ -7,34 +7,12 @@ mod support;
 
 use proxy::{Fault, Proxy, Rule};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{polyarch, unique_name, Registry};
-
-/// A FROM-scratch context holding Debian's static busybox for each platform.
-fn hello_context(dir: &Path, dockerfile: &str) {
-    std::fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
-    for arch in ["amd64", "arm64"] {
-        let bin = dir.join("bin").join(arch);
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::copy(support::busybox(arch), bin.join("busybox")).unwrap();
-    }
-}
-
-const HELLO: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"echo\", \"hello\"]\n";
-
-fn write_project(dir: &Path, repository: &str, tags: &str, platforms: &str) -> PathBuf {
-    let file = dir.join("polyarch.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: {tags}\n    context: .\n    platforms: {platforms}\n"
-        ),
-    )
-    .unwrap();
-    file
-}
+use support::{
+    hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
+};
 
 /// A project for `repository` in a fresh dir, plus an empty DOCKER_CONFIG dir.
 struct Project {
@@ -74,10 +52,6 @@ impl Project {
     }
 }
 
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null()).output().expect("run polyarch")
-}
-
 fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -105,23 +79,6 @@ fn text(out: &Output) -> String {
 
 fn assert_exit(out: &Output, code: i32) {
     assert_eq!(out.status.code(), Some(code), "{}", text(out));
-}
-
-/// Digest of what `reference` resolves to, read from the registry with skopeo.
-fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
-    let mut cmd = Command::new("skopeo");
-    cmd.args(["inspect", "--tls-verify=false", "--raw"]);
-    if let Some((u, p)) = creds {
-        cmd.arg("--creds").arg(format!("{u}:{p}"));
-    }
-    let out = cmd
-        .arg(format!("docker://{reference}"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "skopeo: {}", text(&out));
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
 }
 
 const USER: &str = "polyuser";

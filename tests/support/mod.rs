@@ -490,3 +490,52 @@ fn make_test_pki(dir: &Path) {
     fs::create_dir_all(p("certs.d")).unwrap();
     fs::copy(p("ca.crt"), p("certs.d/ca.crt")).unwrap();
 }
+
+/// The Dockerfile of the FROM-scratch busybox fixture: one static binary per platform.
+pub const HELLO: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"echo\", \"hello\"]\n";
+
+/// A FROM-scratch context holding Debian's static busybox for each platform.
+pub fn hello_context(dir: &Path, dockerfile: &str) {
+    fs::write(dir.join("Dockerfile"), dockerfile).unwrap();
+    for arch in ["amd64", "arm64"] {
+        let bin = dir.join("bin").join(arch);
+        fs::create_dir_all(&bin).unwrap();
+        fs::copy(busybox(arch), bin.join("busybox")).unwrap();
+    }
+}
+
+/// A one-image `polyarch.yaml` in `dir` (context `.`).
+pub fn write_project(dir: &Path, repository: &str, tags: &str, platforms: &str) -> PathBuf {
+    let file = dir.join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: {tags}\n    context: .\n    platforms: {platforms}\n"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// Runs a command with no standard input.
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.stdin(Stdio::null()).output().expect("run command")
+}
+
+/// Digest of what `reference` resolves to, read from the registry with skopeo: the
+/// sha256 of the manifest's raw bytes.
+pub fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
+    let mut cmd = Command::new("skopeo");
+    cmd.args(["inspect", "--tls-verify=false", "--raw"]);
+    if let Some((u, p)) = creds {
+        cmd.arg("--creds").arg(format!("{u}:{p}"));
+    }
+    let out = run(cmd.arg(docker_ref(reference)));
+    assert!(
+        out.status.success(),
+        "skopeo inspect {reference}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
+}
