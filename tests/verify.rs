@@ -1,0 +1,273 @@
+//! Verification-only mode and the deploy gate against a real registry holding what other
+//! tools push: single-arch tags, attestation entries, lying platforms, foreign binaries.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::{Command, Output};
+use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+fn curl(args: &[&str]) -> Vec<u8> {
+    let out = run(Command::new("curl").args(["-fsS"]).args(args));
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn get_manifest(registry: &Registry, repo: &str, reference: &str) -> Vec<u8> {
+    let url = format!("http://{}/v2/{repo}/manifests/{reference}", registry.host);
+    curl(&["-H", &format!("Accept: {INDEX}, {MANIFEST}"), &url])
+}
+
+fn put_manifest(registry: &Registry, repo: &str, reference: &str, body: &[u8], media_type: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("m.json");
+    std::fs::write(&file, body).unwrap();
+    let url = format!("http://{}/v2/{repo}/manifests/{reference}", registry.host);
+    curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        &format!("Content-Type: {media_type}"),
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &url,
+    ]);
+}
+
+fn build(dir: &Path, dockerfile: &str, repository: &str, platforms: &str) {
+    std::fs::create_dir_all(dir).unwrap();
+    hello_context(dir, dockerfile);
+    let file = write_project(dir, repository, "[v1]", platforms);
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn verify(reference: &str, platforms: &str, extra: &[&str]) -> (Output, Value) {
+    let out = run(polyarch()
+        .args([
+            "verify",
+            reference,
+            "--platform",
+            platforms,
+            "--output-format",
+            "json",
+        ])
+        .args(extra));
+    let record = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    (out, record)
+}
+
+fn entry(digest: &str, size: u64, arch: &str) -> Value {
+    json!({"mediaType": MANIFEST, "digest": digest, "size": size, "platform": {"architecture": arch, "os": "linux"}})
+}
+
+#[test]
+fn verify_finds_every_kind_of_gap_in_what_registries_hold() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("verify");
+    let good = format!("{name}/good");
+    build(
+        &dir.path().join("good"),
+        HELLO,
+        &registry.repo(&good),
+        "[linux/amd64, linux/arm64]",
+    );
+    let index: Value = serde_json::from_slice(&get_manifest(&registry, &good, "v1")).unwrap();
+    let (amd, arm) = (&index["manifests"][0], &index["manifests"][1]);
+    let amd_digest = amd["digest"].as_str().unwrap();
+    let (amd_size, arm_size) = (amd["size"].as_u64().unwrap(), arm["size"].as_u64().unwrap());
+    let arm_digest = arm["digest"].as_str().unwrap();
+    let both = "linux/amd64,linux/arm64";
+
+    let (out, record) = verify(&registry.repo(&format!("{good}:v1")), both, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(record["covered"], true);
+    let pinned = record["images"][0]["pinned"].as_str().unwrap().to_string();
+
+    // A digest reference verifies the same content.
+    let (out, _) = verify(&pinned, both, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{pinned}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A single-platform tag (as a plain `docker push` makes) misses arm64.
+    let single = get_manifest(&registry, &good, amd_digest);
+    put_manifest(&registry, &good, "amd-only", &single, MANIFEST);
+    let (out, record) = verify(&registry.repo(&format!("{good}:amd-only")), both, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(record["images"][0]["missing"], json!(["linux/arm64"]));
+    assert_eq!(record["images"][0]["platforms"][0]["status"], "ok");
+
+    // buildx-style attestation entries are a gap.
+    let mut attestation = entry(amd_digest, amd_size, "unknown");
+    attestation["platform"]["os"] = json!("unknown");
+    attestation["annotations"] = json!({"vnd.docker.reference.type": "attestation-manifest", "vnd.docker.reference.digest": amd_digest});
+    let with_attestation =
+        json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [amd, arm, attestation]});
+    put_manifest(
+        &registry,
+        &good,
+        "attested",
+        with_attestation.to_string().as_bytes(),
+        INDEX,
+    );
+    let (out, record) = verify(&registry.repo(&format!("{good}:attested")), both, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(record["images"][0]["attestations"], json!([amd_digest]));
+    assert_eq!(record["images"][0]["missing"], json!([]));
+    let text = run(polyarch().args([
+        "verify",
+        &registry.repo(&format!("{good}:attested")),
+        "--platform",
+        both,
+    ]));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("unknown media type"));
+
+    // Entries whose platform disagrees with their config.
+    let swapped = json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [entry(arm_digest, arm_size, "amd64"), entry(amd_digest, amd_size, "arm64")]});
+    put_manifest(
+        &registry,
+        &good,
+        "swapped",
+        swapped.to_string().as_bytes(),
+        INDEX,
+    );
+    let (out, record) = verify(&registry.repo(&format!("{good}:swapped")), both, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    for platform in record["images"][0]["platforms"].as_array().unwrap() {
+        assert_eq!(platform["status"], "config_mismatch", "{platform}");
+    }
+
+    // An unreachable reference is exit 3, naming it.
+    let (out, _) = verify(&registry.repo(&format!("{good}:nope")), both, &[]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":nope"));
+}
+
+#[test]
+fn deep_verify_catches_an_arm64_entry_holding_an_x86_64_binary() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let liar = registry.repo(&unique_name("verify/liar"));
+    // COPY-only: builds for arm64 without emulation, but ships the amd64 binary.
+    let dockerfile = "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"true\"]\n";
+    build(dir.path(), dockerfile, &liar, "[linux/arm64]");
+    let reference = format!("{liar}:v1");
+
+    let (out, _) = verify(&reference, "linux/arm64", &[]);
+    assert_eq!(out.status.code(), Some(0), "configs alone look fine");
+    let (out, record) = verify(&reference, "linux/arm64", &["--deep"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let platform = &record["images"][0]["platforms"][0];
+    assert_eq!(platform["status"], "binary_mismatch");
+    let detail = platform["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("/bin/busybox") && detail.contains("x86-64"),
+        "{detail}"
+    );
+
+    let honest = registry.repo(&unique_name("verify/honest"));
+    build(
+        &dir.path().join("honest"),
+        HELLO,
+        &honest,
+        "[linux/amd64, linux/arm64]",
+    );
+    let (out, record) = verify(
+        &format!("{honest}:v1"),
+        "linux/amd64,linux/arm64",
+        &["--deep"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        record["images"][0]["platforms"][1]["deep"]["finding"],
+        "match"
+    );
+}
+
+#[test]
+fn gate_refuses_a_deploy_that_can_land_on_a_pool_its_image_does_not_cover() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("gate/app"));
+    build(dir.path(), HELLO, &repo, "[linux/amd64]");
+    let pools = dir.path().join("pools.yaml");
+    std::fs::write(
+        &pools,
+        "pools:\n- name: general\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}\n  count: 3\n- name: graviton\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: arm64}\n  count: 2\n",
+    )
+    .unwrap();
+    let deployment = |selector: &str| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: shop}}\nspec:\n  template:\n    spec:\n{selector}      containers:\n      - name: web\n        image: {repo}:v1\n"
+        )
+    };
+    let manifests = dir.path().join("deploy.yaml");
+    let gate = |body: String| {
+        std::fs::write(&manifests, body).unwrap();
+        run(polyarch()
+            .args(["gate", "--manifests"])
+            .arg(&manifests)
+            .arg("--nodes")
+            .arg(&pools))
+    };
+
+    let refused = gate(deployment(""));
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        text.contains("graviton") && text.contains("arm64"),
+        "{text}"
+    );
+    assert!(
+        text.contains("kubernetes.io/arch"),
+        "no nodeAffinity fix offered: {text}"
+    );
+
+    let pinned = gate(deployment(
+        "      nodeSelector: {kubernetes.io/arch: amd64}\n",
+    ));
+    assert_eq!(
+        pinned.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&pinned.stdout)
+    );
+}
