@@ -38,6 +38,26 @@ impl Engine {
         Self::from_docker(docker, endpoint).await
     }
 
+    /// Connects to a builder endpoint from `builders:`: `unix:///path`, `tcp://host:port`
+    /// (plain; a TLS engine is reached through a Docker context or DOCKER_HOST), or the
+    /// name of a Docker context.
+    pub async fn connect_endpoint(endpoint: &str) -> Result<Engine> {
+        let cannot = |e: bollard::errors::Error| {
+            Error::Engine(format!("cannot connect to builder {endpoint}: {e}"))
+        };
+        let docker = if endpoint.starts_with("unix://") {
+            Docker::connect_with_socket(endpoint, 120, bollard::API_DEFAULT_VERSION)
+                .map_err(cannot)?
+        } else if endpoint.starts_with("tcp://") || endpoint.starts_with("http://") {
+            Docker::connect_with_http(endpoint, 120, bollard::API_DEFAULT_VERSION)
+                .map_err(cannot)?
+        } else {
+            let host = context_host(endpoint)?;
+            return Box::pin(Self::connect_endpoint(&host)).await;
+        };
+        Self::from_docker(docker, endpoint.to_string()).await
+    }
+
     pub async fn from_docker(docker: Docker, endpoint: String) -> Result<Engine> {
         let unreachable = |e: bollard::errors::Error| {
             Error::Engine(format!(
@@ -68,6 +88,74 @@ impl Engine {
             buildkit,
             endpoint,
         })
+    }
+}
+
+/// The engine address of a Docker context, as `docker context use NAME` would select it.
+fn context_host(name: &str) -> Result<String> {
+    use sha2::Digest;
+    let config = std::env::var_os("DOCKER_CONFIG")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".docker")))
+        .unwrap_or_default();
+    let meta = config
+        .join("contexts/meta")
+        .join(hex::encode(sha2::Sha256::digest(name.as_bytes())))
+        .join("meta.json");
+    let text = std::fs::read_to_string(&meta).map_err(|_| {
+        Error::Engine(format!(
+            "builder `{name}` is neither unix://, tcp:// nor a Docker context (no {}); create it with `docker context create {name} --docker host=…`",
+            meta.display()
+        ))
+    })?;
+    let parsed: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Engine(format!("{}: not valid JSON: {e}", meta.display())))?;
+    parsed["Endpoints"]["docker"]["Host"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| {
+            Error::Engine(format!(
+                "{}: context `{name}` has no docker endpoint",
+                meta.display()
+            ))
+        })
+}
+
+/// The engines a build uses: the default one, and a native builder per platform from
+/// the project's `builders:`.
+#[derive(Debug, Clone)]
+pub struct Builders {
+    pub default: Engine,
+    pub by_platform: std::collections::BTreeMap<Platform, Engine>,
+}
+
+impl Builders {
+    /// Connects every builder the plan needs, so an unreachable one fails before any build.
+    pub async fn connect(
+        default: Engine,
+        endpoints: &std::collections::BTreeMap<Platform, String>,
+        needed: &[Platform],
+    ) -> Result<Builders> {
+        let mut by_platform = std::collections::BTreeMap::new();
+        for (platform, endpoint) in endpoints {
+            if !needed.contains(platform) {
+                continue;
+            }
+            let engine = Engine::connect_endpoint(endpoint).await.map_err(|e| {
+                Error::Engine(format!(
+                    "builder for {platform} ({endpoint}) is unreachable: {e}"
+                ))
+            })?;
+            by_platform.insert(platform.clone(), engine);
+        }
+        Ok(Builders {
+            default,
+            by_platform,
+        })
+    }
+
+    pub fn for_platform(&self, platform: &Platform) -> &Engine {
+        self.by_platform.get(platform).unwrap_or(&self.default)
     }
 }
 

@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod cache;
 pub mod credentials;
 pub mod deep;
 pub mod dockerfile;

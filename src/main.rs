@@ -106,6 +106,10 @@ enum Command {
         /// assembled from the host's qemu-user-static when it cannot be pulled).
         #[arg(long, value_name = "IMAGE")]
         binfmt_image: Option<String>,
+        /// Split runners: push this runner's platforms by digest and record them as a part
+        /// (--record FILE) for `polyarch assemble`; no tag moves.
+        #[arg(long)]
+        push_by_digest: bool,
         /// Write an OCI image layout instead of pushing: `oci:DIR`.
         #[arg(long, value_name = "oci:DIR")]
         output: Option<String>,
@@ -137,6 +141,23 @@ enum Command {
         /// for that platform (ELF machine, class, endianness).
         #[arg(long)]
         deep: bool,
+        #[command(flatten)]
+        output: Output,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Publish the parts that split runners pushed by digest as one index per image, then
+    /// read it back. Nothing is published when a declared platform has no part or two.
+    #[command(after_help = EXIT_CODES)]
+    Assemble {
+        #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+        file: PathBuf,
+        /// Part records written by `build --push-by-digest --record FILE`.
+        #[arg(required = true, value_name = "PART")]
+        parts: Vec<PathBuf>,
+        /// Only these images (all images found in the parts by default).
+        #[arg(long = "image")]
+        images: Vec<String>,
         #[command(flatten)]
         output: Output,
         #[command(flatten)]
@@ -256,6 +277,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             jobs,
             binfmt,
             binfmt_image,
+            push_by_digest,
             output: destination,
             output_args: output,
             registry,
@@ -284,11 +306,48 @@ async fn run(command: Command) -> Result<i32, Error> {
             let reporter = reporter(&output);
             let engine = Engine::connect().await?;
             let cleanup = Cleanup::default();
+            if push_by_digest {
+                let outcome = tokio::select! {
+                    outcome = pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
+                    _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+                };
+                cleanup.run().await;
+                drop(reporter);
+                let part = outcome?;
+                if let Some(path) = &output.record {
+                    std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
+                }
+                if output.output_format == OutputFormat::Json || output.record.is_none() {
+                    println!("{}", part.to_json());
+                }
+                return Ok(exit::COVERED);
+            }
             let outcome = tokio::select! {
                 outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
                 _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
             };
-            cleanup.run(&engine).await;
+            cleanup.run().await;
+            drop(reporter);
+            finish(&outcome?, &output)
+        }
+        Command::Assemble {
+            file,
+            parts,
+            images,
+            output,
+            registry,
+        } => {
+            let project = Project::load(&file)?;
+            let parts = parts
+                .into_iter()
+                .map(|path| polyarch::record::PartRecord::load(&path).map(|part| (path, part)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let options = registry_options(&registry)?;
+            let reporter = reporter(&output);
+            let outcome = tokio::select! {
+                outcome = pipeline::assemble(&project, &parts, &images, &options, reporter.as_ref()) => outcome,
+                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+            };
             drop(reporter);
             finish(&outcome?, &output)
         }

@@ -3,15 +3,18 @@
 
 use crate::binfmt::{Emulation, EmulationStatus};
 use crate::build::{self, BuiltImage};
+use crate::cache::{CachedManifest, PushCache};
 use crate::dockerfile;
-use crate::engine::Engine;
+use crate::engine::{Builders, Engine};
 use crate::export;
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::{self, ConfigPlatform, IndexEntry, ManifestBlob};
 use crate::plan::{self, Unit};
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::{BinfmtMode, ImageSpec, Project};
-use crate::record::{BuildInfo, CoverageRecord, ImageCoverage};
+use crate::record::{
+    BuildInfo, CoverageRecord, ImageCoverage, PartImage, PartPlatform, PartRecord,
+};
 use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, RegistrySource, Target};
 use crate::{Error, Platform, Result};
@@ -73,6 +76,37 @@ impl Destination {
             }
         }
         Ok(())
+    }
+
+    /// A manifest an earlier run pushed for this very image ID, when the registry still has it.
+    async fn already_pushed(
+        &self,
+        cache: &PushCache,
+        image: &ImageSpec,
+        image_id: &str,
+    ) -> Option<CachedManifest> {
+        let Destination::Registry(r) = self else {
+            return None;
+        };
+        let cached = cache.get(&image.repository, image_id)?;
+        let reference = repository_reference(&image.repository, &image.tags[0])
+            .ok()?
+            .clone_with_digest(cached.digest.clone());
+        r.get_manifest(&reference).await.ok().map(|_| cached)
+    }
+
+    /// What a tag resolves to now (None when it does not exist yet).
+    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<String> {
+        match self {
+            Destination::Registry(r) => {
+                let reference = repository_reference(&image.repository, tag).ok()?;
+                r.get_manifest(&reference)
+                    .await
+                    .ok()
+                    .map(|(_, digest)| digest)
+            }
+            Destination::Layout(_) => None,
+        }
     }
 
     /// Stores a manifest under its digest only (no tag moves).
@@ -144,18 +178,18 @@ impl Destination {
     }
 }
 
-/// What a run created in the engine, so an interrupted or failed run can remove it.
+/// What a run created in the engines, so an interrupted or failed run can remove it.
 #[derive(Default, Clone)]
 pub struct Cleanup {
-    tags: Arc<Mutex<Vec<String>>>,
+    images: Arc<Mutex<Vec<(Engine, String)>>>,
 }
 
 impl Cleanup {
-    fn add(&self, tag: &str) {
-        self.tags
+    fn add(&self, engine: &Engine, tag: &str) {
+        self.images
             .lock()
             .expect("cleanup lock")
-            .push(tag.to_string());
+            .push((engine.clone(), tag.to_string()));
     }
 
     async fn remove(&self, engine: &Engine, tag: &str) {
@@ -167,32 +201,37 @@ impl Cleanup {
                 None,
             )
             .await;
-        self.tags.lock().expect("cleanup lock").retain(|t| t != tag);
+        self.images
+            .lock()
+            .expect("cleanup lock")
+            .retain(|(e, t)| !(t == tag && e.endpoint == engine.endpoint));
     }
 
     /// Removes every temporary image still recorded; safe to call more than once.
-    pub async fn run(&self, engine: &Engine) {
-        let tags: Vec<String> = self.tags.lock().expect("cleanup lock").clone();
-        for tag in tags {
-            self.remove(engine, &tag).await;
+    pub async fn run(&self) {
+        let images: Vec<(Engine, String)> = self.images.lock().expect("cleanup lock").clone();
+        for (engine, tag) in images {
+            self.remove(&engine, &tag).await;
         }
     }
 }
 
 /// One platform's pushed manifest plus how it was built.
 struct Pushed {
+    image: String,
     platform: Platform,
     entry: IndexEntry,
     build: BuildInfo,
 }
 
-pub async fn build(
-    project: &Project,
+/// Builds and pushes every unit by digest; nothing is tagged yet.
+async fn build_units<'a>(
+    project: &'a Project,
     engine: &Engine,
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
-) -> Result<CoverageRecord> {
+) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
     let destination = match &options.layout {
         Some(dir) => {
@@ -210,87 +249,312 @@ pub async fn build(
             Destination::Layout(OciLayout::create(dir)?)
         }
         None => {
-            let registry = Registry::new(&registry_hosts(&plan.images)?, &options.registry)?;
-            // Fail on credentials or reachability before spending minutes building.
-            for image in &plan.images {
-                registry
-                    .probe(
-                        &repository_reference(&image.repository, &image.tags[0])?,
-                        true,
-                    )
-                    .await?;
-            }
-            Destination::Registry(registry)
+            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
         }
     };
-
-    let emulation = Emulation::new(engine.clone());
-    let emulated = prepare_emulation(project, &plan, options, &emulation, reporter).await;
-    // Probe images are per run; the registrations themselves stay, as binfmt --install's do.
-    let _ = emulation.cleanup().await;
-    let emulated = emulated?;
+    let needed: Vec<Platform> = plan.units.iter().map(|u| u.platform.clone()).collect();
+    let builders = Builders::connect(engine.clone(), &project.builders, &needed).await?;
+    let emulated = prepare_emulation(project, &plan, options, &builders, reporter).await?;
 
     let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     let jobs = options.jobs.max(1);
-    let pushed: Vec<(String, Pushed)> = futures_util::stream::iter(plan.units.iter())
+    let cache = PushCache::open();
+    let cache = &cache;
+    let pushed: Vec<Pushed> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
             let run_id = run_id.clone();
             let destination = &destination;
+            let engine = builders.for_platform(&unit.platform);
             let emulated = emulated.contains(&(unit.image.name.clone(), unit.platform.clone()));
             async move {
-                let pushed = build_and_push(
+                build_and_push(
                     engine,
                     destination,
                     unit,
                     emulated,
                     &run_id,
                     cleanup,
+                    cache,
                     reporter,
                 )
-                .await?;
-                Ok::<_, Error>((unit.image.name.clone(), pushed))
+                .await
             }
         })
         .buffer_unordered(jobs)
         .try_collect()
         .await?;
+    cache.save();
+    Ok((plan, destination, pushed))
+}
 
+/// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
+pub async fn build(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let (plan, destination, pushed) =
+        build_units(project, engine, options, cleanup, reporter).await?;
     let mut coverage = Vec::new();
     for image in &plan.images {
-        let mut mine: Vec<&Pushed> = pushed
-            .iter()
-            .filter(|(name, _)| name == &image.name)
-            .map(|(_, p)| p)
-            .collect();
-        // Index order follows the project file, not build completion order.
-        mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
-        let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
-        let index = oci::image_index(&entries).map_err(|m| Error::Registry {
-            registry: image.repository.clone(),
-            message: m,
-        })?;
-        reporter.report(Event::Phase {
-            image: image.name.clone(),
-            platform: None,
-            phase: Phase::Publish,
-            message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
-        });
-        let first = repository_reference(&image.repository, &image.tags[0])?;
-        destination.put_manifest(&first, &index).await?;
-        for tag in &image.tags {
-            destination.tag(image, tag, &index).await?;
-        }
-
-        let mut checked = destination.verify(image, &index.digest, reporter).await?;
-        for platform in &mut checked.platforms {
-            platform.build = mine
-                .iter()
-                .find(|p| p.platform == platform.platform)
-                .map(|p| p.build.clone());
-        }
-        coverage.push(checked);
+        let mine: Vec<&Pushed> = pushed.iter().filter(|p| p.image == image.name).collect();
+        coverage.push(publish(&destination, image, &mine, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
+}
+
+/// `build --push-by-digest`: pushes this runner's platforms by digest and records them
+/// as a part for `assemble`; no tag moves.
+pub async fn build_part(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<PartRecord> {
+    if options.layout.is_some() {
+        return Err(Error::Usage(
+            "--push-by-digest pushes to the registry; drop --output".into(),
+        ));
+    }
+    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
+    let images = plan
+        .images
+        .iter()
+        .map(|image| PartImage {
+            name: image.name.clone(),
+            repository: image.repository.clone(),
+            platforms: pushed
+                .iter()
+                .filter(|p| p.image == image.name)
+                .map(|p| PartPlatform {
+                    platform: p.platform.clone(),
+                    digest: p.entry.digest.clone(),
+                    size: p.entry.size,
+                    build: p.build.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(PartRecord::new(images))
+}
+
+/// `assemble`: checks every part is in the registry and covers the declared platforms
+/// exactly once, then publishes each image's index to its tags and reads it back.
+/// Nothing is published when any part is missing, doubled or wrong.
+pub async fn assemble(
+    project: &Project,
+    parts: &[(std::path::PathBuf, PartRecord)],
+    selected: &[String],
+    options: &RegistryOptions,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let named: Vec<String> = if selected.is_empty() {
+        project
+            .images
+            .iter()
+            .filter(|i| {
+                parts
+                    .iter()
+                    .any(|(_, p)| p.images.iter().any(|pi| pi.name == i.name))
+            })
+            .map(|i| i.name.clone())
+            .collect()
+    } else {
+        selected.to_vec()
+    };
+    if named.is_empty() {
+        return Err(Error::Usage(format!(
+            "the part files name no image of {}",
+            project.file.display()
+        )));
+    }
+    let plan = plan::plan(project, &named, &[], &Platform::linux("amd64", None))?;
+    let registry = connect_registry(&plan.images, options, true).await?;
+    let part_names = |files: &[&std::path::PathBuf]| {
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut ready = Vec::new();
+    for image in &plan.images {
+        let mut found: Vec<(&std::path::PathBuf, &PartPlatform)> = Vec::new();
+        for (file, part) in parts {
+            for part_image in part.images.iter().filter(|pi| pi.name == image.name) {
+                if part_image.repository != image.repository {
+                    return Err(Error::Usage(format!(
+                        "{}: image {} was pushed to {}, but {} declares {}; rebuild the part",
+                        file.display(),
+                        image.name,
+                        part_image.repository,
+                        project.file.display(),
+                        image.repository
+                    )));
+                }
+                found.extend(part_image.platforms.iter().map(|p| (file, p)));
+            }
+        }
+        let all_files: Vec<&std::path::PathBuf> = parts.iter().map(|(f, _)| f).collect();
+        for (file, platform) in &found {
+            if !image.platforms.contains(&platform.platform) {
+                return Err(Error::Usage(format!(
+                    "{}: {} {} is not declared in {}; remove the part or declare the platform",
+                    file.display(),
+                    image.name,
+                    platform.platform,
+                    project.file.display()
+                )));
+            }
+        }
+        let mut pushed = Vec::new();
+        for declared in &image.platforms {
+            let holders: Vec<&(&std::path::PathBuf, &PartPlatform)> = found
+                .iter()
+                .filter(|(_, p)| &p.platform == declared)
+                .collect();
+            match holders.as_slice() {
+                [] => {
+                    return Err(Error::Usage(format!(
+                        "{} {declared} has no part among {}; build it with `polyarch build --platform {declared} --push-by-digest --record FILE`",
+                        image.name,
+                        part_names(&all_files)
+                    )))
+                }
+                [(_, part)] => pushed.push(check_part(&registry, image, part).await?),
+                several => {
+                    let files: Vec<&std::path::PathBuf> = several.iter().map(|(f, _)| *f).collect();
+                    return Err(Error::Usage(format!(
+                        "{} {declared} is in more than one part ({}); keep one",
+                        image.name,
+                        part_names(&files)
+                    )));
+                }
+            }
+        }
+        ready.push((image, pushed));
+    }
+    let destination = Destination::Registry(registry);
+    let mut coverage = Vec::new();
+    for (image, pushed) in &ready {
+        let refs: Vec<&Pushed> = pushed.iter().collect();
+        coverage.push(publish(&destination, image, &refs, reporter).await?);
+    }
+    Ok(CoverageRecord::new(coverage))
+}
+
+/// Reads a part's manifest and config back from the registry (digest-checked) and takes
+/// the index entry's platform from the config, as a fresh build would.
+async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
+    let reference = repository_reference(&image.repository, &image.tags[0])?
+        .clone_with_digest(part.digest.clone());
+    let (bytes, _) = registry.get_manifest(&reference).await?;
+    let not_image = |message: String| Error::Registry {
+        registry: reference.registry().to_string(),
+        message,
+    };
+    let manifest = match oci::parse_manifest(&bytes).map_err(&not_image)? {
+        oci::Parsed::Image { manifest, .. } => manifest,
+        _ => {
+            return Err(not_image(format!(
+                "part {reference} is not an image manifest"
+            )))
+        }
+    };
+    let config = registry
+        .get_json_blob(&reference, &manifest.config().digest().to_string())
+        .await?;
+    let config_platform = ConfigPlatform::from_config(&config).map_err(&not_image)?;
+    if config_platform.normalized() != part.platform {
+        return Err(not_image(format!(
+            "part {reference} claims {} but its config says {}",
+            part.platform,
+            config_platform.normalized()
+        )));
+    }
+    Ok(Pushed {
+        image: image.name.clone(),
+        platform: part.platform.clone(),
+        entry: IndexEntry {
+            digest: part.digest.clone(),
+            size: bytes.len() as u64,
+            platform: config_platform,
+        },
+        build: part.build.clone(),
+    })
+}
+
+/// Publishes one image: the index by digest, then every tag, then reads it back.
+async fn publish(
+    destination: &Destination,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let mut mine = pushed.to_vec();
+    // Index order follows the project file, not build completion order.
+    mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
+    let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
+    let index = oci::image_index(&entries).map_err(|m| Error::Registry {
+        registry: image.repository.clone(),
+        message: m,
+    })?;
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: None,
+        phase: Phase::Publish,
+        message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
+    });
+    let first = repository_reference(&image.repository, &image.tags[0])?;
+    let mut moved = Vec::new();
+    for tag in &image.tags {
+        if destination.current(image, tag).await.as_deref() != Some(index.digest.as_str()) {
+            moved.push(tag);
+        }
+    }
+    if moved.is_empty() {
+        reporter.report(Event::Note {
+            message: format!(
+                "{}: every tag already points at {}; nothing to publish",
+                image.name, index.digest
+            ),
+        });
+    } else {
+        destination.put_manifest(&first, &index).await?;
+        for tag in moved {
+            destination.tag(image, tag, &index).await?;
+        }
+    }
+    let mut checked = destination.verify(image, &index.digest, reporter).await?;
+    for platform in &mut checked.platforms {
+        platform.build = mine
+            .iter()
+            .find(|p| p.platform == platform.platform)
+            .map(|p| p.build.clone());
+    }
+    Ok(checked)
+}
+
+/// One client for the images' registries, probed first so bad credentials or an
+/// unreachable registry fail before any build.
+async fn connect_registry(
+    images: &[&ImageSpec],
+    options: &RegistryOptions,
+    push: bool,
+) -> Result<Registry> {
+    let registry = Registry::new(&registry_hosts(images)?, options)?;
+    for image in images {
+        registry
+            .probe(
+                &repository_reference(&image.repository, &image.tags[0])?,
+                push,
+            )
+            .await?;
+    }
+    Ok(registry)
 }
 
 /// The binfmt mode in force for an image: CLI, then the image's own, then the project's.
@@ -306,13 +570,13 @@ pub fn image_needs_emulation(image: &ImageSpec) -> Result<bool> {
 }
 
 /// Before any build: makes every foreign platform whose build RUNs something runnable on
-/// the engine (or fails, per the binfmt mode). Returns the image × platform pairs that
+/// its engine (or fails, per the binfmt mode). Returns the image × platform pairs that
 /// will build under emulation.
 async fn prepare_emulation(
     project: &Project,
     plan: &plan::Plan<'_>,
     options: &BuildOptions,
-    emulation: &Emulation,
+    builders: &Builders,
     reporter: &dyn Reporter,
 ) -> Result<HashSet<(String, Platform)>> {
     let mut emulated = HashSet::new();
@@ -321,12 +585,22 @@ async fn prepare_emulation(
         .as_deref()
         .or(project.binfmt_image.as_deref());
     for image in &plan.images {
-        let foreign: Vec<Platform> = plan
-            .units
-            .iter()
-            .filter(|u| u.image.name == image.name && u.foreign)
-            .map(|u| u.platform.clone())
-            .collect();
+        let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
+        for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
+            let engine = builders.for_platform(&unit.platform);
+            if unit.platform.os_arch() == engine.native.os_arch() {
+                continue;
+            }
+            if builders.by_platform.contains_key(&unit.platform) {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "builder {} for {} is a {} engine",
+                        engine.endpoint, unit.platform, engine.native
+                    ),
+                });
+            }
+            foreign.push((engine, unit.platform.clone()));
+        }
         if foreign.is_empty() {
             continue;
         }
@@ -335,25 +609,30 @@ async fn prepare_emulation(
                 message: format!(
                     "{}: no RUN step executes for the target platform, so {} builds need no emulation",
                     image.name,
-                    foreign.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
+                    foreign.iter().map(|(_, p)| p.to_string()).collect::<Vec<_>>().join(", ")
                 ),
             });
             continue;
         }
         let mode = binfmt_mode(project, image, options);
-        for (platform, status) in emulation
-            .ensure(&foreign, mode, installer, reporter)
-            .await?
-        {
-            if let EmulationStatus::Emulated { registered_now } = status {
-                reporter.report(Event::Warning {
-                    message: format!(
-                        "{} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
-                        image.name,
-                        if registered_now { " (emulator registered by this run)" } else { "" }
-                    ),
-                });
-                emulated.insert((image.name.clone(), platform));
+        for (engine, platform) in foreign {
+            let emulation = Emulation::new(engine.clone());
+            let ensured = emulation
+                .ensure(std::slice::from_ref(&platform), mode, installer, reporter)
+                .await;
+            // Probe images are per run; registrations stay, as binfmt --install's do.
+            let _ = emulation.cleanup().await;
+            for (platform, status) in ensured? {
+                if let EmulationStatus::Emulated { registered_now } = status {
+                    reporter.report(Event::Warning {
+                        message: format!(
+                            "{} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
+                            image.name,
+                            if registered_now { " (emulator registered by this run)" } else { "" }
+                        ),
+                    });
+                    emulated.insert((image.name.clone(), platform));
+                }
             }
         }
     }
@@ -420,6 +699,7 @@ async fn build_and_push(
     emulated: bool,
     run_id: &str,
     cleanup: &Cleanup,
+    cache: &PushCache,
     reporter: &dyn Reporter,
 ) -> Result<Pushed> {
     let image = unit.image;
@@ -442,8 +722,38 @@ async fn build_and_push(
             }
         ),
     );
-    cleanup.add(&build::temporary_tag(&image.name, &unit.platform, run_id));
+    cleanup.add(
+        engine,
+        &build::temporary_tag(&image.name, &unit.platform, run_id),
+    );
     let built: BuiltImage = build::build(engine, image, &unit.platform, run_id, reporter).await?;
+    let build_info = BuildInfo {
+        emulated,
+        seconds: (built.seconds * 10.0).round() / 10.0,
+        builder: Some(engine.endpoint.clone()),
+    };
+    let reference = repository_reference(&image.repository, &image.tags[0])?;
+
+    if let Some(cached) = destination.already_pushed(cache, image, &built.id).await {
+        cleanup.remove(engine, &built.tag).await;
+        phase(
+            Phase::Done,
+            format!(
+                "unchanged (image {}): already pushed as {}, no export or upload",
+                &built.id, cached.digest
+            ),
+        );
+        return Ok(Pushed {
+            image: image.name.clone(),
+            platform: unit.platform.clone(),
+            entry: IndexEntry {
+                digest: cached.digest.clone(),
+                size: cached.size,
+                platform: cached.config_platform(),
+            },
+            build: build_info,
+        });
+    }
 
     phase(Phase::Export, format!("exporting {}", &built.id));
     let exported = export::export_image(
@@ -475,7 +785,6 @@ async fn build_and_push(
         });
     }
 
-    let reference = repository_reference(&image.repository, &image.tags[0])?;
     let total: u64 = exported.layers.iter().map(|l| l.size).sum();
     phase(
         Phase::Push,
@@ -498,19 +807,27 @@ async fn build_and_push(
     })?;
     // By digest: no per-platform tags are left behind in the repository.
     destination.put_manifest(&reference, &manifest).await?;
+    cache.put(
+        &image.repository,
+        &built.id,
+        CachedManifest {
+            digest: manifest.digest.clone(),
+            size: manifest.bytes.len() as u64,
+            os: config_platform.os.clone(),
+            architecture: config_platform.architecture.clone(),
+            variant: config_platform.variant.clone(),
+        },
+    );
     phase(Phase::Done, format!("pushed {}", manifest.digest));
     Ok(Pushed {
+        image: image.name.clone(),
         platform: unit.platform.clone(),
         entry: IndexEntry {
             digest: manifest.digest.clone(),
             size: manifest.bytes.len() as u64,
             platform: config_platform,
         },
-        build: BuildInfo {
-            emulated,
-            seconds: (built.seconds * 10.0).round() / 10.0,
-            builder: Some(engine.endpoint.clone()),
-        },
+        build: build_info,
     })
 }
 
@@ -524,7 +841,7 @@ pub async fn verify_project(
 ) -> Result<CoverageRecord> {
     // The plan validates the image names; verification needs no engine.
     let plan = plan::plan(project, selected, &[], &Platform::linux("amd64", None))?;
-    let registry = Registry::new(&registry_hosts(&plan.images)?, options)?;
+    let registry = connect_registry(&plan.images, options, false).await?;
     let mut coverage = Vec::new();
     for image in &plan.images {
         coverage.push(verify_image(&registry, image, None, deep, reporter).await?);

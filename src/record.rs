@@ -109,10 +109,7 @@ impl CoverageRecord {
         let covered = !images.is_empty() && images.iter().all(|i| i.covered);
         CoverageRecord {
             schema: SCHEMA.to_string(),
-            tool: Tool {
-                name: env!("CARGO_PKG_NAME").to_string(),
-                version: env!("CARGO_PKG_VERSION").to_string(),
-            },
+            tool: tool(),
             generated_at: now_rfc3339(),
             covered,
             images,
@@ -125,6 +122,74 @@ impl CoverageRecord {
 
     pub fn write(&self, path: &std::path::Path) -> crate::Result<()> {
         std::fs::write(path, self.to_json() + "\n").map_err(|e| crate::Error::io(path, e))
+    }
+}
+
+pub const PART_SCHEMA: &str = "polyarch/part/v1";
+
+/// What one split runner pushed by digest (`build --push-by-digest`), for `assemble`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartRecord {
+    pub schema: String,
+    pub tool: Tool,
+    pub generated_at: String,
+    pub images: Vec<PartImage>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartImage {
+    pub name: String,
+    pub repository: String,
+    pub platforms: Vec<PartPlatform>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartPlatform {
+    pub platform: Platform,
+    /// The platform manifest, pushed by digest.
+    pub digest: String,
+    pub size: u64,
+    pub build: BuildInfo,
+}
+
+impl PartRecord {
+    pub fn new(images: Vec<PartImage>) -> Self {
+        PartRecord {
+            schema: PART_SCHEMA.to_string(),
+            tool: tool(),
+            generated_at: now_rfc3339(),
+            images,
+        }
+    }
+
+    /// Reads a part file; anything else is a one-line error naming the file.
+    pub fn load(path: &std::path::Path) -> crate::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| crate::Error::io(path, e))?;
+        let part: PartRecord = serde_json::from_str(&text).map_err(|e| {
+            crate::Error::Usage(format!(
+                "{}: not a polyarch part record ({e}); write it with `polyarch build --push-by-digest --record FILE`",
+                path.display()
+            ))
+        })?;
+        if part.schema != PART_SCHEMA {
+            return Err(crate::Error::Usage(format!(
+                "{}: schema `{}` is not {PART_SCHEMA}",
+                path.display(),
+                part.schema
+            )));
+        }
+        Ok(part)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("record serialises")
+    }
+}
+
+fn tool() -> Tool {
+    Tool {
+        name: env!("CARGO_PKG_NAME").to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
     }
 }
 
@@ -196,6 +261,22 @@ impl CoverageRecord {
             }
             for warning in &image.warnings {
                 out += &format!("  warning: {warning}\n");
+            }
+            let native = image
+                .platforms
+                .iter()
+                .filter_map(|p| p.build.as_ref())
+                .find(|b| !b.emulated && b.seconds > 0.0);
+            for p in &image.platforms {
+                if let (Some(build), Some(native)) = (&p.build, native) {
+                    if build.emulated {
+                        out += &format!(
+                            "  {} built under QEMU emulation: {:.1}x the native build time\n",
+                            p.platform,
+                            build.seconds / native.seconds
+                        );
+                    }
+                }
             }
             out += &format!("  pin: {}\n", image.pinned);
             if !image.tags.is_empty() {
