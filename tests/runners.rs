@@ -1,0 +1,201 @@
+//! Split runners, warm reruns and the read-only commands, as a CI release job uses them.
+
+mod support;
+
+use serde_json::Value;
+use std::process::Output;
+use support::{
+    hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
+};
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn split_runner_parts_assemble_into_one_index_and_a_missing_part_publishes_nothing() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = registry.repo(&unique_name("split/hello"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64, linux/arm64]");
+    let part = |arch: &str| {
+        let path = dir.path().join(format!("part-{arch}.json"));
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .args([
+                "--platform",
+                &format!("linux/{arch}"),
+                "--push-by-digest",
+                "--record",
+            ])
+            .arg(&path));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        path
+    };
+    let arm = part("arm64");
+    let amd = part("amd64");
+    let tags = run(std::process::Command::new("skopeo")
+        .args(["list-tags", "--tls-verify=false"])
+        .arg(format!("docker://{repo}")));
+    assert!(
+        !String::from_utf8_lossy(&tags.stdout).contains("\"v1\""),
+        "a part moved a tag"
+    );
+
+    let missing = run(polyarch().args(["assemble", "-f"]).arg(&file).arg(&arm));
+    assert_eq!(missing.status.code(), Some(2));
+    let message = stderr(&missing);
+    assert!(
+        message.contains("linux/amd64") && message.contains("part-arm64.json"),
+        "{message}"
+    );
+
+    let doubled = run(polyarch()
+        .args(["assemble", "-f"])
+        .arg(&file)
+        .arg(&arm)
+        .arg(&amd)
+        .arg(&arm));
+    assert_eq!(doubled.status.code(), Some(2));
+    assert!(
+        stderr(&doubled).contains("more than one part"),
+        "{}",
+        stderr(&doubled)
+    );
+
+    let record = dir.path().join("coverage.json");
+    let assembled = run(polyarch()
+        .args(["assemble", "-f"])
+        .arg(&file)
+        .arg(&arm)
+        .arg(&amd)
+        .arg("--record")
+        .arg(&record));
+    assert_eq!(assembled.status.code(), Some(0), "{}", stderr(&assembled));
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(record["covered"], true);
+    assert_eq!(
+        record["images"][0]["digest"],
+        skopeo_digest(&format!("{repo}:v1"), None).as_str()
+    );
+    let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
+    let archs: Vec<&str> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["platform"]["architecture"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        archs,
+        ["amd64", "arm64"],
+        "index follows the project's platform order"
+    );
+}
+
+#[test]
+fn a_warm_rerun_exports_and_uploads_nothing_and_says_so() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = registry.repo(&unique_name("warm/hello"));
+    let file = write_project(
+        dir.path(),
+        &repo,
+        "[v1, latest]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let cache = dir.path().join("cache");
+    let build = || {
+        run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .env("POLYARCH_CACHE_DIR", &cache))
+    };
+    let cold = build();
+    assert_eq!(cold.status.code(), Some(0), "{}", stderr(&cold));
+    assert!(stderr(&cold).contains("[export]"));
+    let digest = skopeo_digest(&format!("{repo}:v1"), None);
+
+    let warm = build();
+    assert_eq!(warm.status.code(), Some(0), "{}", stderr(&warm));
+    let log = stderr(&warm);
+    assert!(
+        !log.contains("[export]") && !log.contains("[push]"),
+        "warm run exported or pushed:\n{log}"
+    );
+    assert_eq!(log.matches("no export or upload").count(), 2, "{log}");
+    assert!(log.contains("nothing to publish"), "{log}");
+    assert_eq!(skopeo_digest(&format!("{repo}:latest"), None), digest);
+}
+
+#[test]
+fn plan_and_doctor_describe_the_work_without_building() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = registry.repo(&unique_name("plan/hello"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64, linux/arm64]");
+
+    let plan = run(polyarch()
+        .args(["plan", "-f"])
+        .arg(&file)
+        .args(["--output-format", "json"]));
+    assert_eq!(plan.status.code(), Some(0), "{}", stderr(&plan));
+    let lines: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let arm = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["platform"] == "linux/arm64")
+        .expect("arm64 planned");
+    // COPY-only: a foreign platform that needs no emulation, whatever binfmt holds.
+    assert_eq!(arm["execution"], "no_emulation_needed");
+
+    let doctor = run(polyarch().args(["doctor", "-f"]).arg(&file));
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert_eq!(doctor.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("ok   engine") && text.contains(&format!("ok   registry {repo}")),
+        "{text}"
+    );
+
+    let unreachable = write_project(
+        dir.path(),
+        "127.0.0.1:1/nobody/here",
+        "[v1]",
+        "[linux/amd64]",
+    );
+    let doctor = run(polyarch().args(["doctor", "-f"]).arg(&unreachable));
+    assert_eq!(doctor.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&doctor.stdout).contains("FAIL registry 127.0.0.1:1/nobody/here")
+    );
+}
+
+#[test]
+fn schema_completions_and_man_page_come_from_the_cli() {
+    let schema = run(polyarch().arg("schema"));
+    let parsed: Value = serde_json::from_slice(&schema.stdout).expect("project schema is JSON");
+    assert!(parsed["properties"]["images"].is_object());
+    let shipped: Value = serde_json::from_str(
+        &std::fs::read_to_string(support::repo_root().join("schema/polyarch.schema.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(parsed, shipped);
+    let coverage = run(polyarch().args(["schema", "coverage"]));
+    let parsed: Value = serde_json::from_slice(&coverage.stdout).unwrap();
+    assert_eq!(
+        parsed["properties"]["schema"]["const"],
+        "polyarch/coverage/v1"
+    );
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(polyarch().args(["completions", shell]));
+        assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("assemble"));
+    }
+    let man = run(polyarch().arg("man"));
+    assert!(String::from_utf8_lossy(&man.stdout).contains(".TH polyarch"));
+    let help = run(polyarch().arg("--help"));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("130  interrupted"));
+}
