@@ -256,34 +256,25 @@ async fn build_units<'a>(
     let builders = Builders::connect(engine.clone(), &project.builders, &needed).await?;
     let emulated = prepare_emulation(project, &plan, options, &builders, reporter).await?;
 
-    let run_id = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    let run = Run {
+        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        cleanup,
+        cache: PushCache::open(),
+        reporter,
+    };
+    let run = &run;
     let jobs = options.jobs.max(1);
-    let cache = PushCache::open();
-    let cache = &cache;
     let pushed: Vec<Pushed> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
-            let run_id = run_id.clone();
             let destination = &destination;
             let engine = builders.for_platform(&unit.platform);
             let emulated = emulated.contains(&(unit.image.name.clone(), unit.platform.clone()));
-            async move {
-                build_and_push(
-                    engine,
-                    destination,
-                    unit,
-                    emulated,
-                    &run_id,
-                    cleanup,
-                    cache,
-                    reporter,
-                )
-                .await
-            }
+            async move { build_and_push(engine, destination, unit, emulated, run).await }
         })
         .buffer_unordered(jobs)
         .try_collect()
         .await?;
-    cache.save();
+    run.cache.save();
     Ok((plan, destination, pushed))
 }
 
@@ -465,7 +456,7 @@ async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform)
         }
     };
     let config = registry
-        .get_json_blob(&reference, &manifest.config().digest().to_string())
+        .get_json_blob(&reference, manifest.config().digest().as_ref())
         .await?;
     let config_platform = ConfigPlatform::from_config(&config).map_err(&not_image)?;
     if config_platform.normalized() != part.platform {
@@ -692,16 +683,23 @@ pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
     registry::parse_reference(&format!("{repository}:{tag}"))
 }
 
+/// What every unit of one run shares.
+struct Run<'a> {
+    id: String,
+    cleanup: &'a Cleanup,
+    cache: PushCache,
+    reporter: &'a dyn Reporter,
+}
+
 async fn build_and_push(
     engine: &Engine,
     destination: &Destination,
     unit: &Unit<'_>,
     emulated: bool,
-    run_id: &str,
-    cleanup: &Cleanup,
-    cache: &PushCache,
-    reporter: &dyn Reporter,
+    run: &Run<'_>,
 ) -> Result<Pushed> {
+    let (run_id, cleanup, cache, reporter) =
+        (run.id.as_str(), run.cleanup, &run.cache, run.reporter);
     let image = unit.image;
     let phase = |phase: Phase, message: String| {
         reporter.report(Event::Phase {
