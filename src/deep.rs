@@ -1002,27 +1002,7 @@ impl Inspector<'_> {
 // ---------------------------------------------------------------------------------------
 // Remote glue.
 
-/// Reads chunks sent by the async side; EOF when the sender is dropped.
-struct ChannelReader {
-    rx: tokio::sync::mpsc::Receiver<io::Result<bytes::Bytes>>,
-    current: bytes::Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(chunk)) => self.current = chunk,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.current.len());
-        buf[..n].copy_from_slice(&self.current[..n]);
-        bytes::Buf::advance(&mut self.current, n);
-        Ok(n)
-    }
-}
+use crate::export::ChannelReader;
 
 fn short_digest(digest: &str) -> &str {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
@@ -1061,10 +1041,7 @@ pub async fn inspect_remote(
     for _ in &wanted {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         senders.push(tx);
-        readers.push(Box::new(ChannelReader {
-            rx,
-            current: bytes::Bytes::new(),
-        }));
+        readers.push(Box::new(ChannelReader::new(rx)));
     }
     let config_bytes = config.to_vec();
     let owned_platform = platform.clone();
@@ -1736,10 +1713,7 @@ mod tests {
         for _ in &blobs {
             let (tx, rx) = tokio::sync::mpsc::channel(2);
             senders.push(tx);
-            readers.push(Box::new(ChannelReader {
-                rx,
-                current: bytes::Bytes::new(),
-            }));
+            readers.push(Box::new(ChannelReader::new(rx)));
         }
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -176,14 +176,14 @@ fn engine_error_message(e: &bollard::errors::Error, image_id: &str) -> String {
     }
 }
 
-/// A blocking `Read` over the chunks the async side sends.
-struct ChannelReader {
+/// A blocking `Read` over the chunks the async side sends; EOF when the sender is dropped.
+pub(crate) struct ChannelReader {
     rx: mpsc::Receiver<io::Result<Bytes>>,
     current: Bytes,
 }
 
 impl ChannelReader {
-    fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
+    pub(crate) fn new(rx: mpsc::Receiver<io::Result<Bytes>>) -> Self {
         ChannelReader {
             rx,
             current: Bytes::new(),
