@@ -12,6 +12,7 @@ use polyarch::registry::RegistryOptions;
 use polyarch::{Error, Platform};
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
 
 const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
@@ -268,7 +269,24 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     })
 }
 
+/// First SIGINT cancels the work (a publish in progress still completes); a second one
+/// exits at once.
+fn interrupt_on_sigint() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(exit::INTERRUPTED);
+            }
+        }
+    });
+    token
+}
+
 async fn run(command: Command) -> Result<i32, Error> {
+    let interrupt = interrupt_on_sigint();
     match command {
         Command::Build {
             file,
@@ -302,15 +320,15 @@ async fn run(command: Command) -> Result<i32, Error> {
                 layout,
                 binfmt: binfmt.map(Into::into),
                 binfmt_image,
+                interrupt: interrupt.clone(),
             };
             let reporter = reporter(&output);
             let engine = Engine::connect().await?;
             let cleanup = Cleanup::default();
             if push_by_digest {
-                let outcome = tokio::select! {
-                    outcome = pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
-                    _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
-                };
+                let outcome =
+                    pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref())
+                        .await;
                 cleanup.run().await;
                 drop(reporter);
                 let part = outcome?;
@@ -322,10 +340,8 @@ async fn run(command: Command) -> Result<i32, Error> {
                 }
                 return Ok(exit::COVERED);
             }
-            let outcome = tokio::select! {
-                outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
-                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
-            };
+            let outcome =
+                pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
             cleanup.run().await;
             drop(reporter);
             finish(&outcome?, &output)
@@ -344,10 +360,15 @@ async fn run(command: Command) -> Result<i32, Error> {
                 .collect::<Result<Vec<_>, _>>()?;
             let options = registry_options(&registry)?;
             let reporter = reporter(&output);
-            let outcome = tokio::select! {
-                outcome = pipeline::assemble(&project, &parts, &images, &options, reporter.as_ref()) => outcome,
-                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
-            };
+            let outcome = pipeline::assemble(
+                &project,
+                &parts,
+                &images,
+                &options,
+                &interrupt,
+                reporter.as_ref(),
+            )
+            .await;
             drop(reporter);
             finish(&outcome?, &output)
         }
@@ -444,7 +465,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             let reporter = reporter(&output);
             let provided = tokio::select! {
                 found = pipeline::provided_platforms(&images, &options, reporter.as_ref()) => found?,
-                _ = tokio::signal::ctrl_c() => return Err(Error::Interrupted),
+                _ = interrupt.cancelled() => return Err(Error::Interrupted),
             };
             drop(reporter);
             let record = polyarch::k8s::evaluate(&workloads, &pools, &|image: &str| {
@@ -492,7 +513,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             };
             let outcome = tokio::select! {
                 outcome = work => outcome,
-                _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
+                _ = interrupt.cancelled() => Err(Error::Interrupted),
             };
             drop(reporter);
             finish(&outcome?, &output)

@@ -38,6 +38,9 @@ pub struct BuildOptions {
     pub binfmt: Option<BinfmtMode>,
     /// `--binfmt-image`: overrides the project's installer image.
     pub binfmt_image: Option<String>,
+    /// Cancelled on SIGINT: builds and uploads stop, but a publish that has begun completes,
+    /// so tags never end up pointing at different indexes.
+    pub interrupt: tokio_util::sync::CancellationToken,
 }
 
 /// Where built images go: a registry, or an OCI layout directory for air-gapped handoff.
@@ -310,7 +313,10 @@ pub async fn build_part(
             "--push-by-digest pushes to the registry; drop --output".into(),
         ));
     }
-    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
+    let (plan, _, pushed) = tokio::select! {
+        built = build_units(project, engine, options, cleanup, reporter) => built?,
+        _ = options.interrupt.cancelled() => return Err(Error::Interrupted),
+    };
     let images = plan
         .images
         .iter()
@@ -340,6 +346,7 @@ pub async fn assemble(
     parts: &[(std::path::PathBuf, PartRecord)],
     selected: &[String],
     options: &RegistryOptions,
+    interrupt: &tokio_util::sync::CancellationToken,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let named: Vec<String> = if selected.is_empty() {
@@ -427,6 +434,9 @@ pub async fn assemble(
             }
         }
         ready.push((image, pushed));
+    }
+    if interrupt.is_cancelled() {
+        return Err(Error::Interrupted);
     }
     let destination = Destination::Registry(registry);
     let mut coverage = Vec::new();
