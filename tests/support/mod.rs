@@ -344,6 +344,36 @@ impl Registry {
         }
         let _ = self.child.wait();
     }
+
+    /// Stop the registry (if running) and start it again on the same port, config and
+    /// storage, as after a crash or a host reboot. The log is appended to.
+    pub fn restart(&mut self) {
+        self.stop();
+        let log_path = self.dir.path().join("registry.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap();
+        let mut child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(self.config_path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn docker-registry");
+        if let Err(e) = wait_ready(&mut child, self.port, REGISTRY_START_TIMEOUT) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "docker-registry did not restart on port {}: {e}\n{}",
+                self.port,
+                self.log()
+            );
+        }
+        self.child = child;
+    }
 }
 
 impl Drop for Registry {
