@@ -142,8 +142,13 @@ impl Builders {
                 continue;
             }
             let engine = Engine::connect_endpoint(endpoint).await.map_err(|e| {
+                // The inner error is an `Error::Engine` too; keep one "docker engine:" prefix.
+                let detail = match e {
+                    Error::Engine(message) => message,
+                    other => other.to_string(),
+                };
                 Error::Engine(format!(
-                    "builder for {platform} ({endpoint}) is unreachable: {e}"
+                    "builder for {platform} ({endpoint}) is unreachable: {detail}"
                 ))
             })?;
             by_platform.insert(platform.clone(), engine);
