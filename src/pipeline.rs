@@ -227,8 +227,22 @@ struct Pushed {
     build: BuildInfo,
 }
 
-/// Builds and pushes every unit by digest; nothing is tagged yet.
+/// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
+/// before any tag moves.
 async fn build_units<'a>(
+    project: &'a Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+    tokio::select! {
+        built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
+        _ = options.interrupt.cancelled() => Err(Error::Interrupted),
+    }
+}
+
+async fn build_and_push_all<'a>(
     project: &'a Project,
     engine: &Engine,
     options: &BuildOptions,
@@ -294,7 +308,7 @@ pub async fn build(
     let mut coverage = Vec::new();
     for image in &plan.images {
         let mine: Vec<&Pushed> = pushed.iter().filter(|p| p.image == image.name).collect();
-        coverage.push(publish(&destination, image, &mine, reporter).await?);
+        coverage.push(publish(&destination, image, &mine, &options.interrupt, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -313,10 +327,7 @@ pub async fn build_part(
             "--push-by-digest pushes to the registry; drop --output".into(),
         ));
     }
-    let (plan, _, pushed) = tokio::select! {
-        built = build_units(project, engine, options, cleanup, reporter) => built?,
-        _ = options.interrupt.cancelled() => return Err(Error::Interrupted),
-    };
+    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
     let images = plan
         .images
         .iter()
@@ -435,14 +446,11 @@ pub async fn assemble(
         }
         ready.push((image, pushed));
     }
-    if interrupt.is_cancelled() {
-        return Err(Error::Interrupted);
-    }
     let destination = Destination::Registry(registry);
     let mut coverage = Vec::new();
     for (image, pushed) in &ready {
         let refs: Vec<&Pushed> = pushed.iter().collect();
-        coverage.push(publish(&destination, image, &refs, reporter).await?);
+        coverage.push(publish(&destination, image, &refs, interrupt, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -493,6 +501,7 @@ async fn publish(
     destination: &Destination,
     image: &ImageSpec,
     pushed: &[&Pushed],
+    interrupt: &tokio_util::sync::CancellationToken,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let mut mine = pushed.to_vec();
@@ -525,6 +534,11 @@ async fn publish(
         });
     } else {
         destination.put_manifest(&first, &index).await?;
+        // Last point to stop: once the first tag moves, the others follow, so the tags
+        // never point at different indexes.
+        if interrupt.is_cancelled() {
+            return Err(Error::Interrupted);
+        }
         for tag in moved {
             destination.tag(image, tag, &index).await?;
         }

@@ -80,7 +80,10 @@ impl Fixture {
         std::fs::write(fixture.dir.path().join("payload"), payload).unwrap();
         std::fs::write(
             fixture.dir.path().join("Dockerfile"),
-            format!("{HELLO}COPY payload /payload\nLABEL generation=\"new-{}\"\n", fixture.image),
+            format!(
+                "{HELLO}COPY payload /payload\nLABEL generation=\"new-{}\"\n",
+                fixture.image
+            ),
         )
         .unwrap();
         fixture
@@ -316,7 +319,11 @@ fn sigint_keeps_the_old_tag_and_cleans_up(
         "status {status}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
     assert!(
-        stderr.lines().last().unwrap_or_default().contains("interrupted"),
+        stderr
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains("interrupted"),
         "{stderr}"
     );
     assert!(stdout.trim().is_empty(), "a record was printed: {stdout}");
@@ -403,7 +410,11 @@ fn sigint_just_before_publish_keeps_the_old_tag_and_leaves_nothing() {
                 >= 3
         });
         assert!(
-            !fixture.proxy.log().iter().any(|l| l.contains("/manifests/v1")),
+            !fixture
+                .proxy
+                .log()
+                .iter()
+                .any(|l| l.contains("/manifests/v1")),
             "the tag was pushed before the interruption"
         );
     });
@@ -442,7 +453,10 @@ fn registry_killed_mid_push_exits_3_naming_it_and_keeps_the_old_tag() {
     wait_proxy(&fixture, "a blob upload", uploads_delayed);
     fixture.registry.stop();
     let (status, stdout, stderr) = running.finish();
-    eprintln!("--- stderr\n{stderr}\n--- proxy\n{:#?}", fixture.proxy.log());
+    eprintln!(
+        "--- stderr\n{stderr}\n--- proxy\n{:#?}",
+        fixture.proxy.log()
+    );
     assert_eq!(
         status.code(),
         Some(3),
