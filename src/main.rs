@@ -288,7 +288,13 @@ async fn run(command: Command) -> Result<i32, Error> {
                 outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()) => outcome,
                 _ = tokio::signal::ctrl_c() => Err(Error::Interrupted),
             };
-            cleanup.run(&engine).await;
+            // After an interrupt, builds cut off mid-way may still tag their image.
+            let grace = if matches!(outcome, Err(Error::Interrupted)) {
+                std::time::Duration::from_secs(3)
+            } else {
+                std::time::Duration::ZERO
+            };
+            cleanup.run(&engine, grace).await;
             drop(reporter);
             finish(&outcome?, &output)
         }

@@ -158,8 +158,9 @@ impl Cleanup {
             .push(tag.to_string());
     }
 
-    async fn remove(&self, engine: &Engine, tag: &str) {
-        let _ = engine
+    /// Removes `tag`; false when the engine had no such image.
+    async fn remove(&self, engine: &Engine, tag: &str) -> bool {
+        let removed = engine
             .docker
             .remove_image(
                 tag,
@@ -168,13 +169,35 @@ impl Cleanup {
             )
             .await;
         self.tags.lock().expect("cleanup lock").retain(|t| t != tag);
+        !matches!(
+            removed,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })
+        )
     }
 
     /// Removes every temporary image still recorded; safe to call more than once.
-    pub async fn run(&self, engine: &Engine) {
-        let tags: Vec<String> = self.tags.lock().expect("cleanup lock").clone();
-        for tag in tags {
-            self.remove(engine, &tag).await;
+    ///
+    /// A build whose client went away (an interrupted run) can still finish in the engine
+    /// and tag its image after the first attempt: tags not found are retried every 100 ms
+    /// for up to `grace`.
+    pub async fn run(&self, engine: &Engine, grace: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut tags: Vec<String> = self.tags.lock().expect("cleanup lock").clone();
+        loop {
+            let mut missing = Vec::new();
+            for tag in tags {
+                if !self.remove(engine, &tag).await {
+                    missing.push(tag);
+                }
+            }
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tags = missing;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
 }
@@ -455,7 +478,7 @@ async fn build_and_push(
     )
     .await;
     // The image is in the spool (or the export failed): the engine copy is not needed.
-    cleanup.remove(engine, &built.tag).await;
+    let _ = cleanup.remove(engine, &built.tag).await;
     let exported = exported?;
 
     let config_platform =
