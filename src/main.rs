@@ -269,6 +269,15 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     })
 }
 
+/// After an interrupt or failure, builds cut off mid-way may still tag their image in
+/// the engine: give cleanup time to catch those.
+fn cleanup_grace<T>(outcome: &Result<T, Error>) -> std::time::Duration {
+    match outcome {
+        Ok(_) => std::time::Duration::ZERO,
+        Err(_) => std::time::Duration::from_secs(3),
+    }
+}
+
 /// First SIGINT cancels the work (a publish in progress still completes); a second one
 /// exits at once.
 fn interrupt_on_sigint() -> CancellationToken {
@@ -329,7 +338,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 let outcome =
                     pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref())
                         .await;
-                cleanup.run().await;
+                cleanup.run(cleanup_grace(&outcome)).await;
                 drop(reporter);
                 let part = outcome?;
                 if let Some(path) = &output.record {
@@ -342,7 +351,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             }
             let outcome =
                 pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
-            cleanup.run().await;
+            cleanup.run(cleanup_grace(&outcome)).await;
             drop(reporter);
             finish(&outcome?, &output)
         }

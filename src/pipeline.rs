@@ -195,8 +195,9 @@ impl Cleanup {
             .push((engine.clone(), tag.to_string()));
     }
 
-    async fn remove(&self, engine: &Engine, tag: &str) {
-        let _ = engine
+    /// Removes `tag`; false when the engine had no such image.
+    async fn remove(&self, engine: &Engine, tag: &str) -> bool {
+        let removed = engine
             .docker
             .remove_image(
                 tag,
@@ -208,13 +209,35 @@ impl Cleanup {
             .lock()
             .expect("cleanup lock")
             .retain(|(e, t)| !(t == tag && e.endpoint == engine.endpoint));
+        !matches!(
+            removed,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })
+        )
     }
 
     /// Removes every temporary image still recorded; safe to call more than once.
-    pub async fn run(&self) {
-        let images: Vec<(Engine, String)> = self.images.lock().expect("cleanup lock").clone();
-        for (engine, tag) in images {
-            self.remove(&engine, &tag).await;
+    ///
+    /// A build whose client went away (an interrupted run) can still finish in the engine
+    /// and tag its image after the first attempt: tags not found are retried every 100 ms
+    /// for up to `grace`.
+    pub async fn run(&self, grace: std::time::Duration) {
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut images: Vec<(Engine, String)> = self.images.lock().expect("cleanup lock").clone();
+        loop {
+            let mut missing = Vec::new();
+            for (engine, tag) in images {
+                if !self.remove(&engine, &tag).await {
+                    missing.push((engine, tag));
+                }
+            }
+            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            images = missing;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
 }
@@ -787,7 +810,7 @@ async fn build_and_push(
     )
     .await;
     // The image is in the spool (or the export failed): the engine copy is not needed.
-    cleanup.remove(engine, &built.tag).await;
+    let _ = cleanup.remove(engine, &built.tag).await;
     let exported = exported?;
 
     let config_platform =

@@ -298,13 +298,14 @@ fn new_containers(before: &BTreeSet<String>, fixture: &Fixture) -> Vec<String> {
 /// exit 130, the old tag intact, nothing left in the engine or TMPDIR, a rerun works.
 fn sigint_keeps_the_old_tag_and_cleans_up(
     fixture: &Fixture,
-    at: impl FnOnce(&mut Running, &Fixture),
+    at: impl FnOnce(&mut Running, &Fixture, usize),
 ) {
     let tmp = tempfile::tempdir().unwrap();
     let containers = container_ids();
+    let since = fixture.proxy.log().len();
     let started = Instant::now();
     let mut running = Running::spawn(fixture.build(Some(tmp.path())));
-    at(&mut running, fixture);
+    at(&mut running, fixture, since);
     let before_signal = running.stderr();
     running.signal("INT");
     let (status, stdout, stderr) = running.finish();
@@ -327,8 +328,9 @@ fn sigint_keeps_the_old_tag_and_cleans_up(
         "{stderr}"
     );
     assert!(stdout.trim().is_empty(), "a record was printed: {stdout}");
-    // The proxy may still forward a request that was in flight; give it its delay.
-    std::thread::sleep(Duration::from_millis(300));
+    // The proxy may still forward a request that was in flight, and the engine may still
+    // be finishing a build whose client went away: what is left must be left for good.
+    std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
         fixture.tag_digest(),
         fixture.old,
@@ -342,9 +344,10 @@ fn sigint_keeps_the_old_tag_and_cleans_up(
     fixture.rerun_moves_the_tag();
 }
 
-fn wait_proxy(fixture: &Fixture, what: &str, pred: impl Fn(&[String]) -> bool) {
+/// Waits until the proxy's requests from index `since` on satisfy `pred`.
+fn wait_proxy(fixture: &Fixture, since: usize, what: &str, pred: impl Fn(&[String]) -> bool) {
     let deadline = Instant::now() + WAIT;
-    while !pred(&fixture.proxy.log()) {
+    while !pred(&fixture.proxy.log()[since..]) {
         assert!(
             Instant::now() < deadline,
             "{what} never reached the proxy: {:#?}",
@@ -373,8 +376,25 @@ fn slow_uploads(proxy: &Proxy) {
 #[test]
 fn sigint_during_build_keeps_the_old_tag_and_leaves_nothing() {
     let fixture = Fixture::new();
-    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, _| {
+    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, _, _| {
         running.wait_line("[build]");
+    });
+}
+
+#[test]
+fn sigint_mid_build_step_keeps_the_old_tag_and_leaves_nothing() {
+    let fixture = Fixture::new();
+    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, _, _| {
+        // BuildKit is running the Dockerfile's steps.
+        running.wait_line("[build 1/2]");
+    });
+}
+
+#[test]
+fn sigint_during_export_keeps_the_old_tag_and_leaves_nothing() {
+    let fixture = Fixture::new();
+    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, _, _| {
+        running.wait_line("[export]");
     });
 }
 
@@ -382,9 +402,9 @@ fn sigint_during_build_keeps_the_old_tag_and_leaves_nothing() {
 fn sigint_during_push_keeps_the_old_tag_and_leaves_nothing() {
     let fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
-    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, fixture| {
+    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, fixture, since| {
         running.wait_line("[push]");
-        wait_proxy(fixture, "a blob upload", uploads_delayed);
+        wait_proxy(fixture, since, "a blob upload", uploads_delayed);
     });
 }
 
@@ -400,19 +420,17 @@ fn sigint_just_before_publish_keeps_the_old_tag_and_leaves_nothing() {
         )
         .always(),
     );
-    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, fixture| {
+    sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, fixture, since| {
         running.wait_line("[publish]");
         // The index (third manifest PUT) is on its way; the tag PUT is not sent yet.
-        wait_proxy(fixture, "the index", |log| {
+        wait_proxy(fixture, since, "the index", |log| {
             log.iter()
                 .filter(|l| l.starts_with("PUT ") && l.contains("/manifests/sha256:"))
                 .count()
                 >= 3
         });
         assert!(
-            !fixture
-                .proxy
-                .log()
+            !fixture.proxy.log()[since..]
                 .iter()
                 .any(|l| l.contains("/manifests/v1")),
             "the tag was pushed before the interruption"
@@ -425,9 +443,10 @@ fn sigkill_mid_push_keeps_the_old_tag_and_a_rerun_completes() {
     let fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
     let tmp = tempfile::tempdir().unwrap();
+    let since = fixture.proxy.log().len();
     let mut running = Running::spawn(fixture.build(Some(tmp.path())));
     running.wait_line("[push]");
-    wait_proxy(&fixture, "a blob upload", uploads_delayed);
+    wait_proxy(&fixture, since, "a blob upload", uploads_delayed);
     running.signal("KILL");
     let (status, _, stderr) = running.finish();
     assert_eq!(status.code(), None, "not killed: {status}\n{stderr}");
@@ -448,9 +467,10 @@ fn registry_killed_mid_push_exits_3_naming_it_and_keeps_the_old_tag() {
     let mut fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
     let tmp = tempfile::tempdir().unwrap();
+    let since = fixture.proxy.log().len();
     let mut running = Running::spawn(fixture.build(Some(tmp.path())));
     running.wait_line("[push]");
-    wait_proxy(&fixture, "a blob upload", uploads_delayed);
+    wait_proxy(&fixture, since, "a blob upload", uploads_delayed);
     fixture.registry.stop();
     let (status, stdout, stderr) = running.finish();
     eprintln!(
