@@ -113,8 +113,7 @@ impl SecondDockerd {
             return false;
         };
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        if s
-            .write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+        if s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
             .is_err()
         {
             return false;

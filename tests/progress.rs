@@ -70,7 +70,10 @@ fn plain_lines_on_a_pipe_are_timestamped_and_free_of_control_characters() {
         stdout.contains("every declared platform is covered"),
         "{stdout}"
     );
-    assert!(!stdout.contains('\x1b') && !stdout.contains('\r'), "{stdout:?}");
+    assert!(
+        !stdout.contains('\x1b') && !stdout.contains('\r'),
+        "{stdout:?}"
+    );
 }
 
 #[test]
@@ -100,7 +103,11 @@ fn json_mode_is_event_lines_on_stderr_and_one_record_on_stdout() {
     let record = &documents[0];
     assert_eq!(record["schema"], "polyarch/coverage/v1", "{record:#}");
     assert_eq!(record["covered"], true, "{record:#}");
-    assert_eq!(stdout.trim_end(), stdout.trim(), "leading noise: {stdout:?}");
+    assert_eq!(
+        stdout.trim_end(),
+        stdout.trim(),
+        "leading noise: {stdout:?}"
+    );
 }
 
 fn shell_quote(arg: &str) -> String {
