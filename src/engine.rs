@@ -61,7 +61,7 @@ impl Engine {
     pub async fn from_docker(docker: Docker, endpoint: String) -> Result<Engine> {
         let unreachable = |e: bollard::errors::Error| {
             Error::Engine(format!(
-                "cannot reach the engine at {endpoint}: {e}; start dockerd or set DOCKER_HOST"
+                "cannot reach the engine at {endpoint}: {e}; start dockerd there, or point DOCKER_HOST (or the `builders:` entry) at a running engine"
             ))
         };
         let docker = docker.negotiate_version().await.map_err(unreachable)?;
