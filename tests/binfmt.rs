@@ -16,7 +16,33 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
+mod support;
+
 const LOCK: &str = "/tmp/polyarch-binfmt-tests.lock";
+
+/// A Dockerfile whose target-platform stage RUNs a command: needs emulation when foreign.
+const RUNS_ON_TARGET: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"mkdir\", \"/made-on-target\"]\nENTRYPOINT [\"/bin/busybox\", \"uname\", \"-m\"]\n";
+
+/// `polyarch build` of a one-image project in `dir` (RUN steps without a network: a
+/// hand-started engine may have no bridge).
+fn polyarch_build(
+    dir: &Path,
+    dockerfile: &str,
+    repository: &str,
+    mode: &str,
+) -> std::process::Output {
+    fs::create_dir_all(dir).unwrap();
+    support::hello_context(dir, dockerfile);
+    let file = support::write_project(dir, repository, "[v1]", "[linux/amd64, linux/arm64]");
+    let mut text = fs::read_to_string(&file).unwrap();
+    text.push_str("    network: none\n");
+    fs::write(&file, text).unwrap();
+    support::run(
+        support::polyarch()
+            .args(["build", "--binfmt", mode, "--output-format", "json", "-f"])
+            .arg(&file),
+    )
+}
 
 fn mounted() -> bool {
     fs::read_to_string("/proc/self/mounts")
@@ -247,6 +273,35 @@ async fn binfmt_on_the_real_engine() {
             unregister(&name);
         }
     }
+    // The CLI, with arm64 unregistered: `never` refuses a RUN on arm64 before building,
+    // while a COPY-only arm64 build needs no emulation and succeeds.
+    let registry = support::Registry::start();
+    let work = tempfile::tempdir().unwrap();
+    let refused = polyarch_build(
+        &work.path().join("never-run"),
+        RUNS_ON_TARGET,
+        &registry.repo("binfmt/never-run"),
+        "never",
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("linux/arm64") && !stderr.contains("[build"),
+        "{stderr}"
+    );
+    let copy_only = polyarch_build(
+        &work.path().join("never-copy"),
+        support::HELLO,
+        &registry.repo("binfmt/never-copy"),
+        "never",
+    );
+    assert_eq!(
+        copy_only.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&copy_only.stderr)
+    );
+
     let engine = Engine::connect().await.expect("engine");
     let native = engine.native.clone();
     assert_eq!(
@@ -401,6 +456,50 @@ async fn binfmt_on_the_real_engine() {
 
     emu.cleanup().await.unwrap();
     assert_eq!(leftovers(emu.run_id()), Vec::<String>::new());
+
+    // The CLI under `auto` builds the RUN on arm64 (emulated), and the pushed arm64 image's
+    // command runs under `docker run --platform linux/arm64`.
+    let repository = registry.repo("binfmt/auto-run");
+    let built = polyarch_build(
+        &work.path().join("auto-run"),
+        RUNS_ON_TARGET,
+        &repository,
+        "auto",
+    );
+    assert_eq!(
+        built.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let record: serde_json::Value = serde_json::from_slice(&built.stdout).unwrap();
+    let arm = &record["images"][0]["platforms"][1];
+    assert_eq!(arm["platform"], "linux/arm64");
+    assert_eq!(arm["build"]["emulated"], true, "{record}");
+    let reference = format!("{repository}:v1");
+    let ran = Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--pull",
+            "always",
+            "--platform",
+            "linux/arm64",
+            &reference,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&ran.stdout).trim(),
+        "aarch64",
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let _ = Command::new("docker")
+        .args(["rmi", "-f", &reference])
+        .output();
     drop(sweep);
     drop(guard);
     // The assembled installer image is kept by design (the entries pin interpreters in
