@@ -31,6 +31,13 @@ impl Engine {
     /// Connects the way the Docker CLI does by default (`DOCKER_HOST`, else the local socket)
     /// and negotiates the API version.
     pub async fn connect() -> Result<Engine> {
+        // As the Docker CLI: DOCKER_HOST, else DOCKER_CONTEXT or config.json's
+        // currentContext, else the local socket.
+        if std::env::var_os("DOCKER_HOST").is_none() {
+            if let Some(context) = current_context() {
+                return Self::connect_endpoint(&context_host(&context)?).await;
+            }
+        }
         let endpoint =
             std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
         let docker = Docker::connect_with_defaults()
@@ -91,20 +98,33 @@ impl Engine {
     }
 }
 
+fn docker_config_dir() -> std::path::PathBuf {
+    std::env::var_os("DOCKER_CONFIG")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".docker")))
+        .unwrap_or_default()
+}
+
+/// The context `docker context use` selected, unless it is the built-in default.
+fn current_context() -> Option<String> {
+    let name = std::env::var("DOCKER_CONTEXT").ok().or_else(|| {
+        let text = std::fs::read_to_string(docker_config_dir().join("config.json")).ok()?;
+        let config: serde_json::Value = serde_json::from_str(&text).ok()?;
+        config["currentContext"].as_str().map(str::to_string)
+    })?;
+    (!name.is_empty() && name != "default").then_some(name)
+}
+
 /// The engine address of a Docker context, as `docker context use NAME` would select it.
 fn context_host(name: &str) -> Result<String> {
     use sha2::Digest;
-    let config = std::env::var_os("DOCKER_CONFIG")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".docker")))
-        .unwrap_or_default();
-    let meta = config
+    let meta = docker_config_dir()
         .join("contexts/meta")
         .join(hex::encode(sha2::Sha256::digest(name.as_bytes())))
         .join("meta.json");
     let text = std::fs::read_to_string(&meta).map_err(|_| {
         Error::Engine(format!(
-            "builder `{name}` is neither unix://, tcp:// nor a Docker context (no {}); create it with `docker context create {name} --docker host=…`",
+            "`{name}` is neither a unix:// or tcp:// engine address nor a Docker context (no {}); create it with `docker context create {name} --docker host=…`",
             meta.display()
         ))
     })?;

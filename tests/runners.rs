@@ -199,3 +199,41 @@ fn schema_completions_and_man_page_come_from_the_cli() {
     let help = run(polyarch().arg("--help"));
     assert!(String::from_utf8_lossy(&help.stdout).contains("130  interrupted"));
 }
+
+#[test]
+fn the_engine_comes_from_the_current_docker_context() {
+    let config = tempfile::tempdir().unwrap();
+    let docker = |args: &[&str]| {
+        run(std::process::Command::new("docker")
+            .args(args)
+            .env("DOCKER_CONFIG", config.path()))
+    };
+    let created = docker(&[
+        "context",
+        "create",
+        "polyarch-test",
+        "--docker",
+        "host=unix:///var/run/docker.sock",
+    ]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    assert!(docker(&["context", "use", "polyarch-test"])
+        .status
+        .success());
+    let doctor = run(polyarch()
+        .args(["doctor", "-f", "/nonexistent/polyarch.yaml"])
+        .env("DOCKER_CONFIG", config.path())
+        .env_remove("DOCKER_HOST"));
+    assert_eq!(
+        doctor.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&doctor.stdout)
+    );
+    let broken = run(polyarch()
+        .args(["doctor", "-f", "/nonexistent/polyarch.yaml"])
+        .env("DOCKER_CONFIG", config.path())
+        .env("DOCKER_CONTEXT", "no-such-context")
+        .env_remove("DOCKER_HOST"));
+    assert_eq!(broken.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&broken.stdout).contains("no-such-context"));
+}
