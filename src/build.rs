@@ -52,7 +52,41 @@ pub fn temporary_tag(image: &str, platform: &Platform, run_id: &str) -> String {
     format!("polyarch-build/{image}:{slug}-{run_id}")
 }
 
+/// Attempts per build when the engine loses an image another client deleted mid-build.
+const BUILD_ATTEMPTS: usize = 3;
+
 pub async fn build(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    run_id: &str,
+    reporter: &dyn Reporter,
+) -> Result<BuiltImage> {
+    let mut attempt = 1;
+    loop {
+        match build_once(engine, spec, platform, run_id, reporter).await {
+            // Identical content gives identical image IDs: when a concurrent run removes
+            // its copy while BuildKit is exporting ours, the engine loses the image record
+            // ("failed to get digest … no such file"). Building again recreates it.
+            Err(Error::Build { message, .. })
+                if attempt < BUILD_ATTEMPTS
+                    && message.contains("failed to get digest")
+                    && message.contains("no such file") =>
+            {
+                attempt += 1;
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "{} {platform}: the engine lost the image while exporting it (a concurrent removal); building again",
+                        spec.name
+                    ),
+                });
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn build_once(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,

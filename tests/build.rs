@@ -42,6 +42,10 @@ fn two_platform_image_is_one_index_with_exactly_the_declared_platforms() {
         "[v1, latest]",
         "[linux/amd64, linux/arm64]",
     );
+    // A name of its own, so other tests' builds on the shared engine never count as leftovers.
+    let name = unique_name("twoplat");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
     let record_path = dir.path().join("coverage.json");
 
     let out = run(polyarch()
@@ -133,7 +137,8 @@ fn two_platform_image_is_one_index_with_exactly_the_declared_platforms() {
 
     // Nothing polyarch created is left in the engine.
     let leftovers = Command::new("docker")
-        .args(["images", "-q", "--filter", "reference=polyarch-build/*"])
+        .args(["images", "-q", "--filter"])
+        .arg(format!("reference=polyarch-build/{name}:*"))
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&leftovers.stdout).trim().is_empty());
