@@ -1,0 +1,10 @@
+//! Registry responses: manifest/index bytes and image config bytes.
+#![no_main]
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = polyarch::oci::parse_manifest(data);
+    if let Ok(p) = polyarch::oci::ConfigPlatform::from_config(data) {
+        let _ = p.normalized();
+    }
+});
