@@ -134,9 +134,17 @@ pub async fn verify<S: ContentSource>(
         }
     };
 
+    // Entries are independent: read their manifests and configs concurrently.
+    let checked = futures_util::future::try_join_all(
+        entries
+            .iter()
+            .map(|entry| check_entry(source, target, entry)),
+    )
+    .await?;
     let mut found: Vec<PlatformCoverage> = Vec::new();
-    for entry in &entries {
-        found.push(check_entry(source, target, entry, &mut warnings).await?);
+    for (coverage, entry_warnings) in checked {
+        found.push(coverage);
+        warnings.extend(entry_warnings);
     }
 
     let mut platforms = Vec::new();
@@ -262,8 +270,8 @@ async fn check_entry<S: ContentSource>(
     source: &S,
     target: &Target,
     entry: &Entry,
-    warnings: &mut Vec<String>,
-) -> Result<PlatformCoverage> {
+) -> Result<(PlatformCoverage, Vec<String>)> {
+    let mut warnings = Vec::new();
     let bytes = source.manifest(&entry.digest).await?;
     let manifest = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
         Parsed::Image { manifest, .. } => manifest,
@@ -330,14 +338,17 @@ async fn check_entry<S: ContentSource>(
                 )
             })
         });
-    Ok(PlatformCoverage {
-        platform,
-        digest: Some(entry.digest.clone()),
-        config_platform,
-        size: Some(entry.size),
-        status,
-        detail,
-        deep,
-        build: None,
-    })
+    Ok((
+        PlatformCoverage {
+            platform,
+            digest: Some(entry.digest.clone()),
+            config_platform,
+            size: Some(entry.size),
+            status,
+            detail,
+            deep,
+            build: None,
+        },
+        warnings,
+    ))
 }
