@@ -65,8 +65,7 @@ reg_pid=""
 host=""
 cleanup() {
   set +e
-  if [[ -n "$reg_pid" ]] && kill -0 "$reg_pid" 2>/dev/null; then
-    kill "$reg_pid" 2>/dev/null; wait "$reg_pid" 2>/dev/null
+  if stop_registry; then
     log "registry stopped"
   fi
   if [[ -n "$host" ]]; then # images this run tagged in the engine (nothing else)
@@ -77,38 +76,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-start_registry() {
-  local port="$1" i
-  cat >"$tmp/registry.yml" <<YAML
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: $tmp/registry-data
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$port
-YAML
-  docker-registry serve "$tmp/registry.yml" >"$tmp/registry.log" 2>&1 </dev/null &
-  reg_pid=$!
-  for ((i = 0; i < 50; i++)); do
-    curl -fsS -o /dev/null "http://127.0.0.1:$port/v2/" 2>/dev/null && return 0
-    kill -0 "$reg_pid" 2>/dev/null || break
-    sleep 0.2
-  done
-  kill "$reg_pid" 2>/dev/null || true; wait "$reg_pid" 2>/dev/null || true; reg_pid=""
-  return 1
-}
-for _ in 1 2 3 4 5 6 7 8; do
-  p=$((20000 + RANDOM % 40000))
-  port_in_use "$p" && continue
-  if start_registry "$p"; then host="127.0.0.1:$p"; break; fi
-done
+# shellcheck source=../scripts/registry.sh
+source "$root/scripts/registry.sh"
+start_registry warn && host="127.0.0.1:$registry_port"
 [[ -n "$host" ]] || { log "could not start docker-registry"; exit 1; }
 log "registry at http://$host (pid $reg_pid); temp $tmp"
 

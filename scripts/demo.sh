@@ -28,51 +28,17 @@ done
 tmp="$(mktemp -d -t polyarch-demo.XXXXXX)"
 reg_pid=""
 cleanup() {
-  if [[ -n "$reg_pid" ]] && kill -0 "$reg_pid" 2>/dev/null; then
-    kill "$reg_pid" 2>/dev/null || true
-    wait "$reg_pid" 2>/dev/null || true
+  if stop_registry; then
     log "registry stopped"
   fi
   if [[ "${POLYARCH_DEMO_KEEP:-}" == 1 ]]; then log "kept $tmp"; else rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
 
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-start_registry() { # start_registry PORT -> 0 when /v2/ answers
-  local port="$1" i
-  cat >"$tmp/registry.yml" <<YAML
-version: 0.1
-log:
-  level: info
-storage:
-  filesystem:
-    rootdirectory: $tmp/registry-data
-  delete:
-    enabled: true
-http:
-  addr: 127.0.0.1:$port
-YAML
-  docker-registry serve "$tmp/registry.yml" >"$tmp/registry.log" 2>&1 </dev/null &
-  reg_pid=$!
-  for ((i = 0; i < 50; i++)); do
-    if curl -fsS -o /dev/null "http://127.0.0.1:$port/v2/" 2>/dev/null; then return 0; fi
-    kill -0 "$reg_pid" 2>/dev/null || break
-    sleep 0.2
-  done
-  kill "$reg_pid" 2>/dev/null || true
-  wait "$reg_pid" 2>/dev/null || true
-  reg_pid=""
-  tail -n 5 "$tmp/registry.log" >&2
-  return 1
-}
-
+# shellcheck source=registry.sh
+source "$root/scripts/registry.sh"
 port=""
-for _ in 1 2 3 4 5; do
-  p=$((20000 + RANDOM % 40000))
-  port_in_use "$p" && continue
-  if start_registry "$p"; then port="$p"; break; fi
-done
+start_registry info && port="$registry_port"
 [[ -n "$port" ]] || { log "could not start docker-registry"; exit 1; }
 host="127.0.0.1:$port"
 log "registry at http://$host (pid $reg_pid, log $tmp/registry.log)"
