@@ -958,6 +958,31 @@ impl Emulation {
     /// Registers QEMU emulators for `platforms` on the engine's kernel.
     /// Uses `installer_image` (default [`DEFAULT_INSTALLER`]) when the engine has it or can
     /// pull it, else an installer assembled from the client host's qemu-user-static files.
+    /// Since Linux 6.7 binfmt_misc can be a per-namespace instance that lives only while
+    /// mounted: on a sandboxed host, what the installer container registers into its own
+    /// mount vanishes with the container. When the engine is local and the host has no
+    /// binfmt_misc mounted, mount it here (as root) so the registrations persist.
+    fn keep_binfmt_instance_alive(&self, reporter: &dyn Reporter) {
+        let local = self.engine.endpoint.starts_with("unix://");
+        let mounted = std::path::Path::new(BINFMT_MISC).join("register").exists();
+        if !local || mounted || !std::path::Path::new(BINFMT_MISC).is_dir() {
+            return;
+        }
+        let status = std::process::Command::new("mount")
+            .args(["-t", "binfmt_misc", "binfmt_misc", BINFMT_MISC])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if status.is_ok_and(|s| s.success()) {
+            reporter.report(Event::Note {
+                message: format!(
+                    "mounted binfmt_misc at {BINFMT_MISC} on this host so the emulators registered next outlive the installer container"
+                ),
+            });
+        }
+    }
+
     pub async fn register(
         &self,
         platforms: &[Platform],
@@ -977,6 +1002,7 @@ impl Emulation {
             v
         };
         let names = join(platforms);
+        self.keep_binfmt_instance_alive(reporter);
         let image = installer_image.unwrap_or(DEFAULT_INSTALLER);
         let image_error = match self.have_or_pull(image, reporter).await {
             Ok(()) => {

@@ -459,6 +459,15 @@ async fn binfmt_on_the_real_engine() {
 
     // The CLI under `auto` builds the RUN on arm64 (emulated), and the pushed arm64 image's
     // command runs under `docker run --platform linux/arm64`.
+    // Start from an unmounted binfmt_misc with arm64 unregistered: on kernels with
+    // sandboxed binfmt_misc instances, polyarch must keep one mounted for the
+    // registration to outlive its installer container.
+    for (name, content) in entries() {
+        if name.contains("aarch64") || content.contains("aarch64") {
+            unregister(&name);
+        }
+    }
+    let _ = Command::new("umount").arg(BINFMT_MISC).status();
     let repository = registry.repo("binfmt/auto-run");
     let built = polyarch_build(
         &work.path().join("auto-run"),
