@@ -85,6 +85,7 @@ log "registry at http://$host (pid $reg_pid); temp $tmp"
 # ------------------------------------------------------------------ fixture
 WITH_RUN=1 BINFMT=auto run_note=""
 # make_ctx DIR: FROM scratch, busybox per arch, RUN under QEMU for arm64, 20 MB blob.
+# RUN steps use no network for both contenders: a hand-started engine may have no bridge.
 make_ctx() {
   local dir="$1" a
   mkdir -p "$dir"
@@ -112,6 +113,7 @@ images:
     tags: [t]
     context: $1
     platforms: [$3]
+    network: none
 YAML
 }
 
@@ -140,14 +142,14 @@ run_classic() { # DIR REPO "amd64 arm64"
   {
     if [[ "$3" == *" "* ]]; then
       for a in $3; do
-        "$DOCKER" build -q --platform "linux/$a" -t "$repo:t-$a" "$dir"
+        "$DOCKER" build -q --network none --platform "linux/$a" -t "$repo:t-$a" "$dir"
         "$DOCKER" push -q "$repo:t-$a"
         refs+=("$repo:t-$a")
       done
       "$DOCKER" manifest create --amend --insecure "$repo:t" "${refs[@]}"
       "$DOCKER" manifest push --purge --insecure "$repo:t"
     else # one platform: users push the tag itself, no manifest list
-      "$DOCKER" build -q --platform "linux/$3" -t "$repo:t" "$dir"
+      "$DOCKER" build -q --network none --platform "linux/$3" -t "$repo:t" "$dir"
       "$DOCKER" push -q "$repo:t"
     fi
     skopeo inspect --raw --tls-verify=false "docker://$repo:t"

@@ -16,8 +16,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Log lines kept per build to explain a failure.
-const LOG_TAIL: usize = 15;
+/// Log lines kept per build: a failing platform's log is shown in full up to this many
+/// lines (the others stay in their reporter's last lines).
+const LOG_TAIL: usize = 2000;
 
 #[derive(Debug, Clone)]
 pub struct BuiltImage {
@@ -256,6 +257,11 @@ impl<'a> BuildLog<'a> {
     }
 
     fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
+        self.reporter.report(Event::FailedLog {
+            image: self.image.to_string(),
+            platform: self.platform.clone(),
+            lines: self.tail.iter().cloned().collect(),
+        });
         let everything = format!("{message}\n{}", Vec::from(self.tail.clone()).join("\n"));
         if everything.contains("exec format error") {
             return Error::Emulation(format!(

@@ -57,6 +57,12 @@ pub enum Event {
     Note {
         message: String,
     },
+    /// The whole (bounded) build log of a platform whose build failed.
+    FailedLog {
+        image: String,
+        platform: Platform,
+        lines: Vec<String>,
+    },
 }
 
 pub trait Reporter: Send + Sync {
@@ -166,6 +172,16 @@ impl Reporter for PlainReporter {
                     );
                 }
             }
+            Event::FailedLog {
+                image,
+                platform,
+                lines,
+            } => {
+                self.line(&format!("{image} {platform} build log (failed):"));
+                for line in lines {
+                    self.line(&format!("{image} {platform} | {line}"));
+                }
+            }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::Note { message } => self.line(&message),
         }
@@ -262,6 +278,18 @@ impl Reporter for TerminalReporter {
                 let of = total.map_or(String::new(), |t| format!(" / {}", megabytes(t)));
                 self.bar(&unit_label(&image, platform.as_ref()))
                     .set_message(format!("{phase:?}: {}{of}", megabytes(done)).to_lowercase());
+            }
+            Event::FailedLog {
+                image,
+                platform,
+                lines,
+            } => {
+                let _ = self
+                    .multi
+                    .println(format!("{image} {platform} build log (failed):"));
+                for line in lines {
+                    let _ = self.multi.println(format!("  {line}"));
+                }
             }
             Event::Warning { message } => {
                 let _ = self.multi.println(format!("warning: {message}"));

@@ -160,6 +160,10 @@ fn failing_dockerfile_exits_3_and_pushes_nothing() {
         "{err}"
     );
     assert!(last.contains("does-not-exist"), "{err}");
+    assert!(
+        err.contains("build log (failed):"),
+        "the failing platform's log is not shown: {err}"
+    );
     assert!(tags_of(&repo).is_empty(), "something was tagged");
 }
 
