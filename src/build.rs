@@ -3,6 +3,7 @@
 //! The context is streamed as a tar honouring `.dockerignore`.
 
 use crate::engine::Engine;
+use crate::error::one_line;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
 use crate::{Error, Platform, Result};
@@ -282,10 +283,6 @@ impl<'a> BuildLog<'a> {
         };
         failed(format!("{}{step}{tail}", one_line(message)))
     }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn classic_step(line: &str) -> Option<(u32, u32)> {

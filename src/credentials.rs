@@ -70,12 +70,18 @@ struct HelperAnswer {
 /// The Docker config this process would read: `$DOCKER_CONFIG/config.json`, else
 /// `~/.docker/config.json`.
 pub fn config_path() -> Option<PathBuf> {
+    config_dir().map(|dir| dir.join("config.json"))
+}
+
+/// The Docker CLI's configuration directory: `$DOCKER_CONFIG`, else `~/.docker`
+/// (also where Docker contexts live).
+pub fn config_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("DOCKER_CONFIG").filter(|d| !d.is_empty()) {
-        return Some(PathBuf::from(dir).join("config.json"));
+        return Some(PathBuf::from(dir));
     }
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
-        .map(|h| PathBuf::from(h).join(".docker").join("config.json"))
+        .map(|h| PathBuf::from(h).join(".docker"))
 }
 
 /// Docker's names for Docker Hub.

@@ -9,6 +9,7 @@
 //! Layers may be given decompressed or gzip-compressed: the gzip magic is detected.
 //! zstd-compressed layers are reported as [`Finding::Unreadable`].
 
+use crate::error::one_line;
 use crate::platform::Platform;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
@@ -726,10 +727,6 @@ fn inspect_capped(
     Ok(inspector.run(&argv0))
 }
 
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 struct Inspector<'a> {
     fs: &'a Fs,
     platform: &'a Platform,
@@ -1003,11 +1000,7 @@ impl Inspector<'_> {
 // Remote glue.
 
 use crate::export::ChannelReader;
-
-fn short_digest(digest: &str) -> &str {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    &hex[..hex.len().min(12)]
-}
+use crate::oci::short_digest;
 
 /// Streams an image's layers from the registry, one after another (bounded memory), and
 /// runs [`inspect`] on them. gzip layers are decompressed (by media type or magic);

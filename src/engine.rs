@@ -99,10 +99,7 @@ impl Engine {
 }
 
 fn docker_config_dir() -> std::path::PathBuf {
-    std::env::var_os("DOCKER_CONFIG")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".docker")))
-        .unwrap_or_default()
+    crate::credentials::config_dir().unwrap_or_default()
 }
 
 /// The context `docker context use` selected, unless it is the built-in default.

@@ -67,6 +67,11 @@ impl Error {
     }
 }
 
+/// Collapses a multi-line message (engine or registry output) into one line.
+pub fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Exit codes as documented in `--help` and the README.
 pub mod exit {
     pub const COVERED: i32 = 0;

@@ -28,6 +28,12 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
+/// The first 12 hex digits of a digest, as `docker images` shows them.
+pub fn short_digest(digest: &str) -> &str {
+    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+    &hex[..hex.len().min(12)]
+}
+
 /// A serialized manifest ready to push by digest.
 #[derive(Debug, Clone)]
 pub struct ManifestBlob {

@@ -199,11 +199,6 @@ fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
-fn short(digest: &str) -> &str {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    &hex[..hex.len().min(12)]
-}
-
 fn human_size(bytes: u64) -> String {
     if bytes >= 1_000_000 {
         format!("{:.1} MB", bytes as f64 / 1_000_000.0)
@@ -226,7 +221,7 @@ impl CoverageRecord {
                 "{} {} -> {} ({})\n",
                 image.name,
                 image.reference,
-                short(&image.digest),
+                crate::oci::short_digest(&image.digest),
                 verdict
             );
             for p in &image.platforms {
@@ -234,7 +229,11 @@ impl CoverageRecord {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default();
-                let digest = p.digest.as_deref().map(short).unwrap_or("-");
+                let digest = p
+                    .digest
+                    .as_deref()
+                    .map(crate::oci::short_digest)
+                    .unwrap_or("-");
                 let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
                 let build = p.build.as_ref().map_or(String::new(), |b| {
                     format!(

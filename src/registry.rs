@@ -2,6 +2,7 @@
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
 use crate::credentials::{self, Credential};
+use crate::error::one_line;
 use crate::oci::{self, ManifestBlob};
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Platform, Result};
@@ -728,10 +729,6 @@ fn registry_error(
         format!("cannot {what} for {reference}: {detail}")
     };
     Error::Registry { registry, message }
-}
-
-fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Counts pushed bytes for one image × platform and reports them.

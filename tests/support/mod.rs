@@ -87,16 +87,7 @@ pub fn busybox(arch: &str) -> PathBuf {
 // -------------------------------------------------------------------- skopeo
 
 fn run_json(mut cmd: Command) -> serde_json::Value {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(&mut cmd);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "{cmd:?}: output is not JSON ({e}):\n{}",
