@@ -3,7 +3,7 @@
 
 use crate::binfmt::{Emulation, Runnable};
 use crate::engine::Engine;
-use crate::pipeline::{image_needs_emulation, repository_reference, BuildOptions};
+use crate::pipeline::{first_tag, image_needs_emulation, BuildOptions};
 use crate::plan;
 use crate::project::{BinfmtMode, Project};
 use crate::registry::Registry;
@@ -240,7 +240,7 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
     }
     for image in &project.images {
         let outcome = async {
-            let reference = repository_reference(&image.repository, &image.tags[0])?;
+            let reference = first_tag(image)?;
             let registry = Registry::new(&[reference.registry().to_string()], &options.registry)?;
             registry.probe(&reference, true).await
         }

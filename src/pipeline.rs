@@ -92,7 +92,7 @@ impl Destination {
             return None;
         };
         let cached = cache.get(&image.repository, image_id)?;
-        let reference = repository_reference(&image.repository, &image.tags[0])
+        let reference = first_tag(image)
             .ok()?
             .clone_with_digest(cached.digest.clone());
         r.get_manifest(&reference).await.ok().map(|_| cached)
@@ -481,8 +481,7 @@ pub async fn assemble(
 /// Reads a part's manifest and config back from the registry (digest-checked) and takes
 /// the index entry's platform from the config, as a fresh build would.
 async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
-    let reference = repository_reference(&image.repository, &image.tags[0])?
-        .clone_with_digest(part.digest.clone());
+    let reference = first_tag(image)?.clone_with_digest(part.digest.clone());
     let (bytes, _) = registry.get_manifest(&reference).await?;
     let not_image = |message: String| Error::Registry {
         registry: reference.registry().to_string(),
@@ -541,7 +540,7 @@ async fn publish(
         phase: Phase::Publish,
         message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
     });
-    let first = repository_reference(&image.repository, &image.tags[0])?;
+    let first = first_tag(image)?;
     let mut moved = Vec::new();
     for tag in &image.tags {
         if destination.current(image, tag).await.as_deref() != Some(index.digest.as_str()) {
@@ -585,12 +584,7 @@ async fn connect_registry(
 ) -> Result<Registry> {
     let registry = Registry::new(&registry_hosts(images)?, options)?;
     for image in images {
-        registry
-            .probe(
-                &repository_reference(&image.repository, &image.tags[0])?,
-                push,
-            )
-            .await?;
+        registry.probe(&first_tag(image)?, push).await?;
     }
     Ok(registry)
 }
@@ -686,7 +680,7 @@ pub async fn verify_image(
     deep: bool,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
-    let first = repository_reference(&image.repository, &image.tags[0])?;
+    let first = first_tag(image)?;
     let target = Target {
         name: image.name.clone(),
         reference: format!("{}:{}", image.repository, image.tags[0]),
@@ -722,8 +716,13 @@ pub async fn verify_image(
 fn registry_hosts(images: &[&ImageSpec]) -> Result<Vec<String>> {
     images
         .iter()
-        .map(|i| repository_reference(&i.repository, &i.tags[0]).map(|r| r.registry().to_string()))
+        .map(|i| first_tag(i).map(|r| r.registry().to_string()))
         .collect()
+}
+
+/// The reference of an image's first tag, which polyarch reads back and pushes blobs under.
+pub fn first_tag(image: &ImageSpec) -> Result<Reference> {
+    repository_reference(&image.repository, &image.tags[0])
 }
 
 pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
@@ -777,7 +776,7 @@ async fn build_and_push(
         seconds: (built.seconds * 10.0).round() / 10.0,
         builder: Some(engine.endpoint.clone()),
     };
-    let reference = repository_reference(&image.repository, &image.tags[0])?;
+    let reference = first_tag(image)?;
 
     if let Some(cached) = destination.already_pushed(cache, image, &built.id).await {
         cleanup.remove(engine, &built.tag).await;
