@@ -57,6 +57,16 @@ pub fn temporary_tag(image: &str, platform: &Platform, run_id: &str) -> String {
 /// Attempts per build when the engine loses an image another client deleted mid-build.
 const BUILD_ATTEMPTS: usize = 3;
 
+/// How one build attempt ended when it did not fail outright.
+enum Attempt {
+    Built(BuiltImage),
+    /// Identical content gives identical image IDs: when a concurrent run removes its copy
+    /// while the engine is exporting or tagging ours, the engine loses the image record
+    /// (BuildKit: "failed to get digest … no such file"; or the tag is simply absent after
+    /// a successful build). Building again recreates it.
+    Lost(String),
+}
+
 pub async fn build(
     engine: &Engine,
     spec: &ImageSpec,
@@ -66,15 +76,16 @@ pub async fn build(
 ) -> Result<BuiltImage> {
     let mut attempt = 1;
     loop {
-        match build_once(engine, spec, platform, run_id, reporter).await {
-            // Identical content gives identical image IDs: when a concurrent run removes
-            // its copy while BuildKit is exporting ours, the engine loses the image record
-            // ("failed to get digest … no such file"). Building again recreates it.
-            Err(Error::Build { message, .. })
-                if attempt < BUILD_ATTEMPTS
-                    && message.contains("failed to get digest")
-                    && message.contains("no such file") =>
-            {
+        match build_once(engine, spec, platform, run_id, reporter).await? {
+            Attempt::Built(image) => return Ok(image),
+            Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
+                return Err(Error::Build {
+                    image: spec.name.clone(),
+                    platform: platform.to_string(),
+                    message,
+                })
+            }
+            Attempt::Lost(_) => {
                 attempt += 1;
                 reporter.report(Event::Warning {
                     message: format!(
@@ -83,7 +94,6 @@ pub async fn build(
                     ),
                 });
             }
-            outcome => return outcome,
         }
     }
 }
@@ -94,7 +104,7 @@ async fn build_once(
     platform: &Platform,
     run_id: &str,
     reporter: &dyn Reporter,
-) -> Result<BuiltImage> {
+) -> Result<Attempt> {
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
     let failed = |message: String| Error::Build {
@@ -144,29 +154,40 @@ async fn build_once(
         .docker
         .build_image(options, None, Some(bollard::body_stream(context)));
     let mut log = BuildLog::new(spec, platform, reporter);
+    let mut error = None;
     while let Some(item) = stream.next().await {
         match item {
             Ok(info) => log.consume(info),
-            Err(e) => return Err(log.failure(&e.to_string(), failed)),
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
         }
     }
-    if let Some(message) = log.vertex_error.take() {
+    if let Some(message) = error.or_else(|| log.vertex_error.take()) {
+        let with_tail = log.with_tail(&message);
+        if with_tail.contains("failed to get digest") && with_tail.contains("no such file") {
+            return Ok(Attempt::Lost(message));
+        }
         return Err(log.failure(&message, failed));
     }
 
-    let inspected = engine.docker.inspect_image(&tag).await.map_err(|e| {
-        failed(format!(
-            "the engine reported success but the image {tag} is missing: {e}"
-        ))
-    })?;
+    let inspected = match engine.docker.inspect_image(&tag).await {
+        Ok(inspected) => inspected,
+        Err(e) => {
+            return Ok(Attempt::Lost(format!(
+                "the engine reported success but the image {tag} is missing: {e}"
+            )))
+        }
+    };
     let id = inspected
         .id
         .ok_or_else(|| failed(format!("the engine returned no ID for {tag}")))?;
-    Ok(BuiltImage {
+    Ok(Attempt::Built(BuiltImage {
         id,
         tag,
         seconds: started.elapsed().as_secs_f64(),
-    })
+    }))
 }
 
 /// Turns the engine's build stream (BuildKit status or classic lines) into events and
@@ -257,13 +278,23 @@ impl<'a> BuildLog<'a> {
         }
     }
 
+    /// The engine's error message followed by the build's last log lines.
+    fn with_tail(&self, message: &str) -> String {
+        let mut text = message.to_string();
+        for line in &self.tail {
+            text.push('\n');
+            text.push_str(line);
+        }
+        text
+    }
+
     fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
         self.reporter.report(Event::FailedLog {
             image: self.image.to_string(),
             platform: self.platform.clone(),
             lines: self.tail.iter().cloned().collect(),
         });
-        let everything = format!("{message}\n{}", Vec::from(self.tail.clone()).join("\n"));
+        let everything = self.with_tail(message);
         if everything.contains("exec format error") {
             return Error::Emulation(format!(
                 "emulation for {} is not registered on this engine, so its RUN steps cannot execute; run with `--binfmt auto` (or `binfmt: auto` in polyarch.yaml) to register QEMU, or build {} on a native builder",
