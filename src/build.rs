@@ -289,18 +289,18 @@ impl<'a> BuildLog<'a> {
     }
 
     fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
-        self.reporter.report(Event::FailedLog {
-            image: self.image.to_string(),
-            platform: self.platform.clone(),
-            lines: self.tail.iter().cloned().collect(),
-        });
-        let everything = self.with_tail(message);
-        if everything.contains("exec format error") {
+        // Missing emulation is said in one line; the log adds nothing to it.
+        if self.with_tail(message).contains("exec format error") {
             return Error::Emulation(format!(
                 "emulation for {} is not registered on this engine, so its RUN steps cannot execute; run with `--binfmt auto` (or `binfmt: auto` in polyarch.yaml) to register QEMU, or build {} on a native builder",
                 self.platform, self.platform
             ));
         }
+        self.reporter.report(Event::FailedLog {
+            image: self.image.to_string(),
+            platform: self.platform.clone(),
+            lines: self.tail.iter().cloned().collect(),
+        });
         let step = self
             .current_step
             .as_deref()

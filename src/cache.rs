@@ -1,8 +1,11 @@
-//! What earlier runs pushed, keyed by registry repository and engine image ID, so a warm
-//! rerun whose builds produced the same images skips export and upload entirely.
-//! It is only a hint: an entry is used after the registry confirms the manifest exists.
+//! What earlier runs learned, so a warm rerun skips work: what they pushed, keyed by
+//! registry repository and engine image ID (export and upload are skipped; an entry is
+//! used after the registry confirms the manifest exists), and which platforms each
+//! engine ran (the emulation probe is skipped).
 
 use crate::oci::ConfigPlatform;
+use crate::Platform;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -28,54 +31,47 @@ impl CachedManifest {
     }
 }
 
-pub struct PushCache {
+/// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
+/// and a file that cannot be written only costs the next run the work it would have saved.
+struct Store<V> {
     path: Option<PathBuf>,
-    entries: Mutex<BTreeMap<String, CachedManifest>>,
+    entries: Mutex<BTreeMap<String, V>>,
 }
 
-fn key(repository: &str, image_id: &str) -> String {
-    format!("{repository}|{image_id}")
-}
-
-impl PushCache {
-    /// `$POLYARCH_CACHE_DIR`, `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`; an
-    /// unreadable or corrupt cache is treated as empty.
-    pub fn open() -> PushCache {
+impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
+    /// `$POLYARCH_CACHE_DIR`, `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.
+    fn open(file: &str) -> Store<V> {
         let dir = std::env::var_os("POLYARCH_CACHE_DIR")
             .map(PathBuf::from)
             .or_else(|| {
                 std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("polyarch"))
             })
             .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/polyarch")));
-        let path = dir.map(|d| d.join("pushed.json"));
+        let path = dir.map(|d| d.join(file));
         let entries = path
             .as_ref()
             .and_then(|p| std::fs::read(p).ok())
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default();
-        PushCache {
+        Store {
             path,
             entries: Mutex::new(entries),
         }
     }
 
-    pub fn get(&self, repository: &str, image_id: &str) -> Option<CachedManifest> {
-        self.entries
-            .lock()
-            .expect("cache lock")
-            .get(&key(repository, image_id))
-            .cloned()
+    fn get(&self, key: &str) -> Option<V> {
+        self.entries.lock().expect("cache lock").get(key).cloned()
     }
 
-    pub fn put(&self, repository: &str, image_id: &str, manifest: CachedManifest) {
-        self.entries
-            .lock()
-            .expect("cache lock")
-            .insert(key(repository, image_id), manifest);
+    fn put(&self, key: String, value: V) {
+        self.entries.lock().expect("cache lock").insert(key, value);
     }
 
-    /// Best effort: a cache that cannot be written only costs the next run an upload.
-    pub fn save(&self) {
+    fn remove(&self, key: &str) {
+        self.entries.lock().expect("cache lock").remove(key);
+    }
+
+    fn save(&self) {
         let Some(path) = &self.path else { return };
         let Some(dir) = path.parent() else { return };
         if std::fs::create_dir_all(dir).is_err() {
@@ -88,6 +84,58 @@ impl PushCache {
                 let _ = std::fs::rename(&partial, path);
             }
         }
+    }
+}
+
+pub struct PushCache(Store<CachedManifest>);
+
+fn key(repository: &str, image_id: &str) -> String {
+    format!("{repository}|{image_id}")
+}
+
+impl PushCache {
+    pub fn open() -> PushCache {
+        PushCache(Store::open("pushed.json"))
+    }
+
+    pub fn get(&self, repository: &str, image_id: &str) -> Option<CachedManifest> {
+        self.0.get(&key(repository, image_id))
+    }
+
+    pub fn put(&self, repository: &str, image_id: &str, manifest: CachedManifest) {
+        self.0.put(key(repository, image_id), manifest);
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+/// Platforms an engine's kernel ran in an earlier run (`true`: under QEMU), so a rerun
+/// builds without probing again. Only a hint: registrations vanish with a reboot, so a
+/// build that then meets `exec format error` makes the caller forget it and probe.
+pub struct EmulationMemory(Store<bool>);
+
+impl EmulationMemory {
+    pub fn open() -> EmulationMemory {
+        EmulationMemory(Store::open("emulation.json"))
+    }
+
+    /// `Some(emulated)` when `engine` (an engine identity) ran `platform` before.
+    pub fn runs(&self, engine: &str, platform: &Platform) -> Option<bool> {
+        self.0.get(&key(engine, &platform.to_string()))
+    }
+
+    pub fn remember(&self, engine: &str, platform: &Platform, emulated: bool) {
+        self.0.put(key(engine, &platform.to_string()), emulated);
+    }
+
+    pub fn forget(&self, engine: &str, platform: &Platform) {
+        self.0.remove(&key(engine, &platform.to_string()));
+    }
+
+    pub fn save(&self) {
+        self.0.save()
     }
 }
 
@@ -112,5 +160,15 @@ mod tests {
         assert_eq!(PushCache::open().get("r/x", "sha256:1"), Some(entry));
         std::fs::write(dir.path().join("pushed.json"), b"{not json").unwrap();
         assert_eq!(PushCache::open().get("r/x", "sha256:1"), None);
+
+        let arm64: Platform = "linux/arm64".parse().unwrap();
+        let memory = EmulationMemory::open();
+        memory.remember("engine-a", &arm64, true);
+        memory.save();
+        assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), Some(true));
+        assert_eq!(EmulationMemory::open().runs("engine-b", &arm64), None);
+        memory.forget("engine-a", &arm64);
+        memory.save();
+        assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), None);
     }
 }

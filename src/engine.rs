@@ -15,6 +15,9 @@ pub struct Engine {
     pub buildkit: bool,
     /// Where the engine was reached, for messages.
     pub endpoint: String,
+    /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
+    /// kernel (registered emulators) are remembered under.
+    pub identity: String,
 }
 
 impl std::fmt::Debug for Engine {
@@ -87,7 +90,13 @@ impl Engine {
         let native = Platform::new(&os, &arch, None);
         let api_version = version.api_version.clone().unwrap_or_default();
         let buildkit = api_at_least(&api_version, 1, 39) && os == "linux";
+        let identity = format!(
+            "{endpoint}|{}|{}",
+            info.id.as_deref().unwrap_or_default(),
+            info.kernel_version.as_deref().unwrap_or_default()
+        );
         Ok(Engine {
+            identity,
             docker,
             native,
             api_version,

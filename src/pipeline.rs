@@ -3,7 +3,7 @@
 
 use crate::binfmt::{Emulation, EmulationStatus};
 use crate::build::{self, BuiltImage};
-use crate::cache::{CachedManifest, PushCache};
+use crate::cache::{CachedManifest, EmulationMemory, PushCache};
 use crate::dockerfile;
 use crate::engine::{Builders, Engine};
 use crate::export;
@@ -20,7 +20,7 @@ use crate::verify::{self, RegistrySource, Target};
 use crate::{Error, Platform, Result};
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::Reference;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Default)]
@@ -294,7 +294,7 @@ async fn build_and_push_all<'a>(
     };
     let needed: Vec<Platform> = plan.units.iter().map(|u| u.platform.clone()).collect();
     let builders = Builders::connect(engine.clone(), &project.builders, &needed).await?;
-    let emulated = prepare_emulation(project, &plan, options, &builders, reporter).await?;
+    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
         id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
@@ -306,10 +306,18 @@ async fn build_and_push_all<'a>(
     let jobs = options.jobs.max(1);
     let pushed: Vec<Pushed> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
-            let destination = &destination;
+            let (destination, emulation) = (&destination, &emulation);
             let engine = builders.for_platform(&unit.platform);
-            let emulated = emulated.contains(&(unit.image.name.clone(), unit.platform.clone()));
-            async move { build_and_push(engine, destination, unit, emulated, run).await }
+            async move {
+                let emulated = emulation.is_emulated(unit);
+                match build_and_push(engine, destination, unit, emulated, run).await {
+                    Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
+                        let emulated = emulation.recheck(engine, unit, reporter).await?;
+                        build_and_push(engine, destination, unit, emulated, run).await
+                    }
+                    outcome => outcome,
+                }
+            }
         })
         .buffer_unordered(jobs)
         .try_collect()
@@ -601,74 +609,207 @@ pub fn image_needs_emulation(image: &ImageSpec) -> Result<bool> {
     Ok(dockerfile::needs_emulation(&text, image.target.as_deref()))
 }
 
-/// Before any build: makes every foreign platform whose build RUNs something runnable on
-/// its engine (or fails, per the binfmt mode). Returns the image × platform pairs that
-/// will build under emulation.
-async fn prepare_emulation(
-    project: &Project,
-    plan: &plan::Plan<'_>,
-    options: &BuildOptions,
-    builders: &Builders,
-    reporter: &dyn Reporter,
-) -> Result<HashSet<(String, Platform)>> {
-    let mut emulated = HashSet::new();
-    let installer = options
-        .binfmt_image
-        .as_deref()
-        .or(project.binfmt_image.as_deref());
-    for image in &plan.images {
-        let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
-        for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
-            let engine = builders.for_platform(&unit.platform);
-            if unit.platform.os_arch() == engine.native.os_arch() {
-                continue;
-            }
-            if builders.by_platform.contains_key(&unit.platform) {
-                reporter.report(Event::Warning {
-                    message: format!(
-                        "builder {} for {} is a {} engine",
-                        engine.endpoint, unit.platform, engine.native
-                    ),
-                });
-            }
-            foreign.push((engine, unit.platform.clone()));
-        }
-        if foreign.is_empty() {
-            continue;
-        }
-        if !image_needs_emulation(image)? {
-            reporter.report(Event::Note {
-                message: format!(
-                    "{}: no RUN step executes for the target platform, so {} builds need no emulation",
-                    image.name,
-                    foreign.iter().map(|(_, p)| p.to_string()).collect::<Vec<_>>().join(", ")
-                ),
-            });
-            continue;
-        }
-        let mode = binfmt_mode(project, image, options);
-        for (engine, platform) in foreign {
-            let emulation = Emulation::new(engine.clone());
-            let ensured = emulation
-                .ensure(std::slice::from_ref(&platform), mode, installer, reporter)
-                .await;
-            // Probe images are per run; registrations stay, as binfmt --install's do.
+/// The run's emulation: which image × platform builds run under QEMU, and which of those
+/// verdicts an earlier run found (they are trusted without a probe and checked again when
+/// the build meets `exec format error`).
+struct EmulationPlan<'a> {
+    project: &'a Project,
+    options: &'a BuildOptions,
+    memory: EmulationMemory,
+    emulated: HashSet<(String, Platform)>,
+    remembered: HashSet<(String, Platform)>,
+    /// Serialises re-checks, so two builds never register the same emulator at once.
+    recheck: tokio::sync::Mutex<()>,
+}
+
+impl<'a> EmulationPlan<'a> {
+    /// Before any build: makes every foreign platform whose build RUNs something runnable
+    /// on its engine (or fails, per the binfmt mode).
+    async fn prepare(
+        project: &'a Project,
+        plan: &plan::Plan<'_>,
+        options: &'a BuildOptions,
+        builders: &Builders,
+        reporter: &dyn Reporter,
+    ) -> Result<EmulationPlan<'a>> {
+        let mut state = EmulationPlan {
+            project,
+            options,
+            memory: EmulationMemory::open(),
+            emulated: HashSet::new(),
+            remembered: HashSet::new(),
+            recheck: tokio::sync::Mutex::new(()),
+        };
+        // One per engine, so images sharing a platform share its probe.
+        let mut emulations: HashMap<String, Emulation> = HashMap::new();
+        let prepared = state
+            .prepare_images(plan, builders, &mut emulations, reporter)
+            .await;
+        // Probe images are per run; registrations stay, as binfmt --install's do.
+        for emulation in emulations.values() {
             let _ = emulation.cleanup().await;
-            for (platform, status) in ensured? {
-                if let EmulationStatus::Emulated { registered_now } = status {
+        }
+        state.memory.save();
+        prepared.map(|()| state)
+    }
+
+    fn installer(&self) -> Option<&str> {
+        self.options
+            .binfmt_image
+            .as_deref()
+            .or(self.project.binfmt_image.as_deref())
+    }
+
+    async fn prepare_images(
+        &mut self,
+        plan: &plan::Plan<'_>,
+        builders: &Builders,
+        emulations: &mut HashMap<String, Emulation>,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        for image in &plan.images {
+            let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
+            for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
+                let engine = builders.for_platform(&unit.platform);
+                if unit.platform.os_arch() == engine.native.os_arch() {
+                    continue;
+                }
+                if builders.by_platform.contains_key(&unit.platform) {
                     reporter.report(Event::Warning {
                         message: format!(
-                            "{} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
-                            image.name,
-                            if registered_now { " (emulator registered by this run)" } else { "" }
+                            "builder {} for {} is a {} engine",
+                            engine.endpoint, unit.platform, engine.native
                         ),
                     });
-                    emulated.insert((image.name.clone(), platform));
                 }
+                foreign.push((engine, unit.platform.clone()));
+            }
+            if foreign.is_empty() {
+                continue;
+            }
+            if !image_needs_emulation(image)? {
+                reporter.report(Event::Note {
+                    message: format!(
+                        "{}: no RUN step executes for the target platform, so {} builds need no emulation",
+                        image.name,
+                        foreign.iter().map(|(_, p)| p.to_string()).collect::<Vec<_>>().join(", ")
+                    ),
+                });
+                continue;
+            }
+            let mode = binfmt_mode(self.project, image, self.options);
+            for (engine, platform) in foreign {
+                // `never` decides from the platforms alone; the others may trust a verdict.
+                let remembered = (mode != BinfmtMode::Never)
+                    .then(|| self.memory.runs(&engine.identity, &platform))
+                    .flatten();
+                let status = match remembered {
+                    Some(emulated) => {
+                        self.remembered
+                            .insert((image.name.clone(), platform.clone()));
+                        if emulated {
+                            EmulationStatus::Emulated {
+                                registered_now: false,
+                            }
+                        } else {
+                            EmulationStatus::Native
+                        }
+                    }
+                    None => {
+                        let emulation = emulations
+                            .entry(engine.endpoint.clone())
+                            .or_insert_with(|| Emulation::new(engine.clone()));
+                        self.ensure(emulation, &platform, mode, reporter).await?
+                    }
+                };
+                self.note(&image.name, &platform, status, reporter);
             }
         }
+        Ok(())
     }
-    Ok(emulated)
+
+    /// Probes (and, per `mode`, registers) one platform, and remembers what it found.
+    async fn ensure(
+        &self,
+        emulation: &Emulation,
+        platform: &Platform,
+        mode: BinfmtMode,
+        reporter: &dyn Reporter,
+    ) -> Result<EmulationStatus> {
+        let ensured = emulation
+            .ensure(
+                std::slice::from_ref(platform),
+                mode,
+                self.installer(),
+                reporter,
+            )
+            .await?;
+        let status = ensured
+            .into_iter()
+            .map(|(_, status)| status)
+            .next()
+            .unwrap_or(EmulationStatus::Native);
+        self.memory.remember(
+            &emulation.engine().identity,
+            platform,
+            matches!(status, EmulationStatus::Emulated { .. }),
+        );
+        Ok(status)
+    }
+
+    fn note(
+        &mut self,
+        image: &str,
+        platform: &Platform,
+        status: EmulationStatus,
+        reporter: &dyn Reporter,
+    ) {
+        if let EmulationStatus::Emulated { registered_now } = status {
+            reporter.report(Event::Warning {
+                message: format!(
+                    "{image} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
+                    if registered_now { " (emulator registered by this run)" } else { "" }
+                ),
+            });
+            self.emulated.insert((image.to_string(), platform.clone()));
+        }
+    }
+
+    fn is_emulated(&self, unit: &Unit<'_>) -> bool {
+        self.emulated
+            .contains(&(unit.image.name.clone(), unit.platform.clone()))
+    }
+
+    fn was_remembered(&self, unit: &Unit<'_>) -> bool {
+        self.remembered
+            .contains(&(unit.image.name.clone(), unit.platform.clone()))
+    }
+
+    /// After a build trusted a remembered verdict and met `exec format error`: forgets it,
+    /// probes (and registers, per the mode) again, and says whether the rebuild is emulated.
+    async fn recheck(
+        &self,
+        engine: &Engine,
+        unit: &Unit<'_>,
+        reporter: &dyn Reporter,
+    ) -> Result<bool> {
+        let _serial = self.recheck.lock().await;
+        reporter.report(Event::Note {
+            message: format!(
+                "{} {}: the emulator an earlier run found on {} is gone; probing again",
+                unit.image.name, unit.platform, engine.endpoint
+            ),
+        });
+        self.memory.forget(&engine.identity, &unit.platform);
+        let emulation = Emulation::new(engine.clone());
+        let mode = binfmt_mode(self.project, unit.image, self.options);
+        let status = self
+            .ensure(&emulation, &unit.platform, mode, reporter)
+            .await;
+        let _ = emulation.cleanup().await;
+        self.memory.save();
+        Ok(matches!(status?, EmulationStatus::Emulated { .. }))
+    }
 }
 
 /// Reads an image's first tag back and checks it against the declared platforms; every

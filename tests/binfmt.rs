@@ -40,7 +40,9 @@ fn polyarch_build(
     support::run(
         support::polyarch()
             .args(["build", "--binfmt", mode, "--output-format", "json", "-f"])
-            .arg(&file),
+            .arg(&file)
+            // Cases in one work dir share what runs remember about the engine.
+            .env("POLYARCH_CACHE_DIR", dir.parent().unwrap().join("cache")),
     )
 }
 
@@ -506,6 +508,40 @@ async fn binfmt_on_the_real_engine() {
         "{}",
         String::from_utf8_lossy(&ran.stderr)
     );
+
+    // A rerun trusts the verdict the run above remembered. With the emulator gone since
+    // (a reboot does that), its build meets exec format error: it probes again, registers
+    // and still succeeds.
+    for (name, content) in entries() {
+        if name.contains("aarch64") || content.contains("aarch64") {
+            unregister(&name);
+        }
+    }
+    let rerun = polyarch_build(
+        &work.path().join("auto-rerun"),
+        &RUNS_ON_TARGET.replace("/made-on-target", "/made-on-rerun"),
+        &registry.repo("binfmt/auto-rerun"),
+        "auto",
+    );
+    let stderr = String::from_utf8_lossy(&rerun.stderr);
+    assert_eq!(rerun.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("linux/arm64: the emulator an earlier run found")
+            && stderr.contains("is gone; probing again"),
+        "{stderr}"
+    );
+    let record: serde_json::Value = serde_json::from_slice(&rerun.stdout).unwrap();
+    assert_eq!(
+        record["images"][0]["platforms"][1]["build"]["emulated"], true,
+        "{record}"
+    );
+    assert!(
+        entries()
+            .iter()
+            .any(|(name, content)| name.contains("aarch64") || content.contains("aarch64")),
+        "the rerun registered arm64 again"
+    );
+
     let _ = Command::new("docker")
         .args(["rmi", "-f", &reference])
         .output();
