@@ -70,7 +70,8 @@ struct Output {
 
 #[derive(clap::Args)]
 struct RegistryArgs {
-    /// Reach this registry (host[:port]) over plain HTTP; loopback registries always are.
+    /// Treat this registry (host[:port]) as Docker treats an insecure one: TLS without
+    /// certificate checks, or plain HTTP. Loopback registries may always speak plain HTTP.
     #[arg(long, value_name = "HOST")]
     insecure_registry: Vec<String>,
     /// Registry user name; the password is read from stdin (--password-stdin).

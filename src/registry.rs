@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Largest manifest or config polyarch will read; real ones are a few KiB.
@@ -112,12 +112,12 @@ impl std::ops::Deref for Registry {
 
 #[doc(hidden)]
 pub struct Inner {
-    /// HTTPS for every registry except explicitly plain ones.
-    https: Box<Client>,
-    /// Plain HTTP for loopback and `--insecure-registry` registries.
-    plain: Box<Client>,
+    /// Each client is built on first use: building one loads the system's CA store.
+    clients: Clients,
     /// Registries allowed to fall back to plain HTTP.
     plain_capable: HashSet<String>,
+    /// `--insecure-registry` hosts: like Docker, TLS without verification, or plain HTTP.
+    insecure: HashSet<String>,
     /// Per registry: whether it speaks plain HTTP (decided on first contact).
     schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<bool>>>>,
     /// Per registry, resolved once (CLI, credential helpers, Docker config).
@@ -173,6 +173,53 @@ fn certs_d_files(registry: &str) -> Vec<PathBuf> {
     files
 }
 
+/// The registry clients, each built on first use.
+struct Clients {
+    extra_root_certificates: Vec<oci_client::client::Certificate>,
+    /// HTTPS, verified against the system roots plus the extra CAs.
+    https: OnceLock<Client>,
+    /// HTTPS without certificate checks: telling TLS from plain HTTP, and
+    /// `--insecure-registry` hosts that speak TLS.
+    unverified: OnceLock<Client>,
+    /// Plain HTTP for loopback and `--insecure-registry` registries.
+    plain: OnceLock<Client>,
+}
+
+impl Clients {
+    fn config(&self, protocol: ClientProtocol, verified: bool) -> ClientConfig {
+        ClientConfig {
+            protocol,
+            // One streaming PUT per blob: the size is known from the spool file.
+            use_monolithic_push: true,
+            extra_root_certificates: if verified {
+                self.extra_root_certificates.clone()
+            } else {
+                Vec::new()
+            },
+            accept_invalid_certificates: !verified,
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }
+    }
+
+    fn https(&self) -> &Client {
+        self.https
+            .get_or_init(|| Client::new(self.config(ClientProtocol::Https, true)))
+    }
+
+    fn unverified(&self) -> &Client {
+        self.unverified
+            .get_or_init(|| Client::new(self.config(ClientProtocol::Https, false)))
+    }
+
+    /// Verified still: a redirect may lead to an HTTPS host.
+    fn plain(&self) -> &Client {
+        self.plain
+            .get_or_init(|| Client::new(self.config(ClientProtocol::Http, true)))
+    }
+}
+
 /// What a blob upload sends: a spooled file (restartable) or bytes in memory.
 enum Body<'a> {
     File { path: &'a Path, size: u64 },
@@ -183,12 +230,14 @@ impl Registry {
     /// `registries` are the hosts this run talks to: their credentials are resolved now,
     /// loopback and `--insecure-registry` ones may fall back to plain HTTP.
     pub fn new(registries: &[String], options: &RegistryOptions) -> Result<Registry> {
+        // reqwest takes the process-wide rustls provider; an earlier install is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let plain_capable: HashSet<String> = registries
             .iter()
             .filter(|r| is_loopback(r) || options.insecure.contains(r))
             .cloned()
             .collect();
-        let explicit_plain: Vec<String> = options.insecure.clone();
+        let insecure: HashSet<String> = options.insecure.iter().cloned().collect();
         let mut ca_files: Vec<PathBuf> = options.ca_certs.clone();
         for registry in registries {
             ca_files.extend(certs_d_files(registry));
@@ -201,21 +250,15 @@ impl Registry {
                 data,
             });
         }
-        let config = |protocol: ClientProtocol| ClientConfig {
-            protocol,
-            // One streaming PUT per blob: the size is known from the spool file.
-            use_monolithic_push: true,
-            extra_root_certificates: extra_root_certificates.clone(),
-            connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: Some(Duration::from_secs(60)),
-            ..Default::default()
-        };
         let registry = Registry(Box::new(Inner {
-            https: Box::new(Client::new(config(ClientProtocol::HttpsExcept(
-                explicit_plain,
-            )))),
-            plain: Box::new(Client::new(config(ClientProtocol::Http))),
+            clients: Clients {
+                extra_root_certificates,
+                https: OnceLock::new(),
+                unverified: OnceLock::new(),
+                plain: OnceLock::new(),
+            },
             plain_capable,
+            insecure,
             schemes: Mutex::default(),
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
@@ -256,22 +299,39 @@ impl Registry {
         let host = reference.registry().to_string();
         let auth = self.auth_for(&host)?;
         let resolved = reference.resolve_registry().to_string();
-        if !self.plain_capable.contains(&host) {
-            self.https.store_auth_if_needed(&resolved, &auth).await;
-            return Ok(&self.https);
-        }
+        let client = if !self.plain_capable.contains(&host) {
+            self.clients.https()
+        } else if self.speaks_plain_http(&host, reference).await {
+            self.clients.plain()
+        } else if self.insecure.contains(&host) {
+            self.clients.unverified()
+        } else {
+            self.clients.https()
+        };
+        client.store_auth_if_needed(&resolved, &auth).await;
+        Ok(client)
+    }
+
+    /// Whether a loopback or insecure registry answers plain HTTP rather than TLS, asked
+    /// once per registry with an anonymous request, so no credential meets a server whose
+    /// certificate is not checked.
+    async fn speaks_plain_http(&self, host: &str, reference: &Reference) -> bool {
         let cell = self
             .schemes
             .lock()
             .expect("scheme lock")
-            .entry(host.clone())
+            .entry(host.to_string())
             .or_default()
             .clone();
-        let plain = *cell
+        *cell
             .get_or_init(|| async {
-                self.https.store_auth_if_needed(&resolved, &auth).await;
                 let absent = format!("sha256:{}", "0".repeat(64));
-                match self.https.blob_exists(reference, &absent).await {
+                match self
+                    .clients
+                    .unverified()
+                    .blob_exists(reference, &absent)
+                    .await
+                {
                     Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
                         // A certificate problem means the server does speak TLS.
                         classify(&OciDistributionError::RequestError(e)) != Failure::Tls
@@ -279,13 +339,7 @@ impl Registry {
                     _ => false,
                 }
             })
-            .await;
-        if plain {
-            self.plain.store_auth_if_needed(&resolved, &auth).await;
-            Ok(&self.plain)
-        } else {
-            Ok(&self.https)
-        }
+            .await
     }
 
     /// Runs one registry call with bounded, jittered retries of transient failures.

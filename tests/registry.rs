@@ -223,6 +223,14 @@ fn tls_registry_is_trusted_through_ca_cert_or_certs_d_only() {
     .unwrap();
     let out = run(project.build().env("POLYARCH_CERTS_D", &certs_d));
     assert_exit(&out, 0);
+
+    // As with Docker, a registry named with --insecure-registry may speak TLS with a
+    // certificate nobody vouches for.
+    let out = run(project
+        .build()
+        .arg("--insecure-registry")
+        .arg(&registry.host));
+    assert_exit(&out, 0);
 }
 
 #[test]
