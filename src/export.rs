@@ -243,6 +243,22 @@ impl<W: Write> HashWriter<W> {
             len: 0,
         }
     }
+
+    /// Flushes the spooled blob and describes it: `diff` hashed the uncompressed tar.
+    fn finish_layer(
+        mut self,
+        diff: Sha256,
+        file: &Path,
+    ) -> std::result::Result<ExportedLayer, SpoolError> {
+        self.flush().map_err(SpoolError::Write)?;
+        Ok(ExportedLayer {
+            diff_id: sha256_digest(diff),
+            digest: sha256_digest(self.hasher),
+            size: self.len,
+            media_type: LAYER_MEDIA_TYPE.to_string(),
+            path: file.to_path_buf(),
+        })
+    }
 }
 
 impl<W: Write> Write for HashWriter<W> {
@@ -609,15 +625,8 @@ fn spool_tar_layer(
         diff.update(&buf[..n]);
         gz.write_all(&buf[..n]).map_err(SpoolError::Write)?;
     }
-    let mut hashed = gz.finish().map_err(SpoolError::Write)?;
-    hashed.flush().map_err(SpoolError::Write)?;
-    Ok(ExportedLayer {
-        diff_id: sha256_digest(diff),
-        digest: sha256_digest(hashed.hasher),
-        size: hashed.len,
-        media_type: LAYER_MEDIA_TYPE.to_string(),
-        path: file.to_path_buf(),
-    })
+    let hashed = gz.finish().map_err(SpoolError::Write)?;
+    hashed.finish_layer(diff, file)
 }
 
 /// Copies an already-gzipped layer into `file` as is (digest = sha256 of those bytes)
@@ -651,14 +660,7 @@ fn spool_gzip_layer(
     }
     // Whatever follows the gzip members is still part of the blob.
     io::copy(&mut src, &mut hashed).map_err(classify)?;
-    hashed.flush().map_err(SpoolError::Write)?;
-    Ok(ExportedLayer {
-        diff_id: sha256_digest(diff),
-        digest: sha256_digest(hashed.hasher),
-        size: hashed.len,
-        media_type: LAYER_MEDIA_TYPE.to_string(),
-        path: file.to_path_buf(),
-    })
+    hashed.finish_layer(diff, file)
 }
 
 #[derive(Debug)]
