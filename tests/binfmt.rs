@@ -519,7 +519,11 @@ async fn binfmt_on_the_real_engine() {
     }
     let rerun = polyarch_build(
         &work.path().join("auto-rerun"),
-        &RUNS_ON_TARGET.replace("/made-on-target", "/made-on-rerun"),
+        // A RUN no earlier run cached, so it executes.
+        &RUNS_ON_TARGET.replace(
+            "/made-on-target",
+            &format!("/{}", support::unique_name("rerun")),
+        ),
         &registry.repo("binfmt/auto-rerun"),
         "auto",
     );
