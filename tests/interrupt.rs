@@ -150,7 +150,11 @@ impl Fixture {
             serde_json::from_str(&std::fs::read_to_string(self.record()).unwrap()).unwrap();
         assert_eq!(record["images"][0]["digest"], now.as_str(), "{record}");
         assert_eq!(record["covered"], true, "{record}");
-        assert!(self.temporary_images().is_empty());
+        let images = self.temporary_images();
+        assert!(
+            images.is_empty(),
+            "temporary images left after the rerun: {images:?}"
+        );
         assert_empty_dir(tmp.path(), "TMPDIR after the rerun");
     }
 }
