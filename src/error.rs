@@ -59,6 +59,14 @@ impl Error {
         }
     }
 
+    /// A file named on the command line that cannot be read: a usage error, not a failure.
+    pub fn input(path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Usage(format!(
+            "{}: cannot read it ({source}); check the path on the command line",
+            path.display()
+        ))
+    }
+
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

@@ -213,7 +213,7 @@ pub fn parse_workloads(file: &Path, text: &str) -> Result<Vec<Workload>> {
 }
 
 fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    let meta = std::fs::metadata(path).map_err(|e| Error::input(path, e))?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -231,7 +231,7 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::input(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let path = entry.path();
@@ -256,7 +256,7 @@ fn is_manifest_name(path: &Path) -> bool {
 }
 
 fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::input(path, e))?;
     String::from_utf8(bytes).map_err(|_| {
         Error::Usage(format!(
             "{}: not UTF-8 text; pass Kubernetes YAML or JSON",
@@ -2270,8 +2270,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("no *.yaml"), "{err}");
+        // A path named on the command line that does not exist is a usage error (exit 2).
         let missing = load_workloads(&[dir.path().join("nope.yaml")]).unwrap_err();
-        assert!(matches!(missing, Error::Io { .. }));
+        assert!(
+            matches!(&missing, Error::Usage(m) if m.contains("nope.yaml")),
+            "{missing}"
+        );
     }
 
     #[test]

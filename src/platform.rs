@@ -100,26 +100,72 @@ impl FromStr for Platform {
         }
         if let Some(bad) = parts.iter().find(|p| {
             !p.chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
         }) {
             return Err(err(&format!(
-                "`{bad}` has characters other than letters, digits, _ and -"
+                "`{bad}` has characters other than letters, digits, ., _ and -"
             )));
         }
-        match parts.as_slice() {
-            [os, arch] if KNOWN_OS.contains(&os.to_ascii_lowercase().as_str()) => {
-                Ok(Platform::new(os, arch, None))
-            }
-            [os, arch, variant] if KNOWN_OS.contains(&os.to_ascii_lowercase().as_str()) => {
-                Ok(Platform::new(os, arch, Some(variant)))
+        let known_os = |os: &str| KNOWN_OS.contains(&os.to_ascii_lowercase().as_str());
+        let platform = match parts.as_slice() {
+            [os, arch] if known_os(os) => Platform::new(os, arch, None),
+            [os, arch, variant] if known_os(os) => Platform::new(os, arch, Some(variant)),
+            [os] if known_os(os) => {
+                return Err(err(&format!(
+                    "`{os}` names only the operating system; add the architecture, e.g. {}/amd64",
+                    os.to_ascii_lowercase()
+                )))
             }
             // containerd accepts a bare architecture and assumes linux.
-            [arch] => Ok(Platform::new("linux", arch, None)),
-            [os, ..] if !KNOWN_OS.contains(&os.to_ascii_lowercase().as_str()) => {
-                Err(err(&format!("unknown operating system `{os}`")))
-            }
-            _ => Err(err("it is malformed")),
+            [arch] => Platform::new("linux", arch, None),
+            [os, ..] => return Err(err(&format!("unknown operating system `{os}`"))),
+            [] => return Err(err("it is malformed")),
+        };
+        if !KNOWN_ARCH.contains(&platform.architecture.as_str()) {
+            return Err(err(&format!(
+                "unknown architecture `{}` (known: {})",
+                platform.architecture,
+                KNOWN_ARCH.join(", ")
+            )));
         }
+        if let Some(variant) = &platform.variant {
+            if !known_variant(&platform.architecture, variant) {
+                return Err(err(&format!(
+                    "`{}` has no variant `{variant}`{}",
+                    platform.architecture,
+                    match platform.architecture.as_str() {
+                        "arm" => " (arm: v5, v6, v7, v8)",
+                        "arm64" => " (arm64: v8, v8.N, v9, v9.N)",
+                        "amd64" => " (amd64: v1, v2, v3, v4)",
+                        _ => "",
+                    }
+                )));
+            }
+        }
+        Ok(platform)
+    }
+}
+
+/// GOARCH values, as image configs and buildx spell them (after normalisation).
+const KNOWN_ARCH: &[&str] = &[
+    "amd64", "arm64", "arm", "386", "ppc64le", "ppc64", "s390x", "riscv64", "mips", "mipsle",
+    "mips64", "mips64le", "loong64", "wasm", "unknown",
+];
+
+/// Variants containerd knows, after normalisation (`arm64/v8` and `amd64/v1` are none).
+fn known_variant(arch: &str, variant: &str) -> bool {
+    let point_release = |major: &str| {
+        variant == major
+            || variant
+                .strip_prefix(major)
+                .and_then(|rest| rest.strip_prefix('.'))
+                .is_some_and(|minor| !minor.is_empty() && minor.chars().all(|c| c.is_ascii_digit()))
+    };
+    match arch {
+        "arm" => matches!(variant, "v5" | "v6" | "v7" | "v8"),
+        "arm64" => point_release("v8") || point_release("v9"),
+        "amd64" => matches!(variant, "v2" | "v3" | "v4"),
+        _ => false,
     }
 }
 
@@ -183,6 +229,34 @@ mod tests {
         assert_eq!(p("Linux/AMD64").to_string(), "linux/amd64");
         assert_eq!(p("linux/arm/v7").to_string(), "linux/arm/v7");
         assert_eq!(p("linux/i386").to_string(), "linux/386");
+    }
+
+    #[test]
+    fn only_real_architectures_and_variants_parse() {
+        for bad in [
+            "linux",
+            "linux/foo",
+            "linux/arm/v9",
+            "linux/amd64/v7",
+            "linux/386/v2",
+        ] {
+            assert!(bad.parse::<Platform>().is_err(), "{bad} parsed");
+        }
+        assert!("linux"
+            .parse::<Platform>()
+            .unwrap_err()
+            .to_string()
+            .contains("add the architecture"));
+        for good in [
+            "arm64",
+            "linux/arm64/v8.2",
+            "linux/arm64/v9",
+            "linux/amd64/v3",
+            "linux/arm/v6",
+        ] {
+            assert!(good.parse::<Platform>().is_ok(), "{good} refused");
+        }
+        assert_eq!(p("linux/arm64/v8"), p("arm64"));
     }
 
     #[test]

@@ -144,6 +144,8 @@ impl Project {
     /// Validates project text as if it were read from `file`; relative paths in it
     /// (contexts) resolve against `file`'s directory, which must therefore be real.
     pub fn parse(file: &Path, text: &str) -> Result<Project> {
+        // Editors on Windows may start UTF-8 files with a byte order mark.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let cx = Cx {
             file: file.to_path_buf(),
             base: match file.parent() {
@@ -542,6 +544,16 @@ impl Cx {
         for (i, s) in platform_strs.iter().enumerate() {
             let field = format!("images.{name}.platforms[{i}]");
             let p: Platform = s.parse().map_err(|e| self.err(&field, format!("{e}")))?;
+            if p.os != "linux" {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{}: polyarch builds Linux images (its builders are Linux Docker engines); use linux/{}",
+                        q(s),
+                        p.architecture
+                    ),
+                ));
+            }
             if let Some(j) = platforms.iter().position(|x| *x == p) {
                 return Err(self.err(
                     field,
@@ -741,6 +753,13 @@ fn check_repository(repo: &str) -> std::result::Result<(), String> {
         return Err(format!(
             "{} contains whitespace; remove it, {EXAMPLE}",
             q(repo)
+        ));
+    }
+    if let Some((scheme, rest)) = repo.split_once("://") {
+        return Err(format!(
+            "{} starts with a URL scheme (`{scheme}://`); write `repository: {}` (TLS or plain HTTP is worked out per registry)",
+            q(repo),
+            clip(rest)
         ));
     }
     if let Some((name, digest)) = repo.split_once('@') {

@@ -145,11 +145,22 @@ pub fn is_loopback(registry: &str) -> bool {
 }
 
 pub fn parse_reference(reference: &str) -> Result<Reference> {
-    reference.parse::<Reference>().map_err(|e| {
+    let invalid = |why: String| {
         Error::Usage(format!(
-            "`{reference}` is not an image reference ({e}); use host[:port]/path:tag or host[:port]/path@sha256:…"
+            "`{reference}` is not an image reference ({why}); use host[:port]/path:tag or host[:port]/path@sha256:…"
         ))
-    })
+    };
+    let parsed = reference
+        .parse::<Reference>()
+        .map_err(|e| invalid(e.to_string()))?;
+    // The parser lets an uppercase first component through as a Docker Hub path.
+    if parsed.repository().chars().any(|c| c.is_ascii_uppercase()) {
+        return Err(invalid(format!(
+            "repository path `{}` has uppercase letters; paths are lowercase",
+            parsed.repository()
+        )));
+    }
+    Ok(parsed)
 }
 
 /// Docker's per-registry trust directory root (`POLYARCH_CERTS_D` overrides it).
@@ -616,22 +627,42 @@ impl Registry {
         .await
     }
 
-    /// Reads a small JSON blob (an image config) and checks its digest.
+    /// Reads a small JSON blob (an image config) and checks its digest. The body is read
+    /// inside the retried call, so an answer cut short is asked for again.
     pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut stream = self.open_blob(reference, digest).await?;
-        while let Some(chunk) = stream.try_next().await.map_err(|e| {
-            let e: OciDistributionError = e.into();
-            let failure = classify(&e);
-            registry_error(reference, &format!("read blob {digest}"), e, failure, 1)
-        })? {
-            out.extend_from_slice(&chunk);
-            if out.len() > MAX_JSON_BLOB {
-                return Err(Error::Registry {
-                    registry: reference.registry().to_string(),
-                    message: format!("blob {digest} is larger than {MAX_JSON_BLOB} bytes; it is not an image config"),
-                });
-            }
+        let layer = oci_client::manifest::OciDescriptor {
+            digest: digest.to_string(),
+            ..Default::default()
+        };
+        let layer = &layer;
+        let out = self
+            .call(
+                reference,
+                &format!("read blob {digest}"),
+                |c, _| async move {
+                    let mut stream = c.pull_blob_stream(reference, layer).await?;
+                    let mut out = Vec::new();
+                    while let Some(chunk) = stream
+                        .try_next()
+                        .await
+                        .map_err(OciDistributionError::from)?
+                    {
+                        out.extend_from_slice(&chunk);
+                        if out.len() > MAX_JSON_BLOB {
+                            break;
+                        }
+                    }
+                    Ok(out)
+                },
+            )
+            .await?;
+        if out.len() > MAX_JSON_BLOB {
+            return Err(Error::Registry {
+                registry: reference.registry().to_string(),
+                message: format!(
+                    "blob {digest} is larger than {MAX_JSON_BLOB} bytes; it is not an image config"
+                ),
+            });
         }
         let computed = oci::sha256_digest(&out);
         if computed != digest {

@@ -2,7 +2,8 @@
 //!
 //! One request per client connection (responses get `Connection: close`), so every
 //! request can be matched against a scriptable plan of [`Rule`]s: drop the connection
-//! after N body bytes, answer a status (optionally with `Retry-After`), or delay.
+//! after N request body bytes, cut the response body after N bytes, answer a status
+//! (optionally with `Retry-After`) or any status, content type and body, or delay.
 //! TLS ClientHellos are refused (connection closed), like a plain-HTTP server would.
 #![allow(dead_code)]
 
@@ -19,6 +20,27 @@ pub enum Fault {
     Status { code: u16, retry_after: Option<u32> },
     /// Wait, then forward.
     Delay(Duration),
+    /// Answer this status, `Content-Type` and body instead of forwarding (a registry or
+    /// middlebox that answers something other than what was asked for).
+    Respond {
+        code: u16,
+        content_type: String,
+        body: Vec<u8>,
+    },
+    /// Forward the request, then pass the response head (with its original
+    /// `Content-Length`) and only this many bytes of the response body, then close.
+    DropResponse { after_bytes: usize },
+}
+
+impl Fault {
+    /// [`Fault::Respond`] with a text body.
+    pub fn respond(code: u16, content_type: &str, body: impl Into<Vec<u8>>) -> Fault {
+        Fault::Respond {
+            code,
+            content_type: content_type.to_string(),
+            body: body.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -184,6 +206,7 @@ fn handle(
         .push(format!("{method} {target} -> {fault:?}"));
 
     let mut limit = None;
+    let mut response_limit = None;
     match fault {
         Some(Fault::Status { code, retry_after }) => {
             let mut response = format!(
@@ -209,8 +232,26 @@ fn handle(
             let _ = reader.take(64 * 1024 * 1024).read_to_end(&mut sink);
             return Ok(());
         }
+        Some(Fault::Respond {
+            code,
+            content_type,
+            body,
+        }) => {
+            let head = format!(
+                "HTTP/1.1 {code} Injected\r\nContent-Type: {content_type}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            );
+            let _ = client_w.write_all(head.as_bytes());
+            let _ = client_w.write_all(&body);
+            let _ = client_w.flush();
+            let _ = client.shutdown(Shutdown::Write);
+            let mut sink = Vec::new();
+            let _ = reader.take(64 * 1024 * 1024).read_to_end(&mut sink);
+            return Ok(());
+        }
         Some(Fault::Delay(d)) => std::thread::sleep(d),
         Some(Fault::Drop { after_bytes }) => limit = Some(after_bytes),
+        Some(Fault::DropResponse { after_bytes }) => response_limit = Some(after_bytes),
         None => {}
     }
 
@@ -273,7 +314,14 @@ fn handle(
     }
     out.push_str("Connection: close\r\n\r\n");
     client_w.write_all(out.as_bytes())?;
-    std::io::copy(&mut up_r, &mut client_w)?;
+    match response_limit {
+        Some(n) => {
+            std::io::copy(&mut (&mut up_r).take(n as u64), &mut client_w)?;
+        }
+        None => {
+            std::io::copy(&mut up_r, &mut client_w)?;
+        }
+    }
     client_w.flush()?;
     let _ = client.shutdown(Shutdown::Both);
     Ok(())

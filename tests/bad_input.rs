@@ -1,0 +1,1564 @@
+//! Robustness: every bad input a user (or a registry) can hand polyarch gives one error
+//! line naming what is wrong, the documented exit code, no panic, and pushes nothing.
+//!
+//! Three tables: project-file mistakes (exit 2), command-line mistakes (exit 2) and
+//! registry answers that are not what was asked for (exit 3). Cases that show a defect in
+//! polyarch assert the correct behaviour in their own tests at the end.
+
+#[path = "support/proxy.rs"]
+mod proxy;
+mod support;
+
+use proxy::{Fault, Proxy, Rule};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+
+// ------------------------------------------------------------------------- checks
+
+/// How the error is expected to be shown.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    /// stderr is exactly the one `error:` line (nothing started before it).
+    Alone,
+    /// clap's usage error: one `error:` line, then clap's indented details, `Usage:` and
+    /// `For more information` lines. The needles must appear before `Usage:`.
+    Clap,
+    /// One `error:` line after timestamped progress lines (`HH:MM:SS image [phase] …`).
+    AfterProgress,
+}
+
+fn is_progress(line: &str) -> bool {
+    let b = line.as_bytes();
+    b.len() > 9
+        && b[..8].iter().enumerate().all(|(i, c)| {
+            if i == 2 || i == 5 {
+                *c == b':'
+            } else {
+                c.is_ascii_digit()
+            }
+        })
+        && b[8] == b' '
+}
+
+/// Asserts exit code, one error line, the needles in the error, no panic; returns the
+/// error line.
+fn check(case: &str, out: &Output, code: i32, shape: Shape, needles: &[String]) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let show = || {
+        format!(
+            "case `{case}`: status {}\n--- stdout\n{}\n--- stderr\n{stderr}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        )
+    };
+    assert!(!stderr.contains("panicked"), "panic: {}", show());
+    assert_eq!(out.status.code(), Some(code), "exit code: {}", show());
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "not exactly one `error:` line: {}", show());
+    let error = errors[0].to_string();
+    let shown = match shape {
+        Shape::Alone => {
+            assert_eq!(
+                stderr.trim_end().lines().count(),
+                1,
+                "stderr is more than the error line: {}",
+                show()
+            );
+            error.clone()
+        }
+        Shape::AfterProgress => {
+            for line in stderr.lines().filter(|l| !l.starts_with("error:")) {
+                assert!(
+                    is_progress(line),
+                    "not a progress line: {line:?}: {}",
+                    show()
+                );
+            }
+            assert!(
+                stderr.trim_end().ends_with(&error),
+                "the error is not the last line: {}",
+                show()
+            );
+            error.clone()
+        }
+        Shape::Clap => {
+            assert!(stderr.starts_with("error:"), "{}", show());
+            stderr
+                .split("\nUsage:")
+                .next()
+                .unwrap()
+                .split("\nFor more information")
+                .next()
+                .unwrap()
+                .to_string()
+        }
+    };
+    for needle in needles {
+        assert!(
+            shown.contains(needle.as_str()),
+            "case `{case}`: the error does not name {needle:?}: {}",
+            show()
+        );
+    }
+    if code != 0 && code != 1 {
+        assert!(
+            out.stdout.is_empty(),
+            "case `{case}`: output on stdout despite the failure: {}",
+            show()
+        );
+    }
+    error
+}
+
+// ------------------------------------------------------------------ registry access
+
+/// Body of a plain-HTTP GET on 127.0.0.1:port (the registry answers with Connection: close).
+fn http_get(port: u16, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).expect("connect registry");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body.to_string())
+}
+
+fn catalog(registry: &Registry) -> Vec<String> {
+    let (code, body) = http_get(registry.port, "/v2/_catalog");
+    assert_eq!(code, 200, "GET /v2/_catalog: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["repositories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn tags(registry: &Registry, repo: &str) -> Vec<String> {
+    let (code, body) = http_get(registry.port, &format!("/v2/{repo}/tags/list"));
+    if code == 404 {
+        return Vec::new();
+    }
+    let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let mut tags: Vec<String> = v["tags"]
+        .as_array()
+        .map(|t| t.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+        .unwrap_or_default();
+    tags.sort();
+    tags
+}
+
+fn curl(args: &[&str]) -> Vec<u8> {
+    let out = run(Command::new("curl").args(["-fsS"]).args(args));
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// Uploads a blob (POST, then PUT with the digest); returns its digest.
+fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> String {
+    let digest = sha256(bytes);
+    let head = run(Command::new("curl").args([
+        "-fsSi",
+        "-X",
+        "POST",
+        &format!("{}/v2/{repo}/blobs/uploads/", registry.url()),
+    ]));
+    let head = String::from_utf8_lossy(&head.stdout).into_owned();
+    let location = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("location")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no Location in {head}"));
+    let location = if location.starts_with('/') {
+        format!("{}{location}", registry.url())
+    } else {
+        location
+    };
+    let sep = if location.contains('?') { '&' } else { '?' };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("blob");
+    std::fs::write(&file, bytes).unwrap();
+    curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/octet-stream",
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &format!("{location}{sep}digest={digest}"),
+    ]);
+    digest
+}
+
+/// PUTs a manifest under `reference` (tag or digest); returns its digest.
+fn put_manifest(
+    registry: &Registry,
+    repo: &str,
+    reference: &str,
+    body: &[u8],
+    media_type: &str,
+) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("m.json");
+    std::fs::write(&file, body).unwrap();
+    curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        &format!("Content-Type: {media_type}"),
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &format!("{}/v2/{repo}/manifests/{reference}", registry.url()),
+    ]);
+    sha256(body)
+}
+
+/// An image manifest (no layers: verify reads manifests and configs only) for `config`.
+fn image_manifest(registry: &Registry, repo: &str, config: &[u8]) -> Vec<u8> {
+    let digest = put_blob(registry, repo, config);
+    serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": {"mediaType": CONFIG, "digest": digest, "size": config.len()},
+        "layers": []
+    }))
+    .unwrap()
+}
+
+fn index_of(entries: &[(&[u8], &str)]) -> Vec<u8> {
+    let manifests: Vec<Value> = entries
+        .iter()
+        .map(|(m, arch)| {
+            json!({"mediaType": MANIFEST, "digest": sha256(m), "size": m.len(),
+                   "platform": {"architecture": arch, "os": "linux"}})
+        })
+        .collect();
+    serde_json::to_vec(&json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": manifests}))
+        .unwrap()
+}
+
+// --------------------------------------------------------------- project-file table
+
+/// What `-f` points at.
+#[derive(Clone, Copy)]
+enum FileArg {
+    /// `polyarch.yaml` in the case's directory, holding the case's text.
+    Written,
+    /// The case's directory itself.
+    Dir,
+    /// A file that does not exist.
+    Missing,
+}
+
+struct ProjectCase {
+    name: &'static str,
+    /// `build` or `plan`.
+    command: &'static str,
+    text: Vec<u8>,
+    file: FileArg,
+    /// The field path, right after `FILE: ` (empty: the whole file).
+    field: &'static str,
+    /// More text the error must hold (a value, a line/column, a suggestion).
+    also: Vec<&'static str>,
+}
+
+/// The valid one-image project for `repository`, with `key: value` lines replaced
+/// (`None` removes the key) and `extra` lines appended to the image's settings.
+fn project_text(repository: &str, replace: &[(&str, Option<&str>)], extra: &str) -> String {
+    let mut lines = vec![
+        ("repository", repository.to_string()),
+        ("tags", "[v1]".to_string()),
+        ("context", ".".to_string()),
+        ("platforms", "[linux/amd64]".to_string()),
+    ];
+    for (key, value) in replace {
+        let i = lines.iter().position(|(k, _)| k == key).unwrap();
+        match value {
+            Some(v) => lines[i].1 = v.to_string(),
+            None => {
+                lines.remove(i);
+            }
+        }
+    }
+    let mut text = String::from("version: 1\nimages:\n  hello:\n");
+    for (k, v) in lines {
+        text.push_str(&format!("    {k}: {v}\n"));
+    }
+    text.push_str(extra);
+    text
+}
+
+#[test]
+fn project_file_mistakes_exit_2_with_one_line_naming_file_and_field() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo_path = unique_name("bad/project");
+    let repo = registry.repo(&repo_path);
+    let r = repo.as_str();
+    let p = |replace: &[(&str, Option<&str>)], extra: &str| {
+        project_text(r, replace, extra).into_bytes()
+    };
+    let with_repo = |value: String| project_text(&value, &[], "").into_bytes();
+    let long_tag = format!("[{}]", "a".repeat(129));
+    let case = |name, text: Vec<u8>, field, also: &[&'static str]| ProjectCase {
+        name,
+        command: "build",
+        text,
+        file: FileArg::Written,
+        field,
+        also: also.to_vec(),
+    };
+
+    let mut cases = vec![
+        // Unknown keys.
+        case(
+            "unknown top-level key",
+            format!("{}colour: red\n", project_text(r, &[], "")).into_bytes(),
+            "colour",
+            &["unknown field", "line 8, column 1", "images"],
+        ),
+        case(
+            "image key typo",
+            p(&[], "    platfroms: [linux/arm64]\n"),
+            "images.hello.platfroms",
+            &["unknown field", "did you mean platforms?"],
+        ),
+        case(
+            "image key typo (tag)",
+            p(&[], "    tag: [v2]\n"),
+            "images.hello.tag",
+            &["did you mean tags?"],
+        ),
+        // Wrong types.
+        case(
+            "tags is a string",
+            p(&[("tags", Some("v1"))], ""),
+            "images.hello.tags",
+            &["expected a list", "line 5"],
+        ),
+        case(
+            "tags is a number",
+            p(&[("tags", Some("5"))], ""),
+            "images.hello.tags",
+            &["expected a list"],
+        ),
+        case(
+            "platforms is a map",
+            p(&[("platforms", Some("{linux: amd64}"))], ""),
+            "images.hello.platforms",
+            &["expected a list", "found a mapping"],
+        ),
+        case(
+            "platforms is a string",
+            p(&[("platforms", Some("linux/amd64"))], ""),
+            "images.hello.platforms",
+            &["expected a list"],
+        ),
+        case(
+            "build_args value is a list",
+            p(&[], "    build_args: {GREETING: [a, b]}\n"),
+            "images.hello.build_args.GREETING",
+            &["found a list"],
+        ),
+        case(
+            "build_args is a list",
+            p(&[], "    build_args: [GREETING=hi]\n"),
+            "images.hello.build_args",
+            &["expected a mapping"],
+        ),
+        case(
+            "build_args name with =",
+            p(&[], "    build_args: {\"A=B\": x}\n"),
+            "images.hello.build_args.A=B",
+            &["not a build argument name"],
+        ),
+        case(
+            "images is a list",
+            b"version: 1\nimages: [hello]\n".to_vec(),
+            "images",
+            &["expected a mapping"],
+        ),
+        case(
+            "top level is a list",
+            b"- version: 1\n".to_vec(),
+            "",
+            &["not a mapping"],
+        ),
+        case(
+            "version is a word",
+            b"version: one\nimages: {}\n".to_vec(),
+            "version",
+            &["`one`", "version: 1"],
+        ),
+        case(
+            "version is quoted",
+            b"version: \"1\"\nimages: {}\n".to_vec(),
+            "version",
+            &["without quotes"],
+        ),
+        case(
+            "version 2",
+            b"version: 2\nimages: {}\n".to_vec(),
+            "version",
+            &["unsupported version 2"],
+        ),
+        case(
+            "version missing",
+            b"images: {}\n".to_vec(),
+            "version",
+            &["missing"],
+        ),
+        case(
+            "no images",
+            b"version: 1\n".to_vec(),
+            "images",
+            &["no images declared"],
+        ),
+        // Missing and empty required fields.
+        case(
+            "missing repository",
+            p(&[("repository", None)], ""),
+            "images.hello.repository",
+            &["missing"],
+        ),
+        case(
+            "missing tags",
+            p(&[("tags", None)], ""),
+            "images.hello.tags",
+            &["missing"],
+        ),
+        case(
+            "missing context",
+            p(&[("context", None)], ""),
+            "images.hello.context",
+            &["missing"],
+        ),
+        case(
+            "missing platforms",
+            p(&[("platforms", None)], ""),
+            "images.hello.platforms",
+            &["missing"],
+        ),
+        case(
+            "image without settings",
+            b"version: 1\nimages:\n  hello:\n".to_vec(),
+            "images.hello.repository",
+            &["missing"],
+        ),
+        case(
+            "empty tags",
+            p(&[("tags", Some("[]"))], ""),
+            "images.hello.tags",
+            &["is empty"],
+        ),
+        // Tags.
+        case(
+            "tag starting with -",
+            p(&[("tags", Some("[v1, -bad]"))], ""),
+            "images.hello.tags[1]",
+            &["`-bad`", "not a valid tag"],
+        ),
+        case(
+            "tag with : and uppercase",
+            p(&[("tags", Some("[\"UPPER:x\"]"))], ""),
+            "images.hello.tags[0]",
+            &["`UPPER:x`"],
+        ),
+        case(
+            "tag of 129 characters",
+            p(&[("tags", Some(&long_tag))], ""),
+            "images.hello.tags[0]",
+            &["not a valid tag", "128"],
+        ),
+        case(
+            "tag repeated",
+            p(&[("tags", Some("[v1, v1]"))], ""),
+            "images.hello.tags[1]",
+            &["repeats tags[0]"],
+        ),
+        // Repository.
+        case(
+            "repository with a tag",
+            with_repo(format!("{r}:v1")),
+            "images.hello.repository",
+            &["includes a tag", "tags:"],
+        ),
+        case(
+            "repository with a digest",
+            with_repo(format!("{r}@sha256:{}", "a".repeat(64))),
+            "images.hello.repository",
+            &["includes a digest"],
+        ),
+        case(
+            "repository with uppercase",
+            with_repo(format!("{}/Demo/Hello", registry.host)),
+            "images.hello.repository",
+            &["uppercase", "demo/hello"],
+        ),
+        case(
+            "repository with https://",
+            with_repo(format!("https://{r}")),
+            "images.hello.repository",
+            &["https:"],
+        ),
+        case(
+            "repository is only a host",
+            with_repo(registry.host.clone()),
+            "images.hello.repository",
+            &["only a registry host"],
+        ),
+        case(
+            "repository with //",
+            with_repo(format!("{}//x", registry.host)),
+            "images.hello.repository",
+            &["empty path component"],
+        ),
+        case(
+            "repository empty",
+            with_repo("\"\"".into()),
+            "images.hello.repository",
+            &["is empty"],
+        ),
+        // Platforms.
+        case(
+            "empty platforms",
+            p(&[("platforms", Some("[]"))], ""),
+            "images.hello.platforms",
+            &["is empty"],
+        ),
+        case(
+            "platform linux/",
+            p(&[("platforms", Some("[linux/amd64, linux/]"))], ""),
+            "images.hello.platforms[1]",
+            &["`linux/`", "empty part"],
+        ),
+        case(
+            "platform /amd64",
+            p(&[("platforms", Some("[/amd64]"))], ""),
+            "images.hello.platforms[0]",
+            &["`/amd64`"],
+        ),
+        case(
+            "platform unknown os",
+            p(&[("platforms", Some("[plan10/amd64]"))], ""),
+            "images.hello.platforms[0]",
+            &["unknown operating system `plan10`"],
+        ),
+        case(
+            "platform with four parts",
+            p(&[("platforms", Some("[linux/arm/v7/x]"))], ""),
+            "images.hello.platforms[0]",
+            &["more than three parts"],
+        ),
+        case(
+            "platform with a space",
+            p(&[("platforms", Some("[\"linux/am d64\"]"))], ""),
+            "images.hello.platforms[0]",
+            &["`linux/am d64`"],
+        ),
+        case(
+            "arm64 and arm64/v8",
+            p(&[("platforms", Some("[linux/arm64, linux/arm64/v8]"))], ""),
+            "images.hello.platforms[1]",
+            &["same platform as platforms[0]", "linux/arm64"],
+        ),
+        case(
+            "arm and arm/v7",
+            p(&[("platforms", Some("[linux/arm, linux/arm/v7]"))], ""),
+            "images.hello.platforms[1]",
+            &["same platform as platforms[0]", "linux/arm/v7"],
+        ),
+        case(
+            "x86_64 and amd64",
+            p(&[("platforms", Some("[linux/amd64, linux/x86_64]"))], ""),
+            "images.hello.platforms[1]",
+            &["same platform as platforms[0]"],
+        ),
+        // Paths.
+        case(
+            "missing context dir",
+            p(&[("context", Some("no-such-dir"))], ""),
+            "images.hello.context",
+            &["no-such-dir", "does not exist"],
+        ),
+        case(
+            "context is a file",
+            p(&[("context", Some("Dockerfile"))], ""),
+            "images.hello.context",
+            &["not a directory"],
+        ),
+        case(
+            "missing dockerfile",
+            p(&[], "    dockerfile: Nope.Dockerfile\n"),
+            "images.hello.dockerfile",
+            &["Nope.Dockerfile", "does not exist"],
+        ),
+        case(
+            "absolute dockerfile",
+            p(&[], "    dockerfile: /etc/hostname\n"),
+            "images.hello.dockerfile",
+            &["absolute"],
+        ),
+        // Enumerations.
+        case(
+            "image binfmt: sometimes",
+            p(&[], "    binfmt: sometimes\n"),
+            "images.hello.binfmt",
+            &["`sometimes`", "auto, never, require"],
+        ),
+        case(
+            "top-level binfmt: sometimes",
+            format!("binfmt: sometimes\n{}", project_text(r, &[], "")).into_bytes(),
+            "binfmt",
+            &["`sometimes`"],
+        ),
+        case(
+            "network: bridge0",
+            p(&[], "    network: bridge0\n"),
+            "images.hello.network",
+            &["`bridge0`", "default, host, none"],
+        ),
+        case(
+            "target with a space",
+            p(&[], "    target: \"a b\"\n"),
+            "images.hello.target",
+            &["whitespace"],
+        ),
+        case(
+            "builder for a bad platform",
+            format!(
+                "builders: {{\"linux/\": unix:///x.sock}}\n{}",
+                project_text(r, &[], "")
+            )
+            .into_bytes(),
+            "builders.linux/",
+            &["empty part"],
+        ),
+        case(
+            "builder endpoint empty",
+            format!(
+                "builders: {{linux/arm64: \"\"}}\n{}",
+                project_text(r, &[], "")
+            )
+            .into_bytes(),
+            "builders.linux/arm64",
+            &["is empty"],
+        ),
+        case(
+            "image name uppercase",
+            project_text(r, &[], "")
+                .replace("  hello:", "  Hello:")
+                .into_bytes(),
+            "images.Hello",
+            &["not a valid image name", "`hello`"],
+        ),
+        case(
+            "key given twice",
+            p(&[], "    tags: [v2]\n"),
+            "images.hello.tags",
+            &["given twice"],
+        ),
+        // YAML syntax.
+        case(
+            "unclosed bracket",
+            p(&[("platforms", Some("[linux/amd64"))], ""),
+            "",
+            &["YAML syntax error at line 8, column 1"],
+        ),
+        case(
+            "tab indentation",
+            project_text(r, &[], "")
+                .replace("    tags:", "\ttags:")
+                .into_bytes(),
+            "",
+            &["YAML syntax error at line 5, column 1"],
+        ),
+        case(
+            "unclosed quote",
+            p(&[], "    target: \"abc\n"),
+            "",
+            &["YAML syntax error at line 9, column 1", "quoted scalar"],
+        ),
+        case(
+            "two documents",
+            format!("{}---\nversion: 1\n", project_text(r, &[], "")).into_bytes(),
+            "",
+            &["more than one document"],
+        ),
+        case("empty file", Vec::new(), "", &["the file is empty"]),
+        case(
+            "only comments",
+            b"# nothing yet\n".to_vec(),
+            "",
+            &["the file is empty"],
+        ),
+        case(
+            "not UTF-8",
+            {
+                let mut t = project_text(r, &[], "").into_bytes();
+                t.extend_from_slice(b"    target: caf\xe9\n");
+                t
+            },
+            "",
+            &["not UTF-8", "offset"],
+        ),
+    ];
+    cases.push(ProjectCase {
+        name: "-f is a directory",
+        command: "build",
+        text: Vec::new(),
+        file: FileArg::Dir,
+        field: "",
+        also: vec!["is a directory"],
+    });
+    cases.push(ProjectCase {
+        name: "-f names a missing file",
+        command: "build",
+        text: Vec::new(),
+        file: FileArg::Missing,
+        field: "",
+        also: vec!["no such file"],
+    });
+    // `plan` validates the same way and builds nothing.
+    cases.push(ProjectCase {
+        name: "plan: image key typo",
+        command: "plan",
+        text: p(&[], "    platfroms: [linux/arm64]\n"),
+        file: FileArg::Written,
+        field: "images.hello.platfroms",
+        also: vec!["did you mean platforms?"],
+    });
+    cases.push(ProjectCase {
+        name: "plan: duplicate platform",
+        command: "plan",
+        text: p(&[("platforms", Some("[linux/arm64, linux/arm64/v8]"))], ""),
+        file: FileArg::Written,
+        field: "images.hello.platforms[1]",
+        also: vec!["same platform"],
+    });
+    cases.push(ProjectCase {
+        name: "plan: missing dockerfile",
+        command: "plan",
+        text: p(&[], "    dockerfile: Nope.Dockerfile\n"),
+        file: FileArg::Written,
+        field: "images.hello.dockerfile",
+        also: vec![],
+    });
+    cases.push(ProjectCase {
+        name: "plan: -f is a directory",
+        command: "plan",
+        text: Vec::new(),
+        file: FileArg::Dir,
+        field: "",
+        also: vec!["is a directory"],
+    });
+
+    // Sanity: the base project is valid (plan accepts it), so each case fails for its own reason.
+    let base = dir.path().join("polyarch.yaml");
+    std::fs::write(&base, project_text(r, &[], "")).unwrap();
+    let out = run(polyarch().args(["plan", "-f"]).arg(&base));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "base project: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    for c in &cases {
+        let file = match c.file {
+            FileArg::Written => {
+                std::fs::write(&base, &c.text).unwrap();
+                base.clone()
+            }
+            FileArg::Dir => dir.path().to_path_buf(),
+            FileArg::Missing => dir.path().join("missing.yaml"),
+        };
+        let out = run(polyarch().arg(c.command).arg("-f").arg(&file));
+        let mut needles = vec![file.display().to_string()];
+        needles.extend(c.also.iter().map(|s| s.to_string()));
+        let error = check(c.name, &out, 2, Shape::Alone, &needles);
+        eprintln!("{}: {error}", c.name);
+        let prefix = if c.field.is_empty() {
+            format!("error: {}: ", file.display())
+        } else {
+            format!("error: {}: {}: ", file.display(), c.field)
+        };
+        assert!(
+            error.starts_with(&prefix),
+            "case `{}`: expected the error to start with {prefix:?}: {error}",
+            c.name
+        );
+        assert!(
+            catalog(&registry).is_empty(),
+            "case `{}`: something was pushed: {:?}",
+            c.name,
+            catalog(&registry)
+        );
+    }
+    assert!(tags(&registry, &repo_path).is_empty());
+}
+
+// ---------------------------------------------------------------- command-line table
+
+struct CliCase {
+    name: &'static str,
+    args: Vec<String>,
+    shape: Shape,
+    /// Text the error must hold (the flag, the value, the reference).
+    needles: Vec<String>,
+}
+
+#[test]
+fn bad_command_lines_exit_2_with_one_line_naming_the_flag() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo_path = unique_name("bad/cli");
+    let repo = registry.repo(&repo_path);
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let f = file.display().to_string();
+    let layout = dir.path().join("layout").display().to_string();
+    std::fs::write(dir.path().join("garbage.json"), "not json\n").unwrap();
+    std::fs::write(dir.path().join("empty-object.json"), "{}\n").unwrap();
+    std::fs::write(dir.path().join("deploy.yaml"), "kind: Pod\n").unwrap();
+    let garbage = dir.path().join("garbage.json").display().to_string();
+    let empty_object = dir.path().join("empty-object.json").display().to_string();
+    let deploy = dir.path().join("deploy.yaml").display().to_string();
+    let host = registry.host.clone();
+
+    let c = |name, args: &[&str], shape, needles: &[&str]| CliCase {
+        name,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        shape,
+        needles: needles.iter().map(|s| s.to_string()).collect(),
+    };
+    let short_digest = format!("{repo}@sha256:abc");
+    let upper_path = format!("{host}/UPPER/x:y");
+    let bad_tag = format!("{repo}:-bad");
+    let cases = vec![
+        c(
+            "--username without --password-stdin",
+            &["build", "-f", &f, "--username", "u"],
+            Shape::Clap,
+            &["--password-stdin"],
+        ),
+        c(
+            "--password-stdin without --username",
+            &["build", "-f", &f, "--password-stdin"],
+            Shape::Clap,
+            &["--username"],
+        ),
+        c(
+            "--password-stdin with empty stdin",
+            &["build", "-f", &f, "--username", "u", "--password-stdin"],
+            Shape::Alone,
+            &["--password-stdin", "empty"],
+        ),
+        c(
+            "--push-by-digest with --output",
+            &[
+                "build",
+                "-f",
+                &f,
+                "--push-by-digest",
+                "--output",
+                &format!("oci:{layout}"),
+            ],
+            Shape::Alone,
+            &["--push-by-digest", "--output"],
+        ),
+        c(
+            "--output without oci:",
+            &["build", "-f", &f, "--output", &layout],
+            Shape::Alone,
+            &["--output", "oci:DIR"],
+        ),
+        c(
+            "--output oci:DIR:TAG",
+            &["build", "-f", &f, "--output", &format!("oci:{layout}:v1")],
+            Shape::Alone,
+            &["--output", "oci:DIR"],
+        ),
+        c(
+            "--platform malformed",
+            &["build", "-f", &f, "--platform", "linux/"],
+            Shape::Clap,
+            &["--platform", "`linux/`"],
+        ),
+        c(
+            "--platform not declared",
+            &["build", "-f", &f, "--platform", "linux/arm64"],
+            Shape::Alone,
+            &["--platform linux/arm64", "not declared", &f],
+        ),
+        c(
+            "image not declared",
+            &["build", "-f", &f, "nosuch"],
+            Shape::Alone,
+            &["`nosuch`", &f],
+        ),
+        c(
+            "--binfmt bad mode",
+            &["build", "-f", &f, "--binfmt", "sometimes"],
+            Shape::Clap,
+            &["--binfmt", "sometimes"],
+        ),
+        c(
+            "--output-format yaml",
+            &["build", "-f", &f, "--output-format", "yaml"],
+            Shape::Clap,
+            &["--output-format", "yaml"],
+        ),
+        c(
+            "-j not a number",
+            &["build", "-f", &f, "-j", "two"],
+            Shape::Clap,
+            &["--jobs", "two"],
+        ),
+        c(
+            "unknown flag",
+            &["build", "-f", &f, "--frobnicate"],
+            Shape::Clap,
+            &["--frobnicate"],
+        ),
+        c(
+            "verify without REFERENCE or -f",
+            &["verify"],
+            Shape::Clap,
+            &["<REFERENCE|IMAGE>", "--platform"],
+        ),
+        c(
+            "verify REFERENCE without --platform",
+            &["verify", &format!("{repo}:v1")],
+            Shape::Clap,
+            &["--platform"],
+        ),
+        c(
+            "verify -f with --platform",
+            &["verify", "-f", &f, "--platform", "linux/amd64"],
+            Shape::Clap,
+            &["--file", "--platform"],
+        ),
+        c(
+            "verify two references",
+            &[
+                "verify",
+                &format!("{repo}:v1"),
+                &format!("{repo}:v2"),
+                "--platform",
+                "linux/amd64",
+            ],
+            Shape::Alone,
+            &["one REFERENCE"],
+        ),
+        c(
+            "verify short digest",
+            &["verify", &short_digest, "--platform", "linux/amd64"],
+            Shape::Alone,
+            &[&short_digest, "not an image reference"],
+        ),
+        c(
+            "verify uppercase path",
+            &["verify", &upper_path, "--platform", "linux/amd64"],
+            Shape::Alone,
+            &[&upper_path, "not an image reference"],
+        ),
+        c(
+            "verify tag starting with -",
+            &["verify", &bad_tag, "--platform", "linux/amd64"],
+            Shape::Alone,
+            &[&bad_tag, "not an image reference"],
+        ),
+        c(
+            "verify bad --platform",
+            &[
+                "verify",
+                &format!("{repo}:v1"),
+                "--platform",
+                "linux/amd64,plan10/x",
+            ],
+            Shape::Clap,
+            &["--platform", "plan10"],
+        ),
+        c(
+            "verify oci: dir that is no layout",
+            &[
+                "verify",
+                &format!("oci:{layout}"),
+                "--platform",
+                "linux/amd64",
+            ],
+            Shape::Alone,
+            &[&layout, "not an OCI image layout"],
+        ),
+        c(
+            "verify -f unknown image",
+            &["verify", "-f", &f, "nosuch"],
+            Shape::Alone,
+            &["`nosuch`", &f],
+        ),
+        c(
+            "gate without --nodes",
+            &["gate", "--manifests", &deploy],
+            Shape::Clap,
+            &["--nodes"],
+        ),
+        c(
+            "gate without --manifests",
+            &["gate", "--nodes", &deploy],
+            Shape::Clap,
+            &["--manifests"],
+        ),
+        c(
+            "assemble without parts",
+            &["assemble", "-f", &f],
+            Shape::Clap,
+            &["<PART>"],
+        ),
+        c(
+            "assemble part that is not JSON",
+            &["assemble", "-f", &f, &garbage],
+            Shape::Alone,
+            &[&garbage, "not a polyarch part record"],
+        ),
+        c(
+            "assemble part that is {}",
+            &["assemble", "-f", &f, &empty_object],
+            Shape::Alone,
+            &[&empty_object, "schema"],
+        ),
+        c(
+            "schema of nothing",
+            &["schema", "nothing"],
+            Shape::Clap,
+            &["nothing"],
+        ),
+        c(
+            "completions for tcsh",
+            &["completions", "tcsh"],
+            Shape::Clap,
+            &["tcsh"],
+        ),
+        c(
+            "unknown subcommand",
+            &["frobnicate"],
+            Shape::Clap,
+            &["frobnicate"],
+        ),
+        c("no subcommand", &[], Shape::Clap, &[]),
+    ];
+    for case in &cases {
+        let out = run(polyarch()
+            .args(&case.args)
+            .env("DOCKER_CONFIG", dir.path().join("no-docker-config"))
+            .env("POLYARCH_RETRY_BASE_MS", "50")
+            .env_remove("CI"));
+        // `polyarch` with no subcommand prints help on stderr and exits 2: no `error:` line.
+        if case.args.is_empty() {
+            assert_eq!(out.status.code(), Some(2), "case `{}`", case.name);
+            assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+            continue;
+        }
+        let error = check(case.name, &out, 2, case.shape, &case.needles);
+        eprintln!("{}: {error}", case.name);
+        assert!(
+            catalog(&registry).is_empty(),
+            "case `{}`: something was pushed: {:?}",
+            case.name,
+            catalog(&registry)
+        );
+    }
+    assert!(
+        !Path::new(&layout).join("index.json").exists(),
+        "a layout was written"
+    );
+}
+
+// ------------------------------------------------------------------ registry table
+
+struct Crafted {
+    repo: String,
+    /// Digest of the index tagged `v1`.
+    index: String,
+    /// The linux/amd64 image manifest (bytes and digest).
+    manifest: Vec<u8>,
+    manifest_digest: String,
+    config_digest: String,
+}
+
+/// `REPO:v1` = an index with one linux/amd64 entry, pushed with curl (no engine needed).
+fn craft(registry: &Registry) -> Crafted {
+    let repo = unique_name("bad/answers");
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": []}
+    }))
+    .unwrap();
+    let manifest = image_manifest(registry, &repo, &config);
+    let manifest_digest = put_manifest(registry, &repo, &sha256(&manifest), &manifest, MANIFEST);
+    let index = put_manifest(
+        registry,
+        &repo,
+        "v1",
+        &index_of(&[(&manifest, "amd64")]),
+        INDEX,
+    );
+    Crafted {
+        repo,
+        index,
+        manifest,
+        manifest_digest,
+        config_digest: sha256(&config),
+    }
+}
+
+struct AnswerCase {
+    name: &'static str,
+    /// The reference to verify, through the proxy.
+    reference: String,
+    rule: Option<Rule>,
+    code: i32,
+    needles: Vec<String>,
+}
+
+#[test]
+fn registry_answers_that_are_not_what_was_asked_for_exit_3_naming_the_reference() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let crafted = craft(&registry);
+    let repo = &crafted.repo;
+    let tag_ref = format!("{}:v1", proxy.repo(repo));
+    let digest_ref = format!("{}@{}", proxy.repo(repo), crafted.index);
+
+    // Also stored in the registry: a tag whose entry's config blob is not JSON.
+    let garbage_config = image_manifest(&registry, repo, b"not json");
+    put_manifest(
+        &registry,
+        repo,
+        &sha256(&garbage_config),
+        &garbage_config,
+        MANIFEST,
+    );
+    put_manifest(
+        &registry,
+        repo,
+        "garbage-config",
+        &index_of(&[(&garbage_config, "amd64")]),
+        INDEX,
+    );
+    let before = tags(&registry, repo);
+    assert_eq!(before, ["garbage-config", "v1"]);
+
+    let tag_path = format!("/v2/{repo}/manifests/v1");
+    let rule = |path: &str, fault: Fault| Some(Rule::new("GET", path, fault).always());
+    let case = |name, reference: &str, rule, code, needles: &[&str]| AnswerCase {
+        name,
+        reference: reference.to_string(),
+        rule,
+        code,
+        needles: needles.iter().map(|s| s.to_string()).collect(),
+    };
+    let manifest_path = format!("/manifests/{}", crafted.manifest_digest);
+    let not_json = sha256(b"not json");
+    let config_path = format!("/blobs/{}", crafted.config_digest);
+    let cases = vec![
+        case(
+            "baseline: the crafted index verifies",
+            &tag_ref,
+            None,
+            0,
+            &[],
+        ),
+        case("baseline: by digest", &digest_ref, None, 0, &[]),
+        case(
+            "index answered 200 `not json` as an OCI index",
+            &tag_ref,
+            rule(&tag_path, Fault::respond(200, INDEX, "not json")),
+            3,
+            &[&tag_ref, "not valid JSON"],
+        ),
+        case(
+            "index answered 200 with an HTML page",
+            &tag_ref,
+            rule(
+                &tag_path,
+                Fault::respond(
+                    200,
+                    "text/html",
+                    "<html><body>Sign in to the Wi-Fi</body></html>",
+                ),
+            ),
+            3,
+            &[&tag_ref],
+        ),
+        case(
+            "index answered 200 with an empty body",
+            &tag_ref,
+            rule(&tag_path, Fault::respond(200, INDEX, "")),
+            3,
+            &[&tag_ref],
+        ),
+        case(
+            "index answered 200 with a JSON array",
+            &tag_ref,
+            rule(&tag_path, Fault::respond(200, INDEX, "[1, 2, 3]")),
+            3,
+            &[&tag_ref],
+        ),
+        case(
+            "index answered 404 with a body that is not JSON",
+            &tag_ref,
+            rule(
+                &tag_path,
+                Fault::respond(404, "text/plain", "404 page not found\n"),
+            ),
+            3,
+            &[&tag_ref, "404"],
+        ),
+        case(
+            "index answered 500 with HTML, every time",
+            &tag_ref,
+            rule(
+                &tag_path,
+                Fault::respond(
+                    500,
+                    "text/html",
+                    "<h1>Internal Server Error</h1>\n<p>oops</p>",
+                ),
+            ),
+            3,
+            &[&tag_ref, "500"],
+        ),
+        case(
+            "digest reference answered with another manifest",
+            &digest_ref,
+            rule(
+                &format!("/manifests/{}", crafted.index),
+                Fault::Respond {
+                    code: 200,
+                    content_type: MANIFEST.into(),
+                    body: crafted.manifest.clone(),
+                },
+            ),
+            3,
+            // Both digests: the one asked for and the one of what came back.
+            &[&crafted.index, &crafted.manifest_digest],
+        ),
+        case(
+            "index body cut after 20 bytes",
+            &tag_ref,
+            rule(&tag_path, Fault::DropResponse { after_bytes: 20 }),
+            3,
+            &[&tag_ref],
+        ),
+        case(
+            "index body cut after 0 bytes",
+            &tag_ref,
+            rule(&tag_path, Fault::DropResponse { after_bytes: 0 }),
+            3,
+            &[&tag_ref],
+        ),
+        case(
+            "entry manifest answered `not json`",
+            &tag_ref,
+            rule(&manifest_path, Fault::respond(200, MANIFEST, "not json")),
+            3,
+            &[&crafted.manifest_digest, &not_json],
+        ),
+        case(
+            "entry manifest body cut",
+            &tag_ref,
+            rule(&manifest_path, Fault::DropResponse { after_bytes: 10 }),
+            3,
+            &[&crafted.manifest_digest],
+        ),
+        case(
+            "config blob answered `not json`",
+            &tag_ref,
+            rule(
+                &config_path,
+                Fault::respond(200, "application/octet-stream", "not json"),
+            ),
+            3,
+            &[&crafted.config_digest, &not_json],
+        ),
+        case(
+            "config blob body cut",
+            &tag_ref,
+            rule(&config_path, Fault::DropResponse { after_bytes: 5 }),
+            3,
+            &[&crafted.config_digest],
+        ),
+    ];
+    for c in &cases {
+        proxy.clear();
+        let seen = proxy.log().len();
+        if let Some(rule) = &c.rule {
+            proxy.add(rule.clone());
+        }
+        let out = run(polyarch()
+            .args(["verify", &c.reference, "--platform", "linux/amd64"])
+            .env("POLYARCH_RETRY_BASE_MS", "20"));
+        if c.code == 0 {
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "case `{}`: {}",
+                c.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            let error = check(c.name, &out, c.code, Shape::AfterProgress, &c.needles);
+            eprintln!("{}: {error}", c.name);
+        }
+        if c.rule.is_some() {
+            assert!(
+                proxy.log()[seen..].iter().any(|l| !l.ends_with("-> None")),
+                "case `{}`: the fault never applied: {:#?}",
+                c.name,
+                proxy.log()
+            );
+        }
+        assert_eq!(
+            tags(&registry, repo),
+            before,
+            "case `{}`: tags changed",
+            c.name
+        );
+        assert_eq!(
+            catalog(&registry),
+            std::slice::from_ref(repo),
+            "case `{}`",
+            c.name
+        );
+    }
+    proxy.clear();
+
+    // A config blob that really is not JSON (its digest is right): not a registry failure
+    // but an image that cannot say what it runs on, so the entry is a gap (exit 1).
+    let reference = format!("{}:garbage-config", proxy.repo(repo));
+    let out = run(polyarch().args([
+        "verify",
+        &reference,
+        "--platform",
+        "linux/amd64",
+        "--output-format",
+        "json",
+    ]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("error:"),
+        "{stderr}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record on stdout");
+    let image = &record["images"][0];
+    assert_eq!(image["covered"], false, "{record}");
+    assert!(
+        image["warnings"].to_string().contains("not valid JSON"),
+        "no warning about the config: {record}"
+    );
+    assert_eq!(tags(&registry, repo), before);
+}
+
+// ------------------------------------------------------------- defects (ignored)
+
+/// Runs `polyarch ARGS` and asserts exit 2 with one line naming `needles`.
+fn assert_usage_error(case: &str, cmd: &mut Command, needles: &[String]) {
+    let out = run(cmd.env("POLYARCH_RETRY_BASE_MS", "20"));
+    check(case, &out, 2, Shape::Alone, needles);
+}
+
+#[test]
+fn platforms_that_are_not_os_arch_are_refused() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    // A context every platform can build from (COPY of a fixed path), so an accepted
+    // platform really gets pushed.
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\n",
+    )
+    .unwrap();
+    for platform in ["linux", "linux/foo", "linux/arm/v9"] {
+        let repo_path = unique_name("bad/platform");
+        let file = write_project(
+            dir.path(),
+            &registry.repo(&repo_path),
+            "[v1]",
+            &format!("[{platform}]"),
+        );
+        assert_usage_error(
+            platform,
+            polyarch().args(["build", "-f"]).arg(&file),
+            &[
+                file.display().to_string(),
+                "images.hello.platforms[0]".into(),
+                format!("`{platform}`"),
+            ],
+        );
+        assert!(tags(&registry, &repo_path).is_empty(), "{platform}: pushed");
+    }
+}
+
+#[test]
+fn repository_with_a_scheme_names_the_scheme() {
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let file = write_project(
+        dir.path(),
+        "https://127.0.0.1:5000/x",
+        "[v1]",
+        "[linux/amd64]",
+    );
+    assert_usage_error(
+        "scheme",
+        polyarch().args(["plan", "-f"]).arg(&file),
+        &[
+            "images.hello.repository".into(),
+            "https://".into(),
+            "127.0.0.1:5000/x".into(),
+        ],
+    );
+}
+
+#[test]
+fn project_file_with_a_utf8_bom_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let file = write_project(dir.path(), "127.0.0.1:5000/x", "[v1]", "[linux/amd64]");
+    let mut text = b"\xef\xbb\xbf".to_vec();
+    text.extend(std::fs::read(&file).unwrap());
+    std::fs::write(&file, text).unwrap();
+    let out = run(polyarch().args(["plan", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn verify_refuses_an_uppercase_repository_without_a_host() {
+    assert_usage_error(
+        "UPPER/x:y",
+        polyarch().args(["verify", "UPPER/x:y", "--platform", "linux/amd64"]),
+        &["`UPPER/x:y`".into(), "not an image reference".into()],
+    );
+}
+
+#[test]
+fn missing_input_files_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let file = write_project(dir.path(), "127.0.0.1:5000/x", "[v1]", "[linux/amd64]");
+    let missing: PathBuf = dir.path().join("part-missing.json");
+    assert_usage_error(
+        "assemble missing part",
+        polyarch().args(["assemble", "-f"]).arg(&file).arg(&missing),
+        &[missing.display().to_string()],
+    );
+    let nodes = dir.path().join("nodes.yaml");
+    std::fs::write(&nodes, "pools: []\n").unwrap();
+    assert_usage_error(
+        "gate missing manifests",
+        polyarch()
+            .args(["gate", "--manifests"])
+            .arg(&missing)
+            .arg("--nodes")
+            .arg(&nodes),
+        &[missing.display().to_string()],
+    );
+}
+
+/// One cut response for `path_contains`, then normal answers: verify of `REPO:v1` must
+/// retry and pass (the README: connection errors are retried, 5 attempts).
+fn verify_after_one_cut_answer(what: &str) -> Output {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let crafted = craft(&registry);
+    let path = match what {
+        "index" => format!("/v2/{}/manifests/v1", crafted.repo),
+        "entry" => format!("/manifests/{}", crafted.manifest_digest),
+        "config" => format!("/blobs/{}", crafted.config_digest),
+        other => panic!("{other}"),
+    };
+    proxy.add(Rule::new(
+        "GET",
+        &path,
+        Fault::DropResponse { after_bytes: 5 },
+    ));
+    let out = run(polyarch()
+        .args([
+            "verify",
+            &format!("{}:v1", proxy.repo(&crafted.repo)),
+            "--platform",
+            "linux/amd64",
+        ])
+        .env("POLYARCH_RETRY_BASE_MS", "20"));
+    assert!(
+        proxy.log().iter().any(|l| l.contains("DropResponse")),
+        "{what}: the fault never applied: {:#?}",
+        proxy.log()
+    );
+    out
+}
+
+#[test]
+fn one_cut_manifest_answer_is_retried() {
+    for what in ["index", "entry"] {
+        let out = verify_after_one_cut_answer(what);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn one_cut_config_blob_answer_is_retried() {
+    let out = verify_after_one_cut_answer("config");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
