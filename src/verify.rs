@@ -214,8 +214,12 @@ pub async fn verify<S: ContentSource>(
 }
 
 fn unreadable(target: &Target, message: &str) -> Error {
+    let registry = match crate::registry::parse_reference(&target.reference) {
+        Ok(r) if !target.reference.starts_with("oci:") => r.registry().to_string(),
+        _ => target.reference.clone(),
+    };
     Error::Registry {
-        registry: target.reference.clone(),
+        registry,
         message: format!("cannot read {}: {message}", target.reference),
     }
 }
