@@ -16,7 +16,7 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+use support::{curl, hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -168,16 +168,6 @@ fn tags(registry: &Registry, repo: &str) -> Vec<String> {
     tags
 }
 
-fn curl(args: &[&str]) -> Vec<u8> {
-    let out = run(Command::new("curl").args(["-fsS"]).args(args));
-    assert!(
-        out.status.success(),
-        "curl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 fn sha256(bytes: &[u8]) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
@@ -220,29 +210,6 @@ fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> String {
         &format!("{location}{sep}digest={digest}"),
     ]);
     digest
-}
-
-/// PUTs a manifest under `reference` (tag or digest); returns its digest.
-fn put_manifest(
-    registry: &Registry,
-    repo: &str,
-    reference: &str,
-    body: &[u8],
-    media_type: &str,
-) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("m.json");
-    std::fs::write(&file, body).unwrap();
-    curl(&[
-        "-X",
-        "PUT",
-        "-H",
-        &format!("Content-Type: {media_type}"),
-        "--data-binary",
-        &format!("@{}", file.display()),
-        &format!("{}/v2/{repo}/manifests/{reference}", registry.url()),
-    ]);
-    sha256(body)
 }
 
 /// An image manifest (no layers: verify reads manifests and configs only) for `config`.
@@ -1128,14 +1095,8 @@ fn craft(registry: &Registry) -> Crafted {
     }))
     .unwrap();
     let manifest = image_manifest(registry, &repo, &config);
-    let manifest_digest = put_manifest(registry, &repo, &sha256(&manifest), &manifest, MANIFEST);
-    let index = put_manifest(
-        registry,
-        &repo,
-        "v1",
-        &index_of(&[(&manifest, "amd64")]),
-        INDEX,
-    );
+    let manifest_digest = registry.put_manifest(&repo, &sha256(&manifest), &manifest, MANIFEST);
+    let index = registry.put_manifest(&repo, "v1", &index_of(&[(&manifest, "amd64")]), INDEX);
     Crafted {
         repo,
         index,
@@ -1165,15 +1126,8 @@ fn registry_answers_that_are_not_what_was_asked_for_exit_3_naming_the_reference(
 
     // Also stored in the registry: a tag whose entry's config blob is not JSON.
     let garbage_config = image_manifest(&registry, repo, b"not json");
-    put_manifest(
-        &registry,
-        repo,
-        &sha256(&garbage_config),
-        &garbage_config,
-        MANIFEST,
-    );
-    put_manifest(
-        &registry,
+    registry.put_manifest(repo, &sha256(&garbage_config), &garbage_config, MANIFEST);
+    registry.put_manifest(
         repo,
         "garbage-config",
         &index_of(&[(&garbage_config, "amd64")]),

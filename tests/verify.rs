@@ -5,41 +5,15 @@ mod support;
 
 use serde_json::{json, Value};
 use std::path::Path;
-use std::process::{Command, Output};
-use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+use std::process::Output;
+use support::{curl, hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 
-fn curl(args: &[&str]) -> Vec<u8> {
-    let out = run(Command::new("curl").args(["-fsS"]).args(args));
-    assert!(
-        out.status.success(),
-        "curl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out.stdout
-}
-
 fn get_manifest(registry: &Registry, repo: &str, reference: &str) -> Vec<u8> {
     let url = format!("http://{}/v2/{repo}/manifests/{reference}", registry.host);
     curl(&["-H", &format!("Accept: {INDEX}, {MANIFEST}"), &url])
-}
-
-fn put_manifest(registry: &Registry, repo: &str, reference: &str, body: &[u8], media_type: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("m.json");
-    std::fs::write(&file, body).unwrap();
-    let url = format!("http://{}/v2/{repo}/manifests/{reference}", registry.host);
-    curl(&[
-        "-X",
-        "PUT",
-        "-H",
-        &format!("Content-Type: {media_type}"),
-        "--data-binary",
-        &format!("@{}", file.display()),
-        &url,
-    ]);
 }
 
 fn build(dir: &Path, dockerfile: &str, repository: &str, platforms: &str) {
@@ -114,7 +88,7 @@ fn verify_finds_every_kind_of_gap_in_what_registries_hold() {
 
     // A single-platform tag (as a plain `docker push` makes) misses arm64.
     let single = get_manifest(&registry, &good, amd_digest);
-    put_manifest(&registry, &good, "amd-only", &single, MANIFEST);
+    registry.put_manifest(&good, "amd-only", &single, MANIFEST);
     let (out, record) = verify(&registry.repo(&format!("{good}:amd-only")), both, &[]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(record["images"][0]["missing"], json!(["linux/arm64"]));
@@ -126,8 +100,7 @@ fn verify_finds_every_kind_of_gap_in_what_registries_hold() {
     attestation["annotations"] = json!({"vnd.docker.reference.type": "attestation-manifest", "vnd.docker.reference.digest": amd_digest});
     let with_attestation =
         json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [amd, arm, attestation]});
-    put_manifest(
-        &registry,
+    registry.put_manifest(
         &good,
         "attested",
         with_attestation.to_string().as_bytes(),
@@ -147,13 +120,7 @@ fn verify_finds_every_kind_of_gap_in_what_registries_hold() {
 
     // Entries whose platform disagrees with their config.
     let swapped = json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": [entry(arm_digest, arm_size, "amd64"), entry(amd_digest, amd_size, "arm64")]});
-    put_manifest(
-        &registry,
-        &good,
-        "swapped",
-        swapped.to_string().as_bytes(),
-        INDEX,
-    );
+    registry.put_manifest(&good, "swapped", swapped.to_string().as_bytes(), INDEX);
     let (out, record) = verify(&registry.repo(&format!("{good}:swapped")), both, &[]);
     assert_eq!(out.status.code(), Some(1));
     for platform in record["images"][0]["platforms"].as_array().unwrap() {

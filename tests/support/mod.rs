@@ -560,3 +560,41 @@ pub fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
     use sha2::Digest;
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
 }
+
+/// `curl -fsS ARGS`; panics with curl's message when it fails.
+pub fn curl(args: &[&str]) -> Vec<u8> {
+    let out = run(Command::new("curl").args(["-fsS"]).args(args));
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+impl Registry {
+    /// PUTs a raw manifest under `reference` (tag or digest), as other tools push them;
+    /// returns its digest.
+    pub fn put_manifest(
+        &self,
+        repo: &str,
+        reference: &str,
+        body: &[u8],
+        media_type: &str,
+    ) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("m.json");
+        std::fs::write(&file, body).unwrap();
+        curl(&[
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Content-Type: {media_type}"),
+            "--data-binary",
+            &format!("@{}", file.display()),
+            &format!("http://{}/v2/{repo}/manifests/{reference}", self.host),
+        ]);
+        use sha2::Digest;
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(body)))
+    }
+}
