@@ -61,10 +61,15 @@ fuzz_target!(|data: &[u8]| {
         assert!(data.len() >= 20 && data.starts_with(b"\x7fELF"));
         // class, byte order, e_type and e_machine come from the first 20 bytes alone.
         let short = deep::elf_machine(&data[..20]).expect("20-byte prefix of an ELF");
-        assert_eq!((short.class, short.endian, short.machine, short.elf_type),
-                   (id.class, id.endian, id.machine, id.elf_type));
+        assert_eq!(
+            (short.class, short.endian, short.machine, short.elf_type),
+            (id.class, id.endian, id.machine, id.elf_type)
+        );
         assert_eq!(short.linkage, None);
-        if let Some(Linkage::Dynamic { interpreter: Some(i) }) = &id.linkage {
+        if let Some(Linkage::Dynamic {
+            interpreter: Some(i),
+        }) = &id.linkage
+        {
             assert!(!i.is_empty() && !i.contains('\0'));
         }
         let (_, constant) = deep::machine_name(id.machine);
@@ -72,9 +77,10 @@ fuzz_target!(|data: &[u8]| {
     }
 
     let own = ident.as_ref().and_then(|id| {
-        ARCHS.iter().map(|(a, v)| Platform::new("linux", a, *v)).find(|p| {
-            deep::expected_machine(p) == Some((id.machine, id.class, id.endian))
-        })
+        ARCHS
+            .iter()
+            .map(|(a, v)| Platform::new("linux", a, *v))
+            .find(|p| deep::expected_machine(p) == Some((id.machine, id.class, id.endian)))
     });
     let platforms = [
         own.unwrap_or_else(|| Platform::new("linux", "amd64", None)),
@@ -94,7 +100,10 @@ fuzz_target!(|data: &[u8]| {
         match deep::expected_machine(platform) {
             None => assert_eq!(report.finding, Finding::Unreadable, "{report:?}"),
             Some(want) if want != (id.machine, id.class, id.endian) => {
-                assert!(matches!(report.finding, Finding::BinaryMismatch { .. }), "{report:?}")
+                assert!(
+                    matches!(report.finding, Finding::BinaryMismatch { .. }),
+                    "{report:?}"
+                )
             }
             Some(_) => {
                 if id.linkage == Some(Linkage::Static) && data.len() <= 4096 {
