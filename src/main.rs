@@ -99,7 +99,7 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         platform: Vec<Platform>,
         /// Platform builds and uploads running at once.
-        #[arg(long, short = 'j', default_value_t = 2)]
+        #[arg(long, short = 'j', default_value_t = 2, value_parser = parse_jobs)]
         jobs: usize,
         /// How to treat foreign platforms that need emulation (overrides polyarch.yaml).
         #[arg(long, value_enum, value_name = "MODE")]
@@ -268,6 +268,15 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     } else {
         exit::GAP
     })
+}
+
+/// `--jobs`: a count of at least one.
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("at least 1 is needed (one build or upload at a time)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a number")),
+    }
 }
 
 /// After an interrupt or failure, builds cut off mid-way may still tag their image in

@@ -916,6 +916,12 @@ fn bad_command_lines_exit_2_with_one_line_naming_the_flag() {
             &["--jobs", "two"],
         ),
         c(
+            "-j 0",
+            &["build", "-f", &f, "-j", "0"],
+            Shape::Clap,
+            &["--jobs", "0"],
+        ),
+        c(
             "unknown flag",
             &["build", "-f", &f, "--frobnicate"],
             Shape::Clap,
