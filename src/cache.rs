@@ -77,12 +77,16 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
         if std::fs::create_dir_all(dir).is_err() {
             return;
         }
-        let entries = self.entries.lock().expect("cache lock");
-        let partial = path.with_extension("json.partial");
-        if let Ok(bytes) = serde_json::to_vec_pretty(&*entries) {
-            if std::fs::write(&partial, bytes).is_ok() {
-                let _ = std::fs::rename(&partial, path);
-            }
+        let Ok(bytes) = serde_json::to_vec_pretty(&*self.entries.lock().expect("cache lock"))
+        else {
+            return;
+        };
+        // A file of its own per writer: concurrent runs never rename a half-written one.
+        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
+            return;
+        };
+        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
+            let _ = partial.persist(path);
         }
     }
 }
