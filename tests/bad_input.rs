@@ -9,6 +9,7 @@
 mod proxy;
 mod support;
 
+use polyarch::oci::sha256_digest;
 use proxy::{Fault, Proxy, Rule};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
@@ -168,14 +169,9 @@ fn tags(registry: &Registry, repo: &str) -> Vec<String> {
     tags
 }
 
-fn sha256(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
-}
-
 /// Uploads a blob (POST, then PUT with the digest); returns its digest.
 fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> String {
-    let digest = sha256(bytes);
+    let digest = sha256_digest(bytes);
     let head = run(Command::new("curl").args([
         "-fsSi",
         "-X",
@@ -228,7 +224,7 @@ fn index_of(entries: &[(&[u8], &str)]) -> Vec<u8> {
     let manifests: Vec<Value> = entries
         .iter()
         .map(|(m, arch)| {
-            json!({"mediaType": MANIFEST, "digest": sha256(m), "size": m.len(),
+            json!({"mediaType": MANIFEST, "digest": sha256_digest(m), "size": m.len(),
                    "platform": {"architecture": arch, "os": "linux"}})
         })
         .collect();
@@ -1101,14 +1097,15 @@ fn craft(registry: &Registry) -> Crafted {
     }))
     .unwrap();
     let manifest = image_manifest(registry, &repo, &config);
-    let manifest_digest = registry.put_manifest(&repo, &sha256(&manifest), &manifest, MANIFEST);
+    let manifest_digest =
+        registry.put_manifest(&repo, &sha256_digest(&manifest), &manifest, MANIFEST);
     let index = registry.put_manifest(&repo, "v1", &index_of(&[(&manifest, "amd64")]), INDEX);
     Crafted {
         repo,
         index,
         manifest,
         manifest_digest,
-        config_digest: sha256(&config),
+        config_digest: sha256_digest(&config),
     }
 }
 
@@ -1132,7 +1129,12 @@ fn registry_answers_that_are_not_what_was_asked_for_exit_3_naming_the_reference(
 
     // Also stored in the registry: a tag whose entry's config blob is not JSON.
     let garbage_config = image_manifest(&registry, repo, b"not json");
-    registry.put_manifest(repo, &sha256(&garbage_config), &garbage_config, MANIFEST);
+    registry.put_manifest(
+        repo,
+        &sha256_digest(&garbage_config),
+        &garbage_config,
+        MANIFEST,
+    );
     registry.put_manifest(
         repo,
         "garbage-config",
@@ -1152,7 +1154,7 @@ fn registry_answers_that_are_not_what_was_asked_for_exit_3_naming_the_reference(
         needles: needles.iter().map(|s| s.to_string()).collect(),
     };
     let manifest_path = format!("/manifests/{}", crafted.manifest_digest);
-    let not_json = sha256(b"not json");
+    let not_json = sha256_digest(b"not json");
     let config_path = format!("/blobs/{}", crafted.config_digest);
     let cases = vec![
         case(

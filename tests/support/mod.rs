@@ -557,8 +557,7 @@ pub fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
         "skopeo inspect {reference}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    use sha2::Digest;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(&out.stdout)))
+    polyarch::oci::sha256_digest(&out.stdout)
 }
 
 /// `curl -fsS ARGS`; panics with curl's message when it fails.
@@ -594,7 +593,6 @@ impl Registry {
             &format!("@{}", file.display()),
             &format!("http://{}/v2/{repo}/manifests/{reference}", self.host),
         ]);
-        use sha2::Digest;
-        format!("sha256:{}", hex::encode(sha2::Sha256::digest(body)))
+        polyarch::oci::sha256_digest(body)
     }
 }
