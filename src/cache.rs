@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -36,6 +37,8 @@ impl CachedManifest {
 struct Store<V> {
     path: Option<PathBuf>,
     entries: Mutex<BTreeMap<String, V>>,
+    /// Whether `entries` changed since they were read: an unchanged file is not rewritten.
+    changed: AtomicBool,
 }
 
 impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
@@ -56,6 +59,7 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
         Store {
             path,
             entries: Mutex::new(entries),
+            changed: AtomicBool::new(false),
         }
     }
 
@@ -65,13 +69,25 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
 
     fn put(&self, key: String, value: V) {
         self.entries.lock().expect("cache lock").insert(key, value);
+        self.changed.store(true, Ordering::Relaxed);
     }
 
     fn remove(&self, key: &str) {
-        self.entries.lock().expect("cache lock").remove(key);
+        if self
+            .entries
+            .lock()
+            .expect("cache lock")
+            .remove(key)
+            .is_some()
+        {
+            self.changed.store(true, Ordering::Relaxed);
+        }
     }
 
     fn save(&self) {
+        if !self.changed.swap(false, Ordering::Relaxed) {
+            return;
+        }
         let Some(path) = &self.path else { return };
         let Some(dir) = path.parent() else { return };
         if std::fs::create_dir_all(dir).is_err() {
