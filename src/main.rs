@@ -281,9 +281,12 @@ fn parse_jobs(text: &str) -> Result<usize, String> {
 
 /// After an interrupt or failure, builds cut off mid-way may still tag their image in
 /// the engine: give cleanup time to catch those.
+/// An interrupt cuts builds off mid-step, and a loaded engine may take several seconds to
+/// finish one; a failure has usually let them end.
 fn cleanup_grace<T>(outcome: &Result<T, Error>) -> std::time::Duration {
     match outcome {
         Ok(_) => std::time::Duration::ZERO,
+        Err(Error::Interrupted) => std::time::Duration::from_secs(10),
         Err(_) => std::time::Duration::from_secs(3),
     }
 }
@@ -348,7 +351,9 @@ async fn run(command: Command) -> Result<i32, Error> {
                 let outcome =
                     pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref())
                         .await;
-                cleanup.run(cleanup_grace(&outcome)).await;
+                cleanup
+                    .run(cleanup_grace(&outcome), reporter.as_ref())
+                    .await;
                 drop(reporter);
                 let part = outcome?;
                 if let Some(path) = &output.record {
@@ -361,7 +366,9 @@ async fn run(command: Command) -> Result<i32, Error> {
             }
             let outcome =
                 pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
-            cleanup.run(cleanup_grace(&outcome)).await;
+            cleanup
+                .run(cleanup_grace(&outcome), reporter.as_ref())
+                .await;
             drop(reporter);
             finish(&outcome?, &output)
         }

@@ -195,7 +195,8 @@ impl Cleanup {
             .push((engine.clone(), tag.to_string()));
     }
 
-    /// Removes `tag`; false when the engine had no such image.
+    /// Removes `tag`; true once it is gone. A tag not there yet (a build cut off may still
+    /// write it) or one the engine would not remove (still in use) stays recorded.
     async fn remove(&self, engine: &Engine, tag: &str) -> bool {
         let removed = engine
             .docker
@@ -204,39 +205,47 @@ impl Cleanup {
                 None::<bollard::query_parameters::RemoveImageOptions>,
                 None,
             )
-            .await;
-        self.images
-            .lock()
-            .expect("cleanup lock")
-            .retain(|(e, t)| !(t == tag && e.endpoint == engine.endpoint));
-        !matches!(
-            removed,
-            Err(bollard::errors::Error::DockerResponseServerError {
-                status_code: 404,
-                ..
-            })
-        )
+            .await
+            .is_ok();
+        if removed {
+            self.images
+                .lock()
+                .expect("cleanup lock")
+                .retain(|(e, t)| !(t == tag && e.endpoint == engine.endpoint));
+        }
+        removed
     }
 
     /// Removes every temporary image still recorded; safe to call more than once.
     ///
     /// A build whose client went away (an interrupted run) can still finish in the engine
-    /// and tag its image after the first attempt: tags not found are retried every 100 ms
-    /// for up to `grace`.
-    pub async fn run(&self, grace: std::time::Duration) {
+    /// and tag its image after the first attempt: what is left is retried every 100 ms
+    /// for up to `grace`, which the reporter is told about.
+    pub async fn run(&self, grace: std::time::Duration, reporter: &dyn Reporter) {
         let deadline = tokio::time::Instant::now() + grace;
         let mut images: Vec<(Engine, String)> = self.images.lock().expect("cleanup lock").clone();
+        let mut first = true;
         loop {
-            let mut missing = Vec::new();
+            let mut left = Vec::new();
             for (engine, tag) in images {
                 if !self.remove(&engine, &tag).await {
-                    missing.push((engine, tag));
+                    left.push((engine, tag));
                 }
             }
-            if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+            if left.is_empty() || tokio::time::Instant::now() >= deadline {
                 return;
             }
-            images = missing;
+            if first {
+                first = false;
+                reporter.report(Event::Note {
+                    message: format!(
+                        "waiting up to {}s for {} cut-off build(s) to end in the engine, to remove their temporary images; interrupt again to exit now",
+                        grace.as_secs(),
+                        left.len()
+                    ),
+                });
+            }
+            images = left;
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     }
