@@ -2,6 +2,7 @@
 //! with a session) by default, the classic builder where BuildKit is not available.
 //! The context is streamed as a tar honouring `.dockerignore`.
 
+use crate::dockerfile;
 use crate::engine::Engine;
 use crate::error::one_line;
 use crate::progress::{Event, Reporter};
@@ -11,10 +12,13 @@ use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
 use bytes::Bytes;
 use futures_util::StreamExt;
+use globset::{GlobBuilder, GlobSetBuilder};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Log lines kept per build: a failing platform's log is shown in full up to this many
@@ -331,6 +335,138 @@ fn buildkit_step(name: &str) -> Option<(u32, u32)> {
     Some((n.parse().ok()?, m.parse().ok()?))
 }
 
+/// Context digests of one run, each computed once however many platforms share it.
+#[derive(Default)]
+pub struct ContextDigests {
+    digests: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<String>>>>,
+}
+
+impl ContextDigests {
+    async fn digest(&self, spec: &ImageSpec, sources: Option<Vec<String>>) -> Result<String> {
+        let key = format!("{}|{sources:?}", spec.name);
+        let cell = self
+            .digests
+            .lock()
+            .expect("context digests lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        let (context, dockerfile) = (spec.context.clone(), spec.dockerfile.clone());
+        cell.get_or_try_init(|| async move {
+            tokio::task::spawn_blocking(move || context_digest(&context, &dockerfile, sources))
+                .await
+                .map_err(|e| Error::Engine(format!("hashing the build context failed: {e}")))?
+        })
+        .await
+        .cloned()
+    }
+}
+
+/// A digest of the context files a build reads (`sources`, wildcards relative to the
+/// context root; None: every file the engine would be sent), plus the Dockerfile and
+/// `.dockerignore`: each file's path, type, permissions and content (or link target).
+/// Timestamps and owners are left out, as BuildKit's own cache checksums leave them
+/// out: a fresh checkout of the same files matches.
+fn context_digest(
+    context: &Path,
+    dockerfile: &Path,
+    sources: Option<Vec<String>>,
+) -> Result<String> {
+    let ignore = dockerignore(context)?;
+    let selection = match sources {
+        Some(patterns) => {
+            let mut set = GlobSetBuilder::new();
+            for pattern in &patterns {
+                match GlobBuilder::new(pattern)
+                    .literal_separator(true)
+                    .backslash_escape(true)
+                    .build()
+                {
+                    Ok(glob) => set.add(glob),
+                    // A pattern Docker reads differently from us: count everything.
+                    Err(_) => return context_digest(context, dockerfile, None),
+                };
+            }
+            Some(set.build().map_err(|e| Error::Engine(e.to_string()))?)
+        }
+        None => None,
+    };
+    let read = |relative: &Path| {
+        relative == dockerfile
+            || relative == Path::new(".dockerignore")
+            || selection
+                .as_ref()
+                .is_none_or(|set| relative.ancestors().any(|a| set.is_match(a)))
+    };
+    let mut hasher = Sha256::new();
+    for relative in context_files(context, dockerfile, &ignore)? {
+        if !read(&relative) {
+            continue;
+        }
+        let path = context.join(&relative);
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        hasher.update(relative.to_string_lossy().as_bytes());
+        hasher.update([0]);
+        hasher.update(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()).to_be_bytes());
+        if meta.is_symlink() {
+            let target = std::fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
+            hasher.update(target.to_string_lossy().as_bytes());
+        } else if meta.is_file() {
+            let mut file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            hasher.update(meta.len().to_be_bytes());
+            std::io::copy(&mut file, &mut hasher).map_err(|e| Error::io(&path, e))?;
+        }
+        hasher.update([0]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// What a build of `spec` for `platform` on `engine` depends on, as one digest: the
+/// context files it reads (see [`context_digest`]), the Dockerfile's path, every build
+/// option, the engine, and the local image IDs of the images the Dockerfile names. Equal
+/// keys mean the engine would answer from its cache with the same image. None when the
+/// build reads something no key can pin (see [`dockerfile::external_images`]) or names an
+/// image the engine does not have.
+pub async fn inputs_key(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    contexts: &ContextDigests,
+) -> Result<Option<String>> {
+    let path = spec.context.join(&spec.dockerfile);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let mut args: HashMap<String, String> = platform_build_args(platform, &engine.native)
+        .into_iter()
+        .collect();
+    args.extend(spec.build_args.clone());
+    let Some(images) = dockerfile::external_images(&text, &args) else {
+        return Ok(None);
+    };
+    let mut bases = Vec::new();
+    for image in images {
+        match engine.docker.inspect_image(&image).await {
+            Ok(inspected) => bases.push((image, inspected.id.unwrap_or_default())),
+            Err(_) => return Ok(None),
+        }
+    }
+    let context = contexts
+        .digest(spec, dockerfile::context_sources(&text, &args))
+        .await?;
+    let key = serde_json::json!({
+        "polyarch": env!("CARGO_PKG_VERSION"),
+        "engine": [&engine.identity, &engine.server_version, engine.buildkit],
+        "platform": platform.to_string(),
+        "context": context,
+        "dockerfile": spec.dockerfile,
+        "target": spec.target,
+        "build_args": spec.build_args,
+        "labels": spec.labels,
+        "network": format!("{:?}", spec.network),
+        "bases": bases,
+    });
+    Ok(Some(hex::encode(Sha256::digest(key.to_string()))))
+}
+
 /// Streams the build context as a tar from a blocking thread, so a large context is
 /// never held in memory.
 fn stream_context(
@@ -477,6 +613,51 @@ mod tests {
         assert_eq!(args["TARGETVARIANT"], "v8");
         assert_eq!(args["BUILDPLATFORM"], "linux/amd64");
         assert_eq!(args["BUILDVARIANT"], "");
+    }
+
+    #[test]
+    fn context_digest_covers_only_what_the_build_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("bin/arm64")).unwrap();
+        std::fs::write(
+            root.join("Dockerfile"),
+            "FROM scratch\nCOPY bin/arm64 /bin\n",
+        )
+        .unwrap();
+        std::fs::write(root.join("bin/arm64/tool"), "v1").unwrap();
+        std::fs::write(root.join("record.json"), "{}").unwrap();
+        let digest = |sources: Option<Vec<String>>| {
+            context_digest(root, Path::new("Dockerfile"), sources).unwrap()
+        };
+        let reads = || Some(vec!["bin/arm64".to_string()]);
+        let before = (digest(reads()), digest(None));
+
+        // A file the build does not read changes only the whole-context digest.
+        std::fs::write(root.join("record.json"), "{\"covered\": true}").unwrap();
+        assert_eq!(digest(reads()), before.0);
+        assert_ne!(digest(None), before.1);
+
+        // Content, permissions and the Dockerfile count; wildcards match within a segment.
+        std::fs::write(root.join("bin/arm64/tool"), "v2").unwrap();
+        let v2 = digest(reads());
+        assert_ne!(v2, before.0);
+        std::fs::set_permissions(
+            root.join("bin/arm64/tool"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        assert_ne!(digest(reads()), v2);
+        let globbed = digest(Some(vec!["bin/*/tool".to_string()]));
+        std::fs::write(root.join("bin/arm64/tool"), "v3").unwrap();
+        assert_ne!(digest(Some(vec!["bin/*/tool".to_string()])), globbed);
+        let before_dockerfile = digest(reads());
+        std::fs::write(
+            root.join("Dockerfile"),
+            "FROM scratch\nCOPY bin/arm64 /usr/bin\n",
+        )
+        .unwrap();
+        assert_ne!(digest(reads()), before_dockerfile);
     }
 
     #[test]

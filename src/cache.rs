@@ -1,7 +1,8 @@
 //! What earlier runs learned, so a warm rerun skips work: what they pushed, keyed by
 //! registry repository and engine image ID (export and upload are skipped; an entry is
-//! used after the registry confirms the manifest exists), and which platforms each
-//! engine ran (the emulation probe is skipped).
+//! used after the registry confirms the manifest exists), which image each set of build
+//! inputs produced (the build is skipped), and which platforms each engine ran (the
+//! emulation probe is skipped).
 
 use crate::oci::ConfigPlatform;
 use crate::Platform;
@@ -131,6 +132,27 @@ impl PushCache {
     }
 }
 
+/// The image ID each build's inputs ([`crate::build::inputs_key`]) produced.
+pub struct BuildMemory(Store<String>);
+
+impl BuildMemory {
+    pub fn open() -> BuildMemory {
+        BuildMemory(Store::open("builds.json"))
+    }
+
+    pub fn image(&self, inputs: &str) -> Option<String> {
+        self.0.get(inputs)
+    }
+
+    pub fn remember(&self, inputs: &str, image_id: &str) {
+        self.0.put(inputs.to_string(), image_id.to_string());
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
 /// Platforms an engine's kernel ran in an earlier run (`true`: under QEMU), so a rerun
 /// builds without probing again. Only a hint: registrations vanish with a reboot, so a
 /// build that then meets `exec format error` makes the caller forget it and probe.
@@ -190,5 +212,13 @@ mod tests {
         memory.forget("engine-a", &arm64);
         memory.save();
         assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), None);
+
+        let builds = BuildMemory::open();
+        builds.remember("inputs", "sha256:2");
+        builds.save();
+        assert_eq!(
+            BuildMemory::open().image("inputs").as_deref(),
+            Some("sha256:2")
+        );
     }
 }

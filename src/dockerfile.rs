@@ -1,8 +1,9 @@
 //! Just enough Dockerfile parsing to tell whether a build executes target-platform
 //! binaries (a `RUN` in a stage built for the target platform that the target stage
-//! depends on), i.e. whether a foreign platform needs QEMU emulation.
+//! depends on), i.e. whether a foreign platform needs QEMU emulation, and which images
+//! outside the context a build reads.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// One logical instruction: keyword (upper-cased) and its arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,9 +233,389 @@ pub fn needs_emulation(dockerfile: &str, target: Option<&str>) -> bool {
     false
 }
 
+/// The images a build reads besides its context (`FROM`, `COPY --from=`, `RUN
+/// --mount=from=` naming no stage), with `ARG`s substituted from `args` (build args and
+/// the platform args). None when the build reads something that can change while the
+/// Dockerfile, the context and those images stay the same (`ADD` of a URL or git
+/// repository), or when a reference cannot be resolved here.
+pub fn external_images(dockerfile: &str, args: &HashMap<String, String>) -> Option<Vec<String>> {
+    let platform_args = [
+        "TARGETPLATFORM",
+        "TARGETOS",
+        "TARGETARCH",
+        "TARGETVARIANT",
+        "BUILDPLATFORM",
+        "BUILDOS",
+        "BUILDARCH",
+        "BUILDVARIANT",
+    ];
+    let mut vars: HashMap<String, String> = args
+        .iter()
+        .filter(|(k, _)| platform_args.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut stage_names: Vec<String> = Vec::new();
+    let mut images = BTreeSet::new();
+    let is_stage = |names: &[String], reference: &str| {
+        let r = reference.to_ascii_lowercase();
+        names.contains(&r) || r.parse::<usize>().is_ok_and(|i| i < names.len())
+    };
+    for ins in instructions(dockerfile) {
+        let (flags, words) = flags_and_words(&ins.args);
+        match ins.keyword.as_str() {
+            // Global ARGs (before the first FROM) are what FROM lines may use.
+            "ARG" if stage_names.is_empty() => {
+                for word in &words {
+                    let (name, default) = word.split_once('=').unwrap_or((word, ""));
+                    let value = args.get(name).map(String::as_str).unwrap_or(default);
+                    vars.insert(name.to_string(), value.trim_matches('"').to_string());
+                }
+            }
+            "FROM" => {
+                let base = substitute(words.first()?, &vars)?;
+                if !base.eq_ignore_ascii_case("scratch") && !is_stage(&stage_names, &base) {
+                    images.insert(base);
+                }
+                let name = match words.as_slice() {
+                    [_, as_kw, name, ..] if as_kw.eq_ignore_ascii_case("as") => {
+                        name.to_ascii_lowercase()
+                    }
+                    _ => format!("#{}", stage_names.len()),
+                };
+                stage_names.push(name);
+            }
+            "ADD"
+                if words
+                    .iter()
+                    .any(|w| w.contains("://") || w.contains("git@")) =>
+            {
+                return None;
+            }
+            "COPY" | "ADD" | "RUN" => {
+                let mut sources: Vec<&str> = Vec::new();
+                for (key, value) in &flags {
+                    match key.as_str() {
+                        "from" => sources.push(value),
+                        "mount" => {
+                            sources.extend(value.split(',').filter_map(|p| p.strip_prefix("from=")))
+                        }
+                        _ => {}
+                    }
+                }
+                for source in sources {
+                    let source = substitute(source, &vars)?;
+                    if !is_stage(&stage_names, &source) {
+                        images.insert(source);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(images.into_iter().collect())
+}
+
+/// What a build reads from its context: the sources of `COPY`/`ADD` without `--from` and
+/// of `RUN --mount=type=bind` without `from=`, as paths or wildcards relative to the
+/// context root. None when that cannot be told here (a variable whose value is not known,
+/// or a source naming the whole context): then all of it counts.
+pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Option<Vec<String>> {
+    let mut globals: HashMap<String, String> = HashMap::new();
+    let mut stage_env: Vec<(String, HashMap<String, String>)> = Vec::new();
+    let mut vars: HashMap<String, String> = HashMap::new();
+    let mut sources = BTreeSet::new();
+    for ins in instructions(dockerfile) {
+        let (flags, rest) = split_flags(&ins.args);
+        match ins.keyword.as_str() {
+            "ARG" => {
+                for word in rest.split_whitespace() {
+                    let (name, default) = match word.split_once('=') {
+                        Some((name, default)) => (name, Some(default.trim_matches('"'))),
+                        None => (word, None),
+                    };
+                    let value = args
+                        .get(name)
+                        .cloned()
+                        .or_else(|| default.map(str::to_string))
+                        .or_else(|| globals.get(name).cloned())
+                        .unwrap_or_default();
+                    if stage_env.is_empty() {
+                        globals.insert(name.to_string(), value);
+                    } else {
+                        vars.insert(name.to_string(), value);
+                    }
+                }
+            }
+            "FROM" => {
+                let words: Vec<&str> = rest.split_whitespace().collect();
+                // ENV is inherited from a parent stage; ARGs are not.
+                let parent = words.first().and_then(|base| {
+                    let base = base.to_ascii_lowercase();
+                    stage_env.iter().find(|(name, _)| *name == base)
+                });
+                vars = parent.map(|(_, env)| env.clone()).unwrap_or_default();
+                let name = match words.as_slice() {
+                    [_, as_kw, name, ..] if as_kw.eq_ignore_ascii_case("as") => {
+                        name.to_ascii_lowercase()
+                    }
+                    _ => String::new(),
+                };
+                stage_env.push((name, vars.clone()));
+            }
+            "ENV" => {
+                let pairs: Vec<(String, String)> = if rest.contains('=') {
+                    rest.split_whitespace()
+                        .filter_map(|w| w.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                } else {
+                    let (k, v) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+                    vec![(k.to_string(), v.trim().to_string())]
+                };
+                for (key, value) in pairs {
+                    // A value that cannot be worked out leaves the variable unknown.
+                    match substitute(&value, &vars) {
+                        Some(value) => {
+                            if let Some((_, env)) = stage_env.last_mut() {
+                                env.insert(key.clone(), value.clone());
+                            }
+                            vars.insert(key, value);
+                        }
+                        None => {
+                            if let Some((_, env)) = stage_env.last_mut() {
+                                env.remove(&key);
+                            }
+                            vars.remove(&key);
+                        }
+                    }
+                }
+            }
+            "COPY" | "ADD" if !flags.iter().any(|(k, _)| k == "from") => {
+                let mut paths: Vec<String> = if rest.starts_with('[') {
+                    serde_json::from_str(rest).ok()?
+                } else {
+                    rest.split_whitespace().map(str::to_string).collect()
+                };
+                paths.pop(); // the destination
+                for path in paths.iter().filter(|p| !p.starts_with("<<")) {
+                    sources.insert(context_path(&substitute(path, &vars)?)?);
+                }
+            }
+            "RUN" => {
+                for (_, mount) in flags.iter().filter(|(k, _)| k == "mount") {
+                    let fields: HashMap<&str, &str> = mount
+                        .split(',')
+                        .map(|f| f.split_once('=').unwrap_or((f, "")))
+                        .collect();
+                    let bind = fields.get("type").is_none_or(|t| *t == "bind");
+                    if bind && !fields.contains_key("from") {
+                        let source = fields
+                            .get("source")
+                            .or(fields.get("src"))
+                            .copied()
+                            .unwrap_or(".");
+                        sources.insert(context_path(&substitute(source, &vars)?)?);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(sources.into_iter().collect())
+}
+
+/// A source as a path relative to the context root; None when it is the whole context
+/// or leaves it.
+fn context_path(source: &str) -> Option<String> {
+    let mut path = source.trim_end_matches('/');
+    loop {
+        let trimmed = path.trim_start_matches('/').trim_start_matches("./");
+        if trimmed == path {
+            break;
+        }
+        path = trimmed;
+    }
+    let whole = path.is_empty() || path == "." || path.split('/').any(|c| c == "..");
+    (!whole).then(|| path.to_string())
+}
+
+/// `--flag=value` options at the start of `args` and the text after them.
+fn split_flags(args: &str) -> (Vec<(String, String)>, &str) {
+    let mut rest = args.trim_start();
+    let mut flags = Vec::new();
+    while let Some(flag) = rest.strip_prefix("--") {
+        let end = flag.find(char::is_whitespace).unwrap_or(flag.len());
+        let (k, v) = flag[..end].split_once('=').unwrap_or((&flag[..end], ""));
+        flags.push((k.to_ascii_lowercase(), v.to_string()));
+        rest = flag[end..].trim_start();
+    }
+    (flags, rest)
+}
+
+/// `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` from `vars`; None for anything
+/// else, or a name not in `vars`.
+fn substitute(text: &str, vars: &HashMap<String, String>) -> Option<String> {
+    let text = text.trim_matches('"');
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (expression, tail) = if let Some(braced) = after.strip_prefix('{') {
+            let end = braced.find('}')?;
+            (&braced[..end], &braced[end + 1..])
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], &after[end..])
+        };
+        let (name, modifier) = match expression.split_once(':') {
+            Some((name, modifier)) => (name, Some(modifier)),
+            None => (expression, None),
+        };
+        let value = vars.get(name)?;
+        match modifier {
+            None => out.push_str(value),
+            Some(m) if m.starts_with('-') => {
+                out.push_str(if value.is_empty() { &m[1..] } else { value })
+            }
+            Some(m) if m.starts_with('+') => {
+                if !value.is_empty() {
+                    out.push_str(&m[1..])
+                }
+            }
+            Some(_) => return None,
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    (!out.is_empty() && !out.contains('$')).then_some(out)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::needs_emulation;
+    use super::{context_sources, external_images, needs_emulation};
+    use std::collections::HashMap;
+
+    fn args(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn external_images_skip_stages_and_scratch() {
+        let df = "\
+ARG GO=1.22
+FROM --platform=$BUILDPLATFORM golang:${GO} AS build
+RUN --mount=type=cache,target=/root/.cache go build
+FROM scratch
+COPY --from=build /out/app /app
+COPY --from=alpine:3 /bin/busybox /busybox
+COPY --from=0 /etc/passwd /etc/passwd
+";
+        assert_eq!(
+            external_images(df, &args(&[("BUILDPLATFORM", "linux/amd64")])),
+            Some(vec!["alpine:3".to_string(), "golang:1.22".to_string()])
+        );
+        // A build arg overrides the default.
+        assert_eq!(
+            external_images(df, &args(&[("GO", "1.23")])).unwrap()[1],
+            "golang:1.23"
+        );
+        assert_eq!(
+            external_images("FROM scratch\nCOPY a /a\n", &args(&[])),
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn external_images_follow_platform_args_and_mounts() {
+        let df = "FROM base-$TARGETARCH\nRUN --mount=type=bind,from=tools:1,target=/t true\n";
+        assert_eq!(
+            external_images(df, &args(&[("TARGETARCH", "arm64")])),
+            Some(vec!["base-arm64".to_string(), "tools:1".to_string()])
+        );
+        // ${X:-default} with X empty.
+        let df = "ARG V\nFROM img:${V:-latest}\n";
+        assert_eq!(
+            external_images(df, &args(&[])),
+            Some(vec!["img:latest".to_string()])
+        );
+    }
+
+    #[test]
+    fn context_sources_name_what_copy_add_and_bind_mounts_read() {
+        let df = "\
+FROM --platform=$BUILDPLATFORM golang AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/root/.cache --mount=type=bind,source=cmd,target=/src/cmd go build
+FROM scratch
+ARG TARGETARCH
+ENV DIR=bin/${TARGETARCH}
+COPY --from=build /out/app /app
+COPY --chmod=755 ./${DIR}/tool /tool
+ADD [\"static/*.html\", \"/www/\"]
+COPY <<MOTD /etc/motd
+";
+        assert_eq!(
+            context_sources(df, &args(&[("TARGETARCH", "arm64")])),
+            Some(
+                ["bin/arm64/tool", "cmd", "go.mod", "go.sum", "static/*.html"]
+                    .map(String::from)
+                    .to_vec()
+            )
+        );
+        // The whole context, or a value not known here: everything counts.
+        assert_eq!(
+            context_sources("FROM scratch\nCOPY . /app\n", &args(&[])),
+            None
+        );
+        assert_eq!(
+            context_sources("FROM alpine\nRUN --mount=target=/src make\n", &args(&[])),
+            None
+        );
+        assert_eq!(
+            context_sources("FROM alpine\nCOPY $FROM_BASE_ENV /x\n", &args(&[])),
+            None
+        );
+        // A global ARG is visible in a stage only when declared there again.
+        let df = "ARG APP=web\nFROM scratch\nARG APP\nCOPY ${APP}/ /srv/\n";
+        assert_eq!(
+            context_sources(df, &args(&[])),
+            Some(vec!["web".to_string()])
+        );
+        let df = "ARG APP=web\nFROM scratch\nCOPY ${APP}/ /srv/\n";
+        assert_eq!(context_sources(df, &args(&[])), None);
+    }
+
+    #[test]
+    fn external_images_refuse_what_cannot_be_pinned() {
+        // A remote ADD can change with nothing here changing.
+        assert_eq!(
+            external_images(
+                "FROM scratch\nADD https://example.com/a.tgz /a\n",
+                &args(&[])
+            ),
+            None
+        );
+        assert_eq!(
+            external_images(
+                "FROM scratch\nADD git@github.com:o/r.git /src\n",
+                &args(&[])
+            ),
+            None
+        );
+        // A variable that is not a declared global ARG.
+        assert_eq!(external_images("FROM $UNKNOWN\n", &args(&[])), None);
+        assert_eq!(
+            external_images("FROM img:${V?err}\nARG V\n", &args(&[])),
+            None
+        );
+    }
 
     #[test]
     fn copy_only_scratch() {

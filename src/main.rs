@@ -108,6 +108,10 @@ enum Command {
         /// assembled from the host's qemu-user-static when it cannot be pulled).
         #[arg(long, value_name = "IMAGE")]
         binfmt_image: Option<String>,
+        /// Build even when a platform's inputs (context, Dockerfile, build args, base
+        /// image IDs) match what an earlier run built and pushed.
+        #[arg(long)]
+        rebuild: bool,
         /// Split runners: push this runner's platforms by digest and record them as a part
         /// (--record FILE) for `polyarch assemble`; no tag moves.
         #[arg(long)]
@@ -317,6 +321,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             jobs,
             binfmt,
             binfmt_image,
+            rebuild,
             push_by_digest,
             output: destination,
             output_args: output,
@@ -342,6 +347,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 layout,
                 binfmt: binfmt.map(Into::into),
                 binfmt_image,
+                rebuild,
                 interrupt: interrupt.clone(),
             };
             let reporter = reporter(&output);

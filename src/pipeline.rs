@@ -3,7 +3,7 @@
 
 use crate::binfmt::{Emulation, EmulationStatus};
 use crate::build::{self, BuiltImage};
-use crate::cache::{CachedManifest, EmulationMemory, PushCache};
+use crate::cache::{BuildMemory, CachedManifest, EmulationMemory, PushCache};
 use crate::dockerfile;
 use crate::engine::{Builders, Engine};
 use crate::export;
@@ -38,6 +38,8 @@ pub struct BuildOptions {
     pub binfmt: Option<BinfmtMode>,
     /// `--binfmt-image`: overrides the project's installer image.
     pub binfmt_image: Option<String>,
+    /// `--rebuild`: ask the engine to build even when the inputs match an earlier run's.
+    pub rebuild: bool,
     /// Cancelled on SIGINT: builds and uploads stop, but a publish that has begun completes,
     /// so tags never end up pointing at different indexes.
     pub interrupt: tokio_util::sync::CancellationToken,
@@ -309,11 +311,14 @@ async fn build_and_push_all<'a>(
         id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
         cleanup,
         cache: PushCache::open(),
+        builds: BuildMemory::open(),
+        trust_inputs: !options.rebuild,
+        contexts: Default::default(),
         reporter,
     };
     let run = &run;
     let jobs = options.jobs.max(1);
-    let pushed: Vec<Pushed> = futures_util::stream::iter(plan.units.iter())
+    let pushed: Result<Vec<Pushed>> = futures_util::stream::iter(plan.units.iter())
         .map(|unit| {
             let (destination, emulation) = (&destination, &emulation);
             let engine = builders.for_platform(&unit.platform);
@@ -330,9 +335,11 @@ async fn build_and_push_all<'a>(
         })
         .buffer_unordered(jobs)
         .try_collect()
-        .await?;
+        .await;
+    // What did get pushed is remembered even when another unit failed.
     run.cache.save();
-    Ok((plan, destination, pushed))
+    run.builds.save();
+    Ok((plan, destination, pushed?))
 }
 
 /// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
@@ -884,7 +891,25 @@ struct Run<'a> {
     id: String,
     cleanup: &'a Cleanup,
     cache: PushCache,
+    builds: BuildMemory,
+    /// False with `--rebuild`.
+    trust_inputs: bool,
+    contexts: build::ContextDigests,
     reporter: &'a dyn Reporter,
+}
+
+/// A unit whose manifest an earlier run pushed.
+fn pushed_before(unit: &Unit<'_>, cached: &CachedManifest, build: BuildInfo) -> Pushed {
+    Pushed {
+        image: unit.image.name.clone(),
+        platform: unit.platform.clone(),
+        entry: IndexEntry {
+            digest: cached.digest.clone(),
+            size: cached.size,
+            platform: cached.config_platform(),
+        },
+        build,
+    }
 }
 
 async fn build_and_push(
@@ -905,6 +930,32 @@ async fn build_and_push(
             message,
         })
     };
+    let inputs = build::inputs_key(engine, image, &unit.platform, &run.contexts).await?;
+    let remembered = inputs
+        .as_deref()
+        .filter(|_| run.trust_inputs)
+        .and_then(|key| run.builds.image(key));
+    if let Some(image_id) = remembered {
+        if let Some(cached) = destination.already_pushed(cache, image, &image_id).await {
+            phase(
+                Phase::Done,
+                format!(
+                    "inputs unchanged (context, Dockerfile, build args, base images): image {image_id} is already pushed as {}; no build, export or upload (--rebuild builds anyway)",
+                    cached.digest
+                ),
+            );
+            return Ok(pushed_before(
+                unit,
+                &cached,
+                BuildInfo {
+                    emulated,
+                    seconds: 0.0,
+                    reused: true,
+                    builder: Some(engine.endpoint.clone()),
+                },
+            ));
+        }
+    }
     phase(
         Phase::Build,
         format!(
@@ -921,9 +972,13 @@ async fn build_and_push(
         &build::temporary_tag(&image.name, &unit.platform, run_id),
     );
     let built: BuiltImage = build::build(engine, image, &unit.platform, run_id, reporter).await?;
+    if let Some(key) = &inputs {
+        run.builds.remember(key, &built.id);
+    }
     let build_info = BuildInfo {
         emulated,
         seconds: (built.seconds * 10.0).round() / 10.0,
+        reused: false,
         builder: Some(engine.endpoint.clone()),
     };
     let reference = first_tag(image)?;
@@ -937,16 +992,7 @@ async fn build_and_push(
                 &built.id, cached.digest
             ),
         );
-        return Ok(Pushed {
-            image: image.name.clone(),
-            platform: unit.platform.clone(),
-            entry: IndexEntry {
-                digest: cached.digest.clone(),
-                size: cached.size,
-                platform: cached.config_platform(),
-            },
-            build: build_info,
-        });
+        return Ok(pushed_before(unit, &cached, build_info));
     }
 
     phase(Phase::Export, format!("exporting {}", &built.id));

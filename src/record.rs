@@ -100,6 +100,9 @@ impl From<&crate::deep::DeepReport> for DeepCheck {
 pub struct BuildInfo {
     pub emulated: bool,
     pub seconds: f64,
+    /// The inputs matched an earlier run's build, whose pushed image was used unbuilt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builder: Option<String>,
 }

@@ -95,7 +95,7 @@ fn split_runner_parts_assemble_into_one_index_and_a_missing_part_publishes_nothi
 }
 
 #[test]
-fn a_warm_rerun_exports_and_uploads_nothing_and_says_so() {
+fn a_warm_rerun_builds_exports_and_uploads_nothing_and_says_so() {
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     hello_context(dir.path(), HELLO);
@@ -106,28 +106,126 @@ fn a_warm_rerun_exports_and_uploads_nothing_and_says_so() {
         "[v1, latest]",
         "[linux/amd64, linux/arm64]",
     );
-    let cache = dir.path().join("cache");
-    let build = || {
+    let cache = tempfile::tempdir().unwrap();
+    let record = cache.path().join("record.json");
+    let build = |extra: &[&str]| {
         run(polyarch()
             .args(["build", "-f"])
             .arg(&file)
-            .env("POLYARCH_CACHE_DIR", &cache))
+            .arg("--record")
+            .arg(&record)
+            .args(extra)
+            .env("POLYARCH_CACHE_DIR", cache.path()))
     };
-    let cold = build();
+    let cold = build(&[]);
     assert_eq!(cold.status.code(), Some(0), "{}", stderr(&cold));
     assert!(stderr(&cold).contains("[export]"));
     let digest = skopeo_digest(&format!("{repo}:v1"), None);
 
-    let warm = build();
+    let warm = build(&[]);
     assert_eq!(warm.status.code(), Some(0), "{}", stderr(&warm));
     let log = stderr(&warm);
     assert!(
-        !log.contains("[export]") && !log.contains("[push]"),
-        "warm run exported or pushed:\n{log}"
+        !log.contains("[build") && !log.contains("[export]") && !log.contains("[push]"),
+        "warm run built, exported or pushed:\n{log}"
     );
-    assert_eq!(log.matches("no export or upload").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("inputs unchanged").count(),
+        2,
+        "one per platform:\n{log}"
+    );
     assert!(log.contains("nothing to publish"), "{log}");
     assert_eq!(skopeo_digest(&format!("{repo}:latest"), None), digest);
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(written["covered"], true);
+    for platform in written["images"][0]["platforms"].as_array().unwrap() {
+        assert_eq!(platform["build"]["reused"], true, "{platform}");
+    }
+
+    // --rebuild asks the engine, whose cache gives the same image IDs: still no upload.
+    let rebuilt = build(&["--rebuild"]);
+    assert_eq!(rebuilt.status.code(), Some(0), "{}", stderr(&rebuilt));
+    let log = stderr(&rebuilt);
+    assert!(log.contains("[build"), "{log}");
+    assert_eq!(log.matches("no export or upload").count(), 2, "{log}");
+    assert_eq!(skopeo_digest(&format!("{repo}:v1"), None), digest);
+}
+
+#[test]
+fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let base = unique_name("polyarch-test-base");
+    let base_image = |content: &str| {
+        let context = tempfile::tempdir().unwrap();
+        std::fs::write(
+            context.path().join("Dockerfile"),
+            "FROM scratch\nCOPY v /v\n",
+        )
+        .unwrap();
+        std::fs::write(context.path().join("v"), content).unwrap();
+        let out = run(std::process::Command::new("docker")
+            .args(["build", "-q", "--network", "none", "-t"])
+            .arg(format!("{base}:current"))
+            .arg(context.path()));
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let mut base_ids = vec![base_image("one")];
+    hello_context(
+        dir.path(),
+        &format!(
+            "FROM {base}:current\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\n"
+        ),
+    );
+    let repo = registry.repo(&unique_name("inputs/hello"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .env("POLYARCH_CACHE_DIR", cache.path()));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
+    };
+    let built_anew = |log: &str| log.contains("[build") && !log.contains("inputs unchanged");
+
+    let (log, first) = build();
+    assert!(built_anew(&log), "{log}");
+    let (log, same) = build();
+    assert!(log.contains("inputs unchanged"), "{log}");
+    assert_eq!(same, first);
+
+    // Another image under the same base tag: the build must see it.
+    base_ids.push(base_image("two"));
+    let (log, second) = build();
+    assert!(built_anew(&log), "{log}");
+    assert_ne!(second, first, "the new base must reach the registry");
+
+    // A new timestamp alone is no change (as for BuildKit's cache).
+    let busybox = dir.path().join("bin/amd64/busybox");
+    let bytes = std::fs::read(&busybox).unwrap();
+    std::fs::write(&busybox, &bytes).unwrap();
+    let (log, _) = build();
+    assert!(log.contains("inputs unchanged"), "{log}");
+
+    // Nor is a file the Dockerfile does not read (a record written into the context).
+    std::fs::write(dir.path().join("record.json"), "{}").unwrap();
+    let (log, _) = build();
+    assert!(log.contains("inputs unchanged"), "{log}");
+
+    // New content is.
+    let mut changed = bytes.clone();
+    changed.extend_from_slice(b"appended");
+    std::fs::write(&busybox, &changed).unwrap();
+    let (log, third) = build();
+    assert!(built_anew(&log), "{log}");
+    assert_ne!(third, second);
+
+    let _ = run(std::process::Command::new("docker")
+        .args(["rmi", "-f"])
+        .args(base_ids));
 }
 
 #[test]
