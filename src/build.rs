@@ -443,11 +443,22 @@ pub async fn inputs_key(
         return Ok(None);
     };
     let mut bases = Vec::new();
-    for image in images {
-        match engine.docker.inspect_image(&image).await {
-            Ok(inspected) => bases.push((image, inspected.id.unwrap_or_default())),
-            Err(_) => return Ok(None),
+    for (image, wanted) in images {
+        let Ok(inspected) = engine.docker.inspect_image(&image).await else {
+            return Ok(None);
+        };
+        // A local image for another platform is not what the build reads: BuildKit
+        // resolves the wanted one remotely, which no local ID pins.
+        let local = format!(
+            "{}/{}",
+            inspected.os.as_deref().unwrap_or_default(),
+            inspected.architecture.as_deref().unwrap_or_default()
+        );
+        match wanted.parse::<Platform>() {
+            Ok(wanted) if wanted.os_arch() == local => {}
+            _ => return Ok(None),
         }
+        bases.push((image, inspected.id.unwrap_or_default()));
     }
     let context = contexts
         .digest(spec, dockerfile::context_sources(&text, &args))

@@ -234,11 +234,15 @@ pub fn needs_emulation(dockerfile: &str, target: Option<&str>) -> bool {
 }
 
 /// The images a build reads besides its context (`FROM`, `COPY --from=`, `RUN
-/// --mount=from=` naming no stage), with `ARG`s substituted from `args` (build args and
-/// the platform args). None when the build reads something that can change while the
-/// Dockerfile, the context and those images stay the same (`ADD` of a URL or git
-/// repository), or when a reference cannot be resolved here.
-pub fn external_images(dockerfile: &str, args: &HashMap<String, String>) -> Option<Vec<String>> {
+/// --mount=from=` naming no stage), each with the platform it is read for (a `FROM
+/// --platform=` value, else `TARGETPLATFORM`), with `ARG`s substituted from `args` (build
+/// args and the platform args). None when the build reads something that can change
+/// while the Dockerfile, the context and those images stay the same (`ADD` of a URL or
+/// git repository), or when a reference cannot be resolved here.
+pub fn external_images(
+    dockerfile: &str,
+    args: &HashMap<String, String>,
+) -> Option<Vec<(String, String)>> {
     let platform_args = [
         "TARGETPLATFORM",
         "TARGETOS",
@@ -254,6 +258,7 @@ pub fn external_images(dockerfile: &str, args: &HashMap<String, String>) -> Opti
         .filter(|(k, _)| platform_args.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    let target = args.get("TARGETPLATFORM").cloned();
     let mut stage_names: Vec<String> = Vec::new();
     let mut images = BTreeSet::new();
     let is_stage = |names: &[String], reference: &str| {
@@ -274,7 +279,11 @@ pub fn external_images(dockerfile: &str, args: &HashMap<String, String>) -> Opti
             "FROM" => {
                 let base = substitute(words.first()?, &vars)?;
                 if !base.eq_ignore_ascii_case("scratch") && !is_stage(&stage_names, &base) {
-                    images.insert(base);
+                    let platform = match flags.iter().find(|(k, _)| k == "platform") {
+                        Some((_, value)) => substitute(value, &vars)?,
+                        None => target.clone()?,
+                    };
+                    images.insert((base, platform));
                 }
                 let name = match words.as_slice() {
                     [_, as_kw, name, ..] if as_kw.eq_ignore_ascii_case("as") => {
@@ -305,7 +314,7 @@ pub fn external_images(dockerfile: &str, args: &HashMap<String, String>) -> Opti
                 for source in sources {
                     let source = substitute(source, &vars)?;
                     if !is_stage(&stage_names, &source) {
-                        images.insert(source);
+                        images.insert((source, target.clone()?));
                     }
                 }
             }
@@ -505,6 +514,13 @@ mod tests {
             .collect()
     }
 
+    fn pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
     #[test]
     fn external_images_skip_stages_and_scratch() {
         let df = "\
@@ -516,13 +532,21 @@ COPY --from=build /out/app /app
 COPY --from=alpine:3 /bin/busybox /busybox
 COPY --from=0 /etc/passwd /etc/passwd
 ";
+        let platforms = [
+            ("BUILDPLATFORM", "linux/amd64"),
+            ("TARGETPLATFORM", "linux/arm64"),
+        ];
         assert_eq!(
-            external_images(df, &args(&[("BUILDPLATFORM", "linux/amd64")])),
-            Some(vec!["alpine:3".to_string(), "golang:1.22".to_string()])
+            external_images(df, &args(&platforms)),
+            Some(pairs(&[
+                ("alpine:3", "linux/arm64"),
+                ("golang:1.22", "linux/amd64")
+            ]))
         );
         // A build arg overrides the default.
+        let overridden = [platforms[0], platforms[1], ("GO", "1.23")];
         assert_eq!(
-            external_images(df, &args(&[("GO", "1.23")])).unwrap()[1],
+            external_images(df, &args(&overridden)).unwrap()[1].0,
             "golang:1.23"
         );
         assert_eq!(
@@ -534,15 +558,19 @@ COPY --from=0 /etc/passwd /etc/passwd
     #[test]
     fn external_images_follow_platform_args_and_mounts() {
         let df = "FROM base-$TARGETARCH\nRUN --mount=type=bind,from=tools:1,target=/t true\n";
+        let arm64 = [("TARGETARCH", "arm64"), ("TARGETPLATFORM", "linux/arm64")];
         assert_eq!(
-            external_images(df, &args(&[("TARGETARCH", "arm64")])),
-            Some(vec!["base-arm64".to_string(), "tools:1".to_string()])
+            external_images(df, &args(&arm64)),
+            Some(pairs(&[
+                ("base-arm64", "linux/arm64"),
+                ("tools:1", "linux/arm64")
+            ]))
         );
         // ${X:-default} with X empty.
         let df = "ARG V\nFROM img:${V:-latest}\n";
         assert_eq!(
-            external_images(df, &args(&[])),
-            Some(vec!["img:latest".to_string()])
+            external_images(df, &args(&arm64)),
+            Some(pairs(&[("img:latest", "linux/arm64")]))
         );
     }
 
