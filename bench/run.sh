@@ -25,15 +25,24 @@ BIG_CLASSIC="${BENCH_BIG_CLASSIC:-1}"
 started=$(date +%s)
 
 # ------------------------------------------------------------------ prerequisites
-need() { command -v "$1" >/dev/null || { log "missing $1 (apt-get install $2)"; exit 1; }; }
-need docker docker.io
-need docker-registry docker-registry
-need skopeo skopeo
-need curl curl
-need openssl openssl
-need hyperfine hyperfine
-[[ -x /usr/bin/time ]] || { log "missing /usr/bin/time (apt-get install time)"; exit 1; }
-bash fixtures/fetch-busybox.sh
+# The engine, registry and clients come from the environment script the tests use; the
+# bench's own tools are installed here when missing (as root), like everything else.
+bash scripts/ensure-env.sh
+missing=()
+for tool in hyperfine:hyperfine time:time strace:strace openssl:openssl curl:curl; do
+  cmd=${tool%%:*}
+  [[ $cmd == time ]] && cmd=/usr/bin/time
+  command -v "$cmd" >/dev/null || missing+=("${tool##*:}")
+done
+if ((${#missing[@]})); then
+  if [[ $(id -u) -ne 0 ]]; then
+    log "missing ${missing[*]}: apt-get install ${missing[*]}"
+    exit 1
+  fi
+  log "apt-get install ${missing[*]}"
+  apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 ||
+    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null; }
+fi
 log "cargo build --release"
 cargo build --release -q
 bin="$root/target/release/polyarch"
