@@ -239,11 +239,12 @@ impl CoverageRecord {
                     .unwrap_or("-");
                 let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
                 let build = p.build.as_ref().map_or(String::new(), |b| {
-                    format!(
-                        "  built in {:.1}s{}",
-                        b.seconds,
-                        if b.emulated { " (emulated)" } else { "" }
-                    )
+                    if b.reused {
+                        "  inputs unchanged, not rebuilt".to_string()
+                    } else {
+                        let emulated = if b.emulated { " (emulated)" } else { "" };
+                        format!("  built in {:.1}s{emulated}", b.seconds)
+                    }
                 });
                 out += &format!(
                     "  {:<16} {:<15} {:<12} {:>9}{build}\n",

@@ -135,6 +135,12 @@ fn a_warm_rerun_builds_exports_and_uploads_nothing_and_says_so() {
         "one per platform:\n{log}"
     );
     assert!(log.contains("nothing to publish"), "{log}");
+    let summary = String::from_utf8_lossy(&warm.stdout);
+    assert_eq!(
+        summary.matches("inputs unchanged, not rebuilt").count(),
+        2,
+        "the summary says which builds were reused:\n{summary}"
+    );
     assert_eq!(skopeo_digest(&format!("{repo}:latest"), None), digest);
     let written: Value = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
     assert_eq!(written["covered"], true);
