@@ -187,11 +187,6 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
             "path component `{component}` is not lowercase letters and digits joined by `.`, `_`, `__` or dashes"
         )));
     }
-    if path.len() > 255 {
-        return Err(invalid(
-            "the repository path is longer than 255 characters".into(),
-        ));
-    }
     if let Some(tag) = tag {
         let mut chars = tag.chars();
         let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
@@ -217,6 +212,12 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
     } else {
         path
     };
+    // Checked as normalised, so what parses prints back as something that parses.
+    if path.len() > 255 {
+        return Err(invalid(
+            "the repository path is longer than 255 characters".into(),
+        ));
+    }
     Ok(match (tag, digest) {
         (Some(tag), Some(digest)) => {
             Reference::with_tag_and_digest(registry, path, tag.into(), digest.into())
@@ -1061,6 +1062,10 @@ mod tests {
         for text in &rejected {
             assert!(parse_reference(text).is_err(), "{text} accepted");
         }
+        // Found by fuzzing: a 250-character Docker Hub name is 258 with `library/`.
+        let long = "a".repeat(250);
+        assert!(parse_reference(&long).is_err());
+        assert!(parse_reference(&format!("r.io/{long}")).is_ok());
         let v6 = parse_reference("[::1]:5000/a/b:t").unwrap();
         assert_eq!((v6.registry(), v6.repository()), ("[::1]:5000", "a/b"));
     }
