@@ -443,6 +443,7 @@ pub async fn inputs_key(
         return Ok(None);
     };
     let mut bases = Vec::new();
+    let mut onbuild = false;
     for (image, wanted) in images {
         let Ok(inspected) = engine.docker.inspect_image(&image).await else {
             return Ok(None);
@@ -458,11 +459,15 @@ pub async fn inputs_key(
             Ok(wanted) if wanted.os_arch() == local => {}
             _ => return Ok(None),
         }
+        // ONBUILD triggers of a base run in this build and may read any context file.
+        onbuild |= inspected
+            .config
+            .and_then(|c| c.on_build)
+            .is_some_and(|triggers| !triggers.is_empty());
         bases.push((image, inspected.id.unwrap_or_default()));
     }
-    let context = contexts
-        .digest(spec, dockerfile::context_sources(&text, &args))
-        .await?;
+    let sources = dockerfile::context_sources(&text, &args).filter(|_| !onbuild);
+    let context = contexts.digest(spec, sources).await?;
     let key = serde_json::json!({
         "polyarch": env!("CARGO_PKG_VERSION"),
         "engine": [&engine.identity, &engine.server_version, engine.buildkit],

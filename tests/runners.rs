@@ -162,11 +162,11 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let base = unique_name("polyarch-test-base");
-    let base_image = |content: &str| {
+    let base_image = |content: &str, more: &str| {
         let context = tempfile::tempdir().unwrap();
         std::fs::write(
             context.path().join("Dockerfile"),
-            "FROM scratch\nCOPY v /v\n",
+            format!("FROM scratch\nCOPY v /v\n{more}"),
         )
         .unwrap();
         std::fs::write(context.path().join("v"), content).unwrap();
@@ -177,7 +177,7 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
         assert!(out.status.success(), "{}", stderr(&out));
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let mut base_ids = vec![base_image("one")];
+    let mut base_ids = vec![base_image("one", "")];
     hello_context(
         dir.path(),
         &format!(
@@ -204,7 +204,7 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
     assert_eq!(same, first);
 
     // Another image under the same base tag: the build must see it.
-    base_ids.push(base_image("two"));
+    base_ids.push(base_image("two", ""));
     let (log, second) = build();
     assert!(built_anew(&log), "{log}");
     assert_ne!(second, first, "the new base must reach the registry");
@@ -228,6 +228,17 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
     let (log, third) = build();
     assert!(built_anew(&log), "{log}");
     assert_ne!(third, second);
+
+    // A base's ONBUILD triggers run in the build and may read any context file: then
+    // every file counts.
+    std::fs::write(dir.path().join("extra"), "1").unwrap();
+    base_ids.push(base_image("three", "ONBUILD COPY extra /extra\n"));
+    let (log, fourth) = build();
+    assert!(built_anew(&log), "{log}");
+    std::fs::write(dir.path().join("extra"), "2").unwrap();
+    let (log, fifth) = build();
+    assert!(built_anew(&log), "{log}");
+    assert_ne!(fifth, fourth, "the trigger copied the new file");
 
     let _ = run(std::process::Command::new("docker")
         .args(["rmi", "-f"])
