@@ -33,11 +33,31 @@ impl CachedManifest {
     }
 }
 
+/// Entries kept per cache file: the least recently used go first, so a long-lived CI
+/// runner's files stay small enough to read in a few milliseconds.
+const MAX_ENTRIES: usize = 2048;
+/// How stale an entry's last-use stamp may get before a read refreshes it (a refresh
+/// rewrites the file, which a warm run should not do every time).
+const USE_STAMP_SECONDS: u64 = 24 * 60 * 60;
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Stamped<V> {
+    value: V,
+    /// Unix seconds of the last write or (coarsely) read.
+    used: u64,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
 /// and a file that cannot be written only costs the next run the work it would have saved.
 struct Store<V> {
     path: Option<PathBuf>,
-    entries: Mutex<BTreeMap<String, V>>,
+    entries: Mutex<BTreeMap<String, Stamped<V>>>,
     /// Whether `entries` changed since they were read: an unchanged file is not rewritten.
     changed: AtomicBool,
 }
@@ -65,11 +85,33 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
     }
 
     fn get(&self, key: &str) -> Option<V> {
-        self.entries.lock().expect("cache lock").get(key).cloned()
+        let mut entries = self.entries.lock().expect("cache lock");
+        let entry = entries.get_mut(key)?;
+        let now = unix_now();
+        if now.saturating_sub(entry.used) > USE_STAMP_SECONDS {
+            entry.used = now;
+            self.changed.store(true, Ordering::Relaxed);
+        }
+        Some(entry.value.clone())
     }
 
     fn put(&self, key: String, value: V) {
-        self.entries.lock().expect("cache lock").insert(key, value);
+        let mut entries = self.entries.lock().expect("cache lock");
+        entries.insert(
+            key,
+            Stamped {
+                value,
+                used: unix_now(),
+            },
+        );
+        if entries.len() > MAX_ENTRIES {
+            let mut by_use: Vec<(u64, String)> =
+                entries.iter().map(|(k, e)| (e.used, k.clone())).collect();
+            by_use.sort();
+            for (_, oldest) in by_use.into_iter().take(entries.len() - MAX_ENTRIES) {
+                entries.remove(&oldest);
+            }
+        }
         self.changed.store(true, Ordering::Relaxed);
     }
 
@@ -220,5 +262,24 @@ mod tests {
             BuildMemory::open().image("inputs").as_deref(),
             Some("sha256:2")
         );
+
+        // Bounded: the least recently used entries go first.
+        let builds = BuildMemory::open();
+        builds
+            .0
+            .entries
+            .lock()
+            .unwrap()
+            .get_mut("inputs")
+            .unwrap()
+            .used = 1;
+        for n in 0..MAX_ENTRIES {
+            builds.remember(&format!("new-{n}"), "sha256:3");
+        }
+        builds.save();
+        let reopened = BuildMemory::open();
+        assert_eq!(reopened.0.entries.lock().unwrap().len(), MAX_ENTRIES);
+        assert_eq!(reopened.image("inputs"), None);
+        assert!(reopened.image("new-0").is_some());
     }
 }
