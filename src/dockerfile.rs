@@ -24,10 +24,33 @@ struct Stage {
     copies_from: Vec<String>,
 }
 
-/// Splits a Dockerfile into logical instructions: handles parser directives (`escape`),
-/// comments, blank lines and line continuations (also across comment lines).
-fn instructions(dockerfile: &str) -> Vec<Instruction> {
+/// A Dockerfile split into logical instructions.
+struct Parsed {
+    instructions: Vec<Instruction>,
+    /// The `# syntax=` parser directive: the frontend image that reads the file.
+    syntax: Option<String>,
+    /// False when a heredoc (`<<EOF`) never ended: what follows it cannot be trusted.
+    complete: bool,
+}
+
+impl Parsed {
+    /// Whether the file is read by the standard Dockerfile frontend, whose instructions
+    /// are the only way a build reads its context.
+    fn standard(&self) -> bool {
+        self.complete
+            && self.syntax.as_deref().is_none_or(|s| {
+                let s = s.strip_prefix("docker.io/").unwrap_or(s);
+                s.starts_with("docker/dockerfile:") || s == "docker/dockerfile"
+            })
+    }
+}
+
+/// Splits a Dockerfile into logical instructions: handles parser directives (`escape`,
+/// `syntax`), comments, blank lines, line continuations (also across comment lines) and
+/// heredoc bodies (skipped: they are file contents or script, not instructions).
+fn parse(dockerfile: &str) -> Parsed {
     let mut escape = '\\';
+    let mut syntax = None;
     let mut lines = dockerfile.lines().peekable();
     // Parser directives: `# key=value` lines at the very top.
     while let Some(line) = lines.peek() {
@@ -42,17 +65,22 @@ fn instructions(dockerfile: &str) -> Vec<Instruction> {
         if key.is_empty() || key.contains(char::is_whitespace) {
             break;
         }
-        if key == "escape" {
-            if let Some(c) = value.trim().chars().next() {
-                escape = c;
+        match key.as_str() {
+            "escape" => {
+                if let Some(c) = value.trim().chars().next() {
+                    escape = c;
+                }
             }
+            "syntax" => syntax = Some(value.trim().to_string()),
+            _ => {}
         }
         lines.next();
     }
 
     let mut out = vec![];
     let mut current = String::new();
-    for line in lines {
+    let mut complete = true;
+    while let Some(line) = lines.next() {
         let trimmed = line.trim_start();
         if trimmed.starts_with('#') {
             continue; // comments, also inside continuations
@@ -68,6 +96,16 @@ fn instructions(dockerfile: &str) -> Vec<Instruction> {
             }
             None => {
                 current.push_str(body);
+                for (word, strip_tabs) in heredoc_words(&current) {
+                    let ended = lines.by_ref().any(|l| {
+                        (if strip_tabs {
+                            l.trim_start_matches('\t')
+                        } else {
+                            l
+                        }) == word
+                    });
+                    complete &= ended;
+                }
                 push_instruction(&mut out, &current);
                 current.clear();
             }
@@ -76,7 +114,40 @@ fn instructions(dockerfile: &str) -> Vec<Instruction> {
     if !current.trim().is_empty() {
         push_instruction(&mut out, &current);
     }
-    out
+    Parsed {
+        instructions: out,
+        syntax,
+        complete,
+    }
+}
+
+/// The heredocs a `RUN`, `COPY` or `ADD` line opens (`<<EOF`, `<<-EOF`, `<<"EOF"`), in
+/// order, each with whether its terminator may be indented with tabs (`<<-`).
+fn heredoc_words(instruction: &str) -> Vec<(String, bool)> {
+    let keyword = instruction
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    if !matches!(keyword.as_str(), "RUN" | "COPY" | "ADD") {
+        return Vec::new();
+    }
+    instruction
+        .split_whitespace()
+        .filter_map(|word| {
+            let rest = word.strip_prefix("<<")?;
+            let (strip_tabs, rest) = match rest.strip_prefix('-') {
+                Some(rest) => (true, rest),
+                None => (false, rest),
+            };
+            let name = rest.trim_matches(|c| c == '"' || c == '\'');
+            let name = name
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or("");
+            (!name.is_empty()).then(|| (name.to_string(), strip_tabs))
+        })
+        .collect()
 }
 
 fn push_instruction(out: &mut Vec<Instruction>, text: &str) {
@@ -110,7 +181,7 @@ fn flags_and_words(args: &str) -> (Vec<(String, String)>, Vec<String>) {
 
 fn stages(dockerfile: &str) -> Vec<Stage> {
     let mut stages: Vec<Stage> = vec![];
-    for ins in instructions(dockerfile) {
+    for ins in parse(dockerfile).instructions {
         match ins.keyword.as_str() {
             "FROM" => {
                 let (flags, words) = flags_and_words(&ins.args);
@@ -238,7 +309,8 @@ pub fn needs_emulation(dockerfile: &str, target: Option<&str>) -> bool {
 /// --platform=` value, else `TARGETPLATFORM`), with `ARG`s substituted from `args` (build
 /// args and the platform args). None when the build reads something that can change
 /// while the Dockerfile, the context and those images stay the same (`ADD` of a URL or
-/// git repository), or when a reference cannot be resolved here.
+/// git repository, a frontend other than `docker/dockerfile`), or when a reference cannot
+/// be resolved here.
 pub fn external_images(
     dockerfile: &str,
     args: &HashMap<String, String>,
@@ -265,7 +337,12 @@ pub fn external_images(
         let r = reference.to_ascii_lowercase();
         names.contains(&r) || r.parse::<usize>().is_ok_and(|i| i < names.len())
     };
-    for ins in instructions(dockerfile) {
+    let parsed = parse(dockerfile);
+    // Another frontend may read anything; an unended heredoc hides what follows it.
+    if !parsed.standard() {
+        return None;
+    }
+    for ins in parsed.instructions {
         let (flags, words) = flags_and_words(&ins.args);
         match ins.keyword.as_str() {
             // Global ARGs (before the first FROM) are what FROM lines may use.
@@ -333,7 +410,11 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
     let mut stage_env: Vec<(String, HashMap<String, String>)> = Vec::new();
     let mut vars: HashMap<String, String> = HashMap::new();
     let mut sources = BTreeSet::new();
-    for ins in instructions(dockerfile) {
+    let parsed = parse(dockerfile);
+    if !parsed.standard() {
+        return None;
+    }
+    for ins in parsed.instructions {
         let (flags, rest) = split_flags(&ins.args);
         match ins.keyword.as_str() {
             "ARG" => {
@@ -588,6 +669,8 @@ COPY --from=build /out/app /app
 COPY --chmod=755 ./${DIR}/tool /tool
 ADD [\"static/*.html\", \"/www/\"]
 COPY <<MOTD /etc/motd
+hello
+MOTD
 ";
         assert_eq!(
             context_sources(df, &args(&[("TARGETARCH", "arm64")])),
@@ -618,6 +701,58 @@ COPY <<MOTD /etc/motd
         );
         let df = "ARG APP=web\nFROM scratch\nCOPY ${APP}/ /srv/\n";
         assert_eq!(context_sources(df, &args(&[])), None);
+    }
+
+    #[test]
+    fn heredoc_bodies_are_not_instructions() {
+        let df = "\
+FROM scratch
+ARG TARGETARCH
+COPY <<-EOF /etc/conf
+\tENV DIR=elsewhere
+\tFROM evil:1
+\tEOF
+COPY <<'A' <<B /two/
+COPY a /a
+A
+ADD https://example.com/x /x
+B
+COPY bin/${TARGETARCH} /bin
+";
+        let arm64 = args(&[("TARGETARCH", "arm64"), ("TARGETPLATFORM", "linux/arm64")]);
+        assert_eq!(external_images(df, &arm64), Some(vec![]));
+        assert_eq!(
+            context_sources(df, &arm64),
+            Some(vec!["bin/arm64".to_string()])
+        );
+        // A heredoc that never ends hides the rest: nothing can be told.
+        let df = "FROM scratch\nRUN <<EOF\necho\nCOPY x /x\n";
+        assert_eq!(external_images(df, &arm64), None);
+        assert_eq!(context_sources(df, &arm64), None);
+        // Instructions after a heredoc still count for emulation.
+        assert!(needs_emulation(
+            "FROM alpine\nCOPY <<EOF /a\nx\nEOF\nRUN true\n",
+            None
+        ));
+    }
+
+    #[test]
+    fn only_the_dockerfile_frontend_is_understood() {
+        let df = "FROM scratch\nCOPY a /a\n";
+        for syntax in [
+            "docker/dockerfile:1",
+            "docker.io/docker/dockerfile:1.7-labs",
+        ] {
+            let text = format!("# syntax={syntax}\n{df}");
+            assert_eq!(
+                context_sources(&text, &args(&[])),
+                Some(vec!["a".to_string()]),
+                "{syntax}"
+            );
+        }
+        let custom = format!("# syntax=example.com/frontend:2\n{df}");
+        assert_eq!(context_sources(&custom, &args(&[])), None);
+        assert_eq!(external_images(&custom, &args(&[])), None);
     }
 
     #[test]
