@@ -7,6 +7,7 @@ use crate::engine::Engine;
 use crate::error::one_line;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
+use crate::registry::{self, Registry, RegistryOptions, RetryPolicy};
 use crate::{Error, Platform, Result};
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
@@ -362,6 +363,50 @@ impl ContextDigests {
     }
 }
 
+/// Base images the engine does not hold, resolved the way BuildKit resolves them before
+/// pulling: to the digest their registry serves now; once per image per run.
+pub struct RemoteBases {
+    options: RegistryOptions,
+    digests: tokio::sync::Mutex<HashMap<String, Option<String>>>,
+}
+
+impl RemoteBases {
+    pub fn new(options: &RegistryOptions) -> RemoteBases {
+        RemoteBases {
+            options: RegistryOptions {
+                // Credentials given for the push registry are not for a base's registry.
+                credentials: None,
+                // A base that cannot be resolved at once only costs a build.
+                retry: Some(RetryPolicy {
+                    attempts: 1,
+                    ..RetryPolicy::default()
+                }),
+                ..options.clone()
+            },
+            digests: Default::default(),
+        }
+    }
+
+    async fn digest(&self, image: &str) -> Option<String> {
+        let mut digests = self.digests.lock().await;
+        if let Some(known) = digests.get(image) {
+            return known.clone();
+        }
+        let resolved = async {
+            let reference = registry::parse_reference(image).ok()?;
+            if let Some(pinned) = reference.digest() {
+                return Some(pinned.to_string());
+            }
+            let host = reference.registry().to_string();
+            let registry = Registry::new(&[host], &self.options).ok()?;
+            registry.manifest_digest(&reference).await.ok()
+        }
+        .await;
+        digests.insert(image.to_string(), resolved.clone());
+        resolved
+    }
+}
+
 /// A digest of the context files a build reads (`sources`, wildcards relative to the
 /// context root; None: every file the engine would be sent), plus the Dockerfile and
 /// `.dockerignore`: each file's path, type, permissions and content (or link target).
@@ -423,15 +468,16 @@ fn context_digest(
 
 /// What a build of `spec` for `platform` on `engine` depends on, as one digest: the
 /// context files it reads (see [`context_digest`]), the Dockerfile's path, every build
-/// option, the engine, and the local image IDs of the images the Dockerfile names. Equal
-/// keys mean the engine would answer from its cache with the same image. None when the
-/// build reads something no key can pin (see [`dockerfile::external_images`]) or names an
-/// image the engine does not have.
+/// option, the engine, and the images the Dockerfile names (the engine's image ID, or the
+/// registry's digest for one the engine does not hold). Equal keys mean the engine would
+/// answer from its cache with the same image. None when the build reads something no key
+/// can pin (see [`dockerfile::external_images`]) or names an image that cannot be resolved.
 pub async fn inputs_key(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
     contexts: &ContextDigests,
+    remote: &RemoteBases,
 ) -> Result<Option<String>> {
     let path = spec.context.join(&spec.dockerfile);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
@@ -443,30 +489,40 @@ pub async fn inputs_key(
         return Ok(None);
     };
     let mut bases = Vec::new();
-    let mut onbuild = false;
+    // ONBUILD triggers of a base run in this build and may read any context file.
+    let mut triggers = false;
     for (image, wanted) in images {
-        let Ok(inspected) = engine.docker.inspect_image(&image).await else {
-            return Ok(None);
-        };
-        // A local image for another platform is not what the build reads: BuildKit
-        // resolves the wanted one remotely, which no local ID pins.
-        let local = format!(
-            "{}/{}",
-            inspected.os.as_deref().unwrap_or_default(),
-            inspected.architecture.as_deref().unwrap_or_default()
-        );
-        match wanted.parse::<Platform>() {
-            Ok(wanted) if wanted.os_arch() == local => {}
-            _ => return Ok(None),
+        // BuildKit uses the engine's copy when it is for the wanted platform.
+        let local = engine.docker.inspect_image(&image).await.ok().filter(|i| {
+            let held = format!(
+                "{}/{}",
+                i.os.as_deref().unwrap_or_default(),
+                i.architecture.as_deref().unwrap_or_default()
+            );
+            wanted
+                .parse::<Platform>()
+                .is_ok_and(|w| w.os_arch() == held)
+        });
+        match local {
+            Some(inspected) => {
+                triggers |= inspected
+                    .config
+                    .and_then(|c| c.on_build)
+                    .is_some_and(|t| !t.is_empty());
+                bases.push((image, inspected.id.unwrap_or_default()));
+            }
+            // Else it pulls what the registry serves now; its config (and so its triggers)
+            // is not read here, so every context file counts.
+            None => {
+                let Some(digest) = remote.digest(&image).await else {
+                    return Ok(None);
+                };
+                triggers = true;
+                bases.push((image, digest));
+            }
         }
-        // ONBUILD triggers of a base run in this build and may read any context file.
-        onbuild |= inspected
-            .config
-            .and_then(|c| c.on_build)
-            .is_some_and(|triggers| !triggers.is_empty());
-        bases.push((image, inspected.id.unwrap_or_default()));
     }
-    let sources = dockerfile::context_sources(&text, &args).filter(|_| !onbuild);
+    let sources = dockerfile::context_sources(&text, &args).filter(|_| !triggers);
     let context = contexts.digest(spec, sources).await?;
     let key = serde_json::json!({
         "polyarch": env!("CARGO_PKG_VERSION"),

@@ -314,6 +314,7 @@ async fn build_and_push_all<'a>(
         builds: BuildMemory::open(),
         trust_inputs: !options.rebuild,
         contexts: Default::default(),
+        bases: build::RemoteBases::new(&options.registry),
         reporter,
     };
     let run = &run;
@@ -895,6 +896,7 @@ struct Run<'a> {
     /// False with `--rebuild`.
     trust_inputs: bool,
     contexts: build::ContextDigests,
+    bases: build::RemoteBases,
     reporter: &'a dyn Reporter,
 }
 
@@ -930,7 +932,8 @@ async fn build_and_push(
             message,
         })
     };
-    let inputs = build::inputs_key(engine, image, &unit.platform, &run.contexts).await?;
+    let inputs =
+        build::inputs_key(engine, image, &unit.platform, &run.contexts, &run.bases).await?;
     let remembered = inputs
         .as_deref()
         .filter(|_| run.trust_inputs)

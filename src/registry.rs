@@ -725,6 +725,15 @@ impl Registry {
 
     /// Reads a manifest; oci-client checks the body against the requested digest or the
     /// registry's Docker-Content-Digest. Returns the bytes and their digest.
+    /// The digest a tag resolves to now, by a HEAD request: no manifest is downloaded,
+    /// which Docker Hub would count as a pull.
+    pub async fn manifest_digest(&self, reference: &Reference) -> Result<String> {
+        self.call(reference, "resolve manifest", |c, auth| async move {
+            c.fetch_manifest_digest(reference, &auth).await
+        })
+        .await
+    }
+
     pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
         let (bytes, digest) = self
             .call(reference, "read manifest", |c, auth| async move {

@@ -246,6 +246,55 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
 }
 
 #[test]
+fn a_base_the_engine_pulls_is_pinned_by_its_registry_digest() {
+    let registry = Registry::start();
+    let cache = tempfile::tempdir().unwrap();
+    let build = |file: &std::path::Path| {
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(file)
+            .env("POLYARCH_CACHE_DIR", cache.path()));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        stderr(&out)
+    };
+    // The base is only in the registry: BuildKit pulls it for each build.
+    let base_dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        base_dir.path().join("Dockerfile"),
+        "FROM scratch\nCOPY v /v\n",
+    )
+    .unwrap();
+    std::fs::write(base_dir.path().join("v"), "one").unwrap();
+    let base = registry.repo(&unique_name("pulled/base"));
+    let base_file = write_project(base_dir.path(), &base, "[\"1\"]", "[linux/amd64]");
+    build(&base_file);
+    let local = run(std::process::Command::new("docker")
+        .args(["image", "inspect"])
+        .arg(format!("{base}:1")));
+    assert!(!local.status.success(), "the engine must not hold the base");
+
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        &format!("FROM {base}:1\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\n"),
+    );
+    let repo = registry.repo(&unique_name("pulled/app"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let log = build(&file);
+    assert!(!log.contains("inputs unchanged"), "{log}");
+    let first = skopeo_digest(&format!("{repo}:v1"), None);
+    let log = build(&file);
+    assert!(log.contains("inputs unchanged"), "{log}");
+
+    // The base's tag moves: the registry's answer changes, and so does the build.
+    std::fs::write(base_dir.path().join("v"), "two").unwrap();
+    build(&base_file);
+    let log = build(&file);
+    assert!(!log.contains("inputs unchanged"), "{log}");
+    assert_ne!(skopeo_digest(&format!("{repo}:v1"), None), first);
+}
+
+#[test]
 fn plan_and_doctor_describe_the_work_without_building() {
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
