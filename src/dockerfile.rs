@@ -34,14 +34,15 @@ struct Parsed {
 }
 
 impl Parsed {
-    /// Whether the file is read by the standard Dockerfile frontend, whose instructions
-    /// are the only way a build reads its context.
-    fn standard(&self) -> bool {
-        self.complete
-            && self.syntax.as_deref().is_none_or(|s| {
-                let s = s.strip_prefix("docker.io/").unwrap_or(s);
-                s.starts_with("docker/dockerfile:") || s == "docker/dockerfile"
-            })
+    /// The instructions, when they alone say what a build reads: the file is complete and
+    /// read by the standard Dockerfile frontend (another frontend may read anything; an
+    /// unended heredoc hides what follows it).
+    fn standard_instructions(self) -> Option<Vec<Instruction>> {
+        let standard = self.syntax.as_deref().is_none_or(|s| {
+            let s = s.strip_prefix("docker.io/").unwrap_or(s);
+            s.starts_with("docker/dockerfile:") || s == "docker/dockerfile"
+        });
+        (self.complete && standard).then_some(self.instructions)
     }
 }
 
@@ -337,12 +338,7 @@ pub fn external_images(
         let r = reference.to_ascii_lowercase();
         names.contains(&r) || r.parse::<usize>().is_ok_and(|i| i < names.len())
     };
-    let parsed = parse(dockerfile);
-    // Another frontend may read anything; an unended heredoc hides what follows it.
-    if !parsed.standard() {
-        return None;
-    }
-    for ins in parsed.instructions {
+    for ins in parse(dockerfile).standard_instructions()? {
         let (flags, words) = flags_and_words(&ins.args);
         match ins.keyword.as_str() {
             // Global ARGs (before the first FROM) are what FROM lines may use.
@@ -410,11 +406,7 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
     let mut stage_env: Vec<(String, HashMap<String, String>)> = Vec::new();
     let mut vars: HashMap<String, String> = HashMap::new();
     let mut sources = BTreeSet::new();
-    let parsed = parse(dockerfile);
-    if !parsed.standard() {
-        return None;
-    }
-    for ins in parsed.instructions {
+    for ins in parse(dockerfile).standard_instructions()? {
         let (flags, rest) = split_flags(&ins.args);
         match ins.keyword.as_str() {
             "ARG" => {
