@@ -739,7 +739,7 @@ impl<'a> EmulationPlan<'a> {
                         self.ensure(emulation, &platform, mode, reporter).await?
                     }
                 };
-                self.note(&image.name, &platform, status, reporter);
+                self.mark(&image.name, &platform, status);
             }
         }
         Ok(())
@@ -774,20 +774,10 @@ impl<'a> EmulationPlan<'a> {
         Ok(status)
     }
 
-    fn note(
-        &mut self,
-        image: &str,
-        platform: &Platform,
-        status: EmulationStatus,
-        reporter: &dyn Reporter,
-    ) {
-        if let EmulationStatus::Emulated { registered_now } = status {
-            reporter.report(Event::Warning {
-                message: format!(
-                    "{image} {platform} builds under QEMU emulation{}: RUN steps are typically 5-10x slower than native",
-                    if registered_now { " (emulator registered by this run)" } else { "" }
-                ),
-            });
+    /// Keeps an emulated verdict; the slowness warning waits for a build that really runs
+    /// (a reused one runs nothing).
+    fn mark(&mut self, image: &str, platform: &Platform, status: EmulationStatus) {
+        if matches!(status, EmulationStatus::Emulated { .. }) {
             self.emulated.insert((image.to_string(), platform.clone()));
         }
     }
@@ -958,6 +948,14 @@ async fn build_and_push(
                 },
             ));
         }
+    }
+    if emulated {
+        reporter.report(Event::Warning {
+            message: format!(
+                "{} {} builds under QEMU emulation: RUN steps are typically 5-10x slower than native",
+                image.name, unit.platform
+            ),
+        });
     }
     phase(
         Phase::Build,

@@ -272,7 +272,7 @@ impl CoverageRecord {
                 .find(|b| !b.emulated && b.seconds > 0.0);
             for p in &image.platforms {
                 if let (Some(build), Some(native)) = (&p.build, native) {
-                    if build.emulated {
+                    if build.emulated && !build.reused {
                         out += &format!(
                             "  {} built under QEMU emulation: {:.1}x the native build time\n",
                             p.platform,
@@ -297,3 +297,72 @@ impl CoverageRecord {
 
 /// The record's JSON Schema, shipped as `schema/coverage.schema.json`.
 pub const SCHEMA_JSON: &str = include_str!("../schema/coverage.schema.json");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_tells_reused_builds_from_emulated_ones() {
+        let platform = |name: &str, build: BuildInfo| PlatformCoverage {
+            platform: name.parse().unwrap(),
+            digest: Some(format!("sha256:{}", "a".repeat(64))),
+            config_platform: Some(name.parse().unwrap()),
+            size: Some(900),
+            status: PlatformStatus::Ok,
+            detail: None,
+            deep: None,
+            build: Some(build),
+        };
+        let image = ImageCoverage {
+            name: "x".into(),
+            reference: "r.io/x:t".into(),
+            tags: vec!["t".into()],
+            digest: format!("sha256:{}", "b".repeat(64)),
+            pinned: "r.io/x@sha256:…".into(),
+            media_type: "application/vnd.oci.image.index.v1+json".into(),
+            declared: vec![
+                "linux/amd64".parse().unwrap(),
+                "linux/arm64".parse().unwrap(),
+            ],
+            platforms: vec![
+                platform(
+                    "linux/amd64",
+                    BuildInfo {
+                        emulated: false,
+                        seconds: 1.0,
+                        reused: false,
+                        builder: None,
+                    },
+                ),
+                platform(
+                    "linux/arm64",
+                    BuildInfo {
+                        emulated: true,
+                        seconds: 0.0,
+                        reused: true,
+                        builder: None,
+                    },
+                ),
+            ],
+            missing: vec![],
+            unexpected: vec![],
+            attestations: vec![],
+            warnings: vec![],
+            covered: true,
+        };
+        let text = CoverageRecord::new(vec![image]).render_text();
+        assert!(text.contains("built in 1.0s"), "{text}");
+        assert!(text.contains("inputs unchanged, not rebuilt"), "{text}");
+        // Nothing ran under QEMU in this run, so no emulation cost is claimed.
+        assert!(!text.contains("QEMU"), "{text}");
+        let built = serde_json::to_string(&BuildInfo {
+            emulated: false,
+            seconds: 1.0,
+            reused: false,
+            builder: None,
+        })
+        .unwrap();
+        assert!(!built.contains("reused"), "absent unless true: {built}");
+    }
+}
