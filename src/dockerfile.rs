@@ -412,20 +412,24 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
             "ARG" => {
                 for word in rest.split_whitespace() {
                     let (name, default) = match word.split_once('=') {
-                        Some((name, default)) => (name, Some(default.trim_matches('"'))),
+                        Some((name, default)) => (name, Some(plain_value(default))),
                         None => (word, None),
                     };
-                    let value = args
-                        .get(name)
-                        .cloned()
-                        .or_else(|| default.map(str::to_string))
-                        .or_else(|| globals.get(name).cloned())
-                        .unwrap_or_default();
-                    if stage_env.is_empty() {
-                        globals.insert(name.to_string(), value);
+                    let value = match (args.get(name), default) {
+                        (Some(given), _) => Some(given.clone()),
+                        (None, Some(default)) => default,
+                        (None, None) => Some(globals.get(name).cloned().unwrap_or_default()),
+                    };
+                    let scope = if stage_env.is_empty() {
+                        &mut globals
                     } else {
-                        vars.insert(name.to_string(), value);
-                    }
+                        &mut vars
+                    };
+                    match value {
+                        Some(value) => scope.insert(name.to_string(), value),
+                        // Quoting or escapes this word-wise reading cannot follow.
+                        None => scope.remove(name),
+                    };
                 }
             }
             "FROM" => {
@@ -456,7 +460,7 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
                 };
                 for (key, value) in pairs {
                     // A value that cannot be worked out leaves the variable unknown.
-                    match substitute(&value, &vars) {
+                    match plain_value(&value).and_then(|v| substitute(&v, &vars)) {
                         Some(value) => {
                             if let Some((_, env)) = stage_env.last_mut() {
                                 env.insert(key.clone(), value.clone());
@@ -476,7 +480,16 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
                 let mut paths: Vec<String> = if rest.starts_with('[') {
                     serde_json::from_str(rest).ok()?
                 } else {
-                    rest.split_whitespace().map(str::to_string).collect()
+                    let words: Vec<String> = rest
+                        .split_whitespace()
+                        .filter(|w| !w.starts_with("<<"))
+                        .map(str::to_string)
+                        .collect();
+                    // Quoted or escaped paths are not split word-wise.
+                    if words.iter().any(|w| w.contains(['"', '\'', '\\'])) {
+                        return None;
+                    }
+                    words
                 };
                 paths.pop(); // the destination
                 for path in paths.iter().filter(|p| !p.starts_with("<<")) {
@@ -504,6 +517,16 @@ pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Opti
         }
     }
     Some(sources.into_iter().collect())
+}
+
+/// An `ARG`/`ENV` value as written in one word: surrounding quotes dropped; None when
+/// quotes or escapes inside it mean the word is not the whole value.
+fn plain_value(raw: &str) -> Option<String> {
+    let inner = ['"', '\'']
+        .iter()
+        .find_map(|q| raw.strip_prefix(*q).and_then(|r| r.strip_suffix(*q)))
+        .unwrap_or(raw);
+    (!inner.contains(['"', '\'', '\\'])).then(|| inner.to_string())
 }
 
 /// A source as a path relative to the context root; None when it is the whole context
@@ -693,6 +716,20 @@ MOTD
         );
         let df = "ARG APP=web\nFROM scratch\nCOPY ${APP}/ /srv/\n";
         assert_eq!(context_sources(df, &args(&[])), None);
+        // Quoting a word-wise reading cannot follow: the variable, or the paths, are unknown.
+        let df = "FROM scratch\nARG DIR=\"my app\"\nCOPY ${DIR} /srv/\n";
+        assert_eq!(context_sources(df, &args(&[])), None);
+        let df = "FROM scratch\nENV DIR=my\\ app\nCOPY $DIR /srv/\n";
+        assert_eq!(context_sources(df, &args(&[])), None);
+        assert_eq!(
+            context_sources("FROM scratch\nCOPY \"a b\" /srv/\n", &args(&[])),
+            None
+        );
+        let df = "FROM scratch\nENV DIR=\"web\"\nCOPY $DIR /srv/\n";
+        assert_eq!(
+            context_sources(df, &args(&[])),
+            Some(vec!["web".to_string()])
+        );
     }
 
     #[test]
