@@ -409,7 +409,7 @@ impl RemoteBases {
 
 /// A digest of the context files a build reads (`sources`, wildcards relative to the
 /// context root; None: every file the engine would be sent), plus the Dockerfile and
-/// `.dockerignore`: each file's path, type, permissions and content (or link target).
+/// ignore file: each file's path, type, permissions and content (or link target).
 /// Timestamps and owners are left out, as BuildKit's own cache checksums leave them
 /// out: a fresh checkout of the same files matches.
 fn context_digest(
@@ -417,7 +417,17 @@ fn context_digest(
     dockerfile: &Path,
     sources: Option<Vec<String>>,
 ) -> Result<String> {
-    let ignore = dockerignore(context)?;
+    let filter = ContextFilter::load(context, dockerfile)?;
+    let files = filter.files(context)?;
+    // A symlink among the files makes the selection unsafe: COPY follows a source that is
+    // a link, and a path through a linked directory names files the walk never reaches.
+    // The whole context (every link's target inside it included) then counts.
+    let any_symlink = || {
+        files.iter().any(|relative| {
+            std::fs::symlink_metadata(context.join(relative)).is_ok_and(|m| m.is_symlink())
+        })
+    };
+    let sources = sources.filter(|_| !any_symlink());
     let selection = match sources {
         Some(patterns) => {
             let mut set = GlobSetBuilder::new();
@@ -437,14 +447,13 @@ fn context_digest(
         None => None,
     };
     let read = |relative: &Path| {
-        relative == dockerfile
-            || relative == Path::new(".dockerignore")
+        filter.always_sent(relative)
             || selection
                 .as_ref()
                 .is_none_or(|set| relative.ancestors().any(|a| set.is_match(a)))
     };
     let mut hasher = Sha256::new();
-    for relative in context_files(context, dockerfile, &ignore)? {
+    for relative in files {
         if !read(&relative) {
             continue;
         }
@@ -545,8 +554,7 @@ fn stream_context(
     context: PathBuf,
     dockerfile: PathBuf,
 ) -> Result<impl futures_util::Stream<Item = Bytes> + Send + 'static> {
-    let ignore = dockerignore(&context)?;
-    let files = context_files(&context, &dockerfile, &ignore)?;
+    let files = ContextFilter::load(&context, &dockerfile)?.files(&context)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     tokio::task::spawn_blocking(move || {
         let mut tar = tar::Builder::new(ChannelWriter {
@@ -601,71 +609,99 @@ impl Write for ChannelWriter {
     }
 }
 
-/// `.dockerignore` patterns are relative to the context root, so each is anchored;
-/// gitignore matching then gives Docker's semantics (`*` within a segment, `**`, `!`).
-fn dockerignore(context: &Path) -> Result<Gitignore> {
-    let path = context.join(".dockerignore");
-    let mut builder = GitignoreBuilder::new(context);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        for raw in text.lines() {
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (negated, pattern) = match line.strip_prefix('!') {
-                Some(rest) => (true, rest.trim()),
-                None => (false, line),
-            };
-            let pattern = pattern.trim_start_matches("./").trim_start_matches('/');
-            let anchored = format!("{}/{}", if negated { "!" } else { "" }, pattern);
-            builder
-                .add_line(None, &anchored)
-                .map_err(|e| Error::Build {
-                    image: context.display().to_string(),
-                    platform: "any".into(),
-                    message: format!("{}: bad pattern `{line}`: {e}", path.display()),
-                })?;
-        }
-    }
-    builder.build().map_err(|e| Error::Build {
-        image: context.display().to_string(),
-        platform: "any".into(),
-        message: format!("{}: {e}", path.display()),
-    })
+/// What of a context the engine is sent, as BuildKit decides it: the ignore file's
+/// patterns, and the files that are always sent (the Dockerfile and that ignore file).
+struct ContextFilter {
+    ignore: Gitignore,
+    /// Relative to the context: `<Dockerfile>.dockerignore` beside the Dockerfile when it
+    /// exists (BuildKit then reads it instead of the context's), else `.dockerignore`.
+    ignore_file: PathBuf,
+    dockerfile: PathBuf,
 }
 
-/// Files of the context in a stable order; the Dockerfile and `.dockerignore` are always
-/// sent, as the Docker CLI does.
-fn context_files(context: &Path, dockerfile: &Path, ignore: &Gitignore) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(dir) = stack.pop() {
-        let full = context.join(&dir);
-        let mut entries: Vec<_> = std::fs::read_dir(&full)
-            .map_err(|e| Error::io(&full, e))?
-            .filter_map(|e| e.ok())
-            .collect();
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let relative = dir.join(entry.file_name());
-            let file_type = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
-            let is_dir = file_type.is_dir();
-            let ignored = ignore
-                .matched_path_or_any_parents(&relative, is_dir)
-                .is_ignore();
-            let always = relative == dockerfile || relative == Path::new(".dockerignore");
-            if is_dir {
-                // Walk ignored directories too: an exception (`!dir/keep`) may re-include a child.
-                if !ignored {
-                    out.push(relative.clone());
+impl ContextFilter {
+    /// `.dockerignore` patterns are relative to the context root, so each is anchored;
+    /// gitignore matching then gives Docker's semantics (`*` within a segment, `**`, `!`).
+    fn load(context: &Path, dockerfile: &Path) -> Result<ContextFilter> {
+        let mut specific = dockerfile.as_os_str().to_owned();
+        specific.push(".dockerignore");
+        let specific = PathBuf::from(specific);
+        let ignore_file = if context.join(&specific).is_file() {
+            specific
+        } else {
+            PathBuf::from(".dockerignore")
+        };
+        let path = context.join(&ignore_file);
+        let bad = |message: String| Error::Build {
+            image: context.display().to_string(),
+            platform: "any".into(),
+            message,
+        };
+        let mut builder = GitignoreBuilder::new(context);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for raw in text.lines() {
+                let line = raw.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
                 }
-                stack.push(relative);
-            } else if !ignored || always {
-                out.push(relative);
+                let (negated, pattern) = match line.strip_prefix('!') {
+                    Some(rest) => (true, rest.trim()),
+                    None => (false, line),
+                };
+                let pattern = pattern.trim_start_matches("./").trim_start_matches('/');
+                let anchored = format!("{}/{}", if negated { "!" } else { "" }, pattern);
+                builder
+                    .add_line(None, &anchored)
+                    .map_err(|e| bad(format!("{}: bad pattern `{line}`: {e}", path.display())))?;
             }
         }
+        let ignore = builder
+            .build()
+            .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        Ok(ContextFilter {
+            ignore,
+            ignore_file,
+            dockerfile: dockerfile.to_path_buf(),
+        })
     }
-    Ok(out)
+
+    /// The Dockerfile and the ignore file are always sent, as the Docker CLI does.
+    fn always_sent(&self, relative: &Path) -> bool {
+        relative == self.dockerfile || relative == self.ignore_file
+    }
+
+    /// Files of the context in a stable order.
+    fn files(&self, context: &Path) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(dir) = stack.pop() {
+            let full = context.join(&dir);
+            let mut entries: Vec<_> = std::fs::read_dir(&full)
+                .map_err(|e| Error::io(&full, e))?
+                .filter_map(|e| e.ok())
+                .collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let relative = dir.join(entry.file_name());
+                let file_type = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+                let is_dir = file_type.is_dir();
+                let ignored = self
+                    .ignore
+                    .matched_path_or_any_parents(&relative, is_dir)
+                    .is_ignore();
+                if is_dir {
+                    // Walk ignored directories too: an exception (`!dir/keep`) may re-include a child.
+                    if !ignored {
+                        out.push(relative.clone());
+                    }
+                    stack.push(relative);
+                } else if !ignored || self.always_sent(&relative) {
+                    out.push(relative);
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
@@ -733,6 +769,68 @@ mod tests {
     }
 
     #[test]
+    fn a_symlinked_source_makes_its_target_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("real")).unwrap();
+        std::fs::write(root.join("Dockerfile"), "FROM scratch\nCOPY link.txt /l\n").unwrap();
+        std::fs::write(root.join("real/t.txt"), "one").unwrap();
+        std::os::unix::fs::symlink("real/t.txt", root.join("link.txt")).unwrap();
+        let digest = || {
+            context_digest(
+                root,
+                Path::new("Dockerfile"),
+                Some(vec!["link.txt".to_string()]),
+            )
+            .unwrap()
+        };
+        let before = digest();
+        std::fs::write(root.join("real/t.txt"), "two").unwrap();
+        assert_ne!(digest(), before, "COPY follows link.txt to real/t.txt");
+    }
+
+    #[test]
+    fn a_dockerfile_specific_ignore_file_replaces_the_contexts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("build")).unwrap();
+        for f in [
+            "build/app.Dockerfile",
+            "secret.txt",
+            "other.txt",
+            "Dockerfile",
+        ] {
+            std::fs::write(root.join(f), f).unwrap();
+        }
+        std::fs::write(root.join(".dockerignore"), "other.txt\n").unwrap();
+        std::fs::write(
+            root.join("build/app.Dockerfile.dockerignore"),
+            "secret.txt\n",
+        )
+        .unwrap();
+        let sent = |dockerfile: &str| -> Vec<String> {
+            ContextFilter::load(root, Path::new(dockerfile))
+                .unwrap()
+                .files(root)
+                .unwrap()
+                .into_iter()
+                .map(|p| p.to_string_lossy().into_owned())
+                .collect()
+        };
+        let specific = sent("build/app.Dockerfile");
+        assert!(
+            !specific.contains(&"secret.txt".to_string()),
+            "{specific:?}"
+        );
+        assert!(specific.contains(&"other.txt".to_string()), "{specific:?}");
+        assert!(specific.contains(&"build/app.Dockerfile.dockerignore".to_string()));
+        // Another Dockerfile of the same context still reads the context's file.
+        let plain = sent("Dockerfile");
+        assert!(plain.contains(&"secret.txt".to_string()), "{plain:?}");
+        assert!(!plain.contains(&"other.txt".to_string()), "{plain:?}");
+    }
+
+    #[test]
     fn parses_step_counters() {
         assert_eq!(classic_step("Step 2/5 : COPY . /"), Some((2, 5)));
         assert_eq!(buildkit_step("[stage-1 3/4] RUN make"), Some((3, 4)));
@@ -762,8 +860,9 @@ mod tests {
             "# c\nlogs\n!logs/keep\n*.md\n/secret.key\nDockerfile\n",
         )
         .unwrap();
-        let ignore = dockerignore(root).unwrap();
-        let files: Vec<String> = context_files(root, Path::new("Dockerfile"), &ignore)
+        let files: Vec<String> = ContextFilter::load(root, Path::new("Dockerfile"))
+            .unwrap()
+            .files(root)
             .unwrap()
             .into_iter()
             .map(|p| p.to_string_lossy().into_owned())

@@ -245,6 +245,99 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
         .args(base_ids));
 }
 
+/// What `ls -a DIR` prints inside the pushed image, pulled and run by the engine.
+fn listing_in_image(reference: &str, dir: &str) -> Vec<String> {
+    let out = run(std::process::Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "/bin/busybox",
+        ])
+        .arg(reference)
+        .args(["ls", "-a", dir]));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = run(std::process::Command::new("docker").args(["rmi", "-f", reference]));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_dockerfile_specific_ignore_file_keeps_its_files_out_of_the_pushed_image() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nCOPY . /ctx\n",
+    );
+    std::fs::write(dir.path().join(".dockerignore"), "other.txt\n").unwrap();
+    std::fs::write(dir.path().join("Dockerfile.dockerignore"), "secret.txt\n").unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "do not ship").unwrap();
+    std::fs::write(dir.path().join("other.txt"), "shipped").unwrap();
+    let repo = registry.repo(&unique_name("ignore/hello"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let files = listing_in_image(&format!("{repo}:v1"), "/ctx");
+    assert!(!files.contains(&"secret.txt".to_string()), "{files:?}");
+    // BuildKit reads the Dockerfile's own ignore file instead of the context's.
+    assert!(files.contains(&"other.txt".to_string()), "{files:?}");
+}
+
+#[test]
+fn a_rerun_builds_again_when_a_symlinked_source_changes() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nCOPY link.txt /l\n",
+    );
+    std::fs::create_dir(dir.path().join("real")).unwrap();
+    std::fs::write(dir.path().join("real/t.txt"), "one").unwrap();
+    std::os::unix::fs::symlink("real/t.txt", dir.path().join("link.txt")).unwrap();
+    let repo = registry.repo(&unique_name("symlink/hello"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .env("POLYARCH_CACHE_DIR", cache.path()));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
+    };
+    let (_, first) = build();
+    let (log, same) = build();
+    assert!(log.contains("inputs unchanged"), "{log}");
+    assert_eq!(same, first);
+
+    std::fs::write(dir.path().join("real/t.txt"), "two").unwrap();
+    let (log, second) = build();
+    assert!(!log.contains("inputs unchanged"), "{log}");
+    assert_ne!(
+        second, first,
+        "the new target content must reach the registry"
+    );
+    let content = run(std::process::Command::new("docker")
+        .args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "/bin/busybox",
+        ])
+        .arg(format!("{repo}:v1"))
+        .args(["cat", "/l"]));
+    let _ = run(std::process::Command::new("docker").args(["rmi", "-f", &format!("{repo}:v1")]));
+    assert_eq!(String::from_utf8_lossy(&content.stdout), "two");
+}
+
 #[test]
 fn a_base_the_engine_pulls_is_pinned_by_its_registry_digest() {
     let registry = Registry::start();
