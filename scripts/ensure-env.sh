@@ -119,4 +119,10 @@ ensure_engine() {
 install_missing
 if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
 if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
+# Docker 26.1 with the containerd image store beside the machine's engine
+# (scripts/engine26.sh; POLYARCH_SKIP_DOCKER26=1 skips it).
+if [[ "${POLYARCH_SKIP_DOCKER26:-}" != 1 ]]; then
+  bash "$root/scripts/engine26.sh" install
+  bash "$root/scripts/engine26.sh" start containerd >/dev/null
+fi
 log "ok"

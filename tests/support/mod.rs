@@ -9,6 +9,8 @@
 //! * [`unique_name`]: collision-free names for repositories, tags, images.
 #![allow(dead_code)]
 
+pub mod engines;
+
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -1,0 +1,107 @@
+//! Docker Engine 26.1 beside the machine's engine, started by
+//! `scripts/engine26.sh` (Debian trixie's docker.io unpacked under
+//! /opt/polyarch/docker26; see the script's header).
+//!
+//! * [`docker26_host`]: `DOCKER_HOST` of the engine for a store
+//!   (`"containerd"`: containerd image store, multi-platform images;
+//!   `"classic"`: graph-driver store), started once per test process.
+//! * [`docker26_cli`]: a `Command` for the 26.1 `docker` CLI (buildx 0.13.1
+//!   plugin included) aimed at that engine.
+//!
+//! Neither skips: when the engine cannot be started the test panics with the
+//! script's output. The script is idempotent and locks (flock), so test
+//! binaries running at the same time may all call it.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use super::repo_root;
+
+/// The stores `scripts/engine26.sh` knows.
+pub const DOCKER26_STORES: [&str; 2] = ["containerd", "classic"];
+
+fn cell(store: &str) -> &'static OnceLock<String> {
+    static CONTAINERD: OnceLock<String> = OnceLock::new();
+    static CLASSIC: OnceLock<String> = OnceLock::new();
+    match store {
+        "containerd" => &CONTAINERD,
+        "classic" => &CLASSIC,
+        other => {
+            panic!("unknown Docker 26.1 store {other:?} (expected one of {DOCKER26_STORES:?})")
+        }
+    }
+}
+
+/// Runs `bash scripts/engine26.sh ARGS…` and returns its stdout; panics with
+/// its status, stdout and stderr when it fails.
+fn engine26(args: &[&str]) -> String {
+    let script = repo_root().join("scripts/engine26.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("spawn bash {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bash scripts/engine26.sh {} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        args.join(" "),
+        out.status,
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `DOCKER_HOST` (`unix:///run/polyarch/docker26-STORE.sock`) of Docker 26.1
+/// with the given store, `"containerd"` or `"classic"`. The first call in a
+/// process runs `scripts/engine26.sh start STORE` (installs and starts the
+/// engine when needed, a quick check otherwise); later calls return the
+/// cached value. Panics with the script's output when that fails.
+pub fn docker26_host(store: &str) -> String {
+    cell(store)
+        .get_or_init(|| {
+            let stdout = engine26(&["start", store]);
+            let host = stdout.lines().rev().map(str::trim).find(|l| !l.is_empty());
+            match host {
+                Some(h) if h.starts_with("unix://") => h.to_string(),
+                _ => panic!(
+                    "scripts/engine26.sh start {store}: no DOCKER_HOST in its output:\n{stdout}"
+                ),
+            }
+        })
+        .clone()
+}
+
+/// Directory of the 26.1 `docker` CLI (`scripts/engine26.sh bin`).
+pub fn docker26_bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| PathBuf::from(engine26(&["bin"]).trim()))
+        .clone()
+}
+
+/// Private `DOCKER_CONFIG` with `cli-plugins/docker-buildx` (0.13.1)
+/// (`scripts/engine26.sh docker-config`); `~/.docker` is never used.
+pub fn docker26_config_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| PathBuf::from(engine26(&["docker-config"]).trim()))
+        .clone()
+}
+
+/// `docker` 26.1 with `DOCKER_HOST` and `DOCKER_CONFIG` set for the engine of
+/// `store` (started if needed), e.g. `docker26_cli("containerd").args(["buildx",
+/// "build", "--platform", "linux/amd64,linux/arm64", …])`. That engine has its
+/// own bridge without NAT: containers reach the host, nothing beyond.
+pub fn docker26_cli(store: &str) -> Command {
+    let host = docker26_host(store);
+    let mut cmd = Command::new(docker26_bin_dir().join("docker"));
+    cmd.env("DOCKER_HOST", host)
+        .env("DOCKER_CONFIG", docker26_config_dir())
+        .env_remove("DOCKER_CONTEXT")
+        .env_remove("DOCKER_TLS_VERIFY")
+        .env_remove("DOCKER_CERT_PATH");
+    cmd
+}
