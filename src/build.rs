@@ -1,7 +1,9 @@
-//! One build per image × platform through the Docker Engine API: BuildKit (`version=2`
-//! with a session) by default, the classic builder where BuildKit is not available.
-//! The context is streamed as a tar honouring `.dockerignore`.
+//! One build per image × platform on the Docker Engine: through BuildKit's own protocol
+//! (see [`crate::buildkit`]: BuildKit reads the context by file sync and applies the
+//! ignore files itself), or the classic builder where the engine has no BuildKit (the
+//! context streamed as a tar honouring the ignore file).
 
+use crate::buildkit;
 use crate::dockerfile;
 use crate::engine::Engine;
 use crate::error::one_line;
@@ -118,57 +120,12 @@ async fn build_once(
         message,
     };
 
-    let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
-    let version = if engine.buildkit {
-        BuilderVersion::BuilderBuildKit
-    } else {
-        for (key, value) in platform_build_args(platform, &engine.native) {
-            buildargs.entry(key).or_insert(value);
-        }
-        BuilderVersion::BuilderV1
-    };
-    let options = BuildImageOptions {
-        dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
-        t: Some(tag.clone()),
-        platform: platform.to_string(),
-        target: spec.target.clone().unwrap_or_default(),
-        buildargs: Some(buildargs),
-        labels: Some(spec.labels.clone().into_iter().collect()),
-        networkmode: Some(
-            match spec.network {
-                Network::Default => "default",
-                Network::Host => "host",
-                Network::None => "none",
-            }
-            .to_string(),
-        ),
-        rm: true,
-        forcerm: true,
-        // The classic builder's cache ignores the platform: a layer cached for amd64 would
-        // be reused for arm64.
-        nocache: !engine.buildkit,
-        version,
-        session: engine
-            .buildkit
-            .then(|| format!("polyarch-{}", uuid::Uuid::new_v4().simple())),
-        ..Default::default()
-    };
-
-    let context = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
-    let mut stream = engine
-        .docker
-        .build_image(options, None, Some(bollard::body_stream(context)));
     let mut log = BuildLog::new(spec, platform, reporter);
-    let mut error = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(info) => log.consume(info),
-            Err(e) => {
-                error = Some(e.to_string());
-                break;
-            }
-        }
-    }
+    let error = if engine.buildkit {
+        solve_in_session(engine, spec, platform, &tag, &mut log).await
+    } else {
+        build_classic(engine, spec, platform, &tag, &mut log).await?
+    };
     if let Some(message) = error.or_else(|| log.vertex_error.take()) {
         let with_tail = log.with_tail(&message);
         if with_tail.contains("failed to get digest") && with_tail.contains("no such file") {
@@ -193,6 +150,112 @@ async fn build_once(
         tag,
         seconds: started.elapsed().as_secs_f64(),
     }))
+}
+
+/// The build through the classic builder (`POST /build`, the context uploaded as a tar),
+/// for engines without BuildKit; the error message when it failed.
+async fn build_classic(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+    log: &mut BuildLog<'_>,
+) -> Result<Option<String>> {
+    let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
+    // The classic builder defines none of the platform args BuildKit does.
+    for (key, value) in platform_build_args(platform, &engine.native) {
+        buildargs.entry(key).or_insert(value);
+    }
+    let options = BuildImageOptions {
+        dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
+        t: Some(tag.to_string()),
+        platform: platform.to_string(),
+        target: spec.target.clone().unwrap_or_default(),
+        buildargs: Some(buildargs),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        networkmode: Some(
+            match spec.network {
+                Network::Default => "default",
+                Network::Host => "host",
+                Network::None => "none",
+            }
+            .to_string(),
+        ),
+        rm: true,
+        forcerm: true,
+        // The classic builder's cache ignores the platform: a layer cached for amd64 would
+        // be reused for arm64.
+        nocache: true,
+        version: BuilderVersion::BuilderV1,
+        ..Default::default()
+    };
+    let context = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let mut stream = engine
+        .docker
+        .build_image(options, None, Some(bollard::body_stream(context)));
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(info) => log.consume(info),
+            Err(e) => return Ok(Some(e.to_string())),
+        }
+    }
+    Ok(None)
+}
+
+/// The build through BuildKit's session protocol, the image exported into the engine
+/// under `tag`; the error message when it failed.
+async fn solve_in_session(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+    log: &mut BuildLog<'_>,
+) -> Option<String> {
+    let mut attrs: HashMap<String, String> =
+        HashMap::from([("platform".into(), platform.to_string())]);
+    if let Some(target) = &spec.target {
+        attrs.insert("target".into(), target.clone());
+    }
+    for (key, value) in &spec.build_args {
+        attrs.insert(format!("build-arg:{key}"), value.clone());
+    }
+    for (key, value) in &spec.labels {
+        attrs.insert(format!("label:{key}"), value.clone());
+    }
+    let mut entitlements = Vec::new();
+    match spec.network {
+        Network::Default => {}
+        Network::Host => {
+            attrs.insert("force-network-mode".into(), "host".into());
+            entitlements.push("network.host".to_string());
+        }
+        Network::None => {
+            attrs.insert("force-network-mode".into(), "none".into());
+        }
+    }
+    let build = buildkit::DockerfileBuild {
+        context: &spec.context,
+        dockerfile: &spec.dockerfile,
+        frontend_attrs: attrs,
+        entitlements,
+        exporter: buildkit::Exporter {
+            kind: "moby".into(),
+            attrs: HashMap::from([("name".to_string(), tag.to_string())]),
+        },
+    };
+    let solved = buildkit::solve(
+        &engine.endpoint,
+        build,
+        buildkit::SessionAuth::default(),
+        |status| {
+            log.consume(BuildInfo {
+                aux: Some(BuildInfoAux::BuildKit(status)),
+                ..Default::default()
+            })
+        },
+    )
+    .await;
+    solved.err().map(|e| e.to_string())
 }
 
 /// Turns the engine's build stream (BuildKit status or classic lines) into events and

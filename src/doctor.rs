@@ -186,7 +186,14 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
         check(
             "buildkit",
             Verdict::Ok,
-            "BuildKit builds (version=2) available".into(),
+            format!(
+                "BuildKit available through its session protocol; {} image store",
+                if engine.containerd_store {
+                    "containerd"
+                } else {
+                    "classic"
+                }
+            ),
             None,
         )
     } else {

@@ -11,8 +11,10 @@ pub struct Engine {
     pub native: Platform,
     pub api_version: String,
     pub server_version: String,
-    /// Whether `/build?version=2` (BuildKit) is available.
+    /// Whether the engine has BuildKit, reached through `/grpc` and `/session`.
     pub buildkit: bool,
+    /// Whether images live in containerd's image store rather than the classic one.
+    pub containerd_store: bool,
     /// Where the engine was reached, for messages.
     pub endpoint: String,
     /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
@@ -90,6 +92,12 @@ impl Engine {
         let native = Platform::new(&os, &arch, None);
         let api_version = version.api_version.clone().unwrap_or_default();
         let buildkit = api_at_least(&api_version, 1, 39) && os == "linux";
+        let containerd_store = info.driver_status.iter().flatten().any(|pair| {
+            pair.first().is_some_and(|k| k == "driver-type")
+                && pair
+                    .get(1)
+                    .is_some_and(|v| v == "io.containerd.snapshotter.v1")
+        });
         let identity = format!(
             "{endpoint}|{}|{}",
             info.id.as_deref().unwrap_or_default(),
@@ -102,6 +110,7 @@ impl Engine {
             api_version,
             server_version: version.version.unwrap_or_default(),
             buildkit,
+            containerd_store,
             endpoint,
         })
     }

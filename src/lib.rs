@@ -5,6 +5,7 @@
 
 pub mod binfmt;
 pub mod build;
+pub mod buildkit;
 pub mod cache;
 pub mod credentials;
 pub mod deep;

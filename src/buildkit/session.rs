@@ -1,0 +1,218 @@
+//! A BuildKit session: the engine dials back into services polyarch serves over the
+//! hijacked `/session` connection (file sync for the context, registry credentials,
+//! health).
+
+use super::connection;
+use super::filesync::SyncedDirs;
+use crate::credentials::{self, Credential};
+use bollard_buildkit_proto::health::health_server::{Health, HealthServer};
+use bollard_buildkit_proto::health::{
+    health_check_response::ServingStatus, HealthCheckRequest, HealthCheckResponse,
+    HealthListRequest, HealthListResponse,
+};
+use bollard_buildkit_proto::moby::filesync::v1::auth_server::{Auth, AuthServer};
+use bollard_buildkit_proto::moby::filesync::v1::file_sync_server::FileSyncServer;
+use bollard_buildkit_proto::moby::filesync::v1::{
+    CredentialsRequest, CredentialsResponse, FetchTokenRequest, FetchTokenResponse,
+    GetTokenAuthorityRequest, GetTokenAuthorityResponse, VerifyTokenAuthorityRequest,
+    VerifyTokenAuthorityResponse,
+};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::{Request, Response, Status};
+
+/// The gRPC methods the session serves; the engine calls only what is announced.
+const METHODS: &[&str] = &[
+    "/grpc.health.v1.Health/Check",
+    "/moby.filesync.v1.FileSync/DiffCopy",
+    "/moby.filesync.v1.Auth/Credentials",
+    "/moby.filesync.v1.Auth/FetchToken",
+    "/moby.filesync.v1.Auth/GetTokenAuthority",
+    "/moby.filesync.v1.Auth/VerifyTokenAuthority",
+];
+
+/// A running session; dropping it ends it.
+pub struct Session {
+    pub id: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl Session {
+    /// Opens a session on the engine at `endpoint` serving `dirs`. `shared_key` lets the
+    /// engine keep the files it was sent for the next session with the same key, so a
+    /// rerun transfers only what changed.
+    pub async fn start(
+        endpoint: &str,
+        shared_key: &str,
+        dirs: SyncedDirs,
+        auth: SessionAuth,
+    ) -> std::io::Result<Session> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let mut headers = vec![
+            ("X-Docker-Expose-Session-Uuid", id.clone()),
+            ("X-Docker-Expose-Session-Name", "polyarch".to_string()),
+            ("X-Docker-Expose-Session-Sharedkey", shared_key.to_string()),
+        ];
+        headers.extend(
+            METHODS
+                .iter()
+                .map(|m| ("X-Docker-Expose-Session-Grpc-Method", m.to_string())),
+        );
+        let upgraded = connection::upgrade(endpoint, "/session", &headers).await?;
+        let router = tonic::transport::Server::builder()
+            .add_service(HealthServer::new(Healthy))
+            .add_service(FileSyncServer::new(dirs))
+            .add_service(AuthServer::new(auth));
+        // One connection, then nothing more: the server lives as long as the session.
+        let incoming = futures_util::StreamExt::chain(
+            futures_util::stream::iter([Ok::<_, std::io::Error>(SessionStream(TokioIo::new(
+                upgraded,
+            )))]),
+            futures_util::stream::pending(),
+        );
+        let server = tokio::spawn(async move {
+            // A failed session shows as the build's own error ("no active session").
+            let _ = router.serve_with_incoming(incoming).await;
+        });
+        Ok(Session { id, server })
+    }
+}
+
+/// The engine's side of the hijacked connection, as tonic's server wants a stream.
+struct SessionStream(TokioIo<Upgraded>);
+
+impl tonic::transport::server::Connected for SessionStream {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl AsyncRead for SessionStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SessionStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// BuildKit checks the session's health and drops it when unanswered.
+struct Healthy;
+
+#[tonic::async_trait]
+impl Health for Healthy {
+    async fn check(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<HealthCheckResponse>, Status> {
+        Ok(Response::new(HealthCheckResponse {
+            status: ServingStatus::Serving as i32,
+        }))
+    }
+
+    async fn list(
+        &self,
+        _: Request<HealthListRequest>,
+    ) -> Result<Response<HealthListResponse>, Status> {
+        Err(Status::unimplemented("list"))
+    }
+
+    type WatchStream = futures_util::stream::Empty<Result<HealthCheckResponse, Status>>;
+
+    async fn watch(
+        &self,
+        _: Request<HealthCheckRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("watch"))
+    }
+}
+
+/// Registry credentials for the engine's pulls (base images) and pushes, as the Docker
+/// CLI gives them: from the Docker config and its helpers, and the command line's
+/// credentials for the registry polyarch pushes to.
+#[derive(Default)]
+pub struct SessionAuth {
+    /// `(registry host, (user, password))` given on the command line.
+    pub push: Option<(String, (String, String))>,
+}
+
+#[tonic::async_trait]
+impl Auth for SessionAuth {
+    async fn credentials(
+        &self,
+        request: Request<CredentialsRequest>,
+    ) -> Result<Response<CredentialsResponse>, Status> {
+        let host = request.into_inner().host;
+        // BuildKit names Docker Hub by its API host.
+        let registry = if host == "registry-1.docker.io" {
+            "docker.io"
+        } else {
+            host.as_str()
+        };
+        let cli = self
+            .push
+            .as_ref()
+            .filter(|(push_host, _)| push_host == registry)
+            .map(|(_, pair)| pair);
+        let answer = match credentials::resolve(registry, cli) {
+            Ok(Some(Credential::Basic { username, password })) => CredentialsResponse {
+                username,
+                secret: password,
+            },
+            Ok(Some(Credential::IdentityToken(token))) => CredentialsResponse {
+                username: String::new(),
+                secret: token,
+            },
+            // Anonymous: an unreadable config shows as the registry's own refusal.
+            Ok(None) | Err(_) => CredentialsResponse::default(),
+        };
+        Ok(Response::new(answer))
+    }
+
+    async fn fetch_token(
+        &self,
+        _: Request<FetchTokenRequest>,
+    ) -> Result<Response<FetchTokenResponse>, Status> {
+        // BuildKit then fetches tokens itself with the credentials above.
+        Err(Status::unimplemented("fetch_token"))
+    }
+
+    async fn get_token_authority(
+        &self,
+        _: Request<GetTokenAuthorityRequest>,
+    ) -> Result<Response<GetTokenAuthorityResponse>, Status> {
+        Err(Status::unimplemented("get_token_authority"))
+    }
+
+    async fn verify_token_authority(
+        &self,
+        _: Request<VerifyTokenAuthorityRequest>,
+    ) -> Result<Response<VerifyTokenAuthorityResponse>, Status> {
+        Err(Status::unimplemented("verify_token_authority"))
+    }
+}
