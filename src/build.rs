@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -74,16 +75,19 @@ enum Attempt {
     Lost(String),
 }
 
+/// Builds `spec` for `platform` into the temporary tag; `export_started` is set once the
+/// engine begins writing the image (from then on it may appear even if the build is cut off).
 pub async fn build(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
     run_id: &str,
+    export_started: &AtomicBool,
     reporter: &dyn Reporter,
 ) -> Result<BuiltImage> {
     let mut attempt = 1;
     loop {
-        match build_once(engine, spec, platform, run_id, reporter).await? {
+        match build_once(engine, spec, platform, run_id, export_started, reporter).await? {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
                 return Err(Error::Build {
@@ -110,6 +114,7 @@ async fn build_once(
     spec: &ImageSpec,
     platform: &Platform,
     run_id: &str,
+    export_started: &AtomicBool,
     reporter: &dyn Reporter,
 ) -> Result<Attempt> {
     let started = Instant::now();
@@ -120,7 +125,7 @@ async fn build_once(
         message,
     };
 
-    let mut log = BuildLog::new(spec, platform, reporter);
+    let mut log = BuildLog::new(spec, platform, export_started, reporter);
     let error = if engine.buildkit {
         solve_in_session(engine, spec, platform, &tag, &mut log).await
     } else {
@@ -264,6 +269,7 @@ struct BuildLog<'a> {
     image: &'a str,
     platform: &'a Platform,
     reporter: &'a dyn Reporter,
+    export_started: &'a AtomicBool,
     tail: VecDeque<String>,
     vertex_names: HashMap<String, String>,
     started: Vec<String>,
@@ -272,11 +278,17 @@ struct BuildLog<'a> {
 }
 
 impl<'a> BuildLog<'a> {
-    fn new(spec: &'a ImageSpec, platform: &'a Platform, reporter: &'a dyn Reporter) -> Self {
+    fn new(
+        spec: &'a ImageSpec,
+        platform: &'a Platform,
+        export_started: &'a AtomicBool,
+        reporter: &'a dyn Reporter,
+    ) -> Self {
         BuildLog {
             image: &spec.name,
             platform,
             reporter,
+            export_started,
             tail: VecDeque::new(),
             vertex_names: HashMap::new(),
             started: Vec::new(),
@@ -329,6 +341,11 @@ impl<'a> BuildLog<'a> {
                     .insert(vertex.digest.clone(), vertex.name.clone());
                 if vertex.started.is_some() && !self.started.contains(&vertex.digest) {
                     self.started.push(vertex.digest.clone());
+                    // BuildKit's exporters name their vertex "exporting to image" (or to
+                    // another destination).
+                    if vertex.name.starts_with("exporting to") {
+                        self.export_started.store(true, Ordering::SeqCst);
+                    }
                     let (n, m) = buildkit_step(&vertex.name).unzip();
                     self.step(&vertex.name, n.unwrap_or(0), m);
                 }

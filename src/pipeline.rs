@@ -21,6 +21,7 @@ use crate::{Error, Platform, Result};
 use futures_util::{StreamExt, TryStreamExt};
 use oci_client::Reference;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 #[derive(Debug, Clone, Default)]
@@ -186,15 +187,30 @@ impl Destination {
 /// What a run created in the engines, so an interrupted or failed run can remove it.
 #[derive(Default, Clone)]
 pub struct Cleanup {
-    images: Arc<Mutex<Vec<(Engine, String)>>>,
+    images: Arc<Mutex<Vec<Temporary>>>,
+}
+
+/// A temporary image a build writes.
+#[derive(Clone)]
+struct Temporary {
+    engine: Engine,
+    tag: String,
+    /// Whether the engine may still write the tag after its build was cut off: always for
+    /// the classic builder, which runs on without its client; for BuildKit only once its
+    /// exporter has started, since cutting the session cancels the solve before that.
+    may_appear: Arc<AtomicBool>,
 }
 
 impl Cleanup {
-    fn add(&self, engine: &Engine, tag: &str) {
-        self.images
-            .lock()
-            .expect("cleanup lock")
-            .push((engine.clone(), tag.to_string()));
+    /// Records `tag`; the flag returned is [`Temporary::may_appear`], for the build to set.
+    fn add(&self, engine: &Engine, tag: &str) -> Arc<AtomicBool> {
+        let may_appear = Arc::new(AtomicBool::new(!engine.buildkit));
+        self.images.lock().expect("cleanup lock").push(Temporary {
+            engine: engine.clone(),
+            tag: tag.to_string(),
+            may_appear: may_appear.clone(),
+        });
+        may_appear
     }
 
     /// Removes `tag`; true once it is gone. A tag not there yet (a build cut off may still
@@ -213,7 +229,7 @@ impl Cleanup {
             self.images
                 .lock()
                 .expect("cleanup lock")
-                .retain(|(e, t)| !(t == tag && e.endpoint == engine.endpoint));
+                .retain(|t| !(t.tag == tag && t.engine.endpoint == engine.endpoint));
         }
         removed
     }
@@ -225,13 +241,15 @@ impl Cleanup {
     /// for up to `grace`, which the reporter is told about.
     pub async fn run(&self, grace: std::time::Duration, reporter: &dyn Reporter) {
         let deadline = tokio::time::Instant::now() + grace;
-        let mut images: Vec<(Engine, String)> = self.images.lock().expect("cleanup lock").clone();
+        let mut images: Vec<Temporary> = self.images.lock().expect("cleanup lock").clone();
         let mut first = true;
         loop {
             let mut left = Vec::new();
-            for (engine, tag) in images {
-                if !self.remove(&engine, &tag).await {
-                    left.push((engine, tag));
+            for image in images {
+                if !self.remove(&image.engine, &image.tag).await
+                    && image.may_appear.load(Ordering::SeqCst)
+                {
+                    left.push(image);
                 }
             }
             if left.is_empty() || tokio::time::Instant::now() >= deadline {
@@ -968,11 +986,12 @@ async fn build_and_push(
             }
         ),
     );
-    cleanup.add(
+    let may_appear = cleanup.add(
         engine,
         &build::temporary_tag(&image.name, &unit.platform, run_id),
     );
-    let built: BuiltImage = build::build(engine, image, &unit.platform, run_id, reporter).await?;
+    let built: BuiltImage =
+        build::build(engine, image, &unit.platform, run_id, &may_appear, reporter).await?;
     if let Some(key) = &inputs {
         run.builds.remember(key, &built.id);
     }

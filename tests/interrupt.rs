@@ -280,6 +280,11 @@ fn container_ids() -> BTreeSet<String> {
 /// Containers created since `before` that came from this fixture's builds (by their
 /// image or name); other test binaries may share the engine.
 fn new_containers(before: &BTreeSet<String>, fixture: &Fixture) -> Vec<String> {
+    containers_of(before, &fixture.image)
+}
+
+/// Containers created since `before` from builds of `image` (by their image or name).
+fn containers_of(before: &BTreeSet<String>, image: &str) -> Vec<String> {
     container_ids()
         .difference(before)
         .filter_map(|id| {
@@ -291,9 +296,8 @@ fn new_containers(before: &BTreeSet<String>, fixture: &Fixture) -> Vec<String> {
             ]));
             let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
             // Gone already, or someone else's.
-            (out.status.success()
-                && (text.contains(&fixture.image) || text.contains("polyarch-build")))
-            .then(|| format!("{id} {text}"))
+            (out.status.success() && (text.contains(image) || text.contains("polyarch-build")))
+                .then(|| format!("{id} {text}"))
         })
         .collect()
 }
@@ -502,4 +506,88 @@ fn registry_killed_mid_push_exits_3_naming_it_and_keeps_the_old_tag() {
         "the tag moved although the push failed"
     );
     fixture.rerun_moves_the_tag();
+}
+
+/// Processes on this host whose command line is exactly `args` (BuildKit runs RUN steps as
+/// host processes, outside any `docker ps` container).
+fn processes_running(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+        .collect()
+}
+
+#[test]
+fn sigint_mid_run_step_cancels_the_build_in_the_engine() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let image = unique_name("intrrun");
+    // A sleep no other test runs, so its process names this build's RUN step.
+    let seconds = (3000 + image.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    hello_context(
+        dir.path(),
+        &format!("{HELLO}RUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n"),
+    );
+    let file = dir.path().join("polyarch.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {image}:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n    network: none\n",
+            registry.repo(&unique_name("interrupt/run"))
+        ),
+    )
+    .unwrap();
+    let containers = container_ids();
+    let mut cmd = polyarch();
+    cmd.args(["build", "-f"]).arg(&file).env_remove("CI");
+    let running = Running::spawn(cmd);
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    let deadline = Instant::now() + WAIT;
+    while processes_running(&sleep).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the RUN step never started:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let interrupted = Instant::now();
+    running.signal("INT");
+    let (status, stdout, stderr) = running.finish();
+    let exited = interrupted.elapsed();
+    eprintln!("exited {exited:?} after SIGINT\n{stderr}");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stdout.trim().is_empty(), "a record was printed: {stdout}");
+    // The engine cancels the solve: polyarch waits for no build to end by itself.
+    assert!(
+        exited < Duration::from_secs(5),
+        "exit took {exited:?}:\n{stderr}"
+    );
+    let deadline = Instant::now() + WAIT;
+    while !processes_running(&sleep).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the engine still runs the RUN step {WAIT:?} after the interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("RUN step gone {:?} after SIGINT", interrupted.elapsed());
+    let left = run(Command::new("docker").args([
+        "images",
+        "-q",
+        "--filter",
+        &format!("reference=polyarch-build/{image}"),
+    ]));
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "temporary images left: {left:?}"
+    );
+    let left = containers_of(&containers, &image);
+    assert!(left.is_empty(), "containers left: {left:?}");
 }
