@@ -3,26 +3,21 @@
 //! ignore files itself), or the classic builder where the engine has no BuildKit (the
 //! context streamed as a tar honouring the ignore file).
 
-use crate::buildkit;
-use crate::dockerfile;
+use crate::buildkit::{self, filesync::Transfer};
 use crate::engine::Engine;
 use crate::error::one_line;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
-use crate::registry::{self, Registry, RegistryOptions, RetryPolicy};
 use crate::{Error, Platform, Result};
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use globset::{GlobBuilder, GlobSetBuilder};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use sha2::{Digest, Sha256};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 /// Log lines kept per build: a failing platform's log is shown in full up to this many
@@ -36,6 +31,8 @@ pub struct BuiltImage {
     /// The temporary local tag the build wrote; removed by the caller after export.
     pub tag: String,
     pub seconds: f64,
+    /// What BuildKit read of the context (empty for the classic builder).
+    pub transfers: Vec<Transfer>,
 }
 
 /// The build args buildx defines for every build; injected for the classic builder,
@@ -126,10 +123,16 @@ async fn build_once(
     };
 
     let mut log = BuildLog::new(spec, platform, export_started, reporter);
-    let error = if engine.buildkit {
-        solve_in_session(engine, spec, platform, &tag, &mut log).await
+    let (error, transfers) = if engine.buildkit {
+        match solve_in_session(engine, spec, platform, &tag, &mut log).await {
+            Ok(transfers) => (None, transfers),
+            Err(message) => (Some(message), Vec::new()),
+        }
     } else {
-        build_classic(engine, spec, platform, &tag, &mut log).await?
+        (
+            build_classic(engine, spec, platform, &tag, &mut log).await?,
+            Vec::new(),
+        )
     };
     if let Some(message) = error.or_else(|| log.vertex_error.take()) {
         let with_tail = log.with_tail(&message);
@@ -154,6 +157,7 @@ async fn build_once(
         id,
         tag,
         seconds: started.elapsed().as_secs_f64(),
+        transfers,
     }))
 }
 
@@ -208,14 +212,14 @@ async fn build_classic(
 }
 
 /// The build through BuildKit's session protocol, the image exported into the engine
-/// under `tag`; the error message when it failed.
+/// under `tag`: what BuildKit read of the context, or the error message.
 async fn solve_in_session(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
     tag: &str,
     log: &mut BuildLog<'_>,
-) -> Option<String> {
+) -> std::result::Result<Vec<Transfer>, String> {
     let mut attrs: HashMap<String, String> =
         HashMap::from([("platform".into(), platform.to_string())]);
     if let Some(target) = &spec.target {
@@ -260,7 +264,9 @@ async fn solve_in_session(
         },
     )
     .await;
-    solved.err().map(|e| e.to_string())
+    solved
+        .map(|solved| solved.transfers)
+        .map_err(|e| e.to_string())
 }
 
 /// Turns the engine's build stream (BuildKit status or classic lines) into events and
@@ -414,218 +420,6 @@ fn buildkit_step(name: &str) -> Option<(u32, u32)> {
     let frac = inner.rsplit(' ').next()?;
     let (n, m) = frac.split_once('/')?;
     Some((n.parse().ok()?, m.parse().ok()?))
-}
-
-/// Context digests of one run, each computed once however many platforms share it.
-#[derive(Default)]
-pub struct ContextDigests {
-    digests: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<String>>>>,
-}
-
-impl ContextDigests {
-    async fn digest(&self, spec: &ImageSpec, sources: Option<Vec<String>>) -> Result<String> {
-        let key = format!("{}|{sources:?}", spec.name);
-        let cell = self
-            .digests
-            .lock()
-            .expect("context digests lock")
-            .entry(key)
-            .or_default()
-            .clone();
-        let (context, dockerfile) = (spec.context.clone(), spec.dockerfile.clone());
-        cell.get_or_try_init(|| async move {
-            tokio::task::spawn_blocking(move || context_digest(&context, &dockerfile, sources))
-                .await
-                .map_err(|e| Error::Engine(format!("hashing the build context failed: {e}")))?
-        })
-        .await
-        .cloned()
-    }
-}
-
-/// Base images the engine does not hold, resolved the way BuildKit resolves them before
-/// pulling: to the digest their registry serves now; once per image per run.
-pub struct RemoteBases {
-    options: RegistryOptions,
-    digests: tokio::sync::Mutex<HashMap<String, Option<String>>>,
-}
-
-impl RemoteBases {
-    pub fn new(options: &RegistryOptions) -> RemoteBases {
-        RemoteBases {
-            options: RegistryOptions {
-                // Credentials given for the push registry are not for a base's registry.
-                credentials: None,
-                // A base that cannot be resolved at once only costs a build.
-                retry: Some(RetryPolicy {
-                    attempts: 1,
-                    ..RetryPolicy::default()
-                }),
-                ..options.clone()
-            },
-            digests: Default::default(),
-        }
-    }
-
-    async fn digest(&self, image: &str) -> Option<String> {
-        let mut digests = self.digests.lock().await;
-        if let Some(known) = digests.get(image) {
-            return known.clone();
-        }
-        let resolved = async {
-            let reference = registry::parse_reference(image).ok()?;
-            if let Some(pinned) = reference.digest() {
-                return Some(pinned.to_string());
-            }
-            let host = reference.registry().to_string();
-            let registry = Registry::new(&[host], &self.options).ok()?;
-            registry.manifest_digest(&reference).await.ok()
-        }
-        .await;
-        digests.insert(image.to_string(), resolved.clone());
-        resolved
-    }
-}
-
-/// A digest of the context files a build reads (`sources`, wildcards relative to the
-/// context root; None: every file the engine would be sent), plus the Dockerfile and
-/// ignore file: each file's path, type, permissions and content (or link target).
-/// Timestamps and owners are left out, as BuildKit's own cache checksums leave them
-/// out: a fresh checkout of the same files matches.
-fn context_digest(
-    context: &Path,
-    dockerfile: &Path,
-    sources: Option<Vec<String>>,
-) -> Result<String> {
-    let filter = ContextFilter::load(context, dockerfile)?;
-    let files = filter.files(context)?;
-    // A symlink among the files makes the selection unsafe: COPY follows a source that is
-    // a link, and a path through a linked directory names files the walk never reaches.
-    // The whole context (every link's target inside it included) then counts.
-    let any_symlink = || {
-        files.iter().any(|relative| {
-            std::fs::symlink_metadata(context.join(relative)).is_ok_and(|m| m.is_symlink())
-        })
-    };
-    let sources = sources.filter(|_| !any_symlink());
-    let selection = match sources {
-        Some(patterns) => {
-            let mut set = GlobSetBuilder::new();
-            for pattern in &patterns {
-                match GlobBuilder::new(pattern)
-                    .literal_separator(true)
-                    .backslash_escape(true)
-                    .build()
-                {
-                    Ok(glob) => set.add(glob),
-                    // A pattern Docker reads differently from us: count everything.
-                    Err(_) => return context_digest(context, dockerfile, None),
-                };
-            }
-            Some(set.build().map_err(|e| Error::Engine(e.to_string()))?)
-        }
-        None => None,
-    };
-    let read = |relative: &Path| {
-        filter.always_sent(relative)
-            || selection
-                .as_ref()
-                .is_none_or(|set| relative.ancestors().any(|a| set.is_match(a)))
-    };
-    let mut hasher = Sha256::new();
-    for relative in files {
-        if !read(&relative) {
-            continue;
-        }
-        let path = context.join(&relative);
-        let meta = std::fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
-        hasher.update(relative.to_string_lossy().as_bytes());
-        hasher.update([0]);
-        hasher.update(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()).to_be_bytes());
-        if meta.is_symlink() {
-            let target = std::fs::read_link(&path).map_err(|e| Error::io(&path, e))?;
-            hasher.update(target.to_string_lossy().as_bytes());
-        } else if meta.is_file() {
-            let mut file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
-            hasher.update(meta.len().to_be_bytes());
-            std::io::copy(&mut file, &mut hasher).map_err(|e| Error::io(&path, e))?;
-        }
-        hasher.update([0]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-/// What a build of `spec` for `platform` on `engine` depends on, as one digest: the
-/// context files it reads (see [`context_digest`]), the Dockerfile's path, every build
-/// option, the engine, and the images the Dockerfile names (the engine's image ID, or the
-/// registry's digest for one the engine does not hold). Equal keys mean the engine would
-/// answer from its cache with the same image. None when the build reads something no key
-/// can pin (see [`dockerfile::external_images`]) or names an image that cannot be resolved.
-pub async fn inputs_key(
-    engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
-    contexts: &ContextDigests,
-    remote: &RemoteBases,
-) -> Result<Option<String>> {
-    let path = spec.context.join(&spec.dockerfile);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let mut args: HashMap<String, String> = platform_build_args(platform, &engine.native)
-        .into_iter()
-        .collect();
-    args.extend(spec.build_args.clone());
-    let Some(images) = dockerfile::external_images(&text, &args) else {
-        return Ok(None);
-    };
-    let mut bases = Vec::new();
-    // ONBUILD triggers of a base run in this build and may read any context file.
-    let mut triggers = false;
-    for (image, wanted) in images {
-        // BuildKit uses the engine's copy when it is for the wanted platform.
-        let local = engine.docker.inspect_image(&image).await.ok().filter(|i| {
-            let held = format!(
-                "{}/{}",
-                i.os.as_deref().unwrap_or_default(),
-                i.architecture.as_deref().unwrap_or_default()
-            );
-            wanted
-                .parse::<Platform>()
-                .is_ok_and(|w| w.os_arch() == held)
-        });
-        match local {
-            Some(inspected) => {
-                triggers |= inspected
-                    .config
-                    .and_then(|c| c.on_build)
-                    .is_some_and(|t| !t.is_empty());
-                bases.push((image, inspected.id.unwrap_or_default()));
-            }
-            // Else it pulls what the registry serves now; its config (and so its triggers)
-            // is not read here, so every context file counts.
-            None => {
-                let Some(digest) = remote.digest(&image).await else {
-                    return Ok(None);
-                };
-                triggers = true;
-                bases.push((image, digest));
-            }
-        }
-    }
-    let sources = dockerfile::context_sources(&text, &args).filter(|_| !triggers);
-    let context = contexts.digest(spec, sources).await?;
-    let key = serde_json::json!({
-        "polyarch": env!("CARGO_PKG_VERSION"),
-        "engine": [&engine.identity, &engine.server_version, engine.buildkit],
-        "platform": platform.to_string(),
-        "context": context,
-        "dockerfile": spec.dockerfile,
-        "target": spec.target,
-        "build_args": spec.build_args,
-        "labels": spec.labels,
-        "network": format!("{:?}", spec.network),
-        "bases": bases,
-    });
-    Ok(Some(hex::encode(Sha256::digest(key.to_string()))))
 }
 
 /// Streams the build context as a tar from a blocking thread, so a large context is
@@ -801,72 +595,6 @@ mod tests {
         assert_eq!(args["TARGETVARIANT"], "v8");
         assert_eq!(args["BUILDPLATFORM"], "linux/amd64");
         assert_eq!(args["BUILDVARIANT"], "");
-    }
-
-    #[test]
-    fn context_digest_covers_only_what_the_build_reads() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        std::fs::create_dir_all(root.join("bin/arm64")).unwrap();
-        std::fs::write(
-            root.join("Dockerfile"),
-            "FROM scratch\nCOPY bin/arm64 /bin\n",
-        )
-        .unwrap();
-        std::fs::write(root.join("bin/arm64/tool"), "v1").unwrap();
-        std::fs::write(root.join("record.json"), "{}").unwrap();
-        let digest = |sources: Option<Vec<String>>| {
-            context_digest(root, Path::new("Dockerfile"), sources).unwrap()
-        };
-        let reads = || Some(vec!["bin/arm64".to_string()]);
-        let before = (digest(reads()), digest(None));
-
-        // A file the build does not read changes only the whole-context digest.
-        std::fs::write(root.join("record.json"), "{\"covered\": true}").unwrap();
-        assert_eq!(digest(reads()), before.0);
-        assert_ne!(digest(None), before.1);
-
-        // Content, permissions and the Dockerfile count; wildcards match within a segment.
-        std::fs::write(root.join("bin/arm64/tool"), "v2").unwrap();
-        let v2 = digest(reads());
-        assert_ne!(v2, before.0);
-        std::fs::set_permissions(
-            root.join("bin/arm64/tool"),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
-        assert_ne!(digest(reads()), v2);
-        let globbed = digest(Some(vec!["bin/*/tool".to_string()]));
-        std::fs::write(root.join("bin/arm64/tool"), "v3").unwrap();
-        assert_ne!(digest(Some(vec!["bin/*/tool".to_string()])), globbed);
-        let before_dockerfile = digest(reads());
-        std::fs::write(
-            root.join("Dockerfile"),
-            "FROM scratch\nCOPY bin/arm64 /usr/bin\n",
-        )
-        .unwrap();
-        assert_ne!(digest(reads()), before_dockerfile);
-    }
-
-    #[test]
-    fn a_symlinked_source_makes_its_target_count() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        std::fs::create_dir_all(root.join("real")).unwrap();
-        std::fs::write(root.join("Dockerfile"), "FROM scratch\nCOPY link.txt /l\n").unwrap();
-        std::fs::write(root.join("real/t.txt"), "one").unwrap();
-        std::os::unix::fs::symlink("real/t.txt", root.join("link.txt")).unwrap();
-        let digest = || {
-            context_digest(
-                root,
-                Path::new("Dockerfile"),
-                Some(vec!["link.txt".to_string()]),
-            )
-            .unwrap()
-        };
-        let before = digest();
-        std::fs::write(root.join("real/t.txt"), "two").unwrap();
-        assert_ne!(digest(), before, "COPY follows link.txt to real/t.txt");
     }
 
     #[test]

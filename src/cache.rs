@@ -4,6 +4,7 @@
 //! inputs produced (the build is skipped), and which platforms each engine ran (the
 //! emulation probe is skipped).
 
+use crate::inputs::RememberedBuild;
 use crate::oci::ConfigPlatform;
 use crate::Platform;
 use serde::de::DeserializeOwned;
@@ -174,20 +175,21 @@ impl PushCache {
     }
 }
 
-/// The image ID each build's inputs ([`crate::build::inputs_key`]) produced.
-pub struct BuildMemory(Store<String>);
+/// The builds earlier runs made, by their settings ([`crate::inputs::settings_key`]):
+/// the image and what the build read of its context.
+pub struct BuildMemory(Store<RememberedBuild>);
 
 impl BuildMemory {
     pub fn open() -> BuildMemory {
         BuildMemory(Store::open("builds.json"))
     }
 
-    pub fn image(&self, inputs: &str) -> Option<String> {
-        self.0.get(inputs)
+    pub fn get(&self, settings: &str) -> Option<RememberedBuild> {
+        self.0.get(settings)
     }
 
-    pub fn remember(&self, inputs: &str, image_id: &str) {
-        self.0.put(inputs.to_string(), image_id.to_string());
+    pub fn remember(&self, settings: &str, build: RememberedBuild) {
+        self.0.put(settings.to_string(), build);
     }
 
     pub fn save(&self) {
@@ -255,11 +257,18 @@ mod tests {
         memory.save();
         assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), None);
 
+        let built = |image: &str| RememberedBuild {
+            image: image.to_string(),
+            reads: Vec::new(),
+        };
         let builds = BuildMemory::open();
-        builds.remember("inputs", "sha256:2");
+        builds.remember("inputs", built("sha256:2"));
         builds.save();
         assert_eq!(
-            BuildMemory::open().image("inputs").as_deref(),
+            BuildMemory::open()
+                .get("inputs")
+                .map(|b| b.image)
+                .as_deref(),
             Some("sha256:2")
         );
 
@@ -274,12 +283,12 @@ mod tests {
             .unwrap()
             .used = 1;
         for n in 0..MAX_ENTRIES {
-            builds.remember(&format!("new-{n}"), "sha256:3");
+            builds.remember(&format!("new-{n}"), built("sha256:3"));
         }
         builds.save();
         let reopened = BuildMemory::open();
         assert_eq!(reopened.0.entries.lock().unwrap().len(), MAX_ENTRIES);
-        assert_eq!(reopened.image("inputs"), None);
-        assert!(reopened.image("new-0").is_some());
+        assert!(reopened.get("inputs").is_none());
+        assert!(reopened.get("new-0").is_some());
     }
 }

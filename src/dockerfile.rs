@@ -397,166 +397,6 @@ pub fn external_images(
     Some(images.into_iter().collect())
 }
 
-/// What a build reads from its context: the sources of `COPY`/`ADD` without `--from` and
-/// of `RUN --mount=type=bind` without `from=`, as paths or wildcards relative to the
-/// context root. None when that cannot be told here (a variable whose value is not known,
-/// or a source naming the whole context): then all of it counts.
-pub fn context_sources(dockerfile: &str, args: &HashMap<String, String>) -> Option<Vec<String>> {
-    let mut globals: HashMap<String, String> = HashMap::new();
-    let mut stage_env: Vec<(String, HashMap<String, String>)> = Vec::new();
-    let mut vars: HashMap<String, String> = HashMap::new();
-    let mut sources = BTreeSet::new();
-    for ins in parse(dockerfile).standard_instructions()? {
-        let (flags, rest) = split_flags(&ins.args);
-        match ins.keyword.as_str() {
-            "ARG" => {
-                for word in rest.split_whitespace() {
-                    let (name, default) = match word.split_once('=') {
-                        Some((name, default)) => (name, Some(plain_value(default))),
-                        None => (word, None),
-                    };
-                    let value = match (args.get(name), default) {
-                        (Some(given), _) => Some(given.clone()),
-                        (None, Some(default)) => default,
-                        (None, None) => Some(globals.get(name).cloned().unwrap_or_default()),
-                    };
-                    let scope = if stage_env.is_empty() {
-                        &mut globals
-                    } else {
-                        &mut vars
-                    };
-                    match value {
-                        Some(value) => scope.insert(name.to_string(), value),
-                        // Quoting or escapes this word-wise reading cannot follow.
-                        None => scope.remove(name),
-                    };
-                }
-            }
-            "FROM" => {
-                let words: Vec<&str> = rest.split_whitespace().collect();
-                // ENV is inherited from a parent stage; ARGs are not.
-                let parent = words.first().and_then(|base| {
-                    let base = base.to_ascii_lowercase();
-                    stage_env.iter().find(|(name, _)| *name == base)
-                });
-                vars = parent.map(|(_, env)| env.clone()).unwrap_or_default();
-                let name = match words.as_slice() {
-                    [_, as_kw, name, ..] if as_kw.eq_ignore_ascii_case("as") => {
-                        name.to_ascii_lowercase()
-                    }
-                    _ => String::new(),
-                };
-                stage_env.push((name, vars.clone()));
-            }
-            "ENV" => {
-                let pairs: Vec<(String, String)> = if rest.contains('=') {
-                    rest.split_whitespace()
-                        .filter_map(|w| w.split_once('='))
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect()
-                } else {
-                    let (k, v) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-                    vec![(k.to_string(), v.trim().to_string())]
-                };
-                for (key, value) in pairs {
-                    // A value that cannot be worked out leaves the variable unknown.
-                    match plain_value(&value).and_then(|v| substitute(&v, &vars)) {
-                        Some(value) => {
-                            if let Some((_, env)) = stage_env.last_mut() {
-                                env.insert(key.clone(), value.clone());
-                            }
-                            vars.insert(key, value);
-                        }
-                        None => {
-                            if let Some((_, env)) = stage_env.last_mut() {
-                                env.remove(&key);
-                            }
-                            vars.remove(&key);
-                        }
-                    }
-                }
-            }
-            "COPY" | "ADD" if !flags.iter().any(|(k, _)| k == "from") => {
-                let mut paths: Vec<String> = if rest.starts_with('[') {
-                    serde_json::from_str(rest).ok()?
-                } else {
-                    let words: Vec<String> = rest
-                        .split_whitespace()
-                        .filter(|w| !w.starts_with("<<"))
-                        .map(str::to_string)
-                        .collect();
-                    // Quoted or escaped paths are not split word-wise.
-                    if words.iter().any(|w| w.contains(['"', '\'', '\\'])) {
-                        return None;
-                    }
-                    words
-                };
-                paths.pop(); // the destination
-                for path in paths.iter().filter(|p| !p.starts_with("<<")) {
-                    sources.insert(context_path(&substitute(path, &vars)?)?);
-                }
-            }
-            "RUN" => {
-                for (_, mount) in flags.iter().filter(|(k, _)| k == "mount") {
-                    let fields: HashMap<&str, &str> = mount
-                        .split(',')
-                        .map(|f| f.split_once('=').unwrap_or((f, "")))
-                        .collect();
-                    let bind = fields.get("type").is_none_or(|t| *t == "bind");
-                    if bind && !fields.contains_key("from") {
-                        let source = fields
-                            .get("source")
-                            .or(fields.get("src"))
-                            .copied()
-                            .unwrap_or(".");
-                        sources.insert(context_path(&substitute(source, &vars)?)?);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    Some(sources.into_iter().collect())
-}
-
-/// An `ARG`/`ENV` value as written in one word: surrounding quotes dropped; None when
-/// quotes or escapes inside it mean the word is not the whole value.
-fn plain_value(raw: &str) -> Option<String> {
-    let inner = ['"', '\'']
-        .iter()
-        .find_map(|q| raw.strip_prefix(*q).and_then(|r| r.strip_suffix(*q)))
-        .unwrap_or(raw);
-    (!inner.contains(['"', '\'', '\\'])).then(|| inner.to_string())
-}
-
-/// A source as a path relative to the context root; None when it is the whole context
-/// or leaves it.
-fn context_path(source: &str) -> Option<String> {
-    let mut path = source.trim_end_matches('/');
-    loop {
-        let trimmed = path.trim_start_matches('/').trim_start_matches("./");
-        if trimmed == path {
-            break;
-        }
-        path = trimmed;
-    }
-    let whole = path.is_empty() || path == "." || path.split('/').any(|c| c == "..");
-    (!whole).then(|| path.to_string())
-}
-
-/// `--flag=value` options at the start of `args` and the text after them.
-fn split_flags(args: &str) -> (Vec<(String, String)>, &str) {
-    let mut rest = args.trim_start();
-    let mut flags = Vec::new();
-    while let Some(flag) = rest.strip_prefix("--") {
-        let end = flag.find(char::is_whitespace).unwrap_or(flag.len());
-        let (k, v) = flag[..end].split_once('=').unwrap_or((&flag[..end], ""));
-        flags.push((k.to_ascii_lowercase(), v.to_string()));
-        rest = flag[end..].trim_start();
-    }
-    (flags, rest)
-}
-
 /// `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` from `vars`; None for anything
 /// else, or a name not in `vars`.
 fn substitute(text: &str, vars: &HashMap<String, String>) -> Option<String> {
@@ -600,7 +440,7 @@ fn substitute(text: &str, vars: &HashMap<String, String>) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{context_sources, external_images, needs_emulation};
+    use super::{external_images, needs_emulation};
     use std::collections::HashMap;
 
     fn args(pairs: &[(&str, &str)]) -> HashMap<String, String> {
@@ -671,68 +511,6 @@ COPY --from=0 /etc/passwd /etc/passwd
     }
 
     #[test]
-    fn context_sources_name_what_copy_add_and_bind_mounts_read() {
-        let df = "\
-FROM --platform=$BUILDPLATFORM golang AS build
-WORKDIR /src
-COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/root/.cache --mount=type=bind,source=cmd,target=/src/cmd go build
-FROM scratch
-ARG TARGETARCH
-ENV DIR=bin/${TARGETARCH}
-COPY --from=build /out/app /app
-COPY --chmod=755 ./${DIR}/tool /tool
-ADD [\"static/*.html\", \"/www/\"]
-COPY <<MOTD /etc/motd
-hello
-MOTD
-";
-        assert_eq!(
-            context_sources(df, &args(&[("TARGETARCH", "arm64")])),
-            Some(
-                ["bin/arm64/tool", "cmd", "go.mod", "go.sum", "static/*.html"]
-                    .map(String::from)
-                    .to_vec()
-            )
-        );
-        // The whole context, or a value not known here: everything counts.
-        assert_eq!(
-            context_sources("FROM scratch\nCOPY . /app\n", &args(&[])),
-            None
-        );
-        assert_eq!(
-            context_sources("FROM alpine\nRUN --mount=target=/src make\n", &args(&[])),
-            None
-        );
-        assert_eq!(
-            context_sources("FROM alpine\nCOPY $FROM_BASE_ENV /x\n", &args(&[])),
-            None
-        );
-        // A global ARG is visible in a stage only when declared there again.
-        let df = "ARG APP=web\nFROM scratch\nARG APP\nCOPY ${APP}/ /srv/\n";
-        assert_eq!(
-            context_sources(df, &args(&[])),
-            Some(vec!["web".to_string()])
-        );
-        let df = "ARG APP=web\nFROM scratch\nCOPY ${APP}/ /srv/\n";
-        assert_eq!(context_sources(df, &args(&[])), None);
-        // Quoting a word-wise reading cannot follow: the variable, or the paths, are unknown.
-        let df = "FROM scratch\nARG DIR=\"my app\"\nCOPY ${DIR} /srv/\n";
-        assert_eq!(context_sources(df, &args(&[])), None);
-        let df = "FROM scratch\nENV DIR=my\\ app\nCOPY $DIR /srv/\n";
-        assert_eq!(context_sources(df, &args(&[])), None);
-        assert_eq!(
-            context_sources("FROM scratch\nCOPY \"a b\" /srv/\n", &args(&[])),
-            None
-        );
-        let df = "FROM scratch\nENV DIR=\"web\"\nCOPY $DIR /srv/\n";
-        assert_eq!(
-            context_sources(df, &args(&[])),
-            Some(vec!["web".to_string()])
-        );
-    }
-
-    #[test]
     fn heredoc_bodies_are_not_instructions() {
         let df = "\
 FROM scratch
@@ -750,14 +528,9 @@ COPY bin/${TARGETARCH} /bin
 ";
         let arm64 = args(&[("TARGETARCH", "arm64"), ("TARGETPLATFORM", "linux/arm64")]);
         assert_eq!(external_images(df, &arm64), Some(vec![]));
-        assert_eq!(
-            context_sources(df, &arm64),
-            Some(vec!["bin/arm64".to_string()])
-        );
         // A heredoc that never ends hides the rest: nothing can be told.
         let df = "FROM scratch\nRUN <<EOF\necho\nCOPY x /x\n";
         assert_eq!(external_images(df, &arm64), None);
-        assert_eq!(context_sources(df, &arm64), None);
         // Instructions after a heredoc still count for emulation.
         assert!(needs_emulation(
             "FROM alpine\nCOPY <<EOF /a\nx\nEOF\nRUN true\n",
@@ -773,14 +546,9 @@ COPY bin/${TARGETARCH} /bin
             "docker.io/docker/dockerfile:1.7-labs",
         ] {
             let text = format!("# syntax={syntax}\n{df}");
-            assert_eq!(
-                context_sources(&text, &args(&[])),
-                Some(vec!["a".to_string()]),
-                "{syntax}"
-            );
+            assert_eq!(external_images(&text, &args(&[])), Some(vec![]), "{syntax}");
         }
         let custom = format!("# syntax=example.com/frontend:2\n{df}");
-        assert_eq!(context_sources(&custom, &args(&[])), None);
         assert_eq!(external_images(&custom, &args(&[])), None);
     }
 

@@ -7,6 +7,7 @@ use crate::cache::{BuildMemory, CachedManifest, EmulationMemory, PushCache};
 use crate::dockerfile;
 use crate::engine::{Builders, Engine};
 use crate::export;
+use crate::inputs::{self, RememberedBuild};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::{self, ConfigPlatform, IndexEntry, ManifestBlob};
 use crate::plan::{self, Unit};
@@ -331,8 +332,8 @@ async fn build_and_push_all<'a>(
         cache: PushCache::open(),
         builds: BuildMemory::open(),
         trust_inputs: !options.rebuild,
-        contexts: Default::default(),
-        bases: build::RemoteBases::new(&options.registry),
+        replays: Default::default(),
+        bases: inputs::RemoteBases::new(&options.registry),
         reporter,
     };
     let run = &run;
@@ -903,8 +904,8 @@ struct Run<'a> {
     builds: BuildMemory,
     /// False with `--rebuild`.
     trust_inputs: bool,
-    contexts: build::ContextDigests,
-    bases: build::RemoteBases,
+    replays: inputs::Replays,
+    bases: inputs::RemoteBases,
     reporter: &'a dyn Reporter,
 }
 
@@ -940,13 +941,16 @@ async fn build_and_push(
             message,
         })
     };
-    let inputs =
-        build::inputs_key(engine, image, &unit.platform, &run.contexts, &run.bases).await?;
-    let remembered = inputs
+    let settings = inputs::settings_key(engine, image, &unit.platform, &run.bases).await?;
+    let remembered = settings
         .as_deref()
         .filter(|_| run.trust_inputs)
-        .and_then(|key| run.builds.image(key));
-    if let Some(image_id) = remembered {
+        .and_then(|key| run.builds.get(key));
+    let reusable = match remembered {
+        Some(build) if run.replays.unchanged(image, &build.reads).await => Some(build.image),
+        _ => None,
+    };
+    if let Some(image_id) = reusable {
         if let Some(cached) = destination.already_pushed(cache, image, &image_id).await {
             phase(
                 Phase::Done,
@@ -992,8 +996,21 @@ async fn build_and_push(
     );
     let built: BuiltImage =
         build::build(engine, image, &unit.platform, run_id, &may_appear, reporter).await?;
-    if let Some(key) = &inputs {
-        run.builds.remember(key, &built.id);
+    if let Some(key) = &settings {
+        let (spec, transfers) = (image.clone(), built.transfers.clone());
+        let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
+            .await
+            .ok()
+            .flatten();
+        if let Some(reads) = reads {
+            run.builds.remember(
+                key,
+                RememberedBuild {
+                    image: built.id.clone(),
+                    reads,
+                },
+            );
+        }
     }
     let build_info = BuildInfo {
         emulated,

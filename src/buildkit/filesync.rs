@@ -521,6 +521,28 @@ impl FileJob {
     }
 }
 
+/// What a transfer with `filter` would send from `root` now: every entry as
+/// [`SentEntry`], with the sha256 of each regular file's content (not only the requested
+/// ones), so a later replay can tell whether BuildKit would read the same thing.
+/// Blocking.
+pub fn replay(root: &Path, filter: &Filter) -> Result<Vec<SentEntry>, SyncError> {
+    let mut entries = Vec::new();
+    walk_tree(root, filter, &mut |stat| {
+        let mut entry = SentEntry::new(&stat);
+        if stat.mode & MODE_TYPE == 0 && stat.linkname.is_empty() {
+            let path = root.join(&stat.path);
+            let mut hasher = Sha256::new();
+            if let Some(mut file) = open_regular(&path) {
+                io::copy(&mut file, &mut hasher).map_err(|e| SyncError::io(&path, e))?;
+            }
+            entry.sha256 = Some(hex::encode(hasher.finalize()));
+        }
+        entries.push(entry);
+        Ok(())
+    })?;
+    Ok(entries)
+}
+
 struct StopOnDrop(Arc<AtomicBool>);
 
 impl Drop for StopOnDrop {

@@ -8,7 +8,7 @@ mod session;
 
 use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
 use bollard_buildkit_proto::moby::buildkit::v1::{SolveRequest, StatusRequest, StatusResponse};
-use filesync::SyncedDirs;
+use filesync::{SyncedDirs, Transfer};
 use session::Session;
 pub use session::SessionAuth;
 use std::collections::HashMap;
@@ -48,15 +48,22 @@ pub struct DockerfileBuild<'a> {
     pub exporter: Exporter,
 }
 
-/// Runs `build` on the engine at `endpoint` and returns the exporter's response (image
-/// digests and names). Status updates go to `on_status` as they come. Dropping the
-/// returned future cancels the build in the engine.
+/// A finished solve.
+pub struct Solved {
+    /// The exporter's answer: image digests and names.
+    pub exporter_response: HashMap<String, String>,
+    /// What BuildKit read through the session's file sync.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Runs `build` on the engine at `endpoint`. Status updates go to `on_status` as they
+/// come. Dropping the returned future cancels the build in the engine.
 pub async fn solve(
     endpoint: &str,
     build: DockerfileBuild<'_>,
     auth: SessionAuth,
     mut on_status: impl FnMut(StatusResponse) + Send,
-) -> Result<HashMap<String, String>, SolveError> {
+) -> Result<Solved, SolveError> {
     let connect = |source: std::io::Error| SolveError::Connect {
         endpoint: endpoint.to_string(),
         source,
@@ -70,7 +77,7 @@ pub async fn solve(
     let dirs = SyncedDirs::new()
         .with_dir("context", build.context)
         .with_dir("dockerfile", dockerfile_dir);
-    let session = Session::start(endpoint, &shared_key(build.context), dirs, auth)
+    let session = Session::start(endpoint, &shared_key(build.context), dirs.clone(), auth)
         .await
         .map_err(connect)?;
     let control = control_client(endpoint).await.map_err(connect)?;
@@ -117,7 +124,10 @@ pub async fn solve(
     };
     drop(session);
     match solved {
-        Ok(response) => Ok(response.into_inner().exporter_response),
+        Ok(response) => Ok(Solved {
+            exporter_response: response.into_inner().exporter_response,
+            transfers: dirs.transfers(),
+        }),
         Err(status) => Err(SolveError::Failed(status.message().to_string())),
     }
 }
