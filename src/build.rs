@@ -242,6 +242,50 @@ async fn solve_in_session(
             attrs.insert("force-network-mode".into(), "none".into());
         }
     }
+    if spec.pull {
+        attrs.insert("image-resolve-mode".into(), "pull".into());
+    }
+    if spec.no_cache {
+        // Empty: no step may come from the cache (a list would name stages).
+        attrs.insert("no-cache".into(), String::new());
+    }
+    let secrets = spec
+        .secrets
+        .iter()
+        .map(|(id, secret)| (id.clone(), secret.source.clone()))
+        .collect();
+    let mut sockets = std::collections::BTreeMap::new();
+    for (id, agent) in &spec.ssh {
+        let socket = agent
+            .socket
+            .resolve()
+            .map_err(|e| format!("SSH agent `{id}`: {e}"))?;
+        sockets.insert(id.clone(), socket);
+    }
+    // Only BuildKit on containerd's image store has the registry cache exporter (Docker's
+    // classic store offers `inline` alone, and refuses the solve for any other). Said
+    // once per engine and run, not per platform.
+    static TOLD: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let cache_to = match &spec.cache_to {
+        Some(to) if !engine.containerd_store => {
+            let first = TOLD
+                .lock()
+                .map(|mut told| told.insert(engine.endpoint.clone()))
+                .unwrap_or(false);
+            if first {
+                log.reporter.report(Event::Warning {
+                    message: format!(
+                        "the engine at {} (Docker {}) keeps images in the classic store, whose BuildKit cannot export a registry cache: building without exporting to {to}; use an engine with the containerd image store to export",
+                        engine.endpoint, engine.server_version
+                    ),
+                });
+            }
+            None
+        }
+        Some(to) => Some(to.for_platform(platform)),
+        None => None,
+    };
     let build = buildkit::DockerfileBuild {
         context: &spec.context,
         dockerfile: &spec.dockerfile,
@@ -251,18 +295,29 @@ async fn solve_in_session(
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.to_string())]),
         },
+        secrets: buildkit::secrets::SecretStore::new(secrets),
+        ssh: buildkit::ssh::SshAgents::new(sockets),
+        cache_from: spec
+            .cache_from
+            .iter()
+            .map(|from| from.for_platform(platform))
+            .collect(),
+        cache_to,
     };
-    let solved = buildkit::solve(
-        &engine.endpoint,
-        build,
-        buildkit::SessionAuth::default(),
-        |status| {
-            log.consume(BuildInfo {
-                aux: Some(BuildInfoAux::BuildKit(status)),
-                ..Default::default()
-            })
-        },
-    )
+    // The command line's credentials go to the image's own registry only, as the push
+    // does with them.
+    let auth = buildkit::SessionAuth {
+        push: spec.login.clone().and_then(|login| {
+            let repository = crate::registry::parse_reference(&spec.repository).ok()?;
+            Some((repository.registry().to_string(), login))
+        }),
+    };
+    let solved = buildkit::solve(&engine.endpoint, build, auth, |status| {
+        log.consume(BuildInfo {
+            aux: Some(BuildInfoAux::BuildKit(status)),
+            ..Default::default()
+        })
+    })
     .await;
     solved
         .map(|solved| solved.transfers)

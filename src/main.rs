@@ -2,11 +2,12 @@
 //! outcome to the documented exit codes.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use polyarch::credentials::Credential;
 use polyarch::engine::Engine;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions, Cleanup};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
-use polyarch::project::{BinfmtMode, Project};
+use polyarch::project::{BinfmtMode, BuildFlags, CacheRef, Project, SecretFlag, SshFlag};
 use polyarch::record::CoverageRecord;
 use polyarch::registry::RegistryOptions;
 use polyarch::{Error, Platform};
@@ -112,6 +113,32 @@ enum Command {
         /// image IDs) match what an earlier run built and pushed.
         #[arg(long)]
         rebuild: bool,
+        /// A secret the build may mount (`RUN --mount=type=secret,id=ID`), read from an
+        /// environment variable or a file when the build asks; adds to, or replaces by id,
+        /// each image's `secrets:`. Repeatable.
+        #[arg(long, value_name = "id=ID,env=NAME|id=ID,src=PATH")]
+        secret: Vec<SecretFlag>,
+        /// An SSH agent the build may use (`RUN --mount=type=ssh[,id=ID]`): `default` or
+        /// ID forwards $SSH_AUTH_SOCK, ID=SOCKET another agent's socket; adds to, or
+        /// replaces by id, each image's `ssh:`. Repeatable.
+        #[arg(long, value_name = "default|ID[=SOCKET]")]
+        ssh: Vec<SshFlag>,
+        /// Import build cache from this registry reference; each platform reads the tag
+        /// with `-OS-ARCH[-VARIANT]` appended (`app:cache` → `app:cache-linux-arm64`).
+        /// Adds to each image's `cache.from`. Repeatable.
+        #[arg(long, value_name = "REF")]
+        cache_from: Vec<CacheRef>,
+        /// Export the build cache (every step, mode=max) to this registry reference, one
+        /// tag per platform as for --cache-from; replaces the image's `cache.to`. Needs an
+        /// engine with the containerd image store (others warn and skip the export).
+        #[arg(long, value_name = "REF")]
+        cache_to: Option<CacheRef>,
+        /// Pull every base image, even one the engine already holds.
+        #[arg(long)]
+        pull: bool,
+        /// Run every build step, using no cached result; implies --rebuild.
+        #[arg(long)]
+        no_cache: bool,
         /// Split runners: push this runner's platforms by digest and record them as a part
         /// (--record FILE) for `polyarch assemble`; no tag moves.
         #[arg(long)]
@@ -322,12 +349,18 @@ async fn run(command: Command) -> Result<i32, Error> {
             binfmt,
             binfmt_image,
             rebuild,
+            secret,
+            ssh,
+            cache_from,
+            cache_to,
+            pull,
+            no_cache,
             push_by_digest,
             output: destination,
             output_args: output,
             registry,
         } => {
-            let project = Project::load(&file)?;
+            let mut project = Project::load(&file)?;
             let layout = match destination {
                 None => None,
                 Some(d) => match polyarch::layout::parse_layout_reference(&d) {
@@ -339,10 +372,27 @@ async fn run(command: Command) -> Result<i32, Error> {
                     }
                 },
             };
+            let registry = registry_options(&registry)?;
+            let login = registry
+                .credentials
+                .clone()
+                .map(|(username, password)| Credential::Basic { username, password });
+            let flags = BuildFlags {
+                secrets: secret,
+                ssh,
+                cache_from,
+                cache_to,
+                pull,
+                no_cache,
+            };
+            project.prepare_build(&images, &flags, login)?;
+            // The no-build warm path would skip the engine altogether. It is decided per
+            // run, so one image's `no_cache: true` rebuilds every image.
+            let rebuild = rebuild || project.selected(&images).any(|image| image.no_cache);
             let options = BuildOptions {
                 images,
                 platforms: platform,
-                registry: registry_options(&registry)?,
+                registry,
                 jobs,
                 layout,
                 binfmt: binfmt.map(Into::into),

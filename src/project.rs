@@ -7,6 +7,9 @@
 //! loosely typed `Raw*` structs (every field optional, every scalar a string) so that the
 //! validation below, not serde, decides what is missing or wrong and how to say so.
 
+use crate::buildkit::secrets::{self, SecretSource};
+use crate::buildkit::ssh::{self, AgentSocket};
+use crate::credentials::Credential;
 use crate::error::{Error, Result};
 use crate::platform::Platform;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -69,6 +72,165 @@ pub struct ImageSpec {
     pub network: Network,
     /// Per-image override of the project's `binfmt`.
     pub binfmt: Option<BinfmtMode>,
+    /// Secrets the build may mount (`RUN --mount=type=secret,id=ID`), by id.
+    pub secrets: BTreeMap<String, Secret>,
+    /// SSH agents the build may use (`RUN --mount=type=ssh[,id=ID]`), by id.
+    pub ssh: BTreeMap<String, SshAgent>,
+    /// Registry caches to import, each read per platform.
+    pub cache_from: Vec<CacheRef>,
+    /// The registry cache to export to, written per platform.
+    pub cache_to: Option<CacheRef>,
+    /// Pull every base image even when the engine holds it.
+    pub pull: bool,
+    /// Run every step, using no cached result.
+    pub no_cache: bool,
+    /// `--username/--password-stdin`: offered to BuildKit for the image's own registry
+    /// (its pulls from and cache exports to that registry).
+    pub login: Option<Credential>,
+}
+
+/// Where a setting came from, so a problem found when building (a secret that cannot be
+/// read) names the project file's field or the flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A field of the project file, e.g. `images.hello.secrets.token.env`.
+    Field(String),
+    /// A command-line flag as given, e.g. `--secret id=token,env=API_TOKEN`.
+    Flag(String),
+}
+
+/// A build secret: where its value is read from (never the value itself).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Secret {
+    pub source: SecretSource,
+    pub origin: Origin,
+}
+
+/// An SSH agent forwarded to the build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshAgent {
+    pub socket: AgentSocket,
+    pub origin: Origin,
+}
+
+/// A registry cache reference (`host/path:tag`). Each platform reads and writes its own
+/// tag, the platform appended (`:cache` → `:cache-linux-arm64`), so the platforms of one
+/// image never overwrite each other's cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheRef {
+    /// `host/path`, normalised as Docker does (`app` → `docker.io/library/app`).
+    name: String,
+    tag: String,
+}
+
+impl CacheRef {
+    /// A tag reference (no digest: the platform is appended to the tag); without a tag,
+    /// `latest`, as Docker reads it. The error is the problem and the fix.
+    pub fn parse(text: &str) -> std::result::Result<CacheRef, String> {
+        let reference = crate::registry::parse_reference(text).map_err(|e| match e {
+            Error::Usage(message) => message,
+            other => other.to_string(),
+        })?;
+        if reference.digest().is_some() {
+            return Err(format!(
+                "{} names a digest; a cache is a tag (polyarch appends the platform to it), e.g. registry.example.com/app:buildcache",
+                q(text)
+            ));
+        }
+        Ok(CacheRef {
+            name: format!("{}/{}", reference.registry(), reference.repository()),
+            tag: reference.tag().unwrap_or("latest").to_string(),
+        })
+    }
+
+    /// The reference one platform's build reads and writes: `host/path:tag-os-arch[-variant]`.
+    pub fn for_platform(&self, platform: &Platform) -> String {
+        format!("{}:{}", self.name, self.platform_tag(platform))
+    }
+
+    fn platform_tag(&self, platform: &Platform) -> String {
+        format!("{}-{}", self.tag, platform.to_string().replace('/', "-"))
+    }
+
+    /// The longest tag a platform gives, when it exceeds the 128 characters a tag may have.
+    fn too_long<'a>(&self, platforms: impl IntoIterator<Item = &'a Platform>) -> Option<String> {
+        platforms
+            .into_iter()
+            .map(|p| self.platform_tag(p))
+            .find(|tag| tag.len() > 128)
+    }
+}
+
+impl std::str::FromStr for CacheRef {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        CacheRef::parse(text)
+    }
+}
+
+impl fmt::Display for CacheRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.name, self.tag)
+    }
+}
+
+/// `polyarch build`'s flags that change how images build, applied to every image built.
+#[derive(Debug, Clone, Default)]
+pub struct BuildFlags {
+    /// `--secret`: adds to, or replaces by id, each image's secrets.
+    pub secrets: Vec<SecretFlag>,
+    /// `--ssh`: adds to, or replaces by id, each image's SSH agents.
+    pub ssh: Vec<SshFlag>,
+    /// `--cache-from`: added to each image's imports.
+    pub cache_from: Vec<CacheRef>,
+    /// `--cache-to`: replaces the image's export.
+    pub cache_to: Option<CacheRef>,
+    pub pull: bool,
+    pub no_cache: bool,
+}
+
+/// One `--secret` value, parsed (relative paths against the working directory).
+#[derive(Debug, Clone)]
+pub struct SecretFlag {
+    pub id: String,
+    pub source: SecretSource,
+    /// As given, for messages.
+    pub text: String,
+}
+
+impl std::str::FromStr for SecretFlag {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+        let (id, source) = secrets::parse_flag(text, &cwd)?;
+        Ok(SecretFlag {
+            id,
+            source,
+            text: text.to_string(),
+        })
+    }
+}
+
+/// One `--ssh` value, parsed (relative paths against the working directory).
+#[derive(Debug, Clone)]
+pub struct SshFlag {
+    pub id: String,
+    pub socket: AgentSocket,
+    /// As given, for messages.
+    pub text: String,
+}
+
+impl std::str::FromStr for SshFlag {
+    type Err = String;
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+        let (id, socket) = ssh::parse_spec(text, &cwd)?;
+        Ok(SshFlag {
+            id,
+            socket,
+            text: text.to_string(),
+        })
+    }
 }
 
 impl ImageSpec {
@@ -93,6 +255,11 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "labels",
     "network",
     "binfmt",
+    "secrets",
+    "ssh",
+    "cache",
+    "pull",
+    "no_cache",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -103,6 +270,8 @@ const NETWORKS: &[(&str, Network)] = &[
     ("host", Network::Host),
     ("none", Network::None),
 ];
+
+const BOOLEANS: &[(&str, bool)] = &[("true", true), ("false", false)];
 
 const BINFMT_MODES: &[(&str, BinfmtMode)] = &[
     ("auto", BinfmtMode::Auto),
@@ -164,6 +333,98 @@ impl Project {
     pub fn image(&self, name: &str) -> Option<&ImageSpec> {
         self.images.iter().find(|i| i.name == name)
     }
+
+    /// The images a command line names (all when it names none); unknown names are left
+    /// for the command to refuse.
+    pub fn selected<'a>(&'a self, names: &'a [String]) -> impl Iterator<Item = &'a ImageSpec> {
+        self.images
+            .iter()
+            .filter(move |i| names.is_empty() || names.contains(&i.name))
+    }
+
+    /// Readies the images `names` selects for `polyarch build`: applies the command
+    /// line's `flags` and `login`, then checks that every secret and SSH agent those
+    /// builds take from this machine is there now, so nothing is built when one is not.
+    /// Problems are usage errors naming the project file's field or the flag.
+    pub fn prepare_build(
+        &mut self,
+        names: &[String],
+        flags: &BuildFlags,
+        login: Option<Credential>,
+    ) -> Result<()> {
+        let count = self.selected(names).count();
+        if let (Some(to), true) = (&flags.cache_to, count > 1) {
+            return Err(Error::Usage(format!(
+                "--cache-to {to}: the {count} images built would overwrite each other's cache; name one image on the command line, or give each image its own `cache: {{to: …}}` in {}",
+                self.file.display()
+            )));
+        }
+        let file = self.file.clone();
+        for image in &mut self.images {
+            if !(names.is_empty() || names.contains(&image.name)) {
+                continue;
+            }
+            for flag in &flags.secrets {
+                image.secrets.insert(
+                    flag.id.clone(),
+                    Secret {
+                        source: flag.source.clone(),
+                        origin: Origin::Flag(format!("--secret {}", flag.text)),
+                    },
+                );
+            }
+            for flag in &flags.ssh {
+                image.ssh.insert(
+                    flag.id.clone(),
+                    SshAgent {
+                        socket: flag.socket.clone(),
+                        origin: Origin::Flag(format!("--ssh {}", flag.text)),
+                    },
+                );
+            }
+            for reference in &flags.cache_from {
+                if !image.cache_from.contains(reference) {
+                    image.cache_from.push(reference.clone());
+                }
+            }
+            if let Some(to) = &flags.cache_to {
+                image.cache_to = Some(to.clone());
+            }
+            let flagged = flags.cache_from.iter().chain(&flags.cache_to);
+            for reference in flagged {
+                if let Some(tag) = reference.too_long(&image.platforms) {
+                    return Err(Error::Usage(format!(
+                        "--cache-from/--cache-to {reference}: the tag of image {} would be {tag}, longer than 128 characters; shorten the tag",
+                        image.name
+                    )));
+                }
+            }
+            image.pull |= flags.pull;
+            image.no_cache |= flags.no_cache;
+            image.login = login.clone();
+            let at = |origin: &Origin, message: String| match origin {
+                Origin::Field(field) => Error::Project {
+                    file: file.clone(),
+                    field: field.clone(),
+                    message: one_line(&message),
+                },
+                Origin::Flag(flag) => Error::Usage(one_line(&format!("{flag}: {message}"))),
+            };
+            for secret in image.secrets.values() {
+                secret
+                    .source
+                    .check()
+                    .map_err(|e| at(&secret.origin, e.to_string()))?;
+            }
+            for agent in image.ssh.values() {
+                agent
+                    .socket
+                    .resolve()
+                    .map_err(|e| at(&agent.origin, e.to_string()))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -194,6 +455,25 @@ struct RawImage {
     labels: Option<Entries<String>>,
     network: Option<String>,
     binfmt: Option<String>,
+    secrets: Option<Entries<RawSecret>>,
+    ssh: Option<Vec<String>>,
+    cache: Option<RawCache>,
+    pull: Option<String>,
+    no_cache: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    file: Option<String>,
+    env: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCache {
+    from: Option<Vec<String>>,
+    to: Option<String>,
 }
 
 /// A mapping kept in file order (images are built and reported in declaration order).
@@ -626,6 +906,24 @@ impl Cx {
             None => None,
         };
 
+        let flag = |value: Option<String>, field: &str| match value {
+            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
+                self.err(
+                    at(field),
+                    format!(
+                        "{} is not a boolean; write `{field}: true` or `{field}: false`",
+                        q(&s)
+                    ),
+                )
+            }),
+            None => Ok(false),
+        };
+        let pull = flag(raw.pull, "pull")?;
+        let no_cache = flag(raw.no_cache, "no_cache")?;
+        let secrets = self.secrets(&name, raw.secrets)?;
+        let ssh = self.ssh(&name, raw.ssh)?;
+        let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
+
         Ok(ImageSpec {
             name,
             repository,
@@ -638,7 +936,135 @@ impl Cx {
             labels,
             network,
             binfmt,
+            secrets,
+            ssh,
+            cache_from,
+            cache_to,
+            pull,
+            no_cache,
+            login: None,
         })
+    }
+
+    /// `secrets: {ID: {file: PATH} | {env: NAME}}`; files relative to the project file.
+    /// Whether they can be read is checked when building (see [`Project::prepare_build`]).
+    fn secrets(
+        &self,
+        image: &str,
+        raw: Option<Entries<RawSecret>>,
+    ) -> Result<BTreeMap<String, Secret>> {
+        let mut out = BTreeMap::new();
+        for (id, entry) in raw.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{image}.secrets.{id}");
+            if !secrets::valid_id(&id) {
+                return Err(self.err(
+                    &field,
+                    format!("{} is not a secret id; use a name without `,`, `=` or spaces, as in `RUN --mount=type=secret,id=token`", q(&id)),
+                ));
+            }
+            if out.contains_key(&id) {
+                return Err(self.err(&field, "is given twice; keep one"));
+            }
+            let (source, origin) = match (entry.file, entry.env) {
+                (Some(_), Some(_)) => {
+                    return Err(self.err(
+                        &field,
+                        "gives both file and env; a secret comes from one of them, remove the other",
+                    ))
+                }
+                (None, None) => {
+                    return Err(self.err(
+                        &field,
+                        format!("gives neither file nor env; write `{id}: {{file: ./path}}` or `{id}: {{env: VARIABLE}}`"),
+                    ))
+                }
+                (Some(file), None) => {
+                    if file.trim().is_empty() {
+                        return Err(self.err(
+                            format!("{field}.file"),
+                            "is empty; give the path of the file holding the secret, relative to the project file",
+                        ));
+                    }
+                    (
+                        SecretSource::File(self.base.join(&file)),
+                        format!("{field}.file"),
+                    )
+                }
+                (None, Some(env)) => {
+                    if env.is_empty() || env.contains(['=', '\0']) || env.contains(char::is_whitespace) {
+                        return Err(self.err(
+                            format!("{field}.env"),
+                            format!("{} is not an environment variable name; write e.g. `env: API_TOKEN`", q(&env)),
+                        ));
+                    }
+                    (SecretSource::Env(env), format!("{field}.env"))
+                }
+            };
+            out.insert(
+                id,
+                Secret {
+                    source,
+                    origin: Origin::Field(origin),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// `ssh: [default | ID | ID=SOCKET]`; sockets relative to the project file.
+    fn ssh(&self, image: &str, raw: Option<Vec<String>>) -> Result<BTreeMap<String, SshAgent>> {
+        let mut out: BTreeMap<String, SshAgent> = BTreeMap::new();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, text) in raw.unwrap_or_default().iter().enumerate() {
+            let field = format!("images.{image}.ssh[{i}]");
+            let (id, socket) =
+                ssh::parse_spec(text, &self.base).map_err(|m| self.err(&field, m))?;
+            if let Some(j) = seen.insert(id.clone(), i) {
+                return Err(self.err(
+                    &field,
+                    format!("forwards id `{id}` again (see ssh[{j}]); keep one entry per id"),
+                ));
+            }
+            out.insert(
+                id,
+                SshAgent {
+                    socket,
+                    origin: Origin::Field(field),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// `cache: {from: [REF…], to: REF}`.
+    fn cache(
+        &self,
+        image: &str,
+        raw: Option<RawCache>,
+        platforms: &[Platform],
+    ) -> Result<(Vec<CacheRef>, Option<CacheRef>)> {
+        let Some(raw) = raw else {
+            return Ok((Vec::new(), None));
+        };
+        let parse = |field: String, text: &str| {
+            let reference = CacheRef::parse(text).map_err(|m| self.err(&field, m))?;
+            match reference.too_long(platforms) {
+                Some(tag) => Err(self.err(
+                    &field,
+                    format!("the tag with the platform appended, {}, is longer than 128 characters; shorten the tag", q(&tag)),
+                )),
+                None => Ok(reference),
+            }
+        };
+        let mut from = Vec::new();
+        for (i, text) in raw.from.unwrap_or_default().iter().enumerate() {
+            from.push(parse(format!("images.{image}.cache.from[{i}]"), text)?);
+        }
+        let to = match raw.to {
+            Some(text) => Some(parse(format!("images.{image}.cache.to"), &text)?),
+            None => None,
+        };
+        Ok((from, to))
     }
 
     /// The Dockerfile must be inside the context: the engine only receives the context.
@@ -987,6 +1413,8 @@ fn describe_expected(e: &str) -> String {
         "a map" | "a mapping" => "a mapping".into(),
         "struct RawProject" => "a mapping".into(),
         "struct RawImage" => "a mapping of image settings".into(),
+        "struct RawSecret" => "a mapping with file or env".into(),
+        "struct RawCache" => "a mapping with from and to".into(),
         "a string" | "a borrowed string" => "a single value".into(),
         other => other.to_string(),
     }
@@ -1035,6 +1463,11 @@ fn hint(segs: &[Seg]) -> String {
         "target" => "target: release",
         "network" => "network: default",
         "binfmt" => "binfmt: auto",
+        "secrets" => "secrets: {token: {env: API_TOKEN}, npmrc: {file: ./npmrc}}",
+        "ssh" => "ssh: [default]",
+        "cache" => "cache: {from: [registry.example.com/app:buildcache], to: registry.example.com/app:buildcache}",
+        "pull" => "pull: true",
+        "no_cache" => "no_cache: true",
         "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
         "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",
         "version" => "version: 1",
@@ -2169,6 +2602,164 @@ images:
         assert_eq!(
             listed(&format!("qqqqqqqq: 1\n{}", with_image(""))),
             sorted(PROJECT_FIELDS)
+        );
+    }
+
+    #[test]
+    fn secrets_ssh_cache_pull_and_no_cache_are_read() {
+        let d = fixture();
+        let project = parse_in(
+            &d,
+            &with_image(
+                "    secrets: {npmrc: {file: conf/npmrc}, token: {env: API_TOKEN}}\n    ssh: [default, work=run/agent.sock]\n    cache: {from: [127.0.0.1:5000/demo/hello:cache, other], to: 127.0.0.1:5000/demo/hello:cache}\n    pull: true\n    no_cache: false\n",
+            ),
+        )
+        .unwrap();
+        let image = &project.images[0];
+        assert_eq!(
+            image.secrets["npmrc"].source,
+            SecretSource::File(d.path().join("conf/npmrc"))
+        );
+        assert_eq!(
+            image.secrets["npmrc"].origin,
+            Origin::Field("images.hello.secrets.npmrc.file".into())
+        );
+        assert_eq!(
+            image.secrets["token"].source,
+            SecretSource::Env("API_TOKEN".into())
+        );
+        assert_eq!(image.ssh["default"].socket, AgentSocket::FromEnv);
+        assert_eq!(
+            image.ssh["work"].socket,
+            AgentSocket::Path(d.path().join("run/agent.sock"))
+        );
+        let arm64: Platform = "linux/arm64".parse().unwrap();
+        let armv7: Platform = "linux/arm/v7".parse().unwrap();
+        assert_eq!(
+            image.cache_to.as_ref().unwrap().for_platform(&arm64),
+            "127.0.0.1:5000/demo/hello:cache-linux-arm64"
+        );
+        assert_eq!(
+            image.cache_from[1].for_platform(&armv7),
+            "docker.io/library/other:latest-linux-arm-v7"
+        );
+        assert!(image.pull);
+        assert!(!image.no_cache);
+        let plain = parse_in(&d, &with_image("")).unwrap();
+        assert!(plain.images[0].secrets.is_empty() && plain.images[0].cache_to.is_none());
+    }
+
+    #[test]
+    fn secrets_ssh_cache_mistakes_name_the_field() {
+        let d = fixture();
+        let cases: &[(&str, &str, &str)] = &[
+            ("    secrets: {a: {file: x, env: Y}}\n", "images.hello.secrets.a", "both file and env"),
+            ("    secrets: {a: {}}\n", "images.hello.secrets.a", "neither file nor env"),
+            ("    secrets: {a: {fil: x}}\n", "images.hello.secrets.a.fil", "did you mean file?"),
+            ("    secrets: {a: {env: \"A B\"}}\n", "images.hello.secrets.a.env", "not an environment variable name"),
+            ("    secrets: {a: {file: \"\"}}\n", "images.hello.secrets.a.file", "is empty"),
+            ("    secrets: {\"a,b\": {env: X}}\n", "images.hello.secrets.a,b", "not a secret id"),
+            ("    secrets: [a]\n", "images.hello.secrets", "expected a mapping"),
+            ("    ssh: default\n", "images.hello.ssh", "expected a list"),
+            ("    ssh: [default, default]\n", "images.hello.ssh[1]", "again"),
+            ("    ssh: [\"x=\"]\n", "images.hello.ssh[0]", "no socket path"),
+            ("    ssh: [\"x=a,b\"]\n", "images.hello.ssh[0]", "one agent socket"),
+            ("    cache: {from: x:cache}\n", "images.hello.cache.from", "expected a list"),
+            ("    cache: {to: [x]}\n", "images.hello.cache.to", "expected a single value"),
+            ("    cache: {to: \"Reg/X:y\"}\n", "images.hello.cache.to", "not an image reference"),
+            ("    cache: {to: \"x@sha256:0000000000000000000000000000000000000000000000000000000000000000\"}\n", "images.hello.cache.to", "names a digest"),
+            ("    cache: {from: [a], too: b}\n", "images.hello.cache.too", "did you mean to?"),
+            ("    pull: yes\n", "images.hello.pull", "write `pull: true`"),
+            ("    no_cache: 1\n", "images.hello.no_cache", "not a boolean"),
+        ];
+        for (extra, field, needle) in cases {
+            let (f, m, shown) = project_err(parse_in(&d, &with_image(extra)));
+            assert_eq!(&f, field, "{extra}: {shown}");
+            assert!(m.contains(needle), "{extra}: {shown}");
+        }
+        let long = format!("    cache: {{to: \"x:{}\"}}\n", "a".repeat(120));
+        let (f, m, _) = project_err(parse_in(&d, &with_image(&long)));
+        assert_eq!(f, "images.hello.cache.to");
+        assert!(m.contains("longer than 128"), "{m}");
+    }
+
+    #[test]
+    fn build_flags_add_to_and_override_the_file() {
+        let d = fixture();
+        fs::write(d.path().join("npmrc"), "registry=x").unwrap();
+        let text = format!(
+            "{}  other:\n    repository: 127.0.0.1:5000/demo/other\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n",
+            with_image("    secrets: {npmrc: {file: npmrc}, token: {env: POLYARCH_TEST_UNSET_VARIABLE}}\n    cache: {from: [127.0.0.1:5000/demo/hello:cache]}\n")
+        );
+        let mut project = parse_in(&d, &text).unwrap();
+        // The file's token comes from an unset variable: refused, naming the field.
+        let error = project
+            .clone()
+            .prepare_build(&["hello".into()], &BuildFlags::default(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("images.hello.secrets.token.env: environment variable POLYARCH_TEST_UNSET_VARIABLE is not set"),
+            "{error}"
+        );
+        let token: SecretFlag = "id=token,env=PATH".parse().unwrap();
+        let cache: CacheRef = "127.0.0.1:5000/demo/cache:x".parse().unwrap();
+        let flags = BuildFlags {
+            secrets: vec![token],
+            cache_from: vec![cache.clone()],
+            cache_to: Some(cache.clone()),
+            no_cache: true,
+            ..Default::default()
+        };
+        // --cache-to for two images would mix their caches.
+        let error = project
+            .clone()
+            .prepare_build(&[], &flags, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--cache-to") && error.contains("2 images"),
+            "{error}"
+        );
+        let login = Credential::Basic {
+            username: "u".into(),
+            password: "p".into(),
+        };
+        project
+            .prepare_build(&["hello".into()], &flags, Some(login.clone()))
+            .unwrap();
+        let hello = project.image("hello").unwrap();
+        assert_eq!(
+            hello.secrets["token"].source,
+            SecretSource::Env("PATH".into())
+        );
+        assert!(matches!(hello.secrets["token"].origin, Origin::Flag(_)));
+        assert_eq!(hello.cache_from.len(), 2);
+        assert_eq!(hello.cache_to.as_ref(), Some(&cache));
+        assert!(hello.no_cache && !hello.pull);
+        assert_eq!(hello.login, Some(login));
+        // An image not built is left alone.
+        let other = project.image("other").unwrap();
+        assert!(other.secrets.is_empty() && !other.no_cache && other.login.is_none());
+
+        let missing: SecretFlag = "id=x,src=/nonexistent/polyarch-secret".parse().unwrap();
+        let error = parse_in(&d, &text)
+            .unwrap()
+            .prepare_build(
+                &["other".into()],
+                &BuildFlags {
+                    secrets: vec![missing],
+                    ..Default::default()
+                },
+                None,
+            )
+            .unwrap_err();
+        assert_eq!(error.exit_code(), 2);
+        assert!(
+            error
+                .to_string()
+                .starts_with("--secret id=x,src=/nonexistent/polyarch-secret: /nonexistent/polyarch-secret does not exist"),
+            "{error}"
         );
     }
 }

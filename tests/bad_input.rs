@@ -698,6 +698,124 @@ fn project_file_mistakes_exit_2_with_one_line_naming_file_and_field() {
             "",
             &["not UTF-8", "offset"],
         ),
+        // Secrets, SSH agents, registry cache, pull and no_cache.
+        case(
+            "secret with file and env",
+            p(&[], "    secrets: {token: {file: t.txt, env: TOKEN}}\n"),
+            "images.hello.secrets.token",
+            &["both file and env"],
+        ),
+        case(
+            "secret with neither file nor env",
+            p(&[], "    secrets: {token: {}}\n"),
+            "images.hello.secrets.token",
+            &["neither file nor env", "{env: VARIABLE}"],
+        ),
+        case(
+            "secret key typo",
+            p(&[], "    secrets: {token: {evn: TOKEN}}\n"),
+            "images.hello.secrets.token.evn",
+            &["did you mean env?"],
+        ),
+        case(
+            "secrets as a list",
+            p(&[], "    secrets: [token]\n"),
+            "images.hello.secrets",
+            &["expected a mapping", "secrets: {token: {env: API_TOKEN}"],
+        ),
+        case(
+            "secret id with a comma",
+            p(&[], "    secrets: {\"a,b\": {env: TOKEN}}\n"),
+            "images.hello.secrets.a,b",
+            &["not a secret id"],
+        ),
+        case(
+            "secret env with a space",
+            p(&[], "    secrets: {token: {env: \"API TOKEN\"}}\n"),
+            "images.hello.secrets.token.env",
+            &["not an environment variable name"],
+        ),
+        case(
+            "secret from an unset variable",
+            p(
+                &[],
+                "    secrets: {token: {env: POLYARCH_BAD_INPUT_UNSET_VARIABLE}}\n",
+            ),
+            "images.hello.secrets.token.env",
+            &["POLYARCH_BAD_INPUT_UNSET_VARIABLE is not set", "export it"],
+        ),
+        case(
+            "secret from a missing file",
+            p(&[], "    secrets: {npmrc: {file: no-such.npmrc}}\n"),
+            "images.hello.secrets.npmrc.file",
+            &["no-such.npmrc does not exist"],
+        ),
+        case(
+            "secret from a directory",
+            p(&[], "    secrets: {npmrc: {file: bin}}\n"),
+            "images.hello.secrets.npmrc.file",
+            &["not a regular file"],
+        ),
+        case(
+            "ssh as a string",
+            p(&[], "    ssh: default\n"),
+            "images.hello.ssh",
+            &["expected a list", "ssh: [default]"],
+        ),
+        case(
+            "ssh id twice",
+            p(&[], "    ssh: [default, \"default=/tmp/x.sock\"]\n"),
+            "images.hello.ssh[1]",
+            &["again", "ssh[0]"],
+        ),
+        case(
+            "ssh socket that does not exist",
+            p(&[], "    ssh: [\"work=no-agent.sock\"]\n"),
+            "images.hello.ssh[0]",
+            &["no-agent.sock does not exist", "ssh-agent"],
+        ),
+        case(
+            "ssh key file instead of a socket",
+            p(&[], "    ssh: [\"work=Dockerfile\"]\n"),
+            "images.hello.ssh[0]",
+            &["not an SSH agent socket", "ssh-add"],
+        ),
+        case(
+            "cache.from is a string",
+            p(&[], "    cache: {from: 127.0.0.1:5000/c:cache}\n"),
+            "images.hello.cache.from",
+            &["expected a list"],
+        ),
+        case(
+            "cache key typo",
+            p(&[], "    cache: {too: 127.0.0.1:5000/c:cache}\n"),
+            "images.hello.cache.too",
+            &["did you mean to?"],
+        ),
+        case(
+            "cache.to with a digest",
+            p(&[], "    cache: {to: \"127.0.0.1:5000/c@sha256:0000000000000000000000000000000000000000000000000000000000000000\"}\n"),
+            "images.hello.cache.to",
+            &["names a digest", "a cache is a tag"],
+        ),
+        case(
+            "cache.from uppercase",
+            p(&[], "    cache: {from: [\"127.0.0.1:5000/Cache:x\"]}\n"),
+            "images.hello.cache.from[0]",
+            &["not an image reference", "uppercase"],
+        ),
+        case(
+            "pull: yes",
+            p(&[], "    pull: yes\n"),
+            "images.hello.pull",
+            &["`yes` is not a boolean", "pull: true"],
+        ),
+        case(
+            "no_cache: 1",
+            p(&[], "    no_cache: 1\n"),
+            "images.hello.no_cache",
+            &["`1` is not a boolean"],
+        ),
     ];
     cases.push(ProjectCase {
         name: "-f is a directory",
@@ -831,6 +949,18 @@ fn bad_command_lines_exit_2_with_one_line_naming_the_flag() {
     let short_digest = format!("{repo}@sha256:abc");
     let upper_path = format!("{host}/UPPER/x:y");
     let bad_tag = format!("{repo}:-bad");
+    let missing_secret = format!("id=t,src={}", dir.path().join("no-such-secret").display());
+    let missing_socket = format!("work={}", dir.path().join("no-agent.sock").display());
+    let short_digest_cache = format!("{repo}@sha256:{}", "0".repeat(64));
+    let two = dir.path().join("two.yaml");
+    std::fs::write(
+        &two,
+        format!(
+            "version: 1\nimages:\n  one:\n    repository: {repo}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n  two:\n    repository: {repo}-two\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n"
+        ),
+    )
+    .unwrap();
+    let two = two.display().to_string();
     let cases = vec![
         c(
             "--username without --password-stdin",
@@ -1046,6 +1176,75 @@ fn bad_command_lines_exit_2_with_one_line_naming_the_flag() {
             &["frobnicate"],
             Shape::Clap,
             &["frobnicate"],
+        ),
+        c(
+            "--secret without id",
+            &["build", "-f", &f, "--secret", "env=TOKEN"],
+            Shape::Clap,
+            &["--secret", "env=TOKEN", "no id"],
+        ),
+        c(
+            "--secret with an unknown key",
+            &["build", "-f", &f, "--secret", "id=t,colour=red"],
+            Shape::Clap,
+            &["--secret", "unknown key `colour`"],
+        ),
+        c(
+            "--secret with src and env",
+            &["build", "-f", &f, "--secret", "id=t,src=a,env=B"],
+            Shape::Clap,
+            &["--secret", "both src and env"],
+        ),
+        c(
+            "--secret from an unset variable",
+            &[
+                "build",
+                "-f",
+                &f,
+                "--secret",
+                "id=t,env=POLYARCH_BAD_INPUT_UNSET_VARIABLE",
+            ],
+            Shape::Alone,
+            &[
+                "--secret id=t,env=POLYARCH_BAD_INPUT_UNSET_VARIABLE:",
+                "is not set",
+            ],
+        ),
+        c(
+            "--secret from a missing file",
+            &["build", "-f", &f, "--secret", &missing_secret],
+            Shape::Alone,
+            &[&format!("--secret {missing_secret}:"), "does not exist"],
+        ),
+        c(
+            "--ssh with two paths",
+            &["build", "-f", &f, "--ssh", "work=a.sock,b.sock"],
+            Shape::Clap,
+            &["--ssh", "several paths"],
+        ),
+        c(
+            "--ssh socket that does not exist",
+            &["build", "-f", &f, "--ssh", &missing_socket],
+            Shape::Alone,
+            &[&format!("--ssh {missing_socket}:"), "does not exist"],
+        ),
+        c(
+            "--cache-to with a digest",
+            &["build", "-f", &f, "--cache-to", &short_digest_cache],
+            Shape::Clap,
+            &["--cache-to", "names a digest"],
+        ),
+        c(
+            "--cache-from uppercase",
+            &["build", "-f", &f, "--cache-from", &upper_path],
+            Shape::Clap,
+            &["--cache-from", "not an image reference"],
+        ),
+        c(
+            "--cache-to for two images",
+            &["build", "-f", &two, "--cache-to", &format!("{repo}:cache")],
+            Shape::Alone,
+            &["--cache-to", "2 images", "overwrite each other's cache"],
         ),
         c("no subcommand", &[], Shape::Clap, &[]),
     ];
@@ -1522,5 +1721,45 @@ fn one_cut_config_blob_answer_is_retried() {
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn ssh_default_without_an_agent_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let file = dir.path().join("polyarch.yaml");
+    std::fs::write(
+        &file,
+        project_text("127.0.0.1:5000/x", &[], "    ssh: [default]\n"),
+    )
+    .unwrap();
+    let out = run(polyarch()
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("SSH_AUTH_SOCK"));
+    let error = check(
+        "ssh: [default] without an agent",
+        &out,
+        2,
+        Shape::Alone,
+        &[
+            format!("{}: images.hello.ssh[0]:", file.display()),
+            "SSH_AUTH_SOCK is not set".into(),
+        ],
+    );
+    eprintln!("{error}");
+    let plain = write_project(dir.path(), "127.0.0.1:5000/x", "[v1]", "[linux/amd64]");
+    let out = run(polyarch()
+        .args(["build", "-f"])
+        .arg(&plain)
+        .args(["--ssh", "default"])
+        .env_remove("SSH_AUTH_SOCK"));
+    check(
+        "--ssh default without an agent",
+        &out,
+        2,
+        Shape::Alone,
+        &["--ssh default:".into(), "SSH_AUTH_SOCK is not set".into()],
     );
 }

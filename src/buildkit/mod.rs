@@ -1,16 +1,23 @@
 //! Builds through BuildKit's own protocol on the engine, as buildx's `docker` driver does:
 //! the control API over `POST /grpc` and a session over `POST /session`, both upgraded to
-//! h2c, in which polyarch serves the context by file sync.
+//! h2c, in which polyarch serves the context by file sync, registry credentials, secrets
+//! and SSH agents.
 
 mod connection;
 pub mod filesync;
+pub mod secrets;
 mod session;
+pub mod ssh;
 
 use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
-use bollard_buildkit_proto::moby::buildkit::v1::{SolveRequest, StatusRequest, StatusResponse};
+use bollard_buildkit_proto::moby::buildkit::v1::{
+    CacheOptions, CacheOptionsEntry, SolveRequest, StatusRequest, StatusResponse,
+};
 use filesync::{SyncedDirs, Transfer};
-use session::Session;
+use secrets::SecretStore;
 pub use session::SessionAuth;
+use session::{Services, Session};
+use ssh::SshAgents;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -29,6 +36,33 @@ pub enum SolveError {
     /// BuildKit ran the build and it failed (its message, e.g. a RUN step's exit code).
     #[error("{0}")]
     Failed(String),
+    /// A registry refused the engine for want of credentials: a base image's pull, or a
+    /// cache's import or export.
+    #[error("{message}; {registry} wants credentials the engine was not given: log in with `docker login {registry}` (polyarch passes on what the Docker config and its credential helpers hold), or pass --username/--password-stdin when it is the registry the image is pushed to")]
+    Unauthorized { message: String, registry: String },
+}
+
+impl SolveError {
+    /// BuildKit's failure, with the fix when a registry refused it credentials. BuildKit
+    /// 0.8 says "pulling from host HOST failed … 401 Unauthorized", 0.13 "… request to
+    /// http://HOST/v2/…: 401 Unauthorized".
+    fn failed(message: String) -> SolveError {
+        if !message.contains("401 Unauthorized") {
+            return SolveError::Failed(message);
+        }
+        let host = |after: &str| {
+            message.split_once(after).and_then(|(_, rest)| {
+                rest.split(['/', ' '])
+                    .next()
+                    .filter(|h| !h.is_empty())
+                    .map(str::to_string)
+            })
+        };
+        match host("from host ").or_else(|| host("://")) {
+            Some(registry) => SolveError::Unauthorized { message, registry },
+            None => SolveError::Failed(message),
+        }
+    }
 }
 
 /// One exporter of the solve: BuildKit's type name and its attributes.
@@ -46,6 +80,15 @@ pub struct DockerfileBuild<'a> {
     pub frontend_attrs: HashMap<String, String>,
     pub entitlements: Vec<String>,
     pub exporter: Exporter,
+    /// Secrets the build may mount, served through the session.
+    pub secrets: SecretStore,
+    /// SSH agents the build may use, served through the session.
+    pub ssh: SshAgents,
+    /// Registry cache references to import (`--cache-from`).
+    pub cache_from: Vec<String>,
+    /// A registry cache reference to export to (`--cache-to`), with every intermediate
+    /// layer (`mode=max`).
+    pub cache_to: Option<String>,
 }
 
 /// A finished solve.
@@ -77,7 +120,13 @@ pub async fn solve(
     let dirs = SyncedDirs::new()
         .with_dir("context", build.context)
         .with_dir("dockerfile", dockerfile_dir);
-    let session = Session::start(endpoint, &shared_key(build.context), dirs.clone(), auth)
+    let services = Services {
+        dirs: dirs.clone(),
+        auth,
+        secrets: build.secrets,
+        ssh: build.ssh,
+    };
+    let session = Session::start(endpoint, &shared_key(build.context), services)
         .await
         .map_err(connect)?;
     let control = control_client(endpoint).await.map_err(connect)?;
@@ -85,6 +134,12 @@ pub async fn solve(
     let build_ref = uuid::Uuid::new_v4().simple().to_string();
     let mut frontend_attrs = build.frontend_attrs;
     frontend_attrs.insert("filename".into(), filename);
+    let cache = registry_cache(build.cache_from, build.cache_to);
+    if !cache.imports.is_empty() {
+        // The Dockerfile frontend solves with the imports it is given in this attribute,
+        // as BuildKit's client sends them; the request's own list serves the final solve.
+        frontend_attrs.insert("cache-imports".into(), cache_imports_attr(&cache.imports));
+    }
     let request = SolveRequest {
         r#ref: build_ref.clone(),
         session: session.id.clone(),
@@ -95,6 +150,8 @@ pub async fn solve(
         // still honoured by current ones.
         exporter_deprecated: build.exporter.kind,
         exporter_attrs_deprecated: build.exporter.attrs,
+        // Exports and Imports: read since BuildKit 0.4, so by Docker 20.10's 0.8 too.
+        cache: Some(cache),
         ..Default::default()
     };
 
@@ -128,8 +185,42 @@ pub async fn solve(
             exporter_response: response.into_inner().exporter_response,
             transfers: dirs.transfers(),
         }),
-        Err(status) => Err(SolveError::Failed(status.message().to_string())),
+        Err(status) => Err(SolveError::failed(status.message().to_string())),
     }
+}
+
+/// Registry cache imports and export, as `--cache-from`/`--cache-to type=registry` give them.
+fn registry_cache(from: Vec<String>, to: Option<String>) -> CacheOptions {
+    let entry = |attrs: HashMap<String, String>| CacheOptionsEntry {
+        r#type: "registry".into(),
+        attrs,
+    };
+    CacheOptions {
+        imports: from
+            .into_iter()
+            .map(|reference| entry(HashMap::from([("ref".to_string(), reference)])))
+            .collect(),
+        exports: to
+            .into_iter()
+            .map(|reference| {
+                entry(HashMap::from([
+                    ("ref".to_string(), reference),
+                    ("mode".to_string(), "max".to_string()),
+                ]))
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The `cache-imports` frontend attribute: the entries as JSON, with the field names
+/// BuildKit's Go structs marshal (`Type`, `Attrs`).
+fn cache_imports_attr(imports: &[CacheOptionsEntry]) -> String {
+    let entries: Vec<serde_json::Value> = imports
+        .iter()
+        .map(|e| serde_json::json!({"Type": e.r#type, "Attrs": e.attrs}))
+        .collect();
+    serde_json::Value::Array(entries).to_string()
 }
 
 /// BuildKit's control API on a connection of its own.
@@ -155,4 +246,22 @@ fn shared_key(context: &Path) -> String {
         .canonicalize()
         .unwrap_or_else(|_| context.to_path_buf());
     hex::encode(sha2::Sha256::digest(canonical.to_string_lossy().as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unauthorized_registry_is_named_with_the_fix() {
+        let old = "failed to solve with frontend dockerfile.v0: failed to create LLB definition: pulling from host 127.0.0.1:42013 failed with status code [manifests v1]: 401 Unauthorized";
+        let new = "127.0.0.1:36047/base:v1: failed to resolve source metadata for 127.0.0.1:36047/base:v1: unexpected status from HEAD request to http://127.0.0.1:36047/v2/base/manifests/v1: 401 Unauthorized";
+        for (message, host) in [(old, "127.0.0.1:42013"), (new, "127.0.0.1:36047")] {
+            let shown = SolveError::failed(message.into()).to_string();
+            assert!(shown.starts_with(message), "{shown}");
+            assert!(shown.contains(&format!("docker login {host}`")), "{shown}");
+        }
+        let other = SolveError::failed("process exited with 1".into()).to_string();
+        assert_eq!(other, "process exited with 1");
+    }
 }

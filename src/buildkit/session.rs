@@ -1,15 +1,18 @@
 //! A BuildKit session: the engine dials back into services polyarch serves over the
 //! hijacked `/session` connection (file sync for the context, registry credentials,
-//! health).
+//! secrets, SSH agents, health).
 
 use super::connection;
 use super::filesync::SyncedDirs;
+use super::secrets::SecretStore;
+use super::ssh::SshAgents;
 use crate::credentials::{self, Credential};
 use bollard_buildkit_proto::health::health_server::{Health, HealthServer};
 use bollard_buildkit_proto::health::{
     health_check_response::ServingStatus, HealthCheckRequest, HealthCheckResponse,
     HealthListRequest, HealthListResponse,
 };
+use bollard_buildkit_proto::moby::buildkit::secrets::v1::secrets_server::SecretsServer;
 use bollard_buildkit_proto::moby::filesync::v1::auth_server::{Auth, AuthServer};
 use bollard_buildkit_proto::moby::filesync::v1::file_sync_server::FileSyncServer;
 use bollard_buildkit_proto::moby::filesync::v1::{
@@ -17,6 +20,7 @@ use bollard_buildkit_proto::moby::filesync::v1::{
     GetTokenAuthorityRequest, GetTokenAuthorityResponse, VerifyTokenAuthorityRequest,
     VerifyTokenAuthorityResponse,
 };
+use bollard_buildkit_proto::moby::sshforward::v1::ssh_server::SshServer;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use std::pin::Pin;
@@ -25,6 +29,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tonic::{Request, Response, Status};
 
 /// The gRPC methods the session serves; the engine calls only what is announced.
+/// Secrets and SSH are always announced, so a build asking for an id it was not given
+/// gets NotFound naming it (as with buildx) rather than "not implemented".
 const METHODS: &[&str] = &[
     "/grpc.health.v1.Health/Check",
     "/moby.filesync.v1.FileSync/DiffCopy",
@@ -32,7 +38,19 @@ const METHODS: &[&str] = &[
     "/moby.filesync.v1.Auth/FetchToken",
     "/moby.filesync.v1.Auth/GetTokenAuthority",
     "/moby.filesync.v1.Auth/VerifyTokenAuthority",
+    "/moby.buildkit.secrets.v1.Secrets/GetSecret",
+    "/moby.sshforward.v1.SSH/CheckAgent",
+    "/moby.sshforward.v1.SSH/ForwardAgent",
 ];
+
+/// What a session serves besides its health.
+pub struct Services {
+    /// The context and Dockerfile directories.
+    pub dirs: SyncedDirs,
+    pub auth: SessionAuth,
+    pub secrets: SecretStore,
+    pub ssh: SshAgents,
+}
 
 /// A running session; dropping it ends it.
 pub struct Session {
@@ -47,14 +65,13 @@ impl Drop for Session {
 }
 
 impl Session {
-    /// Opens a session on the engine at `endpoint` serving `dirs`. `shared_key` lets the
-    /// engine keep the files it was sent for the next session with the same key, so a
+    /// Opens a session on the engine at `endpoint` serving `services`. `shared_key` lets
+    /// the engine keep the files it was sent for the next session with the same key, so a
     /// rerun transfers only what changed.
     pub async fn start(
         endpoint: &str,
         shared_key: &str,
-        dirs: SyncedDirs,
-        auth: SessionAuth,
+        services: Services,
     ) -> std::io::Result<Session> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let mut headers = vec![
@@ -70,8 +87,10 @@ impl Session {
         let upgraded = connection::upgrade(endpoint, "/session", &headers).await?;
         let router = tonic::transport::Server::builder()
             .add_service(HealthServer::new(Healthy))
-            .add_service(FileSyncServer::new(dirs))
-            .add_service(AuthServer::new(auth));
+            .add_service(FileSyncServer::new(services.dirs))
+            .add_service(AuthServer::new(services.auth))
+            .add_service(SecretsServer::new(services.secrets))
+            .add_service(SshServer::new(services.ssh));
         // One connection, then nothing more: the server lives as long as the session.
         let incoming = futures_util::StreamExt::chain(
             futures_util::stream::iter([Ok::<_, std::io::Error>(SessionStream(TokioIo::new(
@@ -152,13 +171,13 @@ impl Health for Healthy {
     }
 }
 
-/// Registry credentials for the engine's pulls (base images) and pushes, as the Docker
-/// CLI gives them: from the Docker config and its helpers, and the command line's
-/// credentials for the registry polyarch pushes to.
+/// Registry credentials for the engine's pulls (base images, cache imports) and pushes
+/// (cache exports), as the Docker CLI gives them: the command line's credentials for the
+/// registry polyarch pushes the image to, else the Docker config and its helpers.
 #[derive(Default)]
 pub struct SessionAuth {
-    /// `(registry host, (user, password))` given on the command line.
-    pub push: Option<(String, (String, String))>,
+    /// The push registry's host and the `--username/--password-stdin` credentials.
+    pub push: Option<(String, Credential)>,
 }
 
 #[tonic::async_trait]
@@ -168,18 +187,15 @@ impl Auth for SessionAuth {
         request: Request<CredentialsRequest>,
     ) -> Result<Response<CredentialsResponse>, Status> {
         let host = request.into_inner().host;
-        // BuildKit names Docker Hub by its API host.
-        let registry = if host == "registry-1.docker.io" {
-            "docker.io"
-        } else {
-            host.as_str()
-        };
-        let cli = self
+        // BuildKit names Docker Hub by its API host; normalize_key maps it to docker.io.
+        let registry = credentials::normalize_key(&host);
+        let given = self
             .push
             .as_ref()
-            .filter(|(push_host, _)| push_host == registry)
-            .map(|(_, pair)| pair);
-        let answer = match credentials::resolve(registry, cli) {
+            .filter(|(push_host, _)| credentials::normalize_key(push_host) == registry)
+            .map(|(_, credential)| Ok(Some(credential.clone())));
+        let found = given.unwrap_or_else(|| credentials::resolve(&registry, None));
+        let answer = match found {
             Ok(Some(Credential::Basic { username, password })) => CredentialsResponse {
                 username,
                 secret: password,
