@@ -579,3 +579,89 @@ fn registry_cache_is_written_per_platform_and_read_back_by_another_engine() {
     assert_eq!(warnings.len(), 1, "{}", text(&out));
     eprintln!("cache test: {:.1}s", started.elapsed().as_secs_f64());
 }
+
+/// `--no-cache` runs every step again and skips polyarch's no-build warm path.
+#[test]
+fn no_cache_runs_every_step_again() {
+    let started = Instant::now();
+    let registry = Registry::start();
+    let repo = registry.repo(&unique_name("session/nocache"));
+    let marker = unique_name("nocache");
+    let dockerfile = format!(
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox cat /proc/sys/kernel/random/uuid > /marker && echo {marker}\"]\n"
+    );
+    let build = Build::new(&dockerfile, &repo, "[linux/amd64]", "");
+    let ran = |out: &Output| String::from_utf8_lossy(&out.stderr).contains(&format!("| {marker}"));
+    let first = run(&mut build.command(None));
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert!(ran(&first), "{}", text(&first));
+    let marker_of = || pull(&format!("{repo}:v1"), None).file("marker");
+    let before = marker_of();
+
+    let again = run(&mut build.command(None));
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+    assert!(!ran(&again), "{}", text(&again));
+
+    let fresh = run(build.command(None).arg("--no-cache"));
+    assert_eq!(fresh.status.code(), Some(0), "{}", text(&fresh));
+    assert!(ran(&fresh), "the step came from a cache: {}", text(&fresh));
+    assert!(
+        !String::from_utf8_lossy(&fresh.stderr).contains("inputs unchanged"),
+        "{}",
+        text(&fresh)
+    );
+    assert_ne!(marker_of(), before);
+    eprintln!("no-cache test: {:.1}s", started.elapsed().as_secs_f64());
+}
+
+/// A tag the engine holds locally, removed on drop.
+struct LocalImage(String);
+
+impl Drop for LocalImage {
+    fn drop(&mut self) {
+        let _ = run(Command::new("docker")
+            .args(["image", "rm", "--force", &self.0])
+            .env_remove("DOCKER_HOST"));
+    }
+}
+
+/// `--pull` takes the base from its registry although the engine holds an older copy under
+/// the same tag (BuildKit prefers the engine's copy otherwise).
+#[test]
+fn pull_takes_the_base_from_the_registry() {
+    let started = Instant::now();
+    let registry = Registry::start();
+    let base_repo = registry.repo(&unique_name("session/pullbase"));
+    let base_with = |generation: &str| {
+        let dockerfile = format!("{HELLO}COPY generation /generation\n");
+        let base = Build::new(&dockerfile, &base_repo, "[linux/amd64]", "");
+        std::fs::write(base.dir.path().join("generation"), generation).unwrap();
+        let out = run(&mut base.command(None));
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    };
+    base_with("old");
+    let local = LocalImage(format!("{base_repo}:v1"));
+    let out = run(Command::new("docker")
+        .args(["pull", "--quiet", &local.0])
+        .env_remove("DOCKER_HOST"));
+    assert!(out.status.success(), "docker pull: {}", text(&out));
+    base_with("new");
+
+    let app_repo = registry.repo(&unique_name("session/pullapp"));
+    let app = Build::new(
+        &format!("FROM {base_repo}:v1\nCOPY bin/amd64/busybox /bin/app\n"),
+        &app_repo,
+        "[linux/amd64]",
+        "",
+    );
+    let generation = || pull(&format!("{app_repo}:v1"), None).file("generation");
+    let out = run(&mut app.command(None));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(generation(), "old", "the engine's copy is used by default");
+    // --rebuild: the warm path's key holds the engine's image ID for the base, and does
+    // not yet say that --pull looks past it.
+    let out = run(app.command(None).args(["--pull", "--rebuild"]));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(generation(), "new");
+    eprintln!("pull test: {:.1}s", started.elapsed().as_secs_f64());
+}
