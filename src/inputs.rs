@@ -63,8 +63,13 @@ pub async fn settings_key(
     };
     let mut bases = Vec::new();
     for (image, wanted) in images {
-        // BuildKit uses the engine's copy when it is for the wanted platform.
-        let local = engine.docker.inspect_image(&image).await.ok().filter(|i| {
+        // BuildKit uses the engine's copy when it is for the wanted platform, unless told
+        // to pull.
+        let held = match spec.pull {
+            true => None,
+            false => engine.docker.inspect_image(&image).await.ok(),
+        };
+        let local = held.filter(|i| {
             let held = format!(
                 "{}/{}",
                 i.os.as_deref().unwrap_or_default(),
@@ -93,6 +98,13 @@ pub async fn settings_key(
         "labels": spec.labels,
         "network": format!("{:?}", spec.network),
         "bases": bases,
+        // Which secrets and agents a build may use, never what they hold: BuildKit's own
+        // cache does not key on secret values either.
+        "secrets": spec.secrets.keys().collect::<Vec<_>>(),
+        "ssh": spec.ssh.keys().collect::<Vec<_>>(),
+        "cache_from": spec.cache_from.iter().map(|c| c.for_platform(platform)).collect::<Vec<_>>(),
+        "cache_to": spec.cache_to.as_ref().map(|c| c.for_platform(platform)),
+        "pull": spec.pull,
     });
     Ok(Some(hex::encode(Sha256::digest(key.to_string()))))
 }
