@@ -312,7 +312,26 @@ async fn solve_in_session(
             Some((repository.registry().to_string(), login))
         }),
     };
-    let solved = buildkit::solve(&engine.endpoint, build, auth, |status| {
+    // A cache BuildKit cannot import (on a first run it is not pushed yet) only costs the
+    // build its cached steps: BuildKit goes on without it, and so does polyarch, saying so
+    // once, instead of taking the import's failed step for the build's failure.
+    const IMPORTING: &str = "importing cache manifest from ";
+    let mut not_imported = std::collections::BTreeSet::new();
+    let solved = buildkit::solve(&engine.endpoint, build, auth, |mut status| {
+        for vertex in &mut status.vertexes {
+            if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
+                let error = std::mem::take(&mut vertex.error);
+                if !error.is_empty() && not_imported.insert(reference.to_string()) {
+                    log.reporter.report(Event::Warning {
+                        message: format!(
+                            "{} {platform}: the cache {reference} could not be imported ({}); building without it",
+                            spec.name,
+                            crate::error::one_line(&error)
+                        ),
+                    });
+                }
+            }
+        }
         log.consume(BuildInfo {
             aux: Some(BuildInfoAux::BuildKit(status)),
             ..Default::default()
