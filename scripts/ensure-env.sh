@@ -35,6 +35,7 @@ tools=(
   "curl:curl"
   "make:make"
   "flock:util-linux"
+  "ssh-agent:openssh-client"
 )
 
 apt_updated=0

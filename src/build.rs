@@ -6,6 +6,7 @@
 use crate::buildkit::{self, filesync::Transfer};
 use crate::engine::Engine;
 use crate::error::one_line;
+use crate::oci::ConfigPlatform;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
 use crate::{Error, Platform, Result};
@@ -33,6 +34,27 @@ pub struct BuiltImage {
     pub seconds: f64,
     /// What BuildKit read of the context (empty for the classic builder).
     pub transfers: Vec<Transfer>,
+    /// The manifest the engine pushed itself ([`Output::Registry`]); `id` is its digest
+    /// then, and nothing was written to the engine.
+    pub pushed: Option<PushedManifest>,
+}
+
+/// Where a build's image goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Output<'a> {
+    /// Into the engine under a temporary tag, to be exported from there.
+    Engine,
+    /// Pushed by digest to this repository by the engine's BuildKit, compressed once and
+    /// never stored in the engine: what containerd's image store can do.
+    Registry(&'a str),
+}
+
+/// A platform manifest the engine pushed.
+#[derive(Debug, Clone)]
+pub struct PushedManifest {
+    pub digest: String,
+    pub size: u64,
+    pub platform: ConfigPlatform,
 }
 
 /// The build args buildx defines for every build; injected for the classic builder,
@@ -79,12 +101,23 @@ pub async fn build(
     spec: &ImageSpec,
     platform: &Platform,
     run_id: &str,
+    output: Output<'_>,
     export_started: &AtomicBool,
     reporter: &dyn Reporter,
 ) -> Result<BuiltImage> {
     let mut attempt = 1;
     loop {
-        match build_once(engine, spec, platform, run_id, export_started, reporter).await? {
+        match build_once(
+            engine,
+            spec,
+            platform,
+            run_id,
+            output,
+            export_started,
+            reporter,
+        )
+        .await?
+        {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
                 return Err(Error::Build {
@@ -111,6 +144,7 @@ async fn build_once(
     spec: &ImageSpec,
     platform: &Platform,
     run_id: &str,
+    output: Output<'_>,
     export_started: &AtomicBool,
     reporter: &dyn Reporter,
 ) -> Result<Attempt> {
@@ -123,15 +157,35 @@ async fn build_once(
     };
 
     let mut log = BuildLog::new(spec, platform, export_started, reporter);
-    let (error, transfers) = if engine.buildkit {
-        match solve_in_session(engine, spec, platform, &tag, &mut log).await {
-            Ok(transfers) => (None, transfers),
-            Err(message) => (Some(message), Vec::new()),
+    let exporter = match output {
+        Output::Engine => buildkit::Exporter {
+            kind: "moby".into(),
+            attrs: HashMap::from([("name".to_string(), tag.clone())]),
+        },
+        Output::Registry(repository) => buildkit::Exporter {
+            kind: "image".into(),
+            attrs: [
+                ("name", repository),
+                ("push", "true"),
+                ("push-by-digest", "true"),
+                ("store", "false"),
+                ("unpack", "false"),
+                ("oci-mediatypes", "true"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        },
+    };
+    let (error, solved) = if engine.buildkit {
+        match solve_in_session(engine, spec, platform, exporter, &mut log).await {
+            Ok(solved) => (None, Some(solved)),
+            Err(message) => (Some(message), None),
         }
     } else {
         (
             build_classic(engine, spec, platform, &tag, &mut log).await?,
-            Vec::new(),
+            None,
         )
     };
     if let Some(message) = error.or_else(|| log.vertex_error.take()) {
@@ -139,7 +193,31 @@ async fn build_once(
         if with_tail.contains("failed to get digest") && with_tail.contains("no such file") {
             return Ok(Attempt::Lost(message));
         }
+        let exporting = log
+            .current_step
+            .as_deref()
+            .is_some_and(|step| step.starts_with("exporting to"));
+        if let (Output::Registry(repository), true) = (output, exporting) {
+            return Err(push_failure(spec, platform, repository, &message));
+        }
         return Err(log.failure(&message, failed));
+    }
+    let (transfers, exporter_response) = solved
+        .map(|s| (s.transfers, s.exporter_response))
+        .unwrap_or_default();
+    if let Output::Registry(repository) = output {
+        let pushed = pushed_manifest(&exporter_response).ok_or_else(|| {
+            failed(format!(
+                "the engine pushed to {repository} but did not say which manifest ({exporter_response:?})"
+            ))
+        })?;
+        return Ok(Attempt::Built(BuiltImage {
+            id: pushed.digest.clone(),
+            tag,
+            seconds: started.elapsed().as_secs_f64(),
+            transfers,
+            pushed: Some(pushed),
+        }));
     }
 
     let inspected = match engine.docker.inspect_image(&tag).await {
@@ -158,7 +236,52 @@ async fn build_once(
         tag,
         seconds: started.elapsed().as_secs_f64(),
         transfers,
+        pushed: None,
     }))
+}
+
+/// BuildKit's own push failed (after its own retries): a registry failure, named by the
+/// registry as polyarch's uploads are, without the upload URLs' long session queries.
+fn push_failure(spec: &ImageSpec, platform: &Platform, repository: &str, message: &str) -> Error {
+    let registry = crate::registry::parse_reference(repository)
+        .map(|r| r.registry().to_string())
+        .unwrap_or_else(|_| repository.to_string());
+    let words: Vec<&str> = message
+        .split_whitespace()
+        .map(|word| match word.split_once('?') {
+            Some((url, _)) if word.contains("://") => url,
+            _ => word,
+        })
+        .collect();
+    Error::Registry {
+        registry,
+        message: format!(
+            "the engine could not push {} {platform} to {repository}: {}; check that the engine reaches the registry (its insecure-registries and certs.d apply) and that the registry accepts uploads",
+            spec.name,
+            words.join(" ")
+        ),
+    }
+}
+
+/// The manifest BuildKit's image exporter pushed: its descriptor, base64 JSON.
+fn pushed_manifest(exporter_response: &HashMap<String, String>) -> Option<PushedManifest> {
+    #[derive(serde::Deserialize)]
+    struct Descriptor {
+        digest: String,
+        size: u64,
+        platform: ConfigPlatform,
+    }
+    use base64::Engine as _;
+    let encoded = exporter_response.get("containerimage.descriptor")?;
+    let json = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let descriptor: Descriptor = serde_json::from_slice(&json).ok()?;
+    Some(PushedManifest {
+        digest: descriptor.digest,
+        size: descriptor.size,
+        platform: descriptor.platform,
+    })
 }
 
 /// The build through the classic builder (`POST /build`, the context uploaded as a tar),
@@ -170,6 +293,24 @@ async fn build_classic(
     tag: &str,
     log: &mut BuildLog<'_>,
 ) -> Result<Option<String>> {
+    let needs_buildkit = [
+        (!spec.secrets.is_empty(), "secrets"),
+        (!spec.ssh.is_empty(), "ssh"),
+        (
+            !spec.cache_from.is_empty() || spec.cache_to.is_some(),
+            "cache",
+        ),
+    ];
+    if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
+        return Err(Error::Build {
+            image: spec.name.clone(),
+            platform: platform.to_string(),
+            message: format!(
+                "`{what}` needs BuildKit, and the engine at {} (API {}) has none; upgrade it to Docker 18.09+ or build on another engine",
+                engine.endpoint, engine.api_version
+            ),
+        });
+    }
     let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
     // The classic builder defines none of the platform args BuildKit does.
     for (key, value) in platform_build_args(platform, &engine.native) {
@@ -211,15 +352,15 @@ async fn build_classic(
     Ok(None)
 }
 
-/// The build through BuildKit's session protocol, the image exported into the engine
-/// under `tag`: what BuildKit read of the context, or the error message.
+/// The build through BuildKit's session protocol, the image going where `exporter` says;
+/// the error message when it failed.
 async fn solve_in_session(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
-    tag: &str,
+    exporter: buildkit::Exporter,
     log: &mut BuildLog<'_>,
-) -> std::result::Result<Vec<Transfer>, String> {
+) -> std::result::Result<buildkit::Solved, String> {
     let mut attrs: HashMap<String, String> =
         HashMap::from([("platform".into(), platform.to_string())]);
     if let Some(target) = &spec.target {
@@ -291,10 +432,7 @@ async fn solve_in_session(
         dockerfile: &spec.dockerfile,
         frontend_attrs: attrs,
         entitlements,
-        exporter: buildkit::Exporter {
-            kind: "moby".into(),
-            attrs: HashMap::from([("name".to_string(), tag.to_string())]),
-        },
+        exporter,
         secrets: buildkit::secrets::SecretStore::new(secrets),
         ssh: buildkit::ssh::SshAgents::new(sockets),
         cache_from: spec
@@ -338,9 +476,7 @@ async fn solve_in_session(
         })
     })
     .await;
-    solved
-        .map(|solved| solved.transfers)
-        .map_err(|e| e.to_string())
+    solved.map_err(|e| e.to_string())
 }
 
 /// Turns the engine's build stream (BuildKit status or classic lines) into events and

@@ -386,9 +386,6 @@ async fn run(command: Command) -> Result<i32, Error> {
                 no_cache,
             };
             project.prepare_build(&images, &flags, login)?;
-            // The no-build warm path would skip the engine altogether. It is decided per
-            // run, so one image's `no_cache: true` rebuilds every image.
-            let rebuild = rebuild || project.selected(&images).any(|image| image.no_cache);
             let options = BuildOptions {
                 images,
                 platforms: platform,

@@ -332,6 +332,7 @@ async fn build_and_push_all<'a>(
         cache: PushCache::open(),
         builds: BuildMemory::open(),
         trust_inputs: !options.rebuild,
+        registry: options.registry.clone(),
         replays: Default::default(),
         bases: inputs::RemoteBases::new(&options.registry),
         reporter,
@@ -904,9 +905,42 @@ struct Run<'a> {
     builds: BuildMemory,
     /// False with `--rebuild`.
     trust_inputs: bool,
+    registry: RegistryOptions,
     replays: inputs::Replays,
     bases: inputs::RemoteBases,
     reporter: &'a dyn Reporter,
+}
+
+impl Run<'_> {
+    /// Whether the engine, which reaches registries with its own settings (loopback as
+    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: always for a
+    /// loopback registry; elsewhere only when no `--insecure-registry` or CA of polyarch's
+    /// own is needed for it.
+    fn engine_reaches(&self, image: &ImageSpec) -> bool {
+        let Ok(reference) = registry::parse_reference(&image.repository) else {
+            return false;
+        };
+        let host = reference.registry();
+        registry::is_loopback(host)
+            || (self.registry.ca_certs.is_empty()
+                && !self.registry.insecure.iter().any(|h| h == host))
+    }
+}
+
+/// An engine that cannot build for a platform may quietly build for its own.
+fn check_platform(image: &ImageSpec, unit: &Unit<'_>, built: &ConfigPlatform) -> Result<()> {
+    if built.normalized() == unit.platform {
+        return Ok(());
+    }
+    Err(Error::Build {
+        image: image.name.clone(),
+        platform: unit.platform.to_string(),
+        message: format!(
+            "the engine built an image for {} instead; it cannot build for {} (upgrade the engine or use a native builder)",
+            built.normalized(),
+            unit.platform
+        ),
+    })
 }
 
 /// A unit whose manifest an earlier run pushed.
@@ -944,7 +978,7 @@ async fn build_and_push(
     let settings = inputs::settings_key(engine, image, &unit.platform, &run.bases).await?;
     let remembered = settings
         .as_deref()
-        .filter(|_| run.trust_inputs)
+        .filter(|_| run.trust_inputs && !image.no_cache)
         .and_then(|key| run.builds.get(key));
     let reusable = match remembered {
         Some(build) if run.replays.unchanged(image, &build.reads).await => Some(build.image),
@@ -990,12 +1024,32 @@ async fn build_and_push(
             }
         ),
     );
-    let may_appear = cleanup.add(
+    let output = match destination {
+        Destination::Registry(_)
+            if engine.buildkit && engine.containerd_store && run.engine_reaches(image) =>
+        {
+            build::Output::Registry(&image.repository)
+        }
+        _ => build::Output::Engine,
+    };
+    let may_appear = match output {
+        build::Output::Engine => cleanup.add(
+            engine,
+            &build::temporary_tag(&image.name, &unit.platform, run_id),
+        ),
+        // Nothing is written to the engine.
+        build::Output::Registry(_) => Default::default(),
+    };
+    let built: BuiltImage = build::build(
         engine,
-        &build::temporary_tag(&image.name, &unit.platform, run_id),
-    );
-    let built: BuiltImage =
-        build::build(engine, image, &unit.platform, run_id, &may_appear, reporter).await?;
+        image,
+        &unit.platform,
+        run_id,
+        output,
+        &may_appear,
+        reporter,
+    )
+    .await?;
     if let Some(key) = &settings {
         let (spec, transfers) = (image.clone(), built.transfers.clone());
         let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
@@ -1019,6 +1073,35 @@ async fn build_and_push(
         builder: Some(engine.endpoint.clone()),
     };
     let reference = first_tag(image)?;
+
+    if let Some(pushed) = built.pushed {
+        check_platform(image, unit, &pushed.platform)?;
+        cache.put(
+            &image.repository,
+            &built.id,
+            CachedManifest {
+                digest: pushed.digest.clone(),
+                size: pushed.size,
+                os: pushed.platform.os.clone(),
+                architecture: pushed.platform.architecture.clone(),
+                variant: pushed.platform.variant.clone(),
+            },
+        );
+        phase(
+            Phase::Done,
+            format!("pushed {} (by the engine)", pushed.digest),
+        );
+        return Ok(Pushed {
+            image: image.name.clone(),
+            platform: unit.platform.clone(),
+            entry: IndexEntry {
+                digest: pushed.digest,
+                size: pushed.size,
+                platform: pushed.platform,
+            },
+            build: build_info,
+        });
+    }
 
     if let Some(cached) = destination.already_pushed(cache, image, &built.id).await {
         cleanup.remove(engine, &built.tag).await;
@@ -1050,17 +1133,7 @@ async fn build_and_push(
             image: image.name.clone(),
             message: m,
         })?;
-    if config_platform.normalized() != unit.platform {
-        return Err(Error::Build {
-            image: image.name.clone(),
-            platform: unit.platform.to_string(),
-            message: format!(
-                "the engine built an image for {} instead; it cannot build for {} (upgrade the engine or use a native builder)",
-                config_platform.normalized(),
-                unit.platform
-            ),
-        });
-    }
+    check_platform(image, unit, &config_platform)?;
 
     let total: u64 = exported.layers.iter().map(|l| l.size).sum();
     phase(

@@ -400,6 +400,10 @@ fn sigint_mid_build_step_keeps_the_old_tag_and_leaves_nothing() {
 
 #[test]
 fn sigint_during_export_keeps_the_old_tag_and_leaves_nothing() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here, so polyarch's own export and upload, which this interrupts, do not run (the classic-store pass covers them)");
+        return;
+    }
     let fixture = Fixture::new();
     sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, _, _| {
         running.wait_line("[export]");
@@ -408,6 +412,10 @@ fn sigint_during_export_keeps_the_old_tag_and_leaves_nothing() {
 
 #[test]
 fn sigint_during_push_keeps_the_old_tag_and_leaves_nothing() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here, so polyarch's own export and upload, which this interrupts, do not run (the classic-store pass covers them)");
+        return;
+    }
     let fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
     sigint_keeps_the_old_tag_and_cleans_up(&fixture, |running, fixture, since| {
@@ -448,6 +456,10 @@ fn sigint_just_before_publish_keeps_the_old_tag_and_leaves_nothing() {
 
 #[test]
 fn sigkill_mid_push_keeps_the_old_tag_and_a_rerun_completes() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here, so polyarch's own export and upload, which this interrupts, do not run (the classic-store pass covers them)");
+        return;
+    }
     let fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
     let tmp = tempfile::tempdir().unwrap();
@@ -472,6 +484,10 @@ fn sigkill_mid_push_keeps_the_old_tag_and_a_rerun_completes() {
 
 #[test]
 fn registry_killed_mid_push_exits_3_naming_it_and_keeps_the_old_tag() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here, so polyarch's own export and upload, which this interrupts, do not run (the classic-store pass covers them)");
+        return;
+    }
     let mut fixture = Fixture::new();
     slow_uploads(&fixture.proxy);
     let tmp = tempfile::tempdir().unwrap();

@@ -331,12 +331,24 @@ fn permanent_upload_failure_exits_3_and_keeps_the_old_tag() {
     assert_exit(&out, 3);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(&format!("registry {}", proxy.host))
-            && stderr.contains("upload blob sha256:")
-            && stderr.contains("after 5 attempts"),
+        stderr.contains(&format!("registry {}", proxy.host)),
         "{}",
         text(&out)
     );
+    // Who gave up, after its own retries: BuildKit pushing by itself, or polyarch.
+    if support::engines::engine_pushes_itself() {
+        assert!(
+            stderr.contains("the engine could not push"),
+            "{}",
+            text(&out)
+        );
+    } else {
+        assert!(
+            stderr.contains("upload blob sha256:") && stderr.contains("after 5 attempts"),
+            "{}",
+            text(&out)
+        );
+    }
     assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(
         skopeo_digest(&registry.repo(&format!("{name}:v1")), None),
@@ -369,6 +381,10 @@ fn base64(input: &str) -> String {
 
 #[test]
 fn shared_layers_upload_once_and_mount_across_repositories() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here and uploads a layer once per repository; polyarch's uploader, which mounts it, runs on the classic-store pass");
+        return;
+    }
     let registry = Registry::start();
     let proxy = Proxy::start(registry.port);
     let dir = tempfile::tempdir().unwrap();

@@ -119,7 +119,12 @@ fn a_warm_rerun_builds_exports_and_uploads_nothing_and_says_so() {
     };
     let cold = build(&[]);
     assert_eq!(cold.status.code(), Some(0), "{}", stderr(&cold));
-    assert!(stderr(&cold).contains("[export]"));
+    // Exported and uploaded by polyarch, or pushed by BuildKit itself (containerd store).
+    let shipped = match support::engines::engine_pushes_itself() {
+        true => "(by the engine)",
+        false => "[export]",
+    };
+    assert!(stderr(&cold).contains(shipped), "{}", stderr(&cold));
     let digest = skopeo_digest(&format!("{repo}:v1"), None);
 
     let warm = build(&[]);
@@ -153,7 +158,12 @@ fn a_warm_rerun_builds_exports_and_uploads_nothing_and_says_so() {
     assert_eq!(rebuilt.status.code(), Some(0), "{}", stderr(&rebuilt));
     let log = stderr(&rebuilt);
     assert!(log.contains("[build"), "{log}");
-    assert_eq!(log.matches("no export or upload").count(), 2, "{log}");
+    // BuildKit pushing by itself finds every blob in the registry already.
+    let unchanged = match support::engines::engine_pushes_itself() {
+        true => "(by the engine)",
+        false => "no export or upload",
+    };
+    assert_eq!(log.matches(unchanged).count(), 2, "{log}");
     assert_eq!(skopeo_digest(&format!("{repo}:v1"), None), digest);
 }
 

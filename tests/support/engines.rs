@@ -105,3 +105,18 @@ pub fn docker26_cli(store: &str) -> Command {
         .env_remove("DOCKER_CERT_PATH");
     cmd
 }
+
+/// Whether the engine the tests build on (`DOCKER_HOST`, else the machine's) keeps
+/// images in containerd's store, where polyarch lets BuildKit push platform images to a
+/// loopback registry itself instead of exporting and uploading them.
+pub fn engine_pushes_itself() -> bool {
+    static STORE: OnceLock<bool> = OnceLock::new();
+    *STORE.get_or_init(|| {
+        let out = Command::new("docker")
+            .args(["info", "--format", "{{json .DriverStatus}}"])
+            .output()
+            .expect("docker info");
+        assert!(out.status.success(), "docker info: {out:?}");
+        String::from_utf8_lossy(&out.stdout).contains("io.containerd.snapshotter.v1")
+    })
+}

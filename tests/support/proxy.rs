@@ -4,7 +4,7 @@
 //! request can be matched against a scriptable plan of [`Rule`]s: drop the connection
 //! after N request body bytes, cut the response body after N bytes, answer a status
 //! (optionally with `Retry-After`) or any status, content type and body, or delay.
-//! TLS ClientHellos are refused (connection closed), like a plain-HTTP server would.
+//! TLS ClientHellos get a 400, as from the plain-HTTP registry behind it.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -190,8 +190,15 @@ fn handle(
 ) -> std::io::Result<()> {
     client.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut peek = [0u8; 1];
-    if client.peek(&mut peek)? == 0 || peek[0] == 0x16 {
-        // A TLS ClientHello: this proxy speaks plain HTTP only.
+    if client.peek(&mut peek)? == 0 {
+        return Ok(());
+    }
+    if peek[0] == 0x16 {
+        // A TLS ClientHello: answered as a plain-HTTP server (the registry) answers it, so
+        // clients that try TLS first (BuildKit's pusher, polyarch) see why and fall back.
+        let _ = (&client).write_all(
+            b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        );
         return Ok(());
     }
     let mut reader = BufReader::new(client.try_clone()?);
