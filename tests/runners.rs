@@ -197,14 +197,7 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
     let repo = registry.repo(&unique_name("inputs/hello"));
     let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
     let cache = tempfile::tempdir().unwrap();
-    let build = || {
-        let out = run(polyarch()
-            .args(["build", "-f"])
-            .arg(&file)
-            .env("POLYARCH_CACHE_DIR", cache.path()));
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
-    };
+    let build = || build_and_read_tag(&file, cache.path(), &repo);
     let built_anew = |log: &str| log.contains("[build") && !log.contains("inputs unchanged");
 
     let (log, first) = build();
@@ -253,6 +246,21 @@ fn a_rerun_builds_again_when_a_file_or_the_base_image_changes() {
     let _ = run(std::process::Command::new("docker")
         .args(["rmi", "-f"])
         .args(base_ids));
+}
+
+/// A `polyarch build` of `file` remembering in `cache`: its progress lines and the digest
+/// `repo:v1` then has in the registry.
+fn build_and_read_tag(
+    file: &std::path::Path,
+    cache: &std::path::Path,
+    repo: &str,
+) -> (String, String) {
+    let out = run(polyarch()
+        .args(["build", "-f"])
+        .arg(file)
+        .env("POLYARCH_CACHE_DIR", cache));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
 }
 
 /// What `ls -a DIR` prints inside the pushed image, pulled and run by the engine.
@@ -313,14 +321,7 @@ fn a_rerun_builds_again_when_a_symlinked_source_changes() {
     let repo = registry.repo(&unique_name("symlink/hello"));
     let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
     let cache = tempfile::tempdir().unwrap();
-    let build = || {
-        let out = run(polyarch()
-            .args(["build", "-f"])
-            .arg(&file)
-            .env("POLYARCH_CACHE_DIR", cache.path()));
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
-    };
+    let build = || build_and_read_tag(&file, cache.path(), &repo);
     let (_, first) = build();
     let (log, same) = build();
     assert!(log.contains("inputs unchanged"), "{log}");
