@@ -171,6 +171,12 @@ fn engine_error_message(e: &bollard::errors::Error, image_id: &str) -> String {
         bollard::errors::Error::DockerResponseServerError {
             status_code,
             message,
+        } if message.contains("empty export") => format!(
+            "the engine cannot export {image_id}, an image without layers (a FROM scratch stage that only sets metadata): Docker's classic image store does not save such images ({status_code}: {message}); add a file to it (COPY/ADD), or build on an engine with the containerd image store"
+        ),
+        bollard::errors::Error::DockerResponseServerError {
+            status_code,
+            message,
         } => format!("the engine refused to export {image_id} ({status_code}): {message}"),
         other => format!("reading the engine's export stream of {image_id} failed: {other}"),
     }

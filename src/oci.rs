@@ -199,7 +199,7 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, String> {
             })
         }
         OCI_MANIFEST | DOCKER_MANIFEST => {
-            let manifest = ImageManifest::from_reader(bytes)
+            let manifest = parse_image_manifest(bytes)
                 .map_err(|e| format!("image manifest ({media_type}) is malformed: {e}"))?;
             Ok(Parsed::Image {
                 media_type,
@@ -208,6 +208,17 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, String> {
         }
         _ => Ok(Parsed::Unknown { media_type }),
     }
+}
+
+/// An image manifest; `"layers": null`, which BuildKit writes for an image without layers
+/// (a `FROM scratch` stage that only sets metadata), reads as no layers, as containerd
+/// reads it.
+fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, String> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if let Some(layers) = value.get_mut("layers").filter(|l| l.is_null()) {
+        *layers = serde_json::Value::Array(Vec::new());
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
 }
 
 /// buildx attestation manifests (`unknown/unknown`, or annotated as attestation).
@@ -296,6 +307,16 @@ mod tests {
         };
         let flags: Vec<bool> = index.manifests().iter().map(is_attestation).collect();
         assert_eq!(flags, [false, true]);
+    }
+
+    #[test]
+    fn an_image_without_layers_as_buildkit_writes_it_parses() {
+        let raw = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:6353f0e23e4dd13661569cbc868e7f84fcb468f032c5251e9d0927f1dc519d23","size":363},"layers":null}"#;
+        match parse_manifest(raw) {
+            Ok(Parsed::Image { manifest, .. }) => assert!(manifest.layers().is_empty()),
+            Ok(_) => panic!("not read as an image manifest"),
+            Err(e) => panic!("{e}"),
+        }
     }
 
     #[test]
