@@ -313,7 +313,10 @@ fn decoded_values(metadata: &MetadataMap, key: &str) -> Result<Vec<String>, Sync
         .get_all(key)
         .iter()
         .map(|value| {
-            let text = value.to_str().map_err(|_| bad("not visible ASCII"))?;
+            // Older BuildKit (Docker 20.10's) sends non-ASCII paths as raw UTF-8 bytes
+            // instead of escaping them.
+            let text =
+                std::str::from_utf8(value.as_encoded_bytes()).map_err(|_| bad("not UTF-8"))?;
             if encoded {
                 query_unescape(text).ok_or_else(|| bad("bad query escaping"))
             } else {
