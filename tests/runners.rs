@@ -263,8 +263,9 @@ fn build_and_read_tag(
     (stderr(&out), skopeo_digest(&format!("{repo}:v1"), None))
 }
 
-/// What `ls -a DIR` prints inside the pushed image, pulled and run by the engine.
-fn listing_in_image(reference: &str, dir: &str) -> Vec<String> {
+/// What busybox `args` print inside the pushed image, pulled and run by the engine (which
+/// then drops its copy).
+fn busybox_in_image(reference: &str, args: &[&str]) -> String {
     let out = run(std::process::Command::new("docker")
         .args([
             "run",
@@ -275,10 +276,15 @@ fn listing_in_image(reference: &str, dir: &str) -> Vec<String> {
             "/bin/busybox",
         ])
         .arg(reference)
-        .args(["ls", "-a", dir]));
-    assert!(out.status.success(), "{}", stderr(&out));
+        .args(args));
     let _ = run(std::process::Command::new("docker").args(["rmi", "-f", reference]));
-    String::from_utf8_lossy(&out.stdout)
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What `ls -a DIR` prints inside the pushed image.
+fn listing_in_image(reference: &str, dir: &str) -> Vec<String> {
+    busybox_in_image(reference, &["ls", "-a", dir])
         .split_whitespace()
         .map(str::to_string)
         .collect()
@@ -334,19 +340,10 @@ fn a_rerun_builds_again_when_a_symlinked_source_changes() {
         second, first,
         "the new target content must reach the registry"
     );
-    let content = run(std::process::Command::new("docker")
-        .args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--entrypoint",
-            "/bin/busybox",
-        ])
-        .arg(format!("{repo}:v1"))
-        .args(["cat", "/l"]));
-    let _ = run(std::process::Command::new("docker").args(["rmi", "-f", &format!("{repo}:v1")]));
-    assert_eq!(String::from_utf8_lossy(&content.stdout), "two");
+    assert_eq!(
+        busybox_in_image(&format!("{repo}:v1"), &["cat", "/l"]),
+        "two"
+    );
 }
 
 #[test]
