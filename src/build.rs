@@ -156,7 +156,8 @@ async fn build_once(
         message,
     };
 
-    let mut log = BuildLog::new(spec, platform, export_started, reporter);
+    let foreign = platform.os_arch() != engine.native.os_arch();
+    let mut log = BuildLog::new(spec, platform, foreign, export_started, reporter);
     let exporter = match output {
         Output::Engine => buildkit::Exporter {
             kind: "moby".into(),
@@ -484,6 +485,8 @@ async fn solve_in_session(
 struct BuildLog<'a> {
     image: &'a str,
     platform: &'a Platform,
+    /// The engine runs this platform's programs only under emulation.
+    foreign: bool,
     reporter: &'a dyn Reporter,
     export_started: &'a AtomicBool,
     tail: VecDeque<String>,
@@ -497,12 +500,14 @@ impl<'a> BuildLog<'a> {
     fn new(
         spec: &'a ImageSpec,
         platform: &'a Platform,
+        foreign: bool,
         export_started: &'a AtomicBool,
         reporter: &'a dyn Reporter,
     ) -> Self {
         BuildLog {
             image: &spec.name,
             platform,
+            foreign,
             reporter,
             export_started,
             tail: VecDeque::new(),
@@ -590,8 +595,10 @@ impl<'a> BuildLog<'a> {
     }
 
     fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
-        // Missing emulation is said in one line; the log adds nothing to it.
-        if self.with_tail(message).contains("exec format error") {
+        // Missing emulation is said in one line; the log adds nothing to it. On the engine's
+        // own platform the same error means a program built for another one: the build's
+        // own failure, with its log.
+        if self.foreign && self.with_tail(message).contains("exec format error") {
             return Error::Emulation(format!(
                 "emulation for {} is not registered on this engine, so its RUN steps cannot execute; run with `--binfmt auto` (or `binfmt: auto` in polyarch.yaml) to register QEMU, or build {} on a native builder",
                 self.platform, self.platform
@@ -791,6 +798,43 @@ impl ContextFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
+        let platform: Platform = "linux/arm64".parse().unwrap();
+        let started = AtomicBool::new(false);
+        let failure = |foreign: bool| {
+            let mut log = BuildLog {
+                image: "api",
+                platform: &platform,
+                foreign,
+                reporter: &crate::progress::Silent,
+                export_started: &started,
+                tail: VecDeque::from(["exec /app: exec format error".to_string()]),
+                vertex_names: HashMap::new(),
+                started: Vec::new(),
+                current_step: Some("RUN /app".into()),
+                vertex_error: None,
+            };
+            log.failure("process did not complete successfully", |message| {
+                Error::Build {
+                    image: "api".into(),
+                    platform: platform.to_string(),
+                    message,
+                }
+            })
+        };
+        assert!(matches!(failure(true), Error::Emulation(_)));
+        // A program of another architecture copied into the image, run on the engine's own
+        // platform: the build's failure, with the step and the log line that says why.
+        match failure(false) {
+            Error::Build { message, .. } => {
+                assert!(message.contains("at step `RUN /app`"), "{message}");
+                assert!(message.contains("exec format error"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn build_args_match_buildx() {

@@ -8,23 +8,26 @@
 //! (files, empty and hidden directories, symlinks inside, outside, dangling and in
 //! loops, modes 0644/0755/0600, zero-length and up to 2 MiB files, names with blanks and
 //! unicode, a local tar), random `.dockerignore` / `<Dockerfile>.dockerignore`, a random
-//! FROM-scratch Dockerfile (multi-stage, COPY/ADD with globs, JSON form, --chmod,
-//! --link, --from, ARG/ENV in source paths, --target, RUN --mount=type=bind with the
-//! static busybox, ADD of a local tar, heredocs), and 1-3 mutations. The case is built,
+//! FROM-scratch Dockerfile (multi-stage, stages FROM earlier ones, COPY/ADD with globs,
+//! JSON form, --chmod, --link, --from, ARG/ENV in source paths, --target,
+//! RUN --mount=type=bind with the static busybox, ADD of a local tar, heredocs, ONBUILD
+//! COPY), and 1-3 mutations (plus, in 5% of cases, an edit of a file outside the
+//! context). The case is built,
 //! mutated, rebuilt normally and with `--rebuild`; the two must publish the same digest,
 //! or fail the same way (exit code and kind of failure). Every
-//! `POLYARCH_DIFF_COMPARE_EVERY`-th case also builds the final tree with
-//! `docker buildx build` (Docker 26.1's CLI, buildx 0.13.1, from scripts/engine26.sh) on
-//! the engine polyarch used, to an OCI layout where that engine can export one
-//! (containerd image store) or to a root file system tar (classic store), and compares
-//! its files with the image `--rebuild` pushed (paths, types, permission bits, uid/gid,
-//! sizes, link targets, contents; times, user/group names and xattrs are not compared;
-//! a hard link counts as the file it names; contents are not compared after a mutation
-//! that kept a file's size and modification time, which BuildKit does not resend, for
-//! polyarch as for the Docker CLI, while buildx's first build of the tree reads it).
-//! Each case's context directory has a name of its own: BuildKit keeps what it was sent
-//! under the directory's name, and a shared name lets one case's transfer leak into
-//! the next (seen with buildx on Docker 20.10: a symlink of an earlier case).
+//! `POLYARCH_DIFF_COMPARE_EVERY`-th case is also built with `docker buildx build`
+//! (Docker 26.1's CLI, buildx 0.13.1, from scripts/engine26.sh) on the engine polyarch
+//! used, the first tree after polyarch's first build and the mutated tree after its
+//! reruns (so that BuildKit's incremental transfers have the same history for both: it
+//! resends a file only when its size or modification time changed, and does not see a
+//! directory's new mode), to an OCI layout where that engine can export one (containerd
+//! image store) or to a root file system tar (classic store); each must have the same
+//! files as the image polyarch pushed for that tree (paths, types, permission bits,
+//! uid/gid, sizes, link targets, contents; times, user/group names and xattrs are not
+//! compared; a hard link counts as the file it names). Each case's context directory
+//! has a name of its own: BuildKit keeps what it was sent under the directory's name, and
+//! a shared name lets one case's transfer leak into the next (seen with buildx on
+//! Docker 20.10: a symlink of an earlier case).
 //!
 //! A disagreement is confirmed by a second run, shrunk (mutations, entries, Dockerfile
 //! and ignore lines, options, contents), printed with a reproduction and saved under

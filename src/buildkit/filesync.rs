@@ -437,6 +437,7 @@ where
                             return Err(fail(&outgoing, SyncError::InvalidId(id)).await);
                         };
                         let job = FileJob {
+                            withheld: !filter.opens(&path),
                             path: root.join(path),
                             id,
                             out: outgoing.clone(),
@@ -471,6 +472,8 @@ type FileSent = Result<(u32, String), SyncError>;
 /// One REQ to answer.
 struct FileJob {
     path: PathBuf,
+    /// Listed by the walk but refused by the filter's open check: sent empty.
+    withheld: bool,
     id: u32,
     out: mpsc::Sender<Result<Packet, Status>>,
     stop: Arc<AtomicBool>,
@@ -489,7 +492,8 @@ impl FileJob {
     }
 
     /// Streams the file as DATA packets of at most [`CHUNK_SIZE`], then the empty DATA that
-    /// ends it. Like fsutil, a file that can no longer be opened is sent empty.
+    /// ends it. Like fsutil, a file that can no longer be opened, or that the filter refuses
+    /// to open, is sent empty.
     fn send(self) -> FileSent {
         let data = |data: Vec<u8>| {
             Ok(Packet {
@@ -499,7 +503,8 @@ impl FileJob {
             })
         };
         let mut hasher = Sha256::new();
-        if let Some(mut file) = open_regular(&self.path) {
+        let file = (!self.withheld).then(|| open_regular(&self.path)).flatten();
+        if let Some(mut file) = file {
             let mut buf = vec![0; CHUNK_SIZE];
             loop {
                 let n = match file.read(&mut buf) {
@@ -535,7 +540,11 @@ pub fn replay(root: &Path, filter: &Filter) -> Result<Vec<SentEntry>, SyncError>
         if stat.mode & MODE_TYPE == 0 && stat.linkname.is_empty() {
             let path = root.join(&stat.path);
             let mut hasher = Sha256::new();
-            if let Some(mut file) = open_regular(&path) {
+            let file = filter
+                .opens(&stat.path)
+                .then(|| open_regular(&path))
+                .flatten();
+            if let Some(mut file) = file {
                 io::copy(&mut file, &mut hasher).map_err(|e| SyncError::io(&path, e))?;
             }
             entry.sha256 = Some(hex::encode(hasher.finalize()));
@@ -664,6 +673,25 @@ impl Filter {
             include,
             exclude,
         })
+    }
+}
+
+impl Filter {
+    /// Whether fsutil's filtered file system opens `path` for its content. It decides with
+    /// patternmatcher's MatchesOrParentMatches, which re-checks every pattern against every
+    /// parent, where the walk reuses parents' results and skips patterns that cannot change
+    /// the outcome so far; the two disagree (`src`, `!src/src`, `src` lists
+    /// `src/src/keep.txt` but refuses to open it), and the Docker CLI then sends the file
+    /// empty. polyarch sends what the Docker CLI sends, so an ignored file's content never
+    /// leaves the machine.
+    pub fn opens(&self, path: &str) -> bool {
+        self.include
+            .as_ref()
+            .is_none_or(|m| m.matches_or_parent_matches(path))
+            && self
+                .exclude
+                .as_ref()
+                .is_none_or(|m| !m.matches_or_parent_matches(path))
     }
 }
 
@@ -1029,6 +1057,25 @@ impl Matcher {
             }
         }
         (matched, info)
+    }
+
+    /// patternmatcher's MatchesOrParentMatches: each pattern that can change the outcome is
+    /// checked against `path` and, failing that, against each of its parents.
+    fn matches_or_parent_matches(&self, path: &str) -> bool {
+        let parents: Vec<&str> = path
+            .match_indices('/')
+            .map(|(end, _)| &path[..end])
+            .collect();
+        let mut matched = false;
+        for pattern in &self.patterns {
+            if pattern.exclusion != matched {
+                continue;
+            }
+            if pattern.matches(path) || parents.iter().any(|p| pattern.matches(p)) {
+                matched = !pattern.exclusion;
+            }
+        }
+        matched
     }
 
     /// Whether a pattern of this polarity names something below `dir`, so the directory
@@ -1880,10 +1927,9 @@ mod tests {
                 assert_eq!(p.r#type, PacketType::PacketData as i32, "{p:?}");
                 assert!(open.contains(&p.id), "data for {}", p.id);
                 assert!(p.data.len() <= CHUNK_SIZE);
+                out.entry(p.id).or_default().extend_from_slice(&p.data);
                 if p.data.is_empty() {
                     open.remove(&p.id);
-                } else {
-                    out.entry(p.id).or_default().extend_from_slice(&p.data);
                 }
             }
             out
@@ -1940,6 +1986,47 @@ mod tests {
         assert_eq!(entries[3].sha256, None);
         assert_eq!(entries[1].mode & MODE_DIR, MODE_DIR);
         assert_eq!(entries[2].size, big.len() as i64);
+    }
+
+    #[tokio::test]
+    async fn a_file_the_walk_lists_but_the_filter_refuses_to_open_is_sent_empty() {
+        // Found by the differential test against docker buildx: the last `src` excludes
+        // src/src/keep.txt for the open check but not for the walk.
+        let dir = TempDir::new().unwrap();
+        let root = dir.path();
+        write(root, "src/src/keep.txt", b"secret\n");
+        write(root, "other.txt", b"kept\n");
+        let filter = filter(root, &[], &["src", "!src/src", "src"], &[]);
+        assert!(!filter.opens("src/src/keep.txt"));
+        assert!(filter.opens("other.txt"));
+
+        let mut rx = Receiver::start(root, filter.clone(), 4);
+        let stats = rx.stats().await;
+        let listed: Vec<&str> = stats.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(listed, ["other.txt", "src", "src/src", "src/src/keep.txt"]);
+        let (kept, refused) = (
+            id_of(&stats, "other.txt"),
+            id_of(&stats, "src/src/keep.txt"),
+        );
+        rx.put(PacketType::PacketReq, kept).await;
+        rx.put(PacketType::PacketReq, refused).await;
+        let data = rx.data(&[kept, refused]).await;
+        assert_eq!(data[&kept], b"kept\n");
+        assert_eq!(data[&refused], b"");
+        rx.put(PacketType::PacketFin, 0).await;
+        assert_eq!(rx.next().await.r#type, PacketType::PacketFin as i32);
+        let (result, entries) = rx.finish().await;
+        result.unwrap();
+        // The record and a replay agree on what was sent: nothing of the refused file.
+        let replayed = replay(root, &filter).unwrap();
+        assert_eq!(
+            entries[refused as usize].sha256.as_deref(),
+            Some(&*sha256_hex(b""))
+        );
+        assert_eq!(
+            replayed[refused as usize].sha256,
+            entries[refused as usize].sha256
+        );
     }
 
     #[tokio::test]
@@ -2027,7 +2114,7 @@ mod tests {
         let sock = id_of(&stats, "sock");
         assert_eq!(stats[sock as usize].mode & MODE_TYPE, 0);
         rx.put(PacketType::PacketReq, sock).await;
-        assert!(rx.data(&[sock]).await.is_empty());
+        assert!(rx.data(&[sock]).await[&sock].is_empty());
         // A FIFO is never requestable.
         rx.put(PacketType::PacketReq, id_of(&stats, "pipe")).await;
         let err = rx.next().await;

@@ -688,17 +688,23 @@ impl Dockerfile<'_> {
         busybox: bool,
     ) {
         let from = self.kw("FROM");
+        // A stage built on an earlier named one (which runs its ONBUILD triggers).
+        let named: Vec<usize> = (0..stages.len())
+            .filter(|&k| stages[k].name.is_some())
+            .collect();
+        let base = (!named.is_empty() && self.g.rng.chance(25)).then(|| *self.g.rng.pick(&named));
+        let image = base.map_or("scratch".to_string(), |k| stages[k].name.clone().unwrap());
         match &name {
             Some(n) => {
                 let as_kw = if self.g.rng.chance(10) { "as" } else { "AS" };
-                self.lines.push(format!("{from} scratch {as_kw} {n}"));
+                self.lines.push(format!("{from} {image} {as_kw} {n}"));
             }
-            None => self.lines.push(format!("{from} scratch")),
+            None => self.lines.push(format!("{from} {image}")),
         }
         let mut stage = Stage {
             name,
             dests: vec![],
-            has_busybox: false,
+            has_busybox: base.is_some_and(|k| stages[k].has_busybox),
         };
         if busybox {
             if let Some(bb) = self.g.busybox.clone() {
@@ -730,6 +736,7 @@ impl Dockerfile<'_> {
                 5,                                             // metadata
                 3,                                             // comment
                 if self.global_arg.is_some() { 8 } else { 0 }, // global ARG in a path
+                4,                                             // ONBUILD COPY
             ];
             match self.g.rng.weighted(&weights) {
                 0 => {
@@ -883,6 +890,18 @@ impl Dockerfile<'_> {
                     self.lines.push(line);
                 }
                 9 => self.lines.push("# a comment line".into()),
+                11 => {
+                    // Runs in the stages built FROM this one, not in this one.
+                    let src = self.g.source();
+                    let dest = self.dest(true, false);
+                    let kw = self.kw("ONBUILD");
+                    let copy = if src.contains(' ') {
+                        format!("COPY [{}, {}]", q(&src), q(&dest))
+                    } else {
+                        format!("COPY {src} {dest}")
+                    };
+                    self.lines.push(format!("{kw} {copy}"));
+                }
                 _ => {
                     let g = self.global_arg.clone().unwrap();
                     let dest = self.dest(true, workdir);

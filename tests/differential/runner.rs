@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 use crate::layers;
-use crate::model::{self, Case, Layout, Mutation};
+use crate::model::{self, Case, Layout};
 use crate::support;
 
 /// Where and with what cases run.
@@ -317,6 +317,12 @@ pub fn run_case(env: &Env, case: &Case, compare: bool) -> CaseResult {
     let host = env.docker_host.as_deref();
 
     let cold = run_polyarch(env, &root, "polyarch.yaml", &cache, host, &[]);
+    // The Docker CLI builds the same trees at the same points: the first tree now, the
+    // mutated one after polyarch's reruns. BuildKit resends only what changed since its
+    // last transfer of a directory (a file whose size and modification time are the same
+    // is not resent, a directory's new mode is not seen), so both see the same history.
+    let bx = env.buildx.as_ref().filter(|_| compare);
+    let initial = bx.map(|bx| buildx(env, bx, case, &root, &root.join("buildx-initial.tar")));
     let applied: Vec<bool> = case
         .mutations
         .iter()
@@ -367,28 +373,15 @@ pub fn run_case(env: &Env, case: &Case, compare: bool) -> CaseResult {
     }
 
     let mut compared = None;
-    if compare && disagreement.is_none() {
-        if let Some(bx) = &env.buildx {
-            // BuildKit resends a file only when its size or modification time changed (the
-            // Docker CLI's builds see the same): after an edit that kept both, polyarch's
-            // builds of this tree rightly keep the old content, a first build by buildx
-            // has the new one. Contents are then not compared.
-            let kept_mtime = case.mutations.iter().zip(&applied).any(|(m, a)| {
-                *a && matches!(
-                    m,
-                    Mutation::Write {
-                        keep_mtime: true,
-                        ..
-                    } | Mutation::FlipByte {
-                        keep_mtime: true,
-                        ..
-                    }
-                )
+    if let (Some(bx), Some(initial), None) = (bx, initial, &disagreement) {
+        let result = compare_outputs(bx, &root, &cold, initial, &repo, "first tree", "initial")
+            .and_then(|_| {
+                let theirs = buildx(env, bx, case, &root, &root.join("buildx-final.tar"));
+                compare_outputs(bx, &root, &rebuild, theirs, &repo, "mutated tree", "final")
             });
-            match compare_with_docker_cli(env, bx, case, &root, &rebuild, &repo, !kept_mtime) {
-                Ok(c) => compared = Some(c),
-                Err(d) => disagreement = Some(d),
-            }
+        match result {
+            Ok(c) => compared = Some(c),
+            Err(d) => disagreement = Some(d),
         }
     }
     CaseResult {
@@ -469,32 +462,35 @@ fn pushed_files(reference: &str, dir: &Path) -> Result<layers::Files, String> {
     layers::image_files(dir)
 }
 
-/// Builds the final tree with the Docker CLI on polyarch's engine and compares its files
-/// with the image `--rebuild` pushed. Ok(true): same files; Ok(false): both failed.
-fn compare_with_docker_cli(
-    env: &Env,
+/// Compares polyarch's `ours` (pushed to `repo`) with the Docker CLI's build of the same
+/// tree (`theirs`, written to `buildx-NAME.tar`). Ok(true): same files; Ok(false): both
+/// failed.
+fn compare_outputs(
     bx: &Buildx,
-    case: &Case,
     root: &Path,
-    rebuild: &Outcome,
+    ours: &Outcome,
+    theirs: Result<(), String>,
     repo: &str,
-    contents: bool,
+    tree: &str,
+    name: &str,
 ) -> Result<bool, Disagreement> {
-    let out = root.join("buildx.tar");
-    let theirs = buildx(env, bx, case, root, &out);
-    match (rebuild, theirs) {
+    match (ours, theirs) {
         (Outcome::Failed { .. }, Err(_)) => Ok(false),
         (Outcome::Published { digest, .. }, Ok(())) => {
+            let out = root.join(format!("buildx-{name}.tar"));
             let read = || -> Result<(layers::Files, layers::Files), String> {
                 let theirs = if bx.output == "oci" {
-                    let dir = root.join("buildx-oci");
+                    let dir = root.join(format!("buildx-{name}-oci"));
                     fs::create_dir_all(&dir).unwrap();
                     layers::untar(&out, &dir)?;
                     layers::image_files(&dir)?
                 } else {
                     layers::rootfs_files(&out)?
                 };
-                let ours = pushed_files(&format!("{repo}@{digest}"), &root.join("pushed-oci"))?;
+                let ours = pushed_files(
+                    &format!("{repo}@{digest}"),
+                    &root.join(format!("pushed-{name}-oci")),
+                )?;
                 Ok((ours, theirs))
             };
             let (ours, theirs) = read().map_err(|e| Disagreement {
@@ -502,12 +498,6 @@ fn compare_with_docker_cli(
                 detail: e,
                 signature: None,
             })?;
-            let (mut ours, mut theirs) = (ours, theirs);
-            if !contents {
-                for info in ours.values_mut().chain(theirs.values_mut()) {
-                    info.sha.clear();
-                }
-            }
             let diff = layers::diff("polyarch", &ours, "buildx", &theirs);
             if diff.is_empty() {
                 Ok(true)
@@ -516,7 +506,7 @@ fn compare_with_docker_cli(
                     signature: None,
                     category: "buildx-files".into(),
                     detail: format!(
-                        "the final tree's image differs between polyarch --rebuild and docker buildx:\n  {}",
+                        "the {tree}'s image differs between polyarch and docker buildx:\n  {}",
                         diff.join("\n  ")
                     ),
                 })
@@ -531,7 +521,7 @@ fn compare_with_docker_cli(
             }),
             category: "buildx-outcome".into(),
             detail: format!(
-                "on the final tree: polyarch --rebuild {ours}; docker buildx {}",
+                "on the {tree}: polyarch {ours}; docker buildx {}",
                 match theirs {
                     Ok(()) => "built the image".to_string(),
                     Err(e) => format!("failed: {e}"),
