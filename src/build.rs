@@ -12,6 +12,7 @@ use crate::project::{ImageSpec, Network};
 use crate::{Error, Platform, Result};
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
+use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
@@ -157,29 +158,23 @@ async fn build_once(
     };
 
     let foreign = platform.os_arch() != engine.native.os_arch();
-    let mut log = BuildLog::new(spec, platform, foreign, export_started, reporter);
+    let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
     let exporter = match output {
         Output::Engine => buildkit::Exporter {
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.clone())]),
         },
-        Output::Registry(repository) => buildkit::Exporter {
-            kind: "image".into(),
-            attrs: [
-                ("name", repository),
-                ("push", "true"),
-                ("push-by-digest", "true"),
-                ("store", "false"),
-                ("unpack", "false"),
-                ("oci-mediatypes", "true"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        },
+        Output::Registry(repository) => registry_exporter(repository),
     };
     let (error, solved) = if engine.buildkit {
-        match solve_in_session(engine, spec, platform, exporter, &mut log).await {
+        let mut on_status = |status| {
+            log.consume(BuildInfo {
+                aux: Some(BuildInfoAux::BuildKit(status)),
+                ..Default::default()
+            })
+        };
+        let platforms = std::slice::from_ref(platform);
+        match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
             Ok(solved) => (None, Some(solved)),
             Err(message) => (Some(message), None),
         }
@@ -199,7 +194,12 @@ async fn build_once(
             .as_deref()
             .is_some_and(|step| step.starts_with("exporting to"));
         if let (Output::Registry(repository), true) = (output, exporting) {
-            return Err(push_failure(spec, platform, repository, &message));
+            return Err(push_failure(
+                spec,
+                &platform.to_string(),
+                repository,
+                &message,
+            ));
         }
         return Err(log.failure(&message, failed));
     }
@@ -241,9 +241,264 @@ async fn build_once(
     }))
 }
 
+/// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
+/// stored in the engine.
+fn registry_exporter(repository: &str) -> buildkit::Exporter {
+    buildkit::Exporter {
+        kind: "image".into(),
+        attrs: [
+            ("name", repository),
+            ("push", "true"),
+            ("push-by-digest", "true"),
+            ("store", "false"),
+            ("unpack", "false"),
+            ("oci-mediatypes", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    }
+}
+
+/// What one solve for several platforms pushed: an index of their manifests, by digest.
+#[derive(Debug, Clone)]
+pub struct BuiltIndex {
+    /// The index BuildKit pushed; polyarch reads its platform manifests and publishes its
+    /// own index of them.
+    pub digest: String,
+    pub seconds: f64,
+    /// What BuildKit read of the context, for all the platforms.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Builds `spec` for every one of `platforms` in one solve whose image exporter pushes
+/// them by digest to `repository` (an engine on containerd's image store): one session,
+/// one context transfer and one exporter run for the image instead of one per platform.
+/// Each platform's steps and logs are reported as its own build's would be.
+pub async fn build_platforms(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platforms: &[Platform],
+    repository: &str,
+    reporter: &dyn Reporter,
+) -> Result<BuiltIndex> {
+    let started = Instant::now();
+    // Nothing is written to the engine, so nothing waits on the exporter having started.
+    let export_started = AtomicBool::new(false);
+    let mut logs = PlatformLogs::new(
+        &spec.name,
+        platforms,
+        &engine.native,
+        &export_started,
+        reporter,
+    );
+    let solved = {
+        let mut on_status = |status| logs.route(status);
+        let exporter = registry_exporter(repository);
+        solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
+    };
+    let (message, failed) = match solved {
+        Ok(solved) => match logs.failed() {
+            None => {
+                let digest =
+                    pushed_manifest_digest(&solved.exporter_response).ok_or_else(|| {
+                        Error::Build {
+                            image: spec.name.clone(),
+                            platform: platform_list(platforms),
+                            message: format!(
+                            "the engine pushed to {repository} but did not say which index ({:?})",
+                            solved.exporter_response
+                        ),
+                        }
+                    })?;
+                return Ok(BuiltIndex {
+                    digest,
+                    seconds: started.elapsed().as_secs_f64(),
+                    transfers: solved.transfers,
+                });
+            }
+            Some(index) => (
+                logs.logs[index].vertex_error.clone().unwrap_or_default(),
+                index,
+            ),
+        },
+        Err(message) => (message, logs.failed().unwrap_or(0)),
+    };
+    let log = &mut logs.logs[failed];
+    let platform = log.platform;
+    let shared = log.shared_failure;
+    let names = if shared {
+        platform_list(platforms)
+    } else {
+        platform.to_string()
+    };
+    let exporting = log
+        .current_step
+        .as_deref()
+        .is_some_and(|step| step.starts_with("exporting to"));
+    if exporting {
+        return Err(push_failure(spec, &names, repository, &message));
+    }
+    Err(log.failure(&message, |message| Error::Build {
+        image: spec.name.clone(),
+        platform: names.clone(),
+        message,
+    }))
+}
+
+fn platform_list(platforms: &[Platform]) -> String {
+    platforms
+        .iter()
+        .map(Platform::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One [`BuildLog`] per platform of a multi-platform solve. BuildKit names a platform's
+/// vertices `[linux/arm64 2/4] RUN …`: each goes to its platform's log without the
+/// platform (as a single-platform build names it), a vertex of no platform (the context
+/// transfer, the exporter) to every log.
+struct PlatformLogs<'a> {
+    logs: Vec<BuildLog<'a>>,
+    /// Which log each vertex went to (`None`: all), for the logs that name it.
+    vertices: HashMap<String, Option<usize>>,
+}
+
+impl<'a> PlatformLogs<'a> {
+    fn new(
+        image: &'a str,
+        platforms: &'a [Platform],
+        native: &Platform,
+        export_started: &'a AtomicBool,
+        reporter: &'a dyn Reporter,
+    ) -> Self {
+        let logs = platforms
+            .iter()
+            .map(|platform| {
+                let foreign = platform.os_arch() != native.os_arch();
+                BuildLog::new(image, platform, foreign, export_started, reporter)
+            })
+            .collect();
+        PlatformLogs {
+            logs,
+            vertices: HashMap::new(),
+        }
+    }
+
+    fn route(&mut self, status: StatusResponse) {
+        let mut parts: Vec<StatusResponse> = vec![StatusResponse::default(); self.logs.len()];
+        let mut vertexes = status.vertexes;
+        for vertex in &mut vertexes {
+            if let Some((index, name)) = self.split_platform(&vertex.name) {
+                vertex.name = name;
+                self.vertices.insert(vertex.digest.clone(), Some(index));
+            }
+        }
+        // Some steps carry no platform in their name (an exec-form RUN is `[2/2] RUN [...]`
+        // for every platform): such a step belongs to the platform of the steps it builds
+        // on, which a status lists in no particular order.
+        loop {
+            let mut found = false;
+            for vertex in &vertexes {
+                if self
+                    .vertices
+                    .get(&vertex.digest)
+                    .copied()
+                    .flatten()
+                    .is_none()
+                {
+                    if let Some(index) = self.platform_of_inputs(&vertex.inputs) {
+                        self.vertices.insert(vertex.digest.clone(), Some(index));
+                        found = true;
+                    }
+                }
+            }
+            if !found {
+                break;
+            }
+        }
+        for vertex in vertexes {
+            let target = self.vertices.get(&vertex.digest).copied().flatten();
+            self.vertices.insert(vertex.digest.clone(), target);
+            match target {
+                Some(index) => parts[index].vertexes.push(vertex),
+                None => {
+                    for part in &mut parts {
+                        part.vertexes.push(vertex.clone());
+                    }
+                }
+            }
+        }
+        for log in status.logs {
+            match self.vertices.get(&log.vertex).copied().flatten() {
+                Some(index) => parts[index].logs.push(log),
+                None => {
+                    for part in &mut parts {
+                        part.logs.push(log.clone());
+                    }
+                }
+            }
+        }
+        for (log, part) in self.logs.iter_mut().zip(parts) {
+            if part.vertexes.is_empty() && part.logs.is_empty() {
+                continue;
+            }
+            let shared_error = part
+                .vertexes
+                .iter()
+                .any(|v| !v.error.is_empty() && self.vertices[&v.digest].is_none());
+            if shared_error && log.vertex_error.is_none() {
+                log.shared_failure = true;
+            }
+            log.consume(BuildInfo {
+                aux: Some(BuildInfoAux::BuildKit(part)),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// The one platform the `inputs` vertices were routed to, if they agree on one.
+    fn platform_of_inputs(&self, inputs: &[String]) -> Option<usize> {
+        let mut routed = inputs
+            .iter()
+            .filter_map(|input| self.vertices.get(input).copied().flatten());
+        let first = routed.next()?;
+        routed.all(|index| index == first).then_some(first)
+    }
+
+    /// The log of the platform whose vertex named in `[PLATFORM …]` is one of ours, and the
+    /// name without it.
+    fn split_platform(&self, name: &str) -> Option<(usize, String)> {
+        let inner = name.strip_prefix('[')?;
+        let end = inner.find([' ', ']'])?;
+        let platform: Platform = inner[..end].parse().ok()?;
+        let index = self.logs.iter().position(|log| *log.platform == platform)?;
+        let rest = &inner[end..];
+        let name = match rest.strip_prefix(' ') {
+            Some(rest) => format!("[{rest}"),
+            None => rest.trim_start_matches(']').trim_start().to_string(),
+        };
+        Some((index, name))
+    }
+
+    /// The log that explains the failure: a platform whose own step failed first, rather
+    /// than one cancelled because another failed.
+    fn failed(&self) -> Option<usize> {
+        let cancelled = |log: &BuildLog<'_>| {
+            log.vertex_error
+                .as_deref()
+                .is_some_and(|e| e.contains("context canceled"))
+        };
+        self.logs
+            .iter()
+            .position(|log| log.vertex_error.is_some() && !cancelled(log))
+            .or_else(|| self.logs.iter().position(|log| log.vertex_error.is_some()))
+    }
+}
+
 /// BuildKit's own push failed (after its own retries): a registry failure, named by the
 /// registry as polyarch's uploads are, without the upload URLs' long session queries.
-fn push_failure(spec: &ImageSpec, platform: &Platform, repository: &str, message: &str) -> Error {
+fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &str) -> Error {
     let registry = crate::registry::parse_reference(repository)
         .map(|r| r.registry().to_string())
         .unwrap_or_else(|_| repository.to_string());
@@ -262,6 +517,14 @@ fn push_failure(spec: &ImageSpec, platform: &Platform, repository: &str, message
             words.join(" ")
         ),
     }
+}
+
+/// The digest of what BuildKit's image exporter pushed (a multi-platform solve's index).
+fn pushed_manifest_digest(exporter_response: &HashMap<String, String>) -> Option<String> {
+    exporter_response
+        .get("containerimage.digest")
+        .filter(|digest| digest.starts_with("sha256:"))
+        .cloned()
 }
 
 /// The manifest BuildKit's image exporter pushed: its descriptor, base64 JSON.
@@ -358,12 +621,15 @@ async fn build_classic(
 async fn solve_in_session(
     engine: &Engine,
     spec: &ImageSpec,
-    platform: &Platform,
+    platforms: &[Platform],
     exporter: buildkit::Exporter,
-    log: &mut BuildLog<'_>,
+    reporter: &dyn Reporter,
+    on_status: &mut (dyn FnMut(StatusResponse) + Send),
 ) -> std::result::Result<buildkit::Solved, String> {
+    let list: Vec<String> = platforms.iter().map(Platform::to_string).collect();
+    let platform_names = list.join(",");
     let mut attrs: HashMap<String, String> =
-        HashMap::from([("platform".into(), platform.to_string())]);
+        HashMap::from([("platform".into(), platform_names.clone())]);
     if let Some(target) = &spec.target {
         attrs.insert("target".into(), target.clone());
     }
@@ -416,7 +682,7 @@ async fn solve_in_session(
                 .map(|mut told| told.insert(engine.endpoint.clone()))
                 .unwrap_or(false);
             if first {
-                log.reporter.report(Event::Warning {
+                reporter.report(Event::Warning {
                     message: format!(
                         "the engine at {} (Docker {}) keeps images in the classic store, whose BuildKit cannot export a registry cache: building without exporting to {to}; use an engine with the containerd image store to export",
                         engine.endpoint, engine.server_version
@@ -425,7 +691,9 @@ async fn solve_in_session(
             }
             None
         }
-        Some(to) => Some(to.for_platform(platform)),
+        // Per-platform caches need one solve per platform: the caller solves several
+        // platforms together only for images without registry cache.
+        Some(to) => platforms.first().map(|platform| to.for_platform(platform)),
         None => None,
     };
     let build = buildkit::DockerfileBuild {
@@ -439,7 +707,11 @@ async fn solve_in_session(
         cache_from: spec
             .cache_from
             .iter()
-            .map(|from| from.for_platform(platform))
+            .flat_map(|from| {
+                platforms
+                    .first()
+                    .map(|platform| from.for_platform(platform))
+            })
             .collect(),
         cache_to,
     };
@@ -461,9 +733,9 @@ async fn solve_in_session(
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);
                 if !error.is_empty() && not_imported.insert(reference.to_string()) {
-                    log.reporter.report(Event::Warning {
+                    reporter.report(Event::Warning {
                         message: format!(
-                            "{} {platform}: the cache {reference} could not be imported ({}); building without it",
+                            "{} {platform_names}: the cache {reference} could not be imported ({}); building without it",
                             spec.name,
                             crate::error::one_line(&error)
                         ),
@@ -471,10 +743,7 @@ async fn solve_in_session(
                 }
             }
         }
-        log.consume(BuildInfo {
-            aux: Some(BuildInfoAux::BuildKit(status)),
-            ..Default::default()
-        })
+        on_status(status)
     })
     .await;
     solved.map_err(|e| e.to_string())
@@ -487,6 +756,8 @@ struct BuildLog<'a> {
     platform: &'a Platform,
     /// The engine runs this platform's programs only under emulation.
     foreign: bool,
+    /// In a multi-platform solve, the first error came from a step of no one platform.
+    shared_failure: bool,
     reporter: &'a dyn Reporter,
     export_started: &'a AtomicBool,
     tail: VecDeque<String>,
@@ -498,16 +769,17 @@ struct BuildLog<'a> {
 
 impl<'a> BuildLog<'a> {
     fn new(
-        spec: &'a ImageSpec,
+        image: &'a str,
         platform: &'a Platform,
         foreign: bool,
         export_started: &'a AtomicBool,
         reporter: &'a dyn Reporter,
     ) -> Self {
         BuildLog {
-            image: &spec.name,
+            image,
             platform,
             foreign,
+            shared_failure: false,
             reporter,
             export_started,
             tail: VecDeque::new(),
@@ -798,6 +1070,111 @@ impl ContextFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bollard_buildkit_proto::moby::buildkit::v1::{Vertex, VertexLog};
+
+    struct Recorded(std::sync::Mutex<Vec<Event>>);
+
+    impl Reporter for Recorded {
+        fn report(&self, event: Event) {
+            self.0.lock().unwrap().push(event);
+        }
+    }
+
+    fn vertex(digest: &str, name: &str, inputs: &[&str], error: &str) -> Vertex {
+        Vertex {
+            digest: digest.into(),
+            name: name.into(),
+            inputs: inputs.iter().map(|i| i.to_string()).collect(),
+            error: error.into(),
+            started: Some(Default::default()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_multi_platform_solve_reports_each_step_against_its_platform() {
+        let platforms: Vec<Platform> = vec![
+            "linux/amd64".parse().unwrap(),
+            "linux/arm64".parse().unwrap(),
+        ];
+        let native: Platform = "linux/amd64".parse().unwrap();
+        let recorded = Recorded(Default::default());
+        let started = AtomicBool::new(false);
+        let mut logs = PlatformLogs::new("api", &platforms, &native, &started, &recorded);
+        // As BuildKit lists them: an exec-form RUN has no platform in its name, and may
+        // come before the step it builds on.
+        logs.route(StatusResponse {
+            vertexes: vec![
+                vertex("run-arm", "[2/2] RUN [\"/app\"]", &["copy-arm"], ""),
+                vertex("ctx", "[internal] load build context", &[], ""),
+                vertex("copy-arm", "[linux/arm64 1/2] COPY app /app", &["ctx"], ""),
+                vertex("copy-amd", "[linux/amd64 1/2] COPY app /app", &["ctx"], ""),
+                vertex("run-amd", "[2/2] RUN [\"/app\"]", &["copy-amd"], ""),
+            ],
+            ..Default::default()
+        });
+        logs.route(StatusResponse {
+            vertexes: vec![
+                vertex(
+                    "run-arm",
+                    "[2/2] RUN [\"/app\"]",
+                    &["copy-arm"],
+                    "exit code: 255",
+                ),
+                vertex(
+                    "run-amd",
+                    "[2/2] RUN [\"/app\"]",
+                    &["copy-amd"],
+                    "context canceled",
+                ),
+            ],
+            logs: vec![VertexLog {
+                vertex: "run-arm".into(),
+                msg: b"exec /app: exec format error\n".to_vec(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let steps: Vec<(String, String)> = recorded
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|event| match event {
+                Event::Step { platform, name, .. } => Some((platform.to_string(), name.clone())),
+                _ => None,
+            })
+            .collect();
+        for platform in ["linux/amd64", "linux/arm64"] {
+            let mut mine: Vec<&str> = steps
+                .iter()
+                .filter(|(p, _)| p == platform)
+                .map(|(_, name)| name.as_str())
+                .collect();
+            mine.sort();
+            assert_eq!(
+                mine,
+                [
+                    "[1/2] COPY app /app",
+                    "[2/2] RUN [\"/app\"]",
+                    "[internal] load build context"
+                ],
+                "{platform}"
+            );
+        }
+        // The platform whose own step failed explains the failure, not the one cancelled.
+        let failed = logs.failed().unwrap();
+        assert_eq!(logs.logs[failed].platform.to_string(), "linux/arm64");
+        assert!(!logs.logs[failed].shared_failure);
+        assert!(matches!(
+            logs.logs[failed].failure("exit code: 255", |m| Error::Build {
+                image: "api".into(),
+                platform: "linux/arm64".into(),
+                message: m,
+            }),
+            Error::Emulation(_)
+        ));
+    }
 
     #[test]
     fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
@@ -808,6 +1185,7 @@ mod tests {
                 image: "api",
                 platform: &platform,
                 foreign,
+                shared_failure: false,
                 reporter: &crate::progress::Silent,
                 export_started: &started,
                 tail: VecDeque::from(["exec /app: exec format error".to_string()]),

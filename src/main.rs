@@ -99,7 +99,7 @@ enum Command {
         /// Only these platforms (comma-separated).
         #[arg(long, value_delimiter = ',')]
         platform: Vec<Platform>,
-        /// Platform builds and uploads running at once.
+        /// Solves (one per platform, or one per image whose platforms build together) and uploads running at once.
         #[arg(long, short = 'j', default_value_t = 2, value_parser = parse_jobs)]
         jobs: usize,
         /// How to treat foreign platforms that need emulation (overrides polyarch.yaml).

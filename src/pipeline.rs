@@ -19,7 +19,6 @@ use crate::record::{
 use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, RegistrySource, Target};
 use crate::{Error, Platform, Result};
-use futures_util::{StreamExt, TryStreamExt};
 use oci_client::Reference;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -338,25 +337,56 @@ async fn build_and_push_all<'a>(
         reporter,
     };
     let run = &run;
-    let jobs = options.jobs.max(1);
-    let pushed: Result<Vec<Pushed>> = futures_util::stream::iter(plan.units.iter())
-        .map(|unit| {
-            let (destination, emulation) = (&destination, &emulation);
-            let engine = builders.for_platform(&unit.platform);
-            async move {
+    // `--jobs` bounds the solves running at once: a platform's own, or one for several
+    // platforms of an image.
+    let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
+    let (jobs, destination_ref, emulation, builders) = (&jobs, &destination, &emulation, &builders);
+    let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
+    for unit in &plan.units {
+        match images
+            .iter_mut()
+            .find(|units| units[0].image.name == unit.image.name)
+        {
+            Some(units) => units.push(unit),
+            None => images.push(vec![unit]),
+        }
+    }
+    let pushed: Result<Vec<Pushed>> =
+        futures_util::future::try_join_all(images.into_iter().map(|units| async move {
+            let together = match destination_ref {
+                Destination::Registry(registry) => {
+                    solved_together(&units, builders, run).map(|engine| (engine, registry))
+                }
+                Destination::Layout(_) => None,
+            };
+            if let Some((engine, registry)) = together {
+                return build_and_push_image(
+                    engine,
+                    destination_ref,
+                    registry,
+                    &units,
+                    emulation,
+                    jobs,
+                    run,
+                )
+                .await;
+            }
+            futures_util::future::try_join_all(units.iter().map(|unit| async move {
+                let engine = builders.for_platform(&unit.platform);
+                let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
                 let emulated = emulation.is_emulated(unit);
-                match build_and_push(engine, destination, unit, emulated, run).await {
+                match build_and_push(engine, destination_ref, unit, emulated, run).await {
                     Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
                         let emulated = emulation.recheck(engine, unit, reporter).await?;
-                        build_and_push(engine, destination, unit, emulated, run).await
+                        build_and_push(engine, destination_ref, unit, emulated, run).await
                     }
                     outcome => outcome,
                 }
-            }
-        })
-        .buffer_unordered(jobs)
-        .try_collect()
-        .await;
+            }))
+            .await
+        }))
+        .await
+        .map(|per_image| per_image.into_iter().flatten().collect());
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
@@ -957,11 +987,270 @@ fn pushed_before(unit: &Unit<'_>, cached: &CachedManifest, build: BuildInfo) -> 
     }
 }
 
+/// Whether a unit needs building: its earlier push when its inputs are unchanged, else
+/// the key its build's inputs are remembered under.
+enum Reuse {
+    Pushed(Box<Pushed>),
+    Build { settings: Option<String> },
+}
+
+async fn reuse(
+    engine: &Engine,
+    destination: &Destination,
+    unit: &Unit<'_>,
+    emulated: bool,
+    run: &Run<'_>,
+) -> Result<Reuse> {
+    let image = unit.image;
+    let settings = inputs::settings_key(engine, image, &unit.platform, &run.bases).await?;
+    let remembered = settings
+        .as_deref()
+        .filter(|_| run.trust_inputs && !image.no_cache)
+        .and_then(|key| run.builds.get(key));
+    let reusable = match remembered {
+        Some(build) if run.replays.unchanged(image, &build.reads).await => Some(build.image),
+        _ => None,
+    };
+    if let Some(image_id) = reusable {
+        if let Some(cached) = destination
+            .already_pushed(&run.cache, image, &image_id)
+            .await
+        {
+            run.reporter.report(Event::Phase {
+                image: image.name.clone(),
+                platform: Some(unit.platform.clone()),
+                phase: Phase::Done,
+                message: format!(
+                    "inputs unchanged (context, Dockerfile, build args, base images): image {image_id} is already pushed as {}; no build, export or upload (--rebuild builds anyway)",
+                    cached.digest
+                ),
+            });
+            return Ok(Reuse::Pushed(Box::new(pushed_before(
+                unit,
+                &cached,
+                BuildInfo {
+                    emulated,
+                    seconds: 0.0,
+                    reused: true,
+                    builder: Some(engine.endpoint.clone()),
+                },
+            ))));
+        }
+    }
+    Ok(Reuse::Build { settings })
+}
+
+fn warn_if_emulated(unit: &Unit<'_>, emulated: bool, reporter: &dyn Reporter) {
+    if emulated {
+        reporter.report(Event::Warning {
+            message: format!(
+                "{} {} builds under QEMU emulation: RUN steps are typically 5-10x slower than native",
+                unit.image.name, unit.platform
+            ),
+        });
+    }
+}
+
+/// Remembers what a build read under its settings key, for the next run's reuse check.
+async fn remember_reads(
+    run: &Run<'_>,
+    image: &ImageSpec,
+    key: &str,
+    built: &str,
+    transfers: &[crate::buildkit::filesync::Transfer],
+) {
+    let (spec, transfers) = (image.clone(), transfers.to_vec());
+    let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
+        .await
+        .ok()
+        .flatten();
+    if let Some(reads) = reads {
+        run.builds.remember(
+            key,
+            RememberedBuild {
+                image: built.to_string(),
+                reads,
+            },
+        );
+    }
+}
+
+/// The engine that builds all of an image's platforms in one solve pushing them by digest
+/// itself, when one can: one builder for them all, on containerd's image store, reaching the
+/// registry, and no per-platform registry cache (which needs a solve per platform).
+fn solved_together<'e>(
+    units: &[&Unit<'_>],
+    builders: &'e Builders,
+    run: &Run<'_>,
+) -> Option<&'e Engine> {
+    let image = units.first()?.image;
+    let engine = builders.for_platform(&units[0].platform);
+    let one_engine = units
+        .iter()
+        .all(|u| builders.for_platform(&u.platform).endpoint == engine.endpoint);
+    (units.len() > 1
+        && one_engine
+        && engine.buildkit
+        && engine.containerd_store
+        && run.engine_reaches(image)
+        && image.cache_from.is_empty()
+        && image.cache_to.is_none())
+    .then_some(engine)
+}
+
+/// An image's platforms built in one solve (see [`solved_together`]): the ones whose
+/// inputs are unchanged are reused, the rest built together, their manifests read from the
+/// index the engine pushed by digest. The index itself is never tagged: polyarch
+/// publishes its own of exactly the platform manifests.
+async fn build_and_push_image(
+    engine: &Engine,
+    destination: &Destination,
+    registry: &Registry,
+    units: &[&Unit<'_>],
+    emulation: &EmulationPlan<'_>,
+    jobs: &tokio::sync::Semaphore,
+    run: &Run<'_>,
+) -> Result<Vec<Pushed>> {
+    let mut pushed = Vec::new();
+    let mut to_build = Vec::new();
+    let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+    for unit in units {
+        let emulated = emulation.is_emulated(unit);
+        match reuse(engine, destination, unit, emulated, run).await? {
+            Reuse::Pushed(p) => pushed.push(*p),
+            Reuse::Build { settings } => to_build.push((*unit, settings, emulated)),
+        }
+    }
+    match to_build.len() {
+        0 => {}
+        1 => {
+            let (unit, settings, emulated) = to_build.remove(0);
+            pushed.push(build_unit(engine, destination, unit, emulated, settings, run).await?);
+        }
+        _ => match build_together(engine, registry, &to_build, run).await {
+            Err(Error::Emulation(_))
+                if to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
+            {
+                for (unit, _, emulated) in &mut to_build {
+                    if emulation.was_remembered(unit) {
+                        *emulated = emulation.recheck(engine, unit, run.reporter).await?;
+                    }
+                }
+                pushed.extend(build_together(engine, registry, &to_build, run).await?);
+            }
+            outcome => pushed.extend(outcome?),
+        },
+    }
+    Ok(pushed)
+}
+
+async fn build_together(
+    engine: &Engine,
+    registry: &Registry,
+    units: &[(&Unit<'_>, Option<String>, bool)],
+    run: &Run<'_>,
+) -> Result<Vec<Pushed>> {
+    let reporter = run.reporter;
+    let image = units[0].0.image;
+    let platforms: Vec<Platform> = units.iter().map(|(u, ..)| u.platform.clone()).collect();
+    let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
+    for (unit, _, emulated) in units {
+        warn_if_emulated(unit, *emulated, reporter);
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: Some(unit.platform.clone()),
+            phase: Phase::Build,
+            message: format!("building with BuildKit ({} in one solve)", names.join(", ")),
+        });
+    }
+    let built =
+        build::build_platforms(engine, image, &platforms, &image.repository, reporter).await?;
+    let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
+    let (bytes, _) = registry.get_manifest(&index_ref).await?;
+    let unreadable = |message: String| Error::Registry {
+        registry: index_ref.registry().to_string(),
+        message: format!("the index the engine pushed as {index_ref} {message}"),
+    };
+    let index = match oci::parse_manifest(&bytes).map_err(&unreadable)? {
+        oci::Parsed::Index { index, .. } => index,
+        _ => return Err(unreadable("is not an index".into())),
+    };
+    let mut pushed = Vec::new();
+    for (unit, settings, emulated) in units {
+        let entry = index
+            .manifests()
+            .iter()
+            .filter(|d| !oci::is_attestation(d))
+            .find(|d| oci::descriptor_platform(d).as_ref() == Some(&unit.platform))
+            .ok_or_else(|| unreadable(format!("has no {} manifest", unit.platform)))?;
+        let declared = entry.platform().as_ref().map(|p| ConfigPlatform {
+            os: p.os().to_string(),
+            architecture: p.architecture().to_string(),
+            variant: p.variant().clone(),
+        });
+        let platform = declared.unwrap_or_default();
+        check_platform(image, unit, &platform)?;
+        let digest = entry.digest().to_string();
+        if let Some(key) = settings {
+            remember_reads(run, image, key, &digest, &built.transfers).await;
+        }
+        run.cache.put(
+            &image.repository,
+            &digest,
+            CachedManifest {
+                digest: digest.clone(),
+                size: entry.size(),
+                os: platform.os.clone(),
+                architecture: platform.architecture.clone(),
+                variant: platform.variant.clone(),
+            },
+        );
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: Some(unit.platform.clone()),
+            phase: Phase::Done,
+            message: format!("pushed {digest} (by the engine)"),
+        });
+        pushed.push(Pushed {
+            image: image.name.clone(),
+            platform: unit.platform.clone(),
+            entry: IndexEntry {
+                digest,
+                size: entry.size(),
+                platform,
+            },
+            build: BuildInfo {
+                emulated: *emulated,
+                seconds: (built.seconds * 10.0).round() / 10.0,
+                reused: false,
+                builder: Some(engine.endpoint.clone()),
+            },
+        });
+    }
+    Ok(pushed)
+}
+
 async fn build_and_push(
     engine: &Engine,
     destination: &Destination,
     unit: &Unit<'_>,
     emulated: bool,
+    run: &Run<'_>,
+) -> Result<Pushed> {
+    match reuse(engine, destination, unit, emulated, run).await? {
+        Reuse::Pushed(pushed) => Ok(*pushed),
+        Reuse::Build { settings } => {
+            build_unit(engine, destination, unit, emulated, settings, run).await
+        }
+    }
+}
+
+async fn build_unit(
+    engine: &Engine,
+    destination: &Destination,
+    unit: &Unit<'_>,
+    emulated: bool,
+    settings: Option<String>,
     run: &Run<'_>,
 ) -> Result<Pushed> {
     let (run_id, cleanup, cache, reporter) =
@@ -975,44 +1264,7 @@ async fn build_and_push(
             message,
         })
     };
-    let settings = inputs::settings_key(engine, image, &unit.platform, &run.bases).await?;
-    let remembered = settings
-        .as_deref()
-        .filter(|_| run.trust_inputs && !image.no_cache)
-        .and_then(|key| run.builds.get(key));
-    let reusable = match remembered {
-        Some(build) if run.replays.unchanged(image, &build.reads).await => Some(build.image),
-        _ => None,
-    };
-    if let Some(image_id) = reusable {
-        if let Some(cached) = destination.already_pushed(cache, image, &image_id).await {
-            phase(
-                Phase::Done,
-                format!(
-                    "inputs unchanged (context, Dockerfile, build args, base images): image {image_id} is already pushed as {}; no build, export or upload (--rebuild builds anyway)",
-                    cached.digest
-                ),
-            );
-            return Ok(pushed_before(
-                unit,
-                &cached,
-                BuildInfo {
-                    emulated,
-                    seconds: 0.0,
-                    reused: true,
-                    builder: Some(engine.endpoint.clone()),
-                },
-            ));
-        }
-    }
-    if emulated {
-        reporter.report(Event::Warning {
-            message: format!(
-                "{} {} builds under QEMU emulation: RUN steps are typically 5-10x slower than native",
-                image.name, unit.platform
-            ),
-        });
-    }
+    warn_if_emulated(unit, emulated, reporter);
     phase(
         Phase::Build,
         format!(
@@ -1051,20 +1303,7 @@ async fn build_and_push(
     )
     .await?;
     if let Some(key) = &settings {
-        let (spec, transfers) = (image.clone(), built.transfers.clone());
-        let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
-            .await
-            .ok()
-            .flatten();
-        if let Some(reads) = reads {
-            run.builds.remember(
-                key,
-                RememberedBuild {
-                    image: built.id.clone(),
-                    reads,
-                },
-            );
-        }
+        remember_reads(run, image, key, &built.id, &built.transfers).await;
     }
     let build_info = BuildInfo {
         emulated,

@@ -172,6 +172,31 @@ fn failing_dockerfile_exits_3_and_pushes_nothing() {
     assert!(tags_of(&repo).is_empty(), "something was tagged");
 }
 
+/// On the containerd store both platforms build in one solve; a step that fails for one
+/// platform only is still reported against that platform, with its log.
+#[test]
+fn a_step_failing_for_one_platform_names_that_platform() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY amd64-only-${TARGETARCH}.txt /x\n",
+    );
+    std::fs::write(dir.path().join("amd64-only-amd64.txt"), "x").unwrap();
+    let repo = registry.repo(&unique_name("demo/one-fails"));
+    let file = write_project(dir.path(), &repo, "[v1]", "[linux/amd64, linux/arm64]");
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: build of hello for linux/arm64 failed"),
+        "{err}"
+    );
+    assert!(last.contains("amd64-only-arm64.txt"), "{err}");
+    assert!(tags_of(&repo).is_empty(), "something was tagged");
+}
+
 #[test]
 fn bad_project_files_exit_2_with_one_line_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
