@@ -2676,10 +2676,7 @@ images:
                 .collect()
         };
         assert_eq!(enum_of(&s["$defs"]["binfmt"]), ["auto", "never", "require"]);
-        assert_eq!(
-            enum_of(&s["$defs"]["network"]),
-            ["default", "host", "none"]
-        );
+        assert_eq!(enum_of(&s["$defs"]["network"]), ["default", "host", "none"]);
         let mut req: Vec<&str> = s["$defs"]["image"]["required"]
             .as_array()
             .unwrap()
