@@ -3081,4 +3081,32 @@ images:
         let (f, _, _) = project_err(parse_job(&d, &empty, &[], Purpose::Verify));
         assert_eq!(f, "images.hello.context");
     }
+
+    /// The CI example's project file takes its registry and version from the job.
+    #[test]
+    fn the_ci_example_reads_its_release_from_the_environment() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch.yaml");
+        let env = |name: &str| match name {
+            "REGISTRY" => Some("ghcr.io".to_string()),
+            "VERSION" => Some("v1.4.3".to_string()),
+            _ => None,
+        };
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            overrides: &[],
+            env: &env,
+        };
+        let p = Project::load(&file, &options).unwrap();
+        let api = p.image("api").unwrap();
+        assert_eq!(api.repository, "ghcr.io/acme/api");
+        assert_eq!(api.tags, ["v1.4.3", "latest"]);
+        assert_eq!(api.labels["org.opencontainers.image.revision"], "unknown");
+        let without = LoadOptions {
+            env: &|name: &str| env(name).filter(|_| name != "VERSION"),
+            ..options
+        };
+        let (f, m, _) = project_err(Project::load(&file, &without));
+        assert_eq!(f, "images.api.tags[0]");
+        assert!(m.contains("VERSION is not set: the release version"), "{m}");
+    }
 }
