@@ -587,13 +587,7 @@ struct Cx {
 impl Cx {
     fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> Error {
         let field = field.as_ref();
-        let note = self
-            .values
-            .iter()
-            .rev()
-            .find(|p| p.covers(field))
-            .map(values::Provenance::note)
-            .unwrap_or_default();
+        let note = values::note(self.values.iter().filter(|p| p.covers(field)));
         Error::Project {
             file: self.file.clone(),
             field: one_line(field),
@@ -623,6 +617,13 @@ impl Cx {
                 return Err(self.err(
                     "",
                     match e.location() {
+                        // `[${VERSION}]` is the likely mistake once files hold variables:
+                        // inside brackets YAML reads `{` and `}` as a mapping.
+                        Some(l) if text.lines().nth(l.line().saturating_sub(1)).is_some_and(|t| t.contains("${")) => format!(
+                            "{kind} at line {}, column {}: {msg}; quote values holding `${{…}}` inside […] or {{…}}, e.g. `tags: [\"${{VERSION}}\", latest]`",
+                            l.line(),
+                            l.column()
+                        ),
                         Some(l) => format!(
                             "{kind} at line {}, column {}: {msg}; fix the indentation, quoting or brackets there",
                             l.line(),
@@ -2966,6 +2967,24 @@ images:
             m.contains("is not a valid tag") && m.ends_with("(the value came from $BAD_TAG)"),
             "{m}"
         );
+        // Every variable of a bad value is named.
+        let text = JOB.replace("${REGISTRY}/api", "${REGISTRY}/${BAD_TAG}");
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "images.api.repository");
+        assert!(
+            m.ends_with("(the value came from $REGISTRY, $BAD_TAG)"),
+            "{m}"
+        );
+        // `[${VERSION}]` is YAML's mapping inside a list: the fix is to quote it.
+        let text = JOB.replace("[\"${VERSION}\", latest]", "[${VERSION}, latest]");
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "");
+        assert!(
+            m.contains("line 5") && m.contains("quote values holding `${…}`"),
+            "{m}"
+        );
+        let (_, m, _) = project_err(parse_in(&d, "version: 1\nimages: [\n"));
+        assert!(m.contains("fix the indentation"), "{m}");
     }
 
     #[test]

@@ -32,17 +32,6 @@ impl Provenance {
         within(&self.field, field)
     }
 
-    /// Appended to a validation message, so a bad value from the job is traced to it.
-    pub fn note(&self) -> String {
-        match &self.source {
-            Source::Env(name) => format!(" (the value came from ${name})"),
-            Source::Default(name) => {
-                format!(" (the value is the default of ${{{name}}}, which is unset)")
-            }
-            Source::Set(text) => format!(" (the value came from --set {text})"),
-        }
-    }
-
     pub fn record(&self) -> ValueSource {
         ValueSource {
             field: self.field.clone(),
@@ -52,6 +41,22 @@ impl Provenance {
                 Source::Set(_) => "set".to_string(),
             },
         }
+    }
+}
+
+/// Appended to a validation message, so a bad value from the job is traced to where it
+/// came from; empty for a value written in the file.
+pub(super) fn note<'a>(sources: impl Iterator<Item = &'a Provenance>) -> String {
+    let from: Vec<String> = sources
+        .map(|p| match &p.source {
+            Source::Env(name) => format!("${name}"),
+            Source::Default(name) => format!("the default of ${{{name}}} (unset)"),
+            Source::Set(text) => format!("--set {text}"),
+        })
+        .collect();
+    match from.as_slice() {
+        [] => String::new(),
+        _ => format!(" (the value came from {})", from.join(", ")),
     }
 }
 
