@@ -11,6 +11,7 @@ use support::{hello_context, polyarch, run, skopeo_digest, unique_name, Registry
 /// A release pipeline's project file: registry and version come from the job.
 const PROJECT: &str = "version: 1\nimages:\n  api:\n    repository: ${REGISTRY}/${REPO_PATH}\n    tags: [\"${VERSION:?the release version, e.g. v1.4.3}\", latest]\n    context: .\n    platforms: [linux/amd64]\n    build_args: {VERSION: \"${VERSION}\", COMMIT: \"${COMMIT:-unknown}\"}\n";
 
+/// Asserts exit 0; the JSON on stdout.
 fn ok(out: &std::process::Output) -> Value {
     assert_eq!(
         out.status.code(),
@@ -204,6 +205,20 @@ fn unset_variables_and_bad_overrides_are_usage_errors_naming_them() {
             &["variable VERSION is not set: the release version, e.g. v1.4.3;"],
         );
     }
+    // plan reads the file as build does, --set included.
+    let out = run(polyarch()
+        .args(["plan", "-f"])
+        .arg(&file)
+        .args(["--set", "*.platform=linux/arm64", "--output-format", "json"])
+        .env("VERSION", "v1"));
+    let lines = ok(&out);
+    let planned: Vec<&str> = lines
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["platform"].as_str().unwrap())
+        .collect();
+    assert_eq!(planned, ["linux/arm64"]);
     // A variable without a default, where --set does not replace it.
     let out = run(polyarch()
         .args(["build", "-f"])
