@@ -320,7 +320,7 @@ fn entries<E>(
 
 /// One `--set IMAGE.FIELD=VALUE` (or `IMAGE.FIELD.KEY=VALUE` for build args and labels),
 /// checked against the project file when it is loaded. IMAGE may hold `*` wildcards.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Override {
     /// As given, for messages.
     text: String,
