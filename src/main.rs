@@ -7,7 +7,9 @@ use polyarch::engine::Engine;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions, Cleanup};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
-use polyarch::project::{BinfmtMode, BuildFlags, CacheRef, Project, SecretFlag, SshFlag};
+use polyarch::project::{
+    BinfmtMode, BuildFlags, CacheRef, LoadOptions, Override, Project, Purpose, SecretFlag, SshFlag,
+};
 use polyarch::record::CoverageRecord;
 use polyarch::registry::RegistryOptions;
 use polyarch::{Error, Platform};
@@ -96,6 +98,11 @@ enum Command {
         file: PathBuf,
         /// Images to build (all when none are named).
         images: Vec<String>,
+        /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+        /// dockerfile, platforms, target; lists comma-separated) or
+        /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+        #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+        set: Vec<Override>,
         /// Only these platforms (comma-separated).
         #[arg(long, value_delimiter = ',')]
         platform: Vec<Platform>,
@@ -170,6 +177,11 @@ enum Command {
         /// Verify the images of this project file instead.
         #[arg(short = 'f', long = "file")]
         file: Option<PathBuf>,
+        /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+        /// dockerfile, platforms, target; lists comma-separated) or
+        /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+        #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE", requires = "file")]
+        set: Vec<Override>,
         /// Also stream each platform's layers and check that its entrypoint binary is built
         /// for that platform (ELF machine, class, endianness).
         #[arg(long)]
@@ -191,6 +203,11 @@ enum Command {
         /// Only these images (all images found in the parts by default).
         #[arg(long = "image")]
         images: Vec<String>,
+        /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+        /// dockerfile, platforms, target; lists comma-separated) or
+        /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+        #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+        set: Vec<Override>,
         #[command(flatten)]
         output: Output,
         #[command(flatten)]
@@ -202,6 +219,11 @@ enum Command {
         file: PathBuf,
         /// Images to plan (all when none are named).
         images: Vec<String>,
+        /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+        /// dockerfile, platforms, target; lists comma-separated) or
+        /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+        #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+        set: Vec<Override>,
         /// Emulation mode to plan with (overrides polyarch.yaml).
         #[arg(long, value_enum, value_name = "MODE")]
         binfmt: Option<BinfmtArg>,
@@ -301,6 +323,15 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     })
 }
 
+/// How a command reads the project file: for what, with its `--set` values.
+fn loading(purpose: Purpose, overrides: &[Override]) -> LoadOptions<'_> {
+    LoadOptions {
+        purpose,
+        overrides,
+        ..Default::default()
+    }
+}
+
 /// `--jobs`: a count of at least one.
 fn parse_jobs(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -344,6 +375,7 @@ async fn run(command: Command) -> Result<i32, Error> {
         Command::Build {
             file,
             images,
+            set,
             platform,
             jobs,
             binfmt,
@@ -360,7 +392,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             output_args: output,
             registry,
         } => {
-            let mut project = Project::load(&file)?;
+            let mut project = Project::load(&file, &loading(Purpose::Build, &set))?;
             let layout = match destination {
                 None => None,
                 Some(d) => match polyarch::layout::parse_layout_reference(&d) {
@@ -423,16 +455,17 @@ async fn run(command: Command) -> Result<i32, Error> {
                 .run(cleanup_grace(&outcome), reporter.as_ref())
                 .await;
             drop(reporter);
-            finish(&outcome?, &output)
+            finish(&outcome?.with_values(&project), &output)
         }
         Command::Assemble {
             file,
             parts,
             images,
+            set,
             output,
             registry,
         } => {
-            let project = Project::load(&file)?;
+            let project = Project::load(&file, &loading(Purpose::Verify, &set))?;
             let parts = parts
                 .into_iter()
                 .map(|path| polyarch::record::PartRecord::load(&path).map(|part| (path, part)))
@@ -449,15 +482,16 @@ async fn run(command: Command) -> Result<i32, Error> {
             )
             .await;
             drop(reporter);
-            finish(&outcome?, &output)
+            finish(&outcome?.with_values(&project), &output)
         }
         Command::Plan {
             file,
             images,
+            set,
             binfmt,
             output_format,
         } => {
-            let project = Project::load(&file)?;
+            let project = Project::load(&file, &loading(Purpose::Build, &set))?;
             let engine = Engine::connect().await?;
             let options = BuildOptions {
                 images,
@@ -480,7 +514,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             registry,
         } => {
             let project = if file.exists() {
-                Some(Project::load(&file)?)
+                Some(Project::load(&file, &LoadOptions::default())?)
             } else {
                 None
             };
@@ -570,6 +604,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             targets,
             platform,
             file,
+            set,
             deep,
             output,
             registry,
@@ -582,8 +617,10 @@ async fn run(command: Command) -> Result<i32, Error> {
                         pipeline::verify_reference(reference, &platform, &options, deep, reporter.as_ref()).await
                     }
                     (images, Some(file)) => {
-                        let project = Project::load(file)?;
-                        pipeline::verify_project(&project, images, &options, deep, reporter.as_ref()).await
+                        let project = Project::load(file, &loading(Purpose::Verify, &set))?;
+                        pipeline::verify_project(&project, images, &options, deep, reporter.as_ref())
+                            .await
+                            .map(|record| record.with_values(&project))
                     }
                     _ => Err(Error::Usage(
                         "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),

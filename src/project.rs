@@ -6,6 +6,8 @@
 //! errors and the `version` check come before anything version-specific), then into
 //! loosely typed `Raw*` structs (every field optional, every scalar a string) so that the
 //! validation below, not serde, decides what is missing or wrong and how to say so.
+//! Between the two, the job's values (`${VAR}`, `--set`; see `values`) are written into
+//! the raw strings, so validation judges and names them like any other.
 
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
@@ -18,6 +20,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+
+mod values;
+pub use values::Override;
 
 pub const SUPPORTED_VERSION: u32 = 1;
 
@@ -53,6 +58,37 @@ pub struct Project {
     /// on another machine instead of under emulation. Values are `unix://…`, `tcp://…`
     /// or a docker context name, exactly as written.
     pub builders: BTreeMap<Platform, String>,
+    /// Where values that did not come from the file itself came from.
+    values: Vec<values::Provenance>,
+}
+
+/// What the command reading the project file will do with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// build, plan, doctor: each context and Dockerfile must exist.
+    Build,
+    /// verify, assemble: only repositories, tags and platforms are read, so a deploy job's
+    /// checkout without the build inputs works.
+    Verify,
+}
+
+/// How to read the project file.
+pub struct LoadOptions<'a> {
+    pub purpose: Purpose,
+    /// `--set IMAGE.FIELD=VALUE`, in command-line order (a later one wins).
+    pub overrides: &'a [Override],
+    /// Where `${VAR}` is looked up: the process environment, or a test's own.
+    pub env: values::Lookup<'a>,
+}
+
+impl Default for LoadOptions<'_> {
+    fn default() -> Self {
+        LoadOptions {
+            purpose: Purpose::Build,
+            overrides: &[],
+            env: &values::process_env,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -280,8 +316,9 @@ const BINFMT_MODES: &[(&str, BinfmtMode)] = &[
 ];
 
 impl Project {
-    /// Reads and validates a project file; every failure is an `Error::Project` naming `path`.
-    pub fn load(path: &Path) -> Result<Project> {
+    /// Reads and validates a project file; every failure is an `Error::Project` naming
+    /// `path`, or an `Error::Usage` naming a bad `--set`.
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Project> {
         let whole = |message: String| Error::Project {
             file: path.to_path_buf(),
             field: String::new(),
@@ -307,26 +344,57 @@ impl Project {
                 e.utf8_error().valid_up_to()
             ))
         })?;
-        Project::parse(path, &text)
+        Project::parse(path, &text, options)
     }
 
     /// Validates project text as if it were read from `file`; relative paths in it
     /// (contexts) resolve against `file`'s directory, which must therefore be real.
-    pub fn parse(file: &Path, text: &str) -> Result<Project> {
+    pub fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<Project> {
         // Editors on Windows may start UTF-8 files with a byte order mark.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let cx = Cx {
+        let mut cx = Cx {
             file: file.to_path_buf(),
             base: match file.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
                 _ => PathBuf::from("."),
             },
+            purpose: options.purpose,
+            values: Vec::new(),
         };
         cx.precheck(text)?;
-        let raw: RawProject =
+        // The typed pass reads the text itself, not a YAML value, so its errors keep their
+        // line and column and scalars stay as written (`1.10`, not 1.1).
+        let mut raw: RawProject =
             serde_path_to_error::deserialize(serde_norway::Deserializer::from_str(text))
                 .map_err(|e| cx.serde_error(e))?;
+        cx.values =
+            values::resolve(&mut raw, file, options.overrides, options.env).map_err(|problem| {
+                match problem {
+                    values::Problem::Set(message) => Error::Usage(one_line(&message)),
+                    values::Problem::Variable(field, message) => cx.err(field, message),
+                }
+            })?;
         cx.project(raw)
+    }
+
+    /// Where the values of these images (all when none are named), and the file's
+    /// top-level ones, came from when not from the file.
+    pub fn values_for(&self, names: &[String]) -> Vec<crate::record::ValueSource> {
+        let chosen = |field: &str| match field.strip_prefix("images.") {
+            None => true,
+            Some(rest) => {
+                names.is_empty()
+                    || names.iter().any(|n| {
+                        rest.strip_prefix(n.as_str())
+                            .is_some_and(|r| r.starts_with('.'))
+                    })
+            }
+        };
+        self.values
+            .iter()
+            .filter(|p| chosen(&p.field))
+            .map(values::Provenance::record)
+            .collect()
     }
 
     /// Looks an image up by the name used on the command line.
@@ -511,14 +579,19 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Entries<T> {
 struct Cx {
     file: PathBuf,
     base: PathBuf,
+    purpose: Purpose,
+    /// The job's values, so a bad one is traced to the variable or `--set` it came from.
+    values: Vec<values::Provenance>,
 }
 
 impl Cx {
     fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> Error {
+        let field = field.as_ref();
+        let note = values::note(self.values.iter().filter(|p| p.covers(field)));
         Error::Project {
             file: self.file.clone(),
-            field: one_line(field.as_ref()),
-            message: one_line(message.as_ref()),
+            field: one_line(field),
+            message: one_line(&format!("{}{note}", message.as_ref())),
         }
     }
 
@@ -544,6 +617,13 @@ impl Cx {
                 return Err(self.err(
                     "",
                     match e.location() {
+                        // `[${VERSION}]` is the likely mistake once files hold variables:
+                        // inside brackets YAML reads `{` and `}` as a mapping.
+                        Some(l) if text.lines().nth(l.line().saturating_sub(1)).is_some_and(|t| t.contains("${")) => format!(
+                            "{kind} at line {}, column {}: {msg}; quote values holding `${{…}}` inside […] or {{…}}, e.g. `tags: [\"${{VERSION}}\", latest]`",
+                            l.line(),
+                            l.column()
+                        ),
                         Some(l) => format!(
                             "{kind} at line {}, column {}: {msg}; fix the indentation, quoting or brackets there",
                             l.line(),
@@ -706,6 +786,7 @@ impl Cx {
             binfmt,
             binfmt_image,
             builders,
+            values: self.values.clone(),
         })
     }
 
@@ -775,41 +856,18 @@ impl Cx {
             ));
         }
         let looked = self.base.join(&context_raw);
-        let context = match std::fs::metadata(&looked) {
-            Ok(m) if m.is_dir() => looked.canonicalize().map_err(|e| {
-                self.err(at("context"), format!("cannot resolve {} ({e}); fix the path", looked.display()))
-            })?,
-            Ok(_) => {
-                return Err(self.err(
-                    at("context"),
-                    format!(
-                        "{} is not a directory; point `context:` at the directory holding the build files",
-                        looked.display()
-                    ),
-                ))
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(self.err(
-                    at("context"),
-                    format!(
-                        "{} does not exist; create it or fix the path (it is relative to the project file's directory {})",
-                        looked.display(),
-                        self.base.display()
-                    ),
-                ))
-            }
-            Err(e) => {
-                return Err(self.err(
-                    at("context"),
-                    format!("cannot read {} ({e}); fix the path or its permissions", looked.display()),
-                ))
-            }
+        // Commands that build nothing never open the context or Dockerfile.
+        let dockerfile_raw = raw.dockerfile.unwrap_or_else(|| "Dockerfile".to_string());
+        let (context, dockerfile) = if self.purpose == Purpose::Build {
+            let context = self.context(&at("context"), &looked)?;
+            let dockerfile = self.dockerfile(&at("dockerfile"), &context, &dockerfile_raw)?;
+            (context, dockerfile)
+        } else {
+            self.dockerfile_written(&at("dockerfile"), &looked, &dockerfile_raw)?;
+            (looked, PathBuf::from(dockerfile_raw))
         };
 
-        // dockerfile
-        let dockerfile_raw = raw.dockerfile.unwrap_or_else(|| "Dockerfile".to_string());
-        let dockerfile = self.dockerfile(&at("dockerfile"), &context, &dockerfile_raw)?;
-
+        // platforms
         // platforms
         let platform_strs = raw
             .platforms
@@ -1067,16 +1125,49 @@ impl Cx {
         Ok((from, to))
     }
 
-    /// The Dockerfile must be inside the context: the engine only receives the context.
-    fn dockerfile(&self, field: &str, context: &Path, written: &str) -> Result<PathBuf> {
+    /// The context directory, which must exist: absolute and canonical.
+    fn context(&self, field: &str, looked: &Path) -> Result<PathBuf> {
+        match std::fs::metadata(looked) {
+            Ok(m) if m.is_dir() => looked.canonicalize().map_err(|e| {
+                self.err(field, format!("cannot resolve {} ({e}); fix the path", looked.display()))
+            }),
+            Ok(_) => {
+                Err(self.err(
+                    field,
+                    format!(
+                        "{} is not a directory; point `context:` at the directory holding the build files",
+                        looked.display()
+                    ),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(self.err(
+                    field,
+                    format!(
+                        "{} does not exist; create it or fix the path (it is relative to the project file's directory {})",
+                        looked.display(),
+                        self.base.display()
+                    ),
+                ))
+            }
+            Err(e) => {
+                Err(self.err(
+                    field,
+                    format!("cannot read {} ({e}); fix the path or its permissions", looked.display()),
+                ))
+            }
+        }
+    }
+
+    /// What can be checked of `dockerfile:` without reading the disk.
+    fn dockerfile_written(&self, field: &str, context: &Path, written: &str) -> Result<()> {
         if written.trim().is_empty() {
             return Err(self.err(
                 field,
                 "is empty; give the Dockerfile path relative to the context, or remove the key to use Dockerfile",
             ));
         }
-        let rel = Path::new(written);
-        if rel.is_absolute() {
+        if Path::new(written).is_absolute() {
             return Err(self.err(
                 field,
                 format!(
@@ -1085,7 +1176,13 @@ impl Cx {
                 ),
             ));
         }
-        let looked = context.join(rel);
+        Ok(())
+    }
+
+    /// The Dockerfile must be inside the context: the engine only receives the context.
+    fn dockerfile(&self, field: &str, context: &Path, written: &str) -> Result<PathBuf> {
+        self.dockerfile_written(field, context, written)?;
+        let looked = context.join(written);
         match std::fs::metadata(&looked) {
             Ok(m) if m.is_file() => {}
             Ok(_) => {
@@ -1720,7 +1817,11 @@ mod tests {
     }
 
     fn parse_in(dir: &TempDir, text: &str) -> Result<Project> {
-        Project::parse(&dir.path().join("polyarch.yaml"), text)
+        Project::parse(
+            &dir.path().join("polyarch.yaml"),
+            text,
+            &LoadOptions::default(),
+        )
     }
 
     /// A minimal valid image with `extra` lines appended to its settings.
@@ -1861,20 +1962,26 @@ images:
         let dir = fixture();
         let file = dir.path().join("polyarch.yaml");
         fs::write(&file, with_image("")).unwrap();
-        assert_eq!(Project::load(&file).unwrap().images.len(), 1);
+        assert_eq!(
+            Project::load(&file, &LoadOptions::default())
+                .unwrap()
+                .images
+                .len(),
+            1
+        );
 
         let missing = dir.path().join("nope.yaml");
-        let (f, m, shown) = project_err(Project::load(&missing));
+        let (f, m, shown) = project_err(Project::load(&missing, &LoadOptions::default()));
         assert_eq!(f, "");
         assert!(m.contains("-f FILE"), "{shown}");
         assert!(shown.contains("nope.yaml"), "{shown}");
 
-        let (_, m, _) = project_err(Project::load(dir.path()));
+        let (_, m, _) = project_err(Project::load(dir.path(), &LoadOptions::default()));
         assert!(m.contains("is a directory"), "{m}");
 
         let bin = dir.path().join("bin.yaml");
         fs::write(&bin, [0xff, 0xfe, 0x00, b'a']).unwrap();
-        let (_, m, _) = project_err(Project::load(&bin));
+        let (_, m, _) = project_err(Project::load(&bin, &LoadOptions::default()));
         assert!(m.contains("UTF-8"), "{m}");
     }
 
@@ -1884,6 +1991,7 @@ images:
         let (f, m, _) = project_err(Project::parse(
             Path::new("polyarch.yaml"),
             &replacing("context", "    context: definitely-not-here-xyz"),
+            &LoadOptions::default(),
         ));
         assert_eq!(f, "images.hello.context");
         assert!(
@@ -2569,10 +2677,7 @@ images:
                 .collect()
         };
         assert_eq!(enum_of(&s["$defs"]["binfmt"]), ["auto", "never", "require"]);
-        assert_eq!(
-            enum_of(&s["$defs"]["image"]["properties"]["network"]),
-            ["default", "host", "none"]
-        );
+        assert_eq!(enum_of(&s["$defs"]["network"]), ["default", "host", "none"]);
         let mut req: Vec<&str> = s["$defs"]["image"]["required"]
             .as_array()
             .unwrap()
@@ -2761,5 +2866,266 @@ images:
                 .starts_with("--secret id=x,src=/nonexistent/polyarch-secret: /nonexistent/polyarch-secret does not exist"),
             "{error}"
         );
+    }
+
+    fn job_env(name: &str) -> Option<String> {
+        match name {
+            "VERSION" => Some("v1.4.3".into()),
+            "REGISTRY" => Some("127.0.0.1:5000/demo".into()),
+            "BAD_TAG" => Some("not a tag".into()),
+            _ => None,
+        }
+    }
+
+    fn parse_job(dir: &TempDir, text: &str, sets: &[&str], purpose: Purpose) -> Result<Project> {
+        let overrides: Vec<Override> = sets.iter().map(|s| s.parse().unwrap()).collect();
+        let options = LoadOptions {
+            purpose,
+            overrides: &overrides,
+            env: &job_env,
+        };
+        Project::parse(&dir.path().join("polyarch.yaml"), text, &options)
+    }
+
+    const JOB: &str = "version: 1\nimages:\n  api:\n    repository: ${REGISTRY}/api\n    tags: [\"${VERSION}\", latest]\n    context: .\n    platforms: [linux/amd64]\n    build_args: {VERSION: \"${VERSION:-dev}\", COMMIT: \"${COMMIT:-unknown}\"}\n    labels: {org.opencontainers.image.version: $VERSION}\n  web:\n    repository: 127.0.0.1:5000/demo/web\n    tags: [\"${WEB_TAG:-edge}\"]\n    context: .\n    platforms: [linux/amd64]\n";
+
+    #[test]
+    fn variables_fill_values_and_are_recorded() {
+        let d = fixture();
+        let p = parse_job(&d, JOB, &[], Purpose::Build).unwrap();
+        let api = p.image("api").unwrap();
+        assert_eq!(api.repository, "127.0.0.1:5000/demo/api");
+        assert_eq!(api.tags, ["v1.4.3", "latest"]);
+        assert_eq!(api.build_args["VERSION"], "v1.4.3");
+        assert_eq!(api.build_args["COMMIT"], "unknown");
+        assert_eq!(api.labels["org.opencontainers.image.version"], "v1.4.3");
+        assert_eq!(p.image("web").unwrap().tags, ["edge"]);
+        let sources: Vec<(String, String)> = p
+            .values_for(&["api".into()])
+            .into_iter()
+            .map(|v| (v.field, v.source))
+            .collect();
+        let pair = |f: &str, s: &str| (f.to_string(), s.to_string());
+        assert_eq!(
+            sources,
+            vec![
+                pair("images.api.repository", "env:REGISTRY"),
+                pair("images.api.tags[0]", "env:VERSION"),
+                pair("images.api.build_args.VERSION", "env:VERSION"),
+                pair("images.api.build_args.COMMIT", "default:COMMIT"),
+                pair(
+                    "images.api.labels.org.opencontainers.image.version",
+                    "env:VERSION"
+                ),
+            ]
+        );
+        assert_eq!(p.values_for(&[]).len(), 6, "all images");
+        // A file without variables has nothing to record.
+        assert!(parse_in(&d, FULL).unwrap().values_for(&[]).is_empty());
+    }
+
+    #[test]
+    fn an_unset_variable_names_the_field_and_variable() {
+        let d = fixture();
+        let text = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
+        let (f, m, shown) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "images.api.tags[0]");
+        assert!(
+            m.contains("variable RELEASE is not set") && m.contains("${RELEASE:-default}"),
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with(&format!(
+                "{}: images.api.tags[0]: ",
+                d.path().join("polyarch.yaml").display()
+            )),
+            "{shown}"
+        );
+        let text = JOB.replace(
+            "${REGISTRY}/api",
+            "\"${REGISTRY_HOST:?the registry to push to}/api\"",
+        );
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "images.api.repository");
+        assert!(
+            m.contains("REGISTRY_HOST is not set: the registry to push to;"),
+            "{m}"
+        );
+        // Keys are names, not values: left alone.
+        let text = with_image("    build_args: {$NOT_A_VARIABLE: x}\n");
+        assert!(parse_in(&d, &text)
+            .unwrap()
+            .image("hello")
+            .unwrap()
+            .build_args
+            .contains_key("$NOT_A_VARIABLE"));
+        // A value from the job is validated like any other, and traced to its variable.
+        let text = JOB.replace("${VERSION}\", latest", "${BAD_TAG}\", latest");
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "images.api.tags[0]");
+        assert!(
+            m.contains("is not a valid tag") && m.ends_with("(the value came from $BAD_TAG)"),
+            "{m}"
+        );
+        // Every variable of a bad value is named.
+        let text = JOB.replace("${REGISTRY}/api", "${REGISTRY}/${BAD_TAG}");
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "images.api.repository");
+        assert!(
+            m.ends_with("(the value came from $REGISTRY, $BAD_TAG)"),
+            "{m}"
+        );
+        // `[${VERSION}]` is YAML's mapping inside a list: the fix is to quote it.
+        let text = JOB.replace("[\"${VERSION}\", latest]", "[${VERSION}, latest]");
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, "");
+        assert!(
+            m.contains("line 5") && m.contains("quote values holding `${…}`"),
+            "{m}"
+        );
+        let (_, m, _) = project_err(parse_in(&d, "version: 1\nimages: [\n"));
+        assert!(m.contains("fix the indentation"), "{m}");
+    }
+
+    #[test]
+    fn set_overrides_the_file() {
+        let d = fixture();
+        let p = parse_job(
+            &d,
+            JOB,
+            &[
+                "api.tags=v2.0.0, latest",
+                "*.platforms=linux/arm64,linux/amd64",
+                "api.args.VERSION=1.2",
+                "api.labels.org.example.team=core",
+                "web.target=release",
+                "web.dockerfile=app/Dockerfile.release",
+            ],
+            Purpose::Build,
+        )
+        .unwrap();
+        let api = p.image("api").unwrap();
+        assert_eq!(api.tags, ["v2.0.0", "latest"]);
+        assert_eq!(api.platforms.len(), 2);
+        assert_eq!(api.build_args["VERSION"], "1.2");
+        assert_eq!(api.labels["org.example.team"], "core");
+        let web = p.image("web").unwrap();
+        assert_eq!(web.platforms, api.platforms);
+        assert_eq!(web.target.as_deref(), Some("release"));
+        assert_eq!(web.dockerfile, Path::new("app/Dockerfile.release"));
+        let sources = p.values_for(&["api".into()]);
+        let of = |field: &str| {
+            sources
+                .iter()
+                .filter(|v| v.field == field)
+                .map(|v| v.source.as_str())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("images.api.tags"), ["set"]);
+        assert!(
+            of("images.api.tags[0]").is_empty(),
+            "the file's ${{VERSION}} was replaced"
+        );
+        assert_eq!(of("images.api.build_args.VERSION"), ["set"]);
+        assert_eq!(of("images.api.build_args.COMMIT"), ["default:COMMIT"]);
+        // A --set value is taken literally, and spares the field it replaces from the
+        // file's unset variable.
+        let text = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
+        let p = parse_job(
+            &d,
+            &text,
+            &["api.tags=v1", "api.args.X=$HOME"],
+            Purpose::Build,
+        )
+        .unwrap();
+        assert_eq!(p.image("api").unwrap().build_args["X"], "$HOME");
+        // The later of two wins.
+        let p = parse_job(&d, JOB, &["api.tags=a", "api.tags=b"], Purpose::Build).unwrap();
+        assert_eq!(p.image("api").unwrap().tags, ["b"]);
+    }
+
+    #[test]
+    fn a_bad_set_is_a_usage_error_naming_it() {
+        let d = fixture();
+        let usage = |sets: &[&str]| match parse_job(&d, JOB, sets, Purpose::Build) {
+            Err(Error::Usage(m)) => m,
+            other => panic!("not a usage error: {other:?}"),
+        };
+        let m = usage(&["apx.tags=v1"]);
+        assert!(
+            m.starts_with("--set apx.tags=v1: no image of ")
+                && m.ends_with("is named `apx`; its images are api, web"),
+            "{m}"
+        );
+        let m = usage(&["api.platfroms=linux/arm64"]);
+        assert!(
+            m.starts_with("--set api.platfroms=linux/arm64: `platfroms` is not a field")
+                && m.contains("did you mean platforms?"),
+            "{m}"
+        );
+        // A value --set gives is validated at its field, naming the flag.
+        let (f, m, _) = project_err(parse_job(
+            &d,
+            JOB,
+            &["api.platforms=linux/foo"],
+            Purpose::Build,
+        ));
+        assert_eq!(f, "images.api.platforms[0]");
+        assert!(
+            m.ends_with("(the value came from --set api.platforms=linux/foo)"),
+            "{m}"
+        );
+        let (f, m, _) = project_err(parse_job(&d, JOB, &["api.tags="], Purpose::Build));
+        assert_eq!(f, "images.api.tags");
+        assert!(
+            m.contains("is empty") && m.contains("--set api.tags="),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn verify_reads_no_build_inputs() {
+        let d = tempfile::tempdir().unwrap();
+        let text = "version: 1\nimages:\n  hello:\n    repository: 127.0.0.1:5000/demo/hello\n    tags: [v1]\n    context: app\n    dockerfile: build/Dockerfile\n    platforms: [linux/amd64]\n";
+        let (f, _, _) = project_err(parse_job(&d, text, &[], Purpose::Build));
+        assert_eq!(f, "images.hello.context");
+        let p = parse_job(&d, text, &[], Purpose::Verify).unwrap();
+        assert_eq!(p.images[0].tags, ["v1"]);
+        // What can be told without the disk is still checked.
+        let absolute = text.replace("build/Dockerfile", "/abs/Dockerfile");
+        let (f, m, _) = project_err(parse_job(&d, &absolute, &[], Purpose::Verify));
+        assert_eq!(f, "images.hello.dockerfile");
+        assert!(m.contains("is absolute"), "{m}");
+        let empty = text.replace("context: app", "context: \"\"");
+        let (f, _, _) = project_err(parse_job(&d, &empty, &[], Purpose::Verify));
+        assert_eq!(f, "images.hello.context");
+    }
+
+    /// The CI example's project file takes its registry and version from the job.
+    #[test]
+    fn the_ci_example_reads_its_release_from_the_environment() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch.yaml");
+        let env = |name: &str| match name {
+            "REGISTRY" => Some("ghcr.io".to_string()),
+            "VERSION" => Some("v1.4.3".to_string()),
+            _ => None,
+        };
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            overrides: &[],
+            env: &env,
+        };
+        let p = Project::load(&file, &options).unwrap();
+        let api = p.image("api").unwrap();
+        assert_eq!(api.repository, "ghcr.io/acme/api");
+        assert_eq!(api.tags, ["v1.4.3", "latest"]);
+        assert_eq!(api.labels["org.opencontainers.image.revision"], "unknown");
+        let without = LoadOptions {
+            env: &|name: &str| env(name).filter(|_| name != "VERSION"),
+            ..options
+        };
+        let (f, m, _) = project_err(Project::load(&file, &without));
+        assert_eq!(f, "images.api.tags[0]");
+        assert!(m.contains("VERSION is not set: the release version"), "{m}");
     }
 }

@@ -13,6 +13,19 @@ pub struct CoverageRecord {
     pub generated_at: String,
     pub covered: bool,
     pub images: Vec<ImageCoverage>,
+    /// Project-file values that came from the job (environment or `--set`), not the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<ValueSource>,
+}
+
+/// Where one project-file value came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueSource {
+    /// The field path, e.g. `images.api.tags[0]`.
+    pub field: String,
+    /// `env:NAME` (the variable's value), `default:NAME` (`${NAME:-…}`'s default, NAME being
+    /// unset) or `set` (`--set`).
+    pub source: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,7 +129,15 @@ impl CoverageRecord {
             generated_at: now_rfc3339(),
             covered,
             images,
+            values: Vec::new(),
         }
+    }
+
+    /// Adds where the project's values for the recorded images came from.
+    pub fn with_values(mut self, project: &crate::project::Project) -> Self {
+        let names: Vec<String> = self.images.iter().map(|i| i.name.clone()).collect();
+        self.values = project.values_for(&names);
+        self
     }
 
     pub fn to_json(&self) -> String {

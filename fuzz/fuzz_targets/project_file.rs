@@ -4,5 +4,6 @@ use libfuzzer_sys::fuzz_target;
 use std::path::Path;
 
 fuzz_target!(|text: &str| {
-    let _ = polyarch::project::Project::parse(Path::new("polyarch.yaml"), text);
+    let options = polyarch::project::LoadOptions::default();
+    let _ = polyarch::project::Project::parse(Path::new("polyarch.yaml"), text, &options);
 });
