@@ -539,10 +539,13 @@ HCL
   }
   use_cache many
   for ((i = 1; i <= RUNS; i++)); do
+    # Each contender gets contexts of its own: identical ones would let the second hit
+    # BuildKit's cache of the first one's steps.
     d="$tmp/many-$i"
-    make_many "$d" "many-$i"
-    add many-polyarch "$(run_pa "$d.polyarch.yaml")" "$i"
-    add many-bake "$(run_bake "$d/docker-bake.hcl" "${many_tags[@]}")" "$i"
+    make_many "$d-pa" "many-$i"
+    add many-polyarch "$(run_pa "$d-pa.polyarch.yaml")" "$i"
+    make_many "$d-bx" "many-$i"
+    add many-bake "$(run_bake "$d-bx/docker-bake.hcl" "${many_tags[@]}")" "$i"
     d="$tmp/one-$i"
     make_small "$d"
     printf 'version: 1\nbinfmt: %s\nimages:\n' "$BINFMT" >"$d.polyarch.yaml"
