@@ -892,10 +892,16 @@ pub async fn verify_image(
     };
     let mut coverage = verify::verify(&source, &target, reporter).await?;
     let wanted = expected.unwrap_or(&coverage.digest).to_string();
-    for tag in &image.tags {
-        let (_, digest) = registry
-            .get_manifest(&repository_reference(&image.repository, tag)?)
-            .await?;
+    for (n, tag) in image.tags.iter().enumerate() {
+        // The first tag is the one just read back.
+        let digest = if n == 0 {
+            coverage.digest.clone()
+        } else {
+            registry
+                .get_manifest(&repository_reference(&image.repository, tag)?)
+                .await?
+                .1
+        };
         if digest != wanted {
             coverage.covered = false;
             let why = if expected.is_some() {

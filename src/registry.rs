@@ -100,6 +100,9 @@ enum Failure {
 /// `(registry, digest)`.
 type BlobKey = (String, String);
 
+/// A manifest's bytes and digest as a registry served them.
+type ManifestRead = (Vec<u8>, String);
+
 /// A registry client shared by a run (boxed: it is large and lives in enums).
 pub struct Registry(Box<Inner>);
 
@@ -120,6 +123,10 @@ pub struct Inner {
     insecure: HashSet<String>,
     /// Per registry: whether it speaks plain HTTP (decided on first contact).
     schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<bool>>>>,
+    /// Per plain-HTTP registry reached anonymously: checked once whether it wants no token.
+    open_checked: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
+    /// Manifests read by digest in this run: content addressed, so never read twice.
+    manifests: Mutex<HashMap<String, Arc<ManifestRead>>>,
     /// Per registry, resolved once (CLI, credential helpers, Docker config).
     auths: Mutex<HashMap<String, RegistryAuth>>,
     cli_credentials: Option<(String, String)>,
@@ -128,6 +135,59 @@ pub struct Inner {
     known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
     uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Whether the plain-HTTP registry at `address` (`host:port`) answers `GET /v2/` with 200
+/// and no `WWW-Authenticate` challenge: it serves anonymous requests without a token. Any
+/// failure says no, which only costs the pings this check saves.
+async fn wants_no_token(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let target = if address.contains(':') && !address.ends_with(']') {
+            address.to_string()
+        } else {
+            format!("{address}:80")
+        };
+        let mut stream = tokio::net::TcpStream::connect(target).await.ok()?;
+        let request = format!("GET /v2/ HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+            let n = stream.read(&mut buf).await.ok()?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Some(answers_without_challenge(&head))
+    };
+    tokio::time::timeout(Duration::from_secs(5), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// An HTTP response head with status 200 and no `WWW-Authenticate` header.
+fn answers_without_challenge(head: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(head);
+    let Some(head) = text
+        .split("\r\n\r\n")
+        .next()
+        .filter(|_| text.contains("\r\n\r\n"))
+    else {
+        return false;
+    };
+    let mut lines = head.split("\r\n");
+    let ok = lines
+        .next()
+        .and_then(|status| status.split_whitespace().nth(1))
+        .is_some_and(|code| code == "200");
+    ok && !lines.any(|line| {
+        line.split_once(':')
+            .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("www-authenticate"))
+    })
 }
 
 /// Loopback registries speak plain HTTP, as Docker treats them.
@@ -404,6 +464,8 @@ impl Registry {
             plain_capable,
             insecure,
             schemes: Mutex::default(),
+            open_checked: Mutex::default(),
+            manifests: Mutex::default(),
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
@@ -446,14 +508,43 @@ impl Registry {
         let client = if !self.plain_capable.contains(&host) {
             self.clients.https()
         } else if self.speaks_plain_http(&host, reference).await {
+            if matches!(auth, RegistryAuth::Anonymous) {
+                self.check_open(&host, &resolved).await;
+            }
             self.clients.plain()
         } else if self.insecure.contains(&host) {
             self.clients.unverified()
         } else {
             self.clients.https()
         };
-        client.store_auth_if_needed(&resolved, &auth).await;
+        client
+            .store_auth_if_needed(&resolved, &self.auth_for(&host)?)
+            .await;
         Ok(client)
+    }
+
+    /// oci-client asks a registry's `/v2/` before every request it sends anonymously until
+    /// it gets a token, and a registry that wants none never gives one: each request costs
+    /// two round trips. When a plain-HTTP registry's `/v2/` answers 200 without a challenge
+    /// (asked once, directly), requests carry an empty bearer instead, which oci-client
+    /// sends without asking and such a registry ignores.
+    async fn check_open(&self, host: &str, address: &str) {
+        let cell = self
+            .open_checked
+            .lock()
+            .expect("open lock")
+            .entry(host.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| async {
+            if wants_no_token(address).await {
+                self.auths
+                    .lock()
+                    .expect("auth lock")
+                    .insert(host.to_string(), RegistryAuth::Bearer(String::new()));
+            }
+        })
+        .await;
     }
 
     /// Whether a loopback or insecure registry answers plain HTTP rather than TLS, asked
@@ -735,6 +826,26 @@ impl Registry {
     }
 
     pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+        let Some(by_digest) = reference.digest() else {
+            return self.read_manifest(reference).await;
+        };
+        let key = format!(
+            "{}/{}@{by_digest}",
+            reference.registry(),
+            reference.repository()
+        );
+        if let Some(read) = self.manifests.lock().expect("manifest lock").get(&key) {
+            return Ok((read.0.clone(), read.1.clone()));
+        }
+        let read = self.read_manifest(reference).await?;
+        self.manifests
+            .lock()
+            .expect("manifest lock")
+            .insert(key, Arc::new(read.clone()));
+        Ok(read)
+    }
+
+    async fn read_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
         let (bytes, digest) = self
             .call(reference, "read manifest", |c, auth| async move {
                 c.pull_manifest_raw(reference, &auth, oci::ACCEPTED_MANIFESTS)
@@ -991,6 +1102,18 @@ impl BlobProgress<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_unchallenged_200_means_no_token_is_wanted() {
+        let open = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDocker-Distribution-Api-Version: registry/2.0\r\n\r\n{}";
+        assert!(answers_without_challenge(open));
+        let basic = b"HTTP/1.1 401 Unauthorized\r\nWww-Authenticate: Basic realm=\"r\"\r\n\r\n";
+        assert!(!answers_without_challenge(basic));
+        let challenged_200 = b"HTTP/1.1 200 OK\r\nWWW-Authenticate: Bearer realm=\"t\"\r\n\r\n";
+        assert!(!answers_without_challenge(challenged_200));
+        assert!(!answers_without_challenge(b"HTTP/1.1 200 OK\r\nContent-Le"));
+        assert!(!answers_without_challenge(b"\x15\x03\x01\x00\x02\x02\x46"));
+    }
 
     #[test]
     fn error_urls_lose_credentials_and_queries() {
