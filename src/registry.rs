@@ -121,10 +121,9 @@ pub struct Inner {
     plain_capable: HashSet<String>,
     /// `--insecure-registry` hosts: like Docker, TLS without verification, or plain HTTP.
     insecure: HashSet<String>,
-    /// Per registry: whether it speaks plain HTTP (decided on first contact).
-    schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<bool>>>>,
-    /// Per plain-HTTP registry reached anonymously: checked once whether it wants no token.
-    open_checked: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
+    /// Per registry: whether it speaks plain HTTP, and then whether it wants no token
+    /// (decided on first contact).
+    schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Scheme>>>>,
     /// Manifests read by digest in this run: content addressed, so never read twice.
     manifests: Mutex<HashMap<String, Arc<ManifestRead>>>,
     /// Per registry, resolved once (CLI, credential helpers, Docker config).
@@ -137,18 +136,51 @@ pub struct Inner {
     uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// Whether the plain-HTTP registry at `address` (`host:port`) answers `GET /v2/` with 200
-/// and no `WWW-Authenticate` challenge: it serves anonymous requests without a token. Any
-/// failure says no, which only costs the pings this check saves.
-async fn wants_no_token(address: &str) -> bool {
+/// How a loopback or insecure registry is spoken to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    /// Plain HTTP; `open`: it serves anonymous requests without a token.
+    Plain {
+        open: bool,
+    },
+    Tls,
+}
+
+/// `host:port` or `[v6]:port`.
+fn has_port(address: &str) -> bool {
+    address.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !port.contains(']') && port.parse::<u16>().is_ok()
+    })
+}
+
+/// What a registry's `GET /v2/` over plain HTTP answered: the status and whether it set a
+/// challenge (`WWW-Authenticate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PlainAnswer {
+    status: u16,
+    challenge: bool,
+}
+
+impl PlainAnswer {
+    /// A registry's own answers (200 open, 401 challenged); a TLS server that gets a
+    /// plain request answers 400, so anything else proves nothing.
+    fn is_registry(self) -> bool {
+        matches!(self.status, 200 | 401)
+    }
+
+    /// Serves anonymous requests without a token.
+    fn is_open(self) -> bool {
+        self.status == 200 && !self.challenge
+    }
+}
+
+/// Asks `GET /v2/` of `address` (`host:port`) over plain HTTP, directly: no HTTP client
+/// (building one loads the system's CA store), one request. None when nothing usable came
+/// back within 5 s.
+async fn ask_plain_v2(address: &str) -> Option<PlainAnswer> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ask = async {
-        let target = if address.contains(':') && !address.ends_with(']') {
-            address.to_string()
-        } else {
-            format!("{address}:80")
-        };
-        let mut stream = tokio::net::TcpStream::connect(target).await.ok()?;
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
         let request = format!("GET /v2/ HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut head = Vec::new();
@@ -160,34 +192,29 @@ async fn wants_no_token(address: &str) -> bool {
             }
             head.extend_from_slice(&buf[..n]);
         }
-        Some(answers_without_challenge(&head))
+        parse_plain_answer(&head)
     };
     tokio::time::timeout(Duration::from_secs(5), ask)
         .await
         .ok()
         .flatten()
-        .unwrap_or(false)
 }
 
-/// An HTTP response head with status 200 and no `WWW-Authenticate` header.
-fn answers_without_challenge(head: &[u8]) -> bool {
+/// The status and challenge of a complete HTTP/1.x response head.
+fn parse_plain_answer(head: &[u8]) -> Option<PlainAnswer> {
     let text = String::from_utf8_lossy(head);
-    let Some(head) = text
-        .split("\r\n\r\n")
-        .next()
-        .filter(|_| text.contains("\r\n\r\n"))
-    else {
-        return false;
-    };
+    let (head, _) = text.split_once("\r\n\r\n")?;
     let mut lines = head.split("\r\n");
-    let ok = lines
-        .next()
-        .and_then(|status| status.split_whitespace().nth(1))
-        .is_some_and(|code| code == "200");
-    ok && !lines.any(|line| {
+    let status_line = lines.next()?;
+    if !status_line.starts_with("HTTP/1.") {
+        return None;
+    }
+    let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let challenge = lines.any(|line| {
         line.split_once(':')
             .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("www-authenticate"))
-    })
+    });
+    Some(PlainAnswer { status, challenge })
 }
 
 /// Loopback registries speak plain HTTP, as Docker treats them.
@@ -464,7 +491,6 @@ impl Registry {
             plain_capable,
             insecure,
             schemes: Mutex::default(),
-            open_checked: Mutex::default(),
             manifests: Mutex::default(),
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
@@ -503,19 +529,20 @@ impl Registry {
     /// HTTP when the server does not speak TLS.
     async fn client_for<'a>(&'a self, reference: &Reference) -> Result<&'a Client> {
         let host = reference.registry().to_string();
-        let auth = self.auth_for(&host)?;
         let resolved = reference.resolve_registry().to_string();
         let client = if !self.plain_capable.contains(&host) {
             self.clients.https()
-        } else if self.speaks_plain_http(&host, reference).await {
-            if matches!(auth, RegistryAuth::Anonymous) {
-                self.check_open(&host, &resolved).await;
-            }
-            self.clients.plain()
-        } else if self.insecure.contains(&host) {
-            self.clients.unverified()
         } else {
-            self.clients.https()
+            match self.scheme(&host, reference).await {
+                Scheme::Plain { open } => {
+                    if open {
+                        self.send_empty_bearer(&host)?;
+                    }
+                    self.clients.plain()
+                }
+                Scheme::Tls if self.insecure.contains(&host) => self.clients.unverified(),
+                Scheme::Tls => self.clients.https(),
+            }
         };
         client
             .store_auth_if_needed(&resolved, &self.auth_for(&host)?)
@@ -524,33 +551,25 @@ impl Registry {
     }
 
     /// oci-client asks a registry's `/v2/` before every request it sends anonymously until
-    /// it gets a token, and a registry that wants none never gives one: each request costs
-    /// two round trips. When a plain-HTTP registry's `/v2/` answers 200 without a challenge
-    /// (asked once, directly), requests carry an empty bearer instead, which oci-client
-    /// sends without asking and such a registry ignores.
-    async fn check_open(&self, host: &str, address: &str) {
-        let cell = self
-            .open_checked
-            .lock()
-            .expect("open lock")
-            .entry(host.to_string())
-            .or_default()
-            .clone();
-        cell.get_or_init(|| async {
-            if wants_no_token(address).await {
-                self.auths
-                    .lock()
-                    .expect("auth lock")
-                    .insert(host.to_string(), RegistryAuth::Bearer(String::new()));
-            }
-        })
-        .await;
+    /// it gets a token, and a registry that wants none never gives one: each request would
+    /// cost two round trips. Requests to such a registry carry an empty bearer instead,
+    /// which oci-client sends without asking and the registry ignores.
+    fn send_empty_bearer(&self, host: &str) -> Result<()> {
+        if matches!(self.auth_for(host)?, RegistryAuth::Anonymous) {
+            self.auths
+                .lock()
+                .expect("auth lock")
+                .insert(host.to_string(), RegistryAuth::Bearer(String::new()));
+        }
+        Ok(())
     }
 
     /// Whether a loopback or insecure registry answers plain HTTP rather than TLS, asked
     /// once per registry with an anonymous request, so no credential meets a server whose
-    /// certificate is not checked.
-    async fn speaks_plain_http(&self, host: &str, reference: &Reference) -> bool {
+    /// certificate is not checked. With a port, one plain `GET /v2/` on it answers (a
+    /// registry's 200 or 401 proves plain HTTP, and says whether it wants a token);
+    /// otherwise, as Docker, HTTPS on 443 is tried and plain HTTP is the fallback.
+    async fn scheme(&self, host: &str, reference: &Reference) -> Scheme {
         let cell = self
             .schemes
             .lock()
@@ -560,18 +579,30 @@ impl Registry {
             .clone();
         *cell
             .get_or_init(|| async {
+                let resolved = reference.resolve_registry();
+                if has_port(resolved) {
+                    if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
+                        return Scheme::Plain {
+                            open: answer.is_open(),
+                        };
+                    }
+                }
                 let absent = format!("sha256:{}", "0".repeat(64));
-                match self
+                let probe = self
                     .clients
                     .unverified()
                     .blob_exists(reference, &absent)
-                    .await
-                {
+                    .await;
+                match probe {
+                    // No HTTP answer, and not for a certificate problem (which means the
+                    // server does speak TLS).
                     Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
-                        // A certificate problem means the server does speak TLS.
-                        classify(&OciDistributionError::RequestError(e)) != Failure::Tls
+                        match classify(&OciDistributionError::RequestError(e)) {
+                            Failure::Tls => Scheme::Tls,
+                            _ => Scheme::Plain { open: false },
+                        }
                     }
-                    _ => false,
+                    _ => Scheme::Tls,
                 }
             })
             .await
@@ -1104,15 +1135,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_an_unchallenged_200_means_no_token_is_wanted() {
-        let open = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDocker-Distribution-Api-Version: registry/2.0\r\n\r\n{}";
-        assert!(answers_without_challenge(open));
-        let basic = b"HTTP/1.1 401 Unauthorized\r\nWww-Authenticate: Basic realm=\"r\"\r\n\r\n";
-        assert!(!answers_without_challenge(basic));
-        let challenged_200 = b"HTTP/1.1 200 OK\r\nWWW-Authenticate: Bearer realm=\"t\"\r\n\r\n";
-        assert!(!answers_without_challenge(challenged_200));
-        assert!(!answers_without_challenge(b"HTTP/1.1 200 OK\r\nContent-Le"));
-        assert!(!answers_without_challenge(b"\x15\x03\x01\x00\x02\x02\x46"));
+    fn a_plain_answer_tells_a_registry_and_whether_it_wants_a_token() {
+        let answer = |head: &[u8]| parse_plain_answer(head);
+        let open = answer(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}").unwrap();
+        assert!(open.is_registry() && open.is_open());
+        let basic =
+            answer(b"HTTP/1.1 401 Unauthorized\r\nWww-Authenticate: Basic realm=\"r\"\r\n\r\n")
+                .unwrap();
+        assert!(basic.is_registry() && !basic.is_open());
+        let challenged = answer(b"HTTP/1.1 200 OK\r\nWWW-Authenticate: Bearer x\r\n\r\n").unwrap();
+        assert!(!challenged.is_open());
+        // What Go's TLS server answers a plain request: not a registry's answer.
+        let tls = answer(
+            b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n",
+        )
+        .unwrap();
+        assert!(!tls.is_registry());
+        assert_eq!(answer(b"HTTP/1.1 200 OK\r\nContent-Le"), None);
+        assert_eq!(answer(b"\x15\x03\x01\x00\x02\x02\x46"), None);
+    }
+
+    #[test]
+    fn ports_are_told_apart_from_v6_addresses() {
+        assert!(has_port("127.0.0.1:5000"));
+        assert!(has_port("[::1]:5000"));
+        assert!(!has_port("[::1]"));
+        assert!(!has_port("localhost"));
+        assert!(!has_port("registry.example"));
     }
 
     #[test]
