@@ -16,7 +16,7 @@ use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,7 +164,7 @@ async fn build_once(
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.clone())]),
         },
-        Output::Registry(repository) => registry_exporter(repository),
+        Output::Registry(repository) => registry_exporter(repository, &spec.annotations.manifest),
     };
     let (error, solved) = if engine.buildkit {
         let mut on_status = |status| {
@@ -242,21 +242,28 @@ async fn build_once(
 }
 
 /// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
-/// stored in the engine.
-fn registry_exporter(repository: &str) -> buildkit::Exporter {
+/// stored in the engine; each platform manifest gets `annotations`.
+fn registry_exporter(
+    repository: &str,
+    annotations: &BTreeMap<String, String>,
+) -> buildkit::Exporter {
+    let mut attrs: HashMap<String, String> = [
+        ("name", repository),
+        ("push", "true"),
+        ("push-by-digest", "true"),
+        ("store", "false"),
+        ("unpack", "false"),
+        ("oci-mediatypes", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (key, value) in annotations {
+        attrs.insert(format!("annotation-manifest.{key}"), value.clone());
+    }
     buildkit::Exporter {
         kind: "image".into(),
-        attrs: [
-            ("name", repository),
-            ("push", "true"),
-            ("push-by-digest", "true"),
-            ("store", "false"),
-            ("unpack", "false"),
-            ("oci-mediatypes", "true"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect(),
+        attrs,
     }
 }
 
@@ -294,7 +301,7 @@ pub async fn build_platforms(
     );
     let solved = {
         let mut on_status = |status| logs.route(status);
-        let exporter = registry_exporter(repository);
+        let exporter = registry_exporter(repository, &spec.annotations.manifest);
         solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
     };
     let (message, failed) = match solved {

@@ -96,6 +96,8 @@ pub async fn settings_key(
         "target": spec.target,
         "build_args": spec.build_args,
         "labels": spec.labels,
+        // The engine writes them into the manifests it pushes itself.
+        "manifest_annotations": spec.annotations.manifest,
         "network": format!("{:?}", spec.network),
         "bases": bases,
         // Which secrets and agents a build may use, never what they hold: BuildKit's own

@@ -3,6 +3,7 @@
 //!
 //! Data flows one way: project → plan → build → export → push → verify → record.
 
+pub mod annotations;
 pub mod binfmt;
 pub mod build;
 pub mod buildkit;

@@ -2,6 +2,7 @@
 //! outcome to the documented exit codes.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use polyarch::annotations::AnnotationFlag;
 use polyarch::credentials::Credential;
 use polyarch::engine::Engine;
 use polyarch::error::exit;
@@ -88,6 +89,8 @@ struct RegistryArgs {
     ca_cert: Option<PathBuf>,
 }
 
+// Parsed once per process: boxing the large variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Build every declared platform, push one index per tag, read it back and report coverage.
@@ -146,6 +149,11 @@ enum Command {
         /// Run every build step, using no cached result; implies --rebuild.
         #[arg(long)]
         no_cache: bool,
+        /// An OCI annotation, as buildx spells it: [index:|manifest:|index,manifest:]KEY=VALUE
+        /// (no prefix: on each platform manifest). Added to each image's `annotations:`.
+        /// Repeatable.
+        #[arg(long, value_name = "[TYPES:]KEY=VALUE")]
+        annotation: Vec<AnnotationFlag>,
         /// Split runners: push this runner's platforms by digest and record them as a part
         /// (--record FILE) for `polyarch assemble`; no tag moves.
         #[arg(long)]
@@ -387,6 +395,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             cache_to,
             pull,
             no_cache,
+            annotation,
             push_by_digest,
             output: destination,
             output_args: output,
@@ -416,6 +425,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 cache_to,
                 pull,
                 no_cache,
+                annotations: annotation,
             };
             project.prepare_build(&images, &flags, login)?;
             let options = BuildOptions {

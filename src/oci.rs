@@ -9,6 +9,7 @@ use oci_spec::image::{
 };
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
+use std::collections::BTreeMap;
 use std::str::FromStr;
 
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -93,8 +94,11 @@ fn digest(value: &str) -> Result<oci_spec::image::Digest, String> {
 }
 
 /// The image manifest for one exported platform image (config kept byte-for-byte, so its
-/// digest stays the engine's image ID).
-pub fn image_manifest(image: &ExportedImage) -> Result<ManifestBlob, String> {
+/// digest stays the engine's image ID), with `annotations` when there are any.
+pub fn image_manifest(
+    image: &ExportedImage,
+    annotations: &BTreeMap<String, String>,
+) -> Result<ManifestBlob, String> {
     let config = DescriptorBuilder::default()
         .media_type(MediaType::ImageConfig)
         .digest(digest(&image.config_digest)?)
@@ -113,20 +117,27 @@ pub fn image_manifest(image: &ExportedImage) -> Result<ManifestBlob, String> {
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let manifest = ImageManifestBuilder::default()
+    let mut manifest = ImageManifestBuilder::default()
         .schema_version(2u32)
         .media_type(MediaType::ImageManifest)
         .config(config)
         .layers(layers)
         .build()
         .map_err(|e| e.to_string())?;
+    if !annotations.is_empty() {
+        manifest.set_annotations(Some(annotations.clone().into_iter().collect()));
+    }
     let bytes = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
     Ok(ManifestBlob::new(bytes, OCI_MANIFEST))
 }
 
 /// The index for a tag: exactly the given platform manifests, nothing else
-/// (no attestation or provenance entries, which older containerd cannot read).
-pub fn image_index(entries: &[IndexEntry]) -> Result<ManifestBlob, String> {
+/// (no attestation or provenance entries, which older containerd cannot read), with
+/// `annotations` when there are any.
+pub fn image_index(
+    entries: &[IndexEntry],
+    annotations: &BTreeMap<String, String>,
+) -> Result<ManifestBlob, String> {
     let manifests = entries
         .iter()
         .map(|entry| {
@@ -145,12 +156,15 @@ pub fn image_index(entries: &[IndexEntry]) -> Result<ManifestBlob, String> {
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let index = ImageIndexBuilder::default()
+    let mut index = ImageIndexBuilder::default()
         .schema_version(2u32)
         .media_type(MediaType::ImageIndex)
         .manifests(manifests)
         .build()
         .map_err(|e| e.to_string())?;
+    if !annotations.is_empty() {
+        index.set_annotations(Some(annotations.clone().into_iter().collect()));
+    }
     let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
     Ok(ManifestBlob::new(bytes, OCI_INDEX))
 }
@@ -271,7 +285,11 @@ mod tests {
 
     #[test]
     fn index_lists_exactly_the_platform_manifests() {
-        let blob = image_index(&[entry("amd64", None, 1), entry("arm64", Some("v8"), 2)]).unwrap();
+        let blob = image_index(
+            &[entry("amd64", None, 1), entry("arm64", Some("v8"), 2)],
+            &BTreeMap::new(),
+        )
+        .unwrap();
         assert_eq!(blob.digest, sha256_digest(&blob.bytes));
         let json: serde_json::Value = serde_json::from_slice(&blob.bytes).unwrap();
         assert_eq!(json["mediaType"], OCI_INDEX);

@@ -20,7 +20,7 @@ use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, RegistrySource, Target};
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -94,7 +94,7 @@ impl Destination {
         let Destination::Registry(r) = self else {
             return None;
         };
-        let cached = cache.get(&image.repository, image_id)?;
+        let cached = cache.get(&image.repository, &pushed_key(image, image_id))?;
         let reference = first_tag(image)
             .ok()?
             .clone_with_digest(cached.digest.clone());
@@ -605,10 +605,11 @@ async fn publish(
     // Index order follows the project file, not build completion order.
     mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
     let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
-    let index = oci::image_index(&entries).map_err(|m| Error::Registry {
-        registry: image.repository.clone(),
-        message: m,
-    })?;
+    let index =
+        oci::image_index(&entries, &image.annotations.index).map_err(|m| Error::Registry {
+            registry: image.repository.clone(),
+            message: m,
+        })?;
     reporter.report(Event::Phase {
         image: image.name.clone(),
         platform: None,
@@ -891,6 +892,8 @@ pub async fn verify_image(
         reference: first,
     };
     let mut coverage = verify::verify(&source, &target, reporter).await?;
+    let missing = missing_annotations(image, &coverage);
+    coverage.warnings.extend(missing);
     let wanted = expected.unwrap_or(&coverage.digest).to_string();
     for (n, tag) in image.tags.iter().enumerate() {
         // The first tag is the one just read back.
@@ -915,6 +918,31 @@ pub async fn verify_image(
         }
     }
     Ok(coverage)
+}
+
+/// The annotations the project gives an image that its index or a platform manifest in
+/// the registry does not carry (with the value it does carry, if another).
+fn missing_annotations(image: &ImageSpec, coverage: &ImageCoverage) -> Vec<String> {
+    let differs =
+        |place: &str, wanted: &BTreeMap<String, String>, found: &BTreeMap<String, String>| {
+            wanted
+                .iter()
+                .filter(|(key, value)| found.get(*key) != Some(value))
+                .map(|(key, value)| match found.get(key) {
+                    Some(other) => format!("{place} annotation {key} is `{other}`, not `{value}`"),
+                    None => format!("{place} has no annotation {key} (`{value}` expected)"),
+                })
+                .collect::<Vec<_>>()
+        };
+    let mut out = differs("the index", &image.annotations.index, &coverage.annotations);
+    for platform in coverage.platforms.iter().filter(|p| p.digest.is_some()) {
+        out.extend(differs(
+            &format!("the {} manifest", platform.platform),
+            &image.annotations.manifest,
+            &platform.annotations,
+        ));
+    }
+    out
 }
 
 fn registry_hosts(images: &[&ImageSpec]) -> Result<Vec<String>> {
@@ -977,6 +1005,17 @@ fn check_platform(image: &ImageSpec, unit: &Unit<'_>, built: &ConfigPlatform) ->
             unit.platform
         ),
     })
+}
+
+/// What a pushed manifest is remembered under: the image's ID (or the manifest's digest
+/// when the engine pushed it) and the annotations polyarch writes into the manifest, since
+/// the same image with other annotations is another manifest.
+fn pushed_key(image: &ImageSpec, id: &str) -> String {
+    if image.annotations.manifest.is_empty() {
+        return id.to_string();
+    }
+    let annotations = serde_json::to_vec(&image.annotations.manifest).unwrap_or_default();
+    format!("{id}+{}", &oci::sha256_digest(&annotations)[7..19])
 }
 
 /// A unit whose manifest an earlier run pushed.
@@ -1202,7 +1241,7 @@ async fn build_together(
         }
         run.cache.put(
             &image.repository,
-            &digest,
+            &pushed_key(image, &digest),
             CachedManifest {
                 digest: digest.clone(),
                 size: entry.size(),
@@ -1323,7 +1362,7 @@ async fn build_unit(
         check_platform(image, unit, &pushed.platform)?;
         cache.put(
             &image.repository,
-            &built.id,
+            &pushed_key(image, &built.id),
             CachedManifest {
                 digest: pushed.digest.clone(),
                 size: pushed.size,
@@ -1396,15 +1435,16 @@ async fn build_unit(
         destination.put_layer(&reference, layer, &progress).await?;
     }
     destination.put_config(&reference, &exported).await?;
-    let manifest = oci::image_manifest(&exported).map_err(|m| Error::Export {
-        image: image.name.clone(),
-        message: m,
-    })?;
+    let manifest =
+        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|m| Error::Export {
+            image: image.name.clone(),
+            message: m,
+        })?;
     // By digest: no per-platform tags are left behind in the repository.
     destination.put_manifest(&reference, &manifest).await?;
     cache.put(
         &image.repository,
-        &built.id,
+        &pushed_key(image, &built.id),
         CachedManifest {
             digest: manifest.digest.clone(),
             size: manifest.bytes.len() as u64,

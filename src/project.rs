@@ -9,6 +9,7 @@
 //! Between the two, the job's values (`${VAR}`, `--set`; see `values`) are written into
 //! the raw strings, so validation judges and names them like any other.
 
+use crate::annotations::{AnnotationFlag, Annotations};
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
@@ -105,6 +106,8 @@ pub struct ImageSpec {
     pub build_args: BTreeMap<String, String>,
     pub target: Option<String>,
     pub labels: BTreeMap<String, String>,
+    /// OCI annotations for the index and the platform manifests.
+    pub annotations: Annotations,
     pub network: Network,
     /// Per-image override of the project's `binfmt`.
     pub binfmt: Option<BinfmtMode>,
@@ -223,6 +226,8 @@ pub struct BuildFlags {
     pub cache_to: Option<CacheRef>,
     pub pull: bool,
     pub no_cache: bool,
+    /// `--annotation`: added to each image's annotations (a flag's value wins).
+    pub annotations: Vec<AnnotationFlag>,
 }
 
 /// One `--secret` value, parsed (relative paths against the working directory).
@@ -289,6 +294,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "build_args",
     "target",
     "labels",
+    "annotations",
     "network",
     "binfmt",
     "secrets",
@@ -450,6 +456,9 @@ impl Project {
                     },
                 );
             }
+            for flag in &flags.annotations {
+                image.annotations.insert(flag);
+            }
             for reference in &flags.cache_from {
                 if !image.cache_from.contains(reference) {
                     image.cache_from.push(reference.clone());
@@ -528,6 +537,7 @@ struct RawImage {
     cache: Option<RawCache>,
     pull: Option<String>,
     no_cache: Option<String>,
+    annotations: Option<Entries<String>>,
 }
 
 #[derive(Deserialize)]
@@ -933,6 +943,13 @@ impl Cx {
             }
         }
 
+        let mut annotations = Annotations::default();
+        for (k, v) in raw.annotations.map(|e| e.0).unwrap_or_default() {
+            annotations
+                .add(&k, &v)
+                .map_err(|e| self.err(format!("images.{name}.annotations.{k}"), e.to_string()))?;
+        }
+
         // target
         let target = match raw.target {
             Some(t) if t.trim().is_empty() => return Err(self.err(
@@ -992,6 +1009,7 @@ impl Cx {
             build_args,
             target,
             labels,
+            annotations,
             network,
             binfmt,
             secrets,

@@ -3,6 +3,7 @@
 
 use crate::platform::Platform;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 pub const SCHEMA: &str = "polyarch/coverage/v1";
 
@@ -54,6 +55,9 @@ pub struct ImageCoverage {
     /// `repo@sha256:…` to pin in deployments instead of a mutable tag.
     pub pinned: String,
     pub media_type: String,
+    /// The annotations of what the reference resolves to (the index).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     pub declared: Vec<Platform>,
     pub platforms: Vec<PlatformCoverage>,
     pub missing: Vec<Platform>,
@@ -72,6 +76,9 @@ pub struct PlatformCoverage {
     pub config_platform: Option<Platform>,
     pub size: Option<u64>,
     pub status: PlatformStatus,
+    /// The platform manifest's annotations.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// `--deep`: what the entrypoint resolved to and what machine it is built for.
@@ -331,6 +338,7 @@ mod tests {
             config_platform: Some(name.parse().unwrap()),
             size: Some(900),
             status: PlatformStatus::Ok,
+            annotations: BTreeMap::new(),
             detail: None,
             deep: None,
             build: Some(build),
@@ -342,6 +350,7 @@ mod tests {
             digest: format!("sha256:{}", "b".repeat(64)),
             pinned: "r.io/x@sha256:…".into(),
             media_type: "application/vnd.oci.image.index.v1+json".into(),
+            annotations: BTreeMap::new(),
             declared: vec![
                 "linux/amd64".parse().unwrap(),
                 "linux/arm64".parse().unwrap(),

@@ -9,6 +9,7 @@ use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::registry::Registry;
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
+use std::collections::BTreeMap;
 
 /// Nested indexes deeper than this are reported rather than followed.
 const MAX_INDEX_DEPTH: usize = 4;
@@ -104,6 +105,7 @@ pub async fn verify<S: ContentSource>(
     let mut warnings = Vec::new();
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
+    let mut annotations = BTreeMap::new();
     let media_type = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
         Parsed::Unknown { media_type } => {
             warnings.push(format!(
@@ -121,6 +123,12 @@ pub async fn verify<S: ContentSource>(
             media_type
         }
         Parsed::Index { media_type, index } => {
+            annotations = index
+                .annotations()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
             collect_entries(
                 source,
                 index,
@@ -161,6 +169,7 @@ pub async fn verify<S: ContentSource>(
                     config_platform: None,
                     size: None,
                     status: PlatformStatus::Missing,
+                    annotations: Default::default(),
                     detail: Some(format!("{} has no entry for {declared}", target.reference)),
                     deep: None,
                     build: None,
@@ -203,6 +212,7 @@ pub async fn verify<S: ContentSource>(
         pinned: format!("{}@{}", source.repository(), digest),
         digest,
         media_type,
+        annotations,
         declared: target.declared.clone(),
         platforms,
         missing,
@@ -349,6 +359,12 @@ async fn check_entry<S: ContentSource>(
             config_platform,
             size: Some(entry.size),
             status,
+            annotations: manifest
+                .annotations()
+                .clone()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
             detail,
             deep,
             build: None,

@@ -260,6 +260,7 @@ pub(super) fn each_string<E>(
             cache,
             pull,
             no_cache,
+            annotations,
         } = image;
         one(f, &at("repository"), repository)?;
         list(f, &at("tags"), tags)?;
@@ -269,6 +270,7 @@ pub(super) fn each_string<E>(
         entries(f, &at("build_args"), build_args)?;
         one(f, &at("target"), target)?;
         entries(f, &at("labels"), labels)?;
+        entries(f, &at("annotations"), annotations)?;
         one(f, &at("network"), network)?;
         one(f, &at("binfmt"), binfmt)?;
         for (id, secret) in secrets.iter_mut().flat_map(|e| e.0.iter_mut()) {
