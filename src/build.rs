@@ -16,7 +16,7 @@ use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,7 +164,7 @@ async fn build_once(
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.clone())]),
         },
-        Output::Registry(repository) => registry_exporter(repository, &spec.annotations.manifest),
+        Output::Registry(repository) => registry_exporter(repository, spec),
     };
     let (error, solved) = if engine.buildkit {
         let mut on_status = |status| {
@@ -242,11 +242,9 @@ async fn build_once(
 }
 
 /// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
-/// stored in the engine; each platform manifest gets `annotations`.
-fn registry_exporter(
-    repository: &str,
-    annotations: &BTreeMap<String, String>,
-) -> buildkit::Exporter {
+/// stored in the engine; each platform manifest gets the image's annotations, and with
+/// `SOURCE_DATE_EPOCH` the exporter clamps the layers' file times to it.
+fn registry_exporter(repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
     let mut attrs: HashMap<String, String> = [
         ("name", repository),
         ("push", "true"),
@@ -258,8 +256,11 @@ fn registry_exporter(
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    for (key, value) in annotations {
+    for (key, value) in &spec.annotations.manifest {
         attrs.insert(format!("annotation-manifest.{key}"), value.clone());
+    }
+    if spec.source_date_epoch.is_some() {
+        attrs.insert("rewrite-timestamp".into(), "true".into());
     }
     buildkit::Exporter {
         kind: "image".into(),
@@ -301,7 +302,7 @@ pub async fn build_platforms(
     );
     let solved = {
         let mut on_status = |status| logs.route(status);
-        let exporter = registry_exporter(repository, &spec.annotations.manifest);
+        let exporter = registry_exporter(repository, spec);
         solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
     };
     let (message, failed) = match solved {
@@ -639,6 +640,10 @@ async fn solve_in_session(
         HashMap::from([("platform".into(), platform_names.clone())]);
     if let Some(target) = &spec.target {
         attrs.insert("target".into(), target.clone());
+    }
+    if let Some(epoch) = spec.source_date_epoch {
+        // BuildKit 0.11+ sets the config's and history's times from it.
+        attrs.insert("build-arg:SOURCE_DATE_EPOCH".into(), epoch.to_string());
     }
     for (key, value) in &spec.build_args {
         attrs.insert(format!("build-arg:{key}"), value.clone());

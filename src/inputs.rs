@@ -98,6 +98,7 @@ pub async fn settings_key(
         "labels": spec.labels,
         // The engine writes them into the manifests it pushes itself.
         "manifest_annotations": spec.annotations.manifest,
+        "source_date_epoch": spec.source_date_epoch,
         "network": format!("{:?}", spec.network),
         "bases": bases,
         // Which secrets and agents a build may use, never what they hold: BuildKit's own

@@ -154,6 +154,11 @@ enum Command {
         /// Repeatable.
         #[arg(long, value_name = "[TYPES:]KEY=VALUE")]
         annotation: Vec<AnnotationFlag>,
+        /// Build reproducibly: every time stamp in the images (files, config, history) at
+        /// most this many seconds since 1970, e.g. the release commit's time
+        /// (`git log -1 --format=%ct`); the same inputs then push the same digests.
+        #[arg(long, value_name = "SECONDS", env = "SOURCE_DATE_EPOCH")]
+        source_date_epoch: Option<u64>,
         /// Split runners: push this runner's platforms by digest and record them as a part
         /// (--record FILE) for `polyarch assemble`; no tag moves.
         #[arg(long)]
@@ -396,6 +401,7 @@ async fn run(command: Command) -> Result<i32, Error> {
             pull,
             no_cache,
             annotation,
+            source_date_epoch,
             push_by_digest,
             output: destination,
             output_args: output,
@@ -426,6 +432,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 pull,
                 no_cache,
                 annotations: annotation,
+                source_date_epoch,
             };
             project.prepare_build(&images, &flags, login)?;
             let options = BuildOptions {

@@ -1329,6 +1329,14 @@ async fn build_unit(
         }
         _ => build::Output::Engine,
     };
+    if let (build::Output::Engine, Some(_)) = (output, image.source_date_epoch) {
+        reporter.report(Event::Warning {
+            message: format!(
+                "{} {}: SOURCE_DATE_EPOCH is passed to the build, but the engine at {} writes the image into its own store, where file times in the layers are not clamped: its digests will differ between builds; build on an engine with the containerd image store that reaches the registry",
+                image.name, unit.platform, engine.endpoint
+            ),
+        });
+    }
     let may_appear = match output {
         build::Output::Engine => cleanup.add(
             engine,

@@ -108,6 +108,9 @@ pub struct ImageSpec {
     pub labels: BTreeMap<String, String>,
     /// OCI annotations for the index and the platform manifests.
     pub annotations: Annotations,
+    /// `SOURCE_DATE_EPOCH`: build reproducibly, with every time stamp at most this (seconds
+    /// since 1970).
+    pub source_date_epoch: Option<u64>,
     pub network: Network,
     /// Per-image override of the project's `binfmt`.
     pub binfmt: Option<BinfmtMode>,
@@ -228,6 +231,8 @@ pub struct BuildFlags {
     pub no_cache: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
+    /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image.
+    pub source_date_epoch: Option<u64>,
 }
 
 /// One `--secret` value, parsed (relative paths against the working directory).
@@ -459,6 +464,7 @@ impl Project {
             for flag in &flags.annotations {
                 image.annotations.insert(flag);
             }
+            image.source_date_epoch = flags.source_date_epoch;
             for reference in &flags.cache_from {
                 if !image.cache_from.contains(reference) {
                     image.cache_from.push(reference.clone());
@@ -1010,6 +1016,7 @@ impl Cx {
             target,
             labels,
             annotations,
+            source_date_epoch: None,
             network,
             binfmt,
             secrets,
