@@ -934,7 +934,12 @@ pub fn render_text(report: &GateReport) -> String {
             }
         }
     }
-    for f in &report.findings {
+    // Refusals and failures first, then warnings: what stops the deploy stays on top.
+    let (warnings, stops): (Vec<&Finding>, Vec<&Finding>) = report
+        .findings
+        .iter()
+        .partition(|f| f.severity == Severity::Warning);
+    for f in stops.into_iter().chain(warnings) {
         let prefix = match (f.severity, f.kind) {
             (Severity::Failure, _) => "UNREADABLE",
             (Severity::Gap, FindingKind::EntryMismatch) => continue,
@@ -1273,6 +1278,8 @@ mod tests {
             text.contains("GAP Deployment b container `b` (apps.yaml#2)"),
             "{text}"
         );
+        // What stops the deploy comes before the (re-tag) warnings.
+        assert!(text.find("UNREADABLE") < text.find("warning:"), "{text}");
         assert!(
             text.contains("not covered: 1 gap(s) in 2 container(s) of 2 workload(s); 1 container(s) not checked"),
             "{text}"
