@@ -2,9 +2,9 @@
 //! Kubernetes manifests may be scheduled onto, and whether every container image provides
 //! the os/arch of every such pool.
 //!
-//! Pure logic, no I/O besides reading the input files and no printing: the caller looks
-//! images up in the registry (verify module) and hands the results to [`evaluate`] as a
-//! closure; [`render_text`] formats the record for the terminal.
+//! Pure logic, no I/O besides reading the input files and no printing: the caller (the
+//! `gate` module) looks images up in the registry and hands the results to [`evaluate`] as
+//! a closure.
 //!
 //! Inputs are parsed as generic values (`serde_norway::Value`) so unknown fields never break
 //! parsing; every malformed input becomes one `Error::Usage` line naming
@@ -60,6 +60,9 @@ pub struct Workload {
     pub name: String,
     /// `file#doc` (1-based document index); `file#doc/items/i` for items of a `List`.
     pub source: String,
+    /// The 1-based document index within its file, and the item index within a `List`.
+    pub document: usize,
+    pub item: Option<usize>,
     /// Where the pod spec sits in the object (`spec.template.spec`, …), for fix hints.
     pub pod_spec_path: String,
     pub node_selector: BTreeMap<String, String>,
@@ -78,6 +81,10 @@ pub struct Container {
     pub name: String,
     pub image: String,
     pub init: bool,
+    /// Position in `containers` (or `initContainers` when `init`).
+    pub index: usize,
+    /// `imagePullPolicy` as written (Always, IfNotPresent or Never); `None` when not written.
+    pub pull_policy: Option<String>,
 }
 
 /// One node selector term: all expressions and fields must match (AND).
@@ -187,15 +194,38 @@ impl Workload {
     }
 }
 
-/// Loads every workload from Kubernetes manifest files or directories (recursively,
-/// `*.yaml`, `*.yml`, `*.json`, sorted; hidden entries skipped). Files named explicitly are
-/// read whatever their extension.
-pub fn load_workloads(paths: &[PathBuf]) -> Result<Vec<Workload>> {
+/// One manifest file as read: its text is kept so `gate --pin` can write it back pinned.
+#[derive(Debug, Clone)]
+pub struct ManifestFile {
+    pub path: PathBuf,
+    /// Its path relative to the `--manifests` directory it was found in, or its file name.
+    pub relative: PathBuf,
+    pub text: String,
+    pub workloads: Vec<Workload>,
+}
+
+/// Loads every manifest file from Kubernetes manifest files or directories (recursively,
+/// `*.yaml`, `*.yml`, `*.json`, sorted; hidden entries skipped) with its workloads. Files
+/// named explicitly are read whatever their extension.
+pub fn load_manifests(paths: &[PathBuf]) -> Result<Vec<ManifestFile>> {
     let mut out = Vec::new();
     for path in paths {
         for file in manifest_files(path)? {
             let text = read_text(&file)?;
-            out.extend(parse_workloads(&file, &text)?);
+            let workloads = parse_workloads(&file, &text)?;
+            let relative = match file.strip_prefix(path) {
+                Ok(r) if !r.as_os_str().is_empty() => r.to_path_buf(),
+                _ => file
+                    .file_name()
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| file.clone()),
+            };
+            out.push(ManifestFile {
+                path: file,
+                relative,
+                text,
+                workloads,
+            });
         }
     }
     Ok(out)
@@ -207,7 +237,7 @@ pub fn parse_workloads(file: &Path, text: &str) -> Result<Vec<Workload>> {
     let mut out = Vec::new();
     for (index, doc) in documents(file, text)? {
         let src = format!("{}#{index}", file.display());
-        collect_object(&src, &doc, None, 0, &mut out)?;
+        collect_object(&src, index, None, &doc, None, &mut out)?;
     }
     Ok(out)
 }
@@ -267,7 +297,7 @@ fn read_text(path: &Path) -> Result<String> {
 
 /// The non-empty documents of a YAML stream (or a JSON file holding one or more values),
 /// with their 1-based index. Stops at the first syntax error.
-fn documents(file: &Path, text: &str) -> Result<Vec<(usize, Value)>> {
+pub(crate) fn documents(file: &Path, text: &str) -> Result<Vec<(usize, Value)>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let is_json = file
         .extension()
@@ -447,9 +477,10 @@ fn expect_mapping<'a>(at: &At, v: &'a Value, path: &str) -> Result<&'a Value> {
 
 fn collect_object(
     src: &str,
+    document: usize,
+    item: Option<usize>,
     value: &Value,
     inferred_kind: Option<&str>,
-    depth: usize,
     out: &mut Vec<Workload>,
 ) -> Result<()> {
     let at = At { src };
@@ -475,7 +506,7 @@ fn collect_object(
             ))
         }
     };
-    if kind.ends_with("List") && depth == 0 {
+    if kind.ends_with("List") && item.is_none() {
         // `kind: List` (kubectl) or a typed list (`DeploymentList`, whose items omit kind).
         let item_kind = kind.strip_suffix("List").filter(|k| !k.is_empty());
         for (i, item) in seq(&at, value, "", "items")?.iter().enumerate() {
@@ -483,7 +514,7 @@ fn collect_object(
                 continue;
             }
             let item_src = format!("{src}/items/{i}");
-            collect_object(&item_src, item, item_kind, depth + 1, out)?;
+            collect_object(&item_src, document, Some(i), item, item_kind, out)?;
         }
         return Ok(());
     }
@@ -498,11 +529,18 @@ fn collect_object(
         | "ReplicationController" => "spec.template.spec",
         _ => return Ok(()),
     };
-    out.push(parse_workload(&at, &kind, value, pod_spec_path)?);
+    let place = (document, item);
+    out.push(parse_workload(&at, &kind, value, pod_spec_path, place)?);
     Ok(())
 }
 
-fn parse_workload(at: &At, kind: &str, obj: &Value, pod_spec_path: &str) -> Result<Workload> {
+fn parse_workload(
+    at: &At,
+    kind: &str,
+    obj: &Value,
+    pod_spec_path: &str,
+    (document, item): (usize, Option<usize>),
+) -> Result<Workload> {
     let metadata = match field(obj, "metadata") {
         Some(m) => expect_mapping(at, m, "metadata")?,
         None => &Value::Null,
@@ -594,7 +632,23 @@ fn parse_workload(at: &At, kind: &str, obj: &Value, pod_spec_path: &str) -> Resu
                         format!("missing for container `{name}`; every container needs an image"),
                     )
                 })?;
-            containers.push(Container { name, image, init });
+            let pull_policy = match opt_string(at, c, &cpath, "imagePullPolicy")?.as_deref() {
+                None | Some("") => None,
+                Some(p @ ("Always" | "IfNotPresent" | "Never")) => Some(p.to_string()),
+                Some(other) => {
+                    return Err(at.err(
+                        &join(&cpath, "imagePullPolicy"),
+                        format!("`{other}` is not one of Always, IfNotPresent, Never"),
+                    ))
+                }
+            };
+            containers.push(Container {
+                name,
+                image,
+                init,
+                index: i,
+                pull_policy,
+            });
         }
     }
     if !containers.iter().any(|c| !c.init) {
@@ -609,6 +663,8 @@ fn parse_workload(at: &At, kind: &str, obj: &Value, pod_spec_path: &str) -> Resu
         namespace,
         name,
         source: at.src.to_string(),
+        document,
+        item,
         pod_spec_path: pod_spec_path.to_string(),
         node_selector,
         required_terms,
@@ -796,6 +852,9 @@ pub struct NodeShape {
     pub name: Option<String>,
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// `status.nodeInfo.containerRuntimeVersion` (`containerd://1.7.13`); `None` for
+    /// pool-file pools.
+    pub runtime: Option<String>,
 }
 
 /// Loads node pools from `kubectl get nodes -o json|yaml` output (a `List`/`NodeList` of
@@ -871,6 +930,7 @@ struct ParsedNode {
     platform: Platform,
     labels: BTreeMap<String, String>,
     taints: Vec<Taint>,
+    runtime: Option<String>,
 }
 
 fn parse_node(at: &At, node: &Value, base: &str) -> Result<ParsedNode> {
@@ -906,6 +966,11 @@ fn parse_node(at: &At, node: &Value, base: &str) -> Result<ParsedNode> {
         Some(i) => opt_string(at, i, &info_path, "architecture")?,
         None => None,
     };
+    let runtime = match info {
+        Some(i) => opt_string(at, i, &info_path, "containerRuntimeVersion")?,
+        None => None,
+    }
+    .filter(|r| !r.is_empty());
     let pool = POOL_LABELS.iter().find_map(|k| {
         labels
             .get(*k)
@@ -943,6 +1008,7 @@ fn parse_node(at: &At, node: &Value, base: &str) -> Result<ParsedNode> {
         platform: Platform::new(&os, &arch, None),
         labels,
         taints,
+        runtime,
     })
 }
 
@@ -987,6 +1053,7 @@ fn group_nodes(nodes: Vec<ParsedNode>) -> Vec<NodePool> {
                         name: Some(m.name),
                         labels: m.labels,
                         taints: m.taints,
+                        runtime: m.runtime,
                     })
                     .collect(),
             });
@@ -1108,6 +1175,7 @@ fn parse_pool_file(at: &At, doc: &Value) -> Result<Vec<NodePool>> {
                 name: None,
                 labels,
                 taints,
+                runtime: None,
             }],
         });
     }
@@ -1265,6 +1333,9 @@ pub struct ContainerGate {
     pub covered: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fixes: Option<Fixes>,
+    /// Why the image could not be read (the gate then exits 3); nothing else was checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Two ways to close a gap.
@@ -1281,24 +1352,16 @@ pub struct Fixes {
     pub node_affinity_path: String,
 }
 
-impl GateRecord {
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("record serialises")
-    }
-
-    pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_json() + "\n").map_err(|e| Error::io(path, e))
-    }
-}
-
 /// Checks every container of every workload against the pools it may be scheduled onto.
-/// `provided` is called once per distinct image reference; its errors are returned as is.
+/// `provided` is called once per distinct image reference. An image it could not read (its
+/// error says why) is recorded against each container using it, which is then not covered
+/// and restricts no fix: one unreadable image must not hide what the others show.
 pub fn evaluate(
     workloads: &[Workload],
     pools: &[NodePool],
-    provided: &dyn Fn(&str) -> Result<ProvidedPlatforms>,
-) -> Result<GateRecord> {
-    let mut cache: HashMap<String, ProvidedPlatforms> = HashMap::new();
+    provided: &dyn Fn(&str) -> Result<ProvidedPlatforms, String>,
+) -> GateRecord {
+    let mut cache: HashMap<String, Result<ProvidedPlatforms, String>> = HashMap::new();
     let mut warnings = Vec::new();
     let mut out = Vec::new();
     if workloads.is_empty() {
@@ -1334,10 +1397,29 @@ pub fn evaluate(
         let mut allowed = needed.clone();
         let mut containers = Vec::new();
         for c in &w.containers {
-            if !cache.contains_key(&c.image) {
-                cache.insert(c.image.clone(), provided(&c.image)?);
-            }
-            let p = &cache[&c.image];
+            let looked_up = cache
+                .entry(c.image.clone())
+                .or_insert_with(|| provided(&c.image));
+            let p = match looked_up {
+                Ok(p) => p,
+                Err(error) => {
+                    containers.push(ContainerGate {
+                        container: c.name.clone(),
+                        init: c.init,
+                        image: c.image.clone(),
+                        digest: None,
+                        pools: pool_names.clone(),
+                        needed: needed.iter().cloned().collect(),
+                        provided: Vec::new(),
+                        missing: Vec::new(),
+                        missing_pools: Vec::new(),
+                        covered: false,
+                        fixes: None,
+                        error: Some(error.clone()),
+                    });
+                    continue;
+                }
+            };
             let provided_os_arch: BTreeSet<String> =
                 p.platforms.iter().map(Platform::os_arch).collect();
             allowed.retain(|a| provided_os_arch.contains(a));
@@ -1363,14 +1445,18 @@ pub fn evaluate(
                 missing,
                 missing_pools,
                 fixes: None,
+                error: None,
             });
         }
         let snippet = affinity_snippet(w, &allowed, &needed);
         for (c, gate) in w.containers.iter().zip(containers.iter_mut()) {
+            let Ok(provided) = &cache[&c.image] else {
+                continue;
+            };
             if gate.covered {
                 continue;
             }
-            let mut platforms: Vec<String> = cache[&c.image]
+            let mut platforms: Vec<String> = provided
                 .platforms
                 .iter()
                 .filter(|p| p.os != "unknown")
@@ -1394,12 +1480,12 @@ pub fn evaluate(
         });
     }
     let covered = out.iter().flat_map(|w| &w.containers).all(|c| c.covered);
-    Ok(GateRecord {
+    GateRecord {
         schema: GATE_SCHEMA.to_string(),
         covered,
         workloads: out,
         warnings,
-    })
+    }
 }
 
 /// The workload's required node affinity with a `kubernetes.io/arch In [...]` expression
@@ -1504,83 +1590,6 @@ fn yaml_scalar(s: &str) -> String {
     }
 }
 
-/// The record for the terminal: one line per gap (workload/container, image, missing
-/// archs, pools), then its fixes; warnings; a summary line.
-pub fn render_text(record: &GateRecord) -> String {
-    let mut s = String::new();
-    let mut gaps = 0;
-    let mut checked = 0;
-    for w in &record.workloads {
-        let name = match &w.namespace {
-            Some(ns) => format!("{ns}/{}", w.name),
-            None => w.name.clone(),
-        };
-        for c in &w.containers {
-            checked += 1;
-            if c.covered {
-                continue;
-            }
-            gaps += 1;
-            let init = if c.init {
-                "init container"
-            } else {
-                "container"
-            };
-            let digest = c
-                .digest
-                .as_deref()
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default();
-            s.push_str(&format!(
-                "GAP {} {name} {init} `{}` ({}): image {}{digest} lacks {}, needed by pool(s) {}\n",
-                w.kind,
-                c.container,
-                w.source,
-                c.image,
-                c.missing.join(", "),
-                c.missing_pools.join(", "),
-            ));
-            if let Some(f) = &c.fixes {
-                s.push_str(&format!(
-                    "  fix: if polyarch builds this image, set in its polyarch.yaml entry: {}\n",
-                    f.polyarch_platforms
-                ));
-                match &f.node_affinity {
-                    Some(snippet) => {
-                        s.push_str(&format!(
-                            "  or keep the workload off those pools; under {}:\n",
-                            f.node_affinity_path
-                        ));
-                        for line in snippet.lines() {
-                            s.push_str("    ");
-                            s.push_str(line);
-                            s.push('\n');
-                        }
-                    }
-                    None => s.push_str(
-                        "  (no node affinity helps: no pool it can reach runs an arch all its images provide)\n",
-                    ),
-                }
-            }
-        }
-    }
-    for w in &record.warnings {
-        s.push_str(&format!("warning: {w}\n"));
-    }
-    if record.covered {
-        s.push_str(&format!(
-            "covered: {checked} container(s) in {} workload(s) have images for every pool they can be scheduled onto\n",
-            record.workloads.len()
-        ));
-    } else {
-        s.push_str(&format!(
-            "not covered: {gaps} gap(s) in {checked} container(s) of {} workload(s)\n",
-            record.workloads.len()
-        ));
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1593,6 +1602,11 @@ mod tests {
 
     fn p(s: &str) -> Platform {
         s.parse().unwrap()
+    }
+
+    fn load_workloads(paths: &[PathBuf]) -> Result<Vec<Workload>> {
+        let files = load_manifests(paths)?;
+        Ok(files.into_iter().flat_map(|f| f.workloads).collect())
     }
 
     fn workloads(yaml: &str) -> Vec<Workload> {
@@ -1637,7 +1651,7 @@ mod tests {
         pools.into_iter().map(|p| p.name.as_str()).collect()
     }
 
-    fn amd64_only(_: &str) -> Result<ProvidedPlatforms> {
+    fn amd64_only(_: &str) -> Result<ProvidedPlatforms, String> {
         Ok(ProvidedPlatforms {
             digest: Some("sha256:aaaa".into()),
             platforms: vec![p("linux/amd64"), p("unknown/unknown")],
@@ -1645,7 +1659,7 @@ mod tests {
     }
 
     fn gate(w: &Workload, pools: &[NodePool]) -> GateRecord {
-        evaluate(std::slice::from_ref(w), pools, &amd64_only).unwrap()
+        evaluate(std::slice::from_ref(w), pools, &amd64_only)
     }
 
     #[test]
@@ -1672,16 +1686,6 @@ mod tests {
              nodeSelectorTerms:\n      - matchExpressions:\n        - key: kubernetes.io/arch\n          \
              operator: In\n          values: [amd64]\n"
         );
-        let text = render_text(&rec);
-        assert!(
-            text.contains("GAP Deployment shop/web container `app` (test.yaml#1): image example/app:1 (sha256:aaaa) lacks linux/arm64, needed by pool(s) arm"),
-            "{text}"
-        );
-        assert!(
-            text.contains("    affinity:\n      nodeAffinity:"),
-            "{text}"
-        );
-        assert!(text.contains("not covered: 1 gap(s)"), "{text}");
     }
 
     #[test]
@@ -1697,7 +1701,7 @@ mod tests {
             .unwrap();
         let fixed = one(&format!("{CONTAINERS}{snippet}"));
         let rec = gate(&fixed, &two_pools());
-        assert!(rec.covered, "{}", render_text(&rec));
+        assert!(rec.covered, "{rec:?}");
     }
 
     #[test]
@@ -1706,7 +1710,7 @@ mod tests {
             let w = one(&format!("nodeSelector: {{{key}: amd64}}\n{CONTAINERS}"));
             assert_eq!(names(schedulable_pools(&w, &two_pools())), ["amd"]);
             let rec = gate(&w, &two_pools());
-            assert!(rec.covered, "{}", render_text(&rec));
+            assert!(rec.covered, "{rec:?}");
             assert!(rec.workloads[0].containers[0].fixes.is_none());
         }
     }
@@ -1751,6 +1755,58 @@ mod tests {
         );
         let w = one(CONTAINERS);
         assert_eq!(names(schedulable_pools(&w, &pools)), ["arm"]);
+    }
+
+    #[test]
+    fn cordoned_and_condition_tainted_nodes_stay_reachable() {
+        // A cordon or a not-ready node is lifted without a deploy: its arch still counts.
+        let pools = parse_nodes(
+            Path::new("nodes.yaml"),
+            "kind: List\nitems:\n\
+             - metadata: {name: a, labels: {kubernetes.io/arch: arm64}}\n  spec:\n    \
+               unschedulable: true\n    taints:\n    \
+               - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n    \
+               - {key: node.kubernetes.io/not-ready, effect: NoExecute}\n    \
+               - {key: node.cloudprovider.kubernetes.io/uninitialized, value: \"true\", effect: NoSchedule}\n",
+        )
+        .unwrap();
+        assert_eq!(names(schedulable_pools(&one(CONTAINERS), &pools)), ["a"]);
+    }
+
+    #[test]
+    fn containers_keep_their_place_and_pull_policy() {
+        let ws = workloads(
+            "kind: ConfigMap\n---\nkind: List\nitems:\n- kind: Pod\n  metadata: {name: p}\n  spec:\n    \
+             initContainers: [{name: i, image: a}]\n    containers:\n    - {name: c0, image: b}\n    \
+             - {name: c1, image: c, imagePullPolicy: Always}\n",
+        );
+        let w = &ws[0];
+        assert_eq!((w.document, w.item), (2, Some(0)));
+        let got: Vec<(&str, bool, usize, Option<&str>)> = w
+            .containers
+            .iter()
+            .map(|c| (c.name.as_str(), c.init, c.index, c.pull_policy.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("c0", false, 0, None),
+                ("c1", false, 1, Some("Always")),
+                ("i", true, 0, None)
+            ]
+        );
+        let err = parse_workloads(
+            Path::new("test.yaml"),
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i, imagePullPolicy: Sometimes}]}\n",
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::Usage(_)));
+        assert!(
+            err.to_string().starts_with(
+                "test.yaml#1: spec.containers[0].imagePullPolicy: `Sometimes` is not one of Always, IfNotPresent, Never"
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -1867,7 +1923,7 @@ mod tests {
     #[test]
     fn pod_snippet_uses_archs_every_image_has_and_none_when_nothing_remains() {
         let w = one("containers:\n- {name: a, image: amd}\n- {name: b, image: arm}\n");
-        let provided = |image: &str| -> Result<ProvidedPlatforms> {
+        let provided = |image: &str| -> Result<ProvidedPlatforms, String> {
             Ok(ProvidedPlatforms {
                 digest: None,
                 platforms: vec![if image == "amd" {
@@ -1877,39 +1933,59 @@ mod tests {
                 }],
             })
         };
-        let rec = evaluate(&[w], &two_pools(), &provided).unwrap();
+        let rec = evaluate(&[w], &two_pools(), &provided);
         let cs = &rec.workloads[0].containers;
         assert_eq!(cs[0].missing, ["linux/arm64"]);
         assert_eq!(cs[1].missing, ["linux/amd64"]);
         assert_eq!(cs[1].provided, ["linux/arm64"]);
         assert!(cs[0].fixes.as_ref().unwrap().node_affinity.is_none());
-        assert!(render_text(&rec).contains("no node affinity helps"));
     }
 
     #[test]
     fn arm64_v8_image_covers_arm64_pool() {
         let w = one(CONTAINERS);
-        let provided = |_: &str| -> Result<ProvidedPlatforms> {
+        let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
             Ok(ProvidedPlatforms {
                 digest: None,
                 platforms: vec![p("linux/amd64"), p("linux/arm64/v8")],
             })
         };
-        assert!(evaluate(&[w], &two_pools(), &provided).unwrap().covered);
+        assert!(evaluate(&[w], &two_pools(), &provided).covered);
     }
 
     #[test]
-    fn provided_is_called_once_per_image_and_errors_propagate() {
+    fn provided_is_called_once_per_image_and_errors_are_recorded_per_container() {
         let w = one("containers:\n- {name: a, image: same}\n- {name: b, image: same}\n");
         let calls = std::cell::Cell::new(0);
-        let provided = |_: &str| -> Result<ProvidedPlatforms> {
+        let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
             calls.set(calls.get() + 1);
             amd64_only("")
         };
-        evaluate(std::slice::from_ref(&w), &two_pools(), &provided).unwrap();
+        evaluate(std::slice::from_ref(&w), &two_pools(), &provided);
         assert_eq!(calls.get(), 1);
-        let failing = |_: &str| -> Result<ProvidedPlatforms> { Err(Error::Usage("boom".into())) };
-        assert!(evaluate(&[w], &two_pools(), &failing).is_err());
+
+        // One unreadable image: its containers carry the error; the other is still judged.
+        let w = one("containers:\n- {name: a, image: gone}\n- {name: b, image: there}\n");
+        let some_fail = |image: &str| -> Result<ProvidedPlatforms, String> {
+            if image == "gone" {
+                Err("registry r.io: manifest unknown".into())
+            } else {
+                amd64_only(image)
+            }
+        };
+        let rec = evaluate(&[w], &two_pools(), &some_fail);
+        assert!(!rec.covered);
+        let (gone, there) = (
+            &rec.workloads[0].containers[0],
+            &rec.workloads[0].containers[1],
+        );
+        assert!(!gone.covered && gone.missing.is_empty() && gone.fixes.is_none());
+        assert!(gone.error.as_deref().unwrap().contains("manifest unknown"));
+        assert_eq!(there.missing, ["linux/arm64"]);
+        assert!(there.error.is_none());
+        // The unreadable image restricts nothing: the snippet keeps amd64 for `there`.
+        let snippet = there.fixes.as_ref().unwrap().node_affinity.as_deref();
+        assert!(snippet.unwrap().contains("values: [amd64]"));
     }
 
     #[test]
@@ -1935,6 +2011,10 @@ mod tests {
         );
         assert!(!default.labels.contains_key("kubernetes.io/hostname"));
         assert_eq!(default.nodes.len(), 2);
+        assert_eq!(
+            default.nodes[0].runtime.as_deref(),
+            Some("containerd://1.7.13")
+        );
         assert_eq!(pools[0].taints.len(), 2);
 
         let w = one(CONTAINERS);
@@ -2001,7 +2081,7 @@ mod tests {
         assert_eq!(cron.tolerations.len(), 1);
 
         let pools = load_nodes(&fixture("nodes.json")).unwrap();
-        let provided = |image: &str| -> Result<ProvidedPlatforms> {
+        let provided = |image: &str| -> Result<ProvidedPlatforms, String> {
             if image.contains("statsd") {
                 amd64_only(image)
             } else {
@@ -2011,7 +2091,7 @@ mod tests {
                 })
             }
         };
-        let rec = evaluate(&ws, &pools, &provided).unwrap();
+        let rec = evaluate(&ws, &pools, &provided);
         assert!(!rec.covered);
         let gaps: Vec<(&str, &str)> = rec
             .workloads
@@ -2027,7 +2107,7 @@ mod tests {
             ["arm-batch", "arm-pool"]
         );
 
-        let json = rec.to_json();
+        let json = serde_json::to_string_pretty(&rec).unwrap();
         assert!(json.contains("\"schema\": \"polyarch/gate/v1\""));
         assert!(json.contains("\"missing_pools\""));
         let back: GateRecord = serde_json::from_str(&json).unwrap();
@@ -2101,13 +2181,13 @@ mod tests {
              - {name: arm, platform: linux/arm64}\n",
         );
         let w = one(CONTAINERS);
-        let provided = |_: &str| -> Result<ProvidedPlatforms> {
+        let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
             Ok(ProvidedPlatforms {
                 digest: None,
                 platforms: vec![p("linux/amd64"), p("windows/amd64")],
             })
         };
-        let rec = evaluate(std::slice::from_ref(&w), &pools, &provided).unwrap();
+        let rec = evaluate(std::slice::from_ref(&w), &pools, &provided);
         let c = &rec.workloads[0].containers[0];
         assert_eq!(c.missing_pools, ["arm"]);
         let snippet = c.fixes.as_ref().unwrap().node_affinity.clone().unwrap();
@@ -2264,6 +2344,18 @@ mod tests {
         let ws = load_workloads(&[dir.path().to_path_buf()]).unwrap();
         let n: Vec<&str> = ws.iter().map(|w| w.name.as_str()).collect();
         assert_eq!(n, ["a", "z", "c"]);
+        // `gate --pin` writes each file under the same path relative to its directory.
+        let files = load_manifests(&[dir.path().to_path_buf(), dir.path().join("a.yaml")]).unwrap();
+        let relative: Vec<&Path> = files.iter().map(|f| f.relative.as_path()).collect();
+        assert_eq!(
+            relative,
+            [
+                Path::new("a.yaml"),
+                Path::new("b/nested/z.yml"),
+                Path::new("c.json"),
+                Path::new("a.yaml")
+            ]
+        );
 
         let empty = tempfile::tempdir().unwrap();
         let err = load_workloads(&[empty.path().to_path_buf()])

@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod export;
+pub mod gate;
 pub mod inputs;
 pub mod k8s;
 pub mod layout;

@@ -18,6 +18,7 @@ use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
+const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
 const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
@@ -267,7 +268,7 @@ enum Command {
     /// Print the man page (roff).
     Man,
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = GATE_EXIT_CODES)]
     Gate {
         /// Kubernetes YAML files or directories (helm template / kustomize build output).
         #[arg(long, required = true, value_name = "PATH")]
@@ -275,6 +276,16 @@ enum Command {
         /// `kubectl get nodes -o json` output, or a pool file (`pools: [{name, labels, taints, count}]`).
         #[arg(long, value_name = "FILE")]
         nodes: PathBuf,
+        /// Also check each entry's entrypoint binary against its platform (streams the layers).
+        #[arg(long)]
+        deep: bool,
+        /// Refuse images whose index has attestation entries (unknown/unknown) instead of warning.
+        #[arg(long)]
+        strict: bool,
+        /// Write the manifests into this new or empty directory with every image checked
+        /// pinned to the digest checked (repo:tag@sha256:…), ready for `kubectl apply -f DIR`.
+        #[arg(long, value_name = "DIR")]
+        pin: Option<PathBuf>,
         #[command(flatten)]
         output: Output,
         #[command(flatten)]
@@ -580,42 +591,34 @@ async fn run(command: Command) -> Result<i32, Error> {
         Command::Gate {
             manifests,
             nodes,
+            deep,
+            strict,
+            pin,
             output,
             registry,
         } => {
-            let workloads = polyarch::k8s::load_workloads(&manifests)?;
-            let pools = polyarch::k8s::load_nodes(&nodes)?;
-            let mut images: Vec<String> = workloads
-                .iter()
-                .flat_map(|w| w.containers.iter().map(|c| c.image.clone()))
-                .collect();
-            images.sort();
-            images.dedup();
-            let options = registry_options(&registry)?;
+            let options = polyarch::gate::GateOptions {
+                manifests,
+                nodes,
+                deep,
+                strict,
+                pin,
+            };
+            let registry = registry_options(&registry)?;
             let reporter = reporter(&output);
-            let provided = tokio::select! {
-                found = pipeline::provided_platforms(&images, &options, reporter.as_ref()) => found?,
+            let report = tokio::select! {
+                report = polyarch::gate::run(&options, &registry, reporter.as_ref()) => report?,
                 _ = interrupt.cancelled() => return Err(Error::Interrupted),
             };
             drop(reporter);
-            let record = polyarch::k8s::evaluate(&workloads, &pools, &|image: &str| {
-                provided
-                    .get(image)
-                    .cloned()
-                    .ok_or_else(|| Error::Usage(format!("image {image} was not looked up")))
-            })?;
             if let Some(path) = &output.record {
-                record.write(path)?;
+                report.write(path)?;
             }
             match output.output_format {
-                OutputFormat::Json => println!("{}", record.to_json()),
-                OutputFormat::Text => print!("{}", polyarch::k8s::render_text(&record)),
+                OutputFormat::Json => println!("{}", report.to_json()),
+                OutputFormat::Text => print!("{}", polyarch::gate::render_text(&report)),
             }
-            Ok(if record.covered {
-                exit::COVERED
-            } else {
-                exit::GAP
-            })
+            Ok(report.exit_code())
         }
         Command::Verify {
             targets,

@@ -90,11 +90,26 @@ struct Entry {
     size: u64,
 }
 
-pub async fn verify<S: ContentSource>(
+/// What a reference holds, entry by entry, before any platform is declared: the deploy gate
+/// judges each entry against the nodes that would pull it.
+pub struct Contents {
+    /// Digest of the index (or single manifest) the reference resolves to.
+    pub digest: String,
+    pub media_type: String,
+    /// Every platform entry in index order, its config (and with `deep` its binary) checked
+    /// against the entry's platform.
+    pub entries: Vec<PlatformCoverage>,
+    /// Digests of attestation entries (`unknown/unknown`).
+    pub attestations: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Reads the reference and checks every entry; `target.declared` is not looked at.
+pub async fn read_contents<S: ContentSource>(
     source: &S,
     target: &Target,
     reporter: &dyn Reporter,
-) -> Result<ImageCoverage> {
+) -> Result<Contents> {
     reporter.report(Event::Phase {
         image: target.name.clone(),
         platform: None,
@@ -149,11 +164,32 @@ pub async fn verify<S: ContentSource>(
             .map(|entry| check_entry(source, target, entry)),
     )
     .await?;
-    let mut found: Vec<PlatformCoverage> = Vec::new();
+    let mut found = Vec::new();
     for (coverage, entry_warnings) in checked {
         found.push(coverage);
         warnings.extend(entry_warnings);
     }
+    Ok(Contents {
+        digest,
+        media_type,
+        entries: found,
+        attestations,
+        warnings,
+    })
+}
+
+pub async fn verify<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let Contents {
+        digest,
+        media_type,
+        entries: found,
+        attestations,
+        mut warnings,
+    } = read_contents(source, target, reporter).await?;
 
     let mut platforms = Vec::new();
     let mut missing = Vec::new();
