@@ -1010,6 +1010,7 @@ mod tests {
             digest: Some(digest(d)),
             config_platform: Some(config),
             size: Some(500),
+            annotations: Default::default(),
             status: if ok {
                 PlatformStatus::Ok
             } else {
@@ -1024,6 +1025,7 @@ mod tests {
         Ok(Contents {
             digest: digest('f'),
             media_type: "application/vnd.oci.image.index.v1+json".into(),
+            annotations: Default::default(),
             entries,
             attestations: attestations.iter().map(|c| digest(*c)).collect(),
             warnings: Vec::new(),

@@ -96,6 +96,8 @@ pub struct Contents {
     /// Digest of the index (or single manifest) the reference resolves to.
     pub digest: String,
     pub media_type: String,
+    /// The index's annotations.
+    pub annotations: BTreeMap<String, String>,
     /// Every platform entry in index order, its config (and with `deep` its binary) checked
     /// against the entry's platform.
     pub entries: Vec<PlatformCoverage>,
@@ -172,6 +174,7 @@ pub async fn read_contents<S: ContentSource>(
     Ok(Contents {
         digest,
         media_type,
+        annotations,
         entries: found,
         attestations,
         warnings,
@@ -186,6 +189,7 @@ pub async fn verify<S: ContentSource>(
     let Contents {
         digest,
         media_type,
+        annotations,
         entries: found,
         attestations,
         mut warnings,
