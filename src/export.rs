@@ -635,6 +635,41 @@ fn spool_tar_layer(
     hashed.finish_layer(diff, file)
 }
 
+/// Spools the uncompressed layer tar that `fill` writes: hashed (diff_id), gzipped into
+/// `file` and hashed again (digest), as [`spool_tar_layer`] does with a reader.
+pub(crate) fn spool_written_layer(
+    file: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<ExportedLayer> {
+    struct DiffHasher<W> {
+        inner: W,
+        diff: Sha256,
+    }
+    impl<W: Write> Write for DiffHasher<W> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.diff.update(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let out = File::create(file)?;
+    let mut writer = DiffHasher {
+        inner: GzEncoder::new(
+            HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
+            Compression::new(GZIP_LEVEL),
+        ),
+        diff: Sha256::new(),
+    };
+    fill(&mut writer)?;
+    let hashed = writer.inner.finish()?;
+    hashed.finish_layer(writer.diff, file).map_err(|e| match e {
+        SpoolError::Read(e) | SpoolError::Write(e) | SpoolError::Gzip(e) => e,
+    })
+}
+
 /// Copies an already-gzipped layer into `file` as is (digest = sha256 of those bytes)
 /// while decompressing it to compute the diff_id.
 fn spool_gzip_layer(

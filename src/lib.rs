@@ -27,6 +27,7 @@ pub mod progress;
 pub mod project;
 pub mod record;
 pub mod registry;
+pub mod reproducible;
 pub mod verify;
 pub use error::{Error, Result};
 pub use platform::Platform;

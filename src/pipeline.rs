@@ -1329,14 +1329,6 @@ async fn build_unit(
         }
         _ => build::Output::Engine,
     };
-    if let (build::Output::Engine, Some(_)) = (output, image.source_date_epoch) {
-        reporter.report(Event::Warning {
-            message: format!(
-                "{} {}: SOURCE_DATE_EPOCH is passed to the build, but the engine at {} writes the image into its own store, where file times in the layers are not clamped: its digests will differ between builds; build on an engine with the containerd image store that reaches the registry",
-                image.name, unit.platform, engine.endpoint
-            ),
-        });
-    }
     let may_appear = match output {
         build::Output::Engine => cleanup.add(
             engine,
@@ -1418,7 +1410,21 @@ async fn build_unit(
     .await;
     // The image is in the spool (or the export failed): the engine copy is not needed.
     let _ = cleanup.remove(engine, &built.tag).await;
-    let exported = exported?;
+    let mut exported = exported?;
+    if let Some(epoch) = image.source_date_epoch {
+        // The engine wrote the image with the build's own times; they are clamped here.
+        exported =
+            tokio::task::spawn_blocking(move || crate::reproducible::normalise(exported, epoch))
+                .await
+                .map_err(|e| Error::Export {
+                    image: image.name.clone(),
+                    message: e.to_string(),
+                })?
+                .map_err(|message| Error::Export {
+                    image: image.name.clone(),
+                    message,
+                })?;
+    }
 
     let config_platform =
         ConfigPlatform::from_config(&exported.config).map_err(|m| Error::Export {
