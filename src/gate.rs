@@ -30,6 +30,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+/// The gate record's JSON Schema, shipped as `schema/gate.schema.json`.
+pub const SCHEMA_JSON: &str = include_str!("../schema/gate.schema.json");
+
 /// Images read from their registries at once.
 const CONCURRENT_READS: usize = 4;
 

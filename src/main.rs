@@ -38,6 +38,7 @@ enum OutputFormat {
 enum SchemaKind {
     Project,
     Coverage,
+    Gate,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -569,6 +570,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 match which {
                     SchemaKind::Project => polyarch::project::SCHEMA_JSON,
                     SchemaKind::Coverage => polyarch::record::SCHEMA_JSON,
+                    SchemaKind::Gate => polyarch::gate::SCHEMA_JSON,
                 }
             );
             Ok(exit::COVERED)

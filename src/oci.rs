@@ -93,8 +93,9 @@ fn digest(value: &str) -> Result<oci_spec::image::Digest, String> {
     oci_spec::image::Digest::from_str(value).map_err(|e| format!("bad digest {value}: {e}"))
 }
 
-/// The image manifest for one exported platform image (config kept byte-for-byte, so its
-/// digest stays the engine's image ID), with `annotations` when there are any.
+/// The image manifest for one exported platform image (its config as exported: the
+/// engine's own bytes, unless rewritten for SOURCE_DATE_EPOCH), with `annotations` when
+/// there are any.
 pub fn image_manifest(
     image: &ExportedImage,
     annotations: &BTreeMap<String, String>,

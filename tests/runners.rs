@@ -455,6 +455,9 @@ fn schema_completions_and_man_page_come_from_the_cli() {
         parsed["properties"]["schema"]["const"],
         "polyarch/coverage/v1"
     );
+    let gate = run(polyarch().args(["schema", "gate"]));
+    let parsed: Value = serde_json::from_slice(&gate.stdout).unwrap();
+    assert_eq!(parsed["properties"]["schema"]["const"], "polyarch/gate/v1");
     for shell in ["bash", "zsh", "fish"] {
         let out = run(polyarch().args(["completions", shell]));
         assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("assemble"));
