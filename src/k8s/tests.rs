@@ -23,7 +23,7 @@ fn one(pod_spec: &str) -> Workload {
     let indented: String = pod_spec.lines().map(|l| format!("      {l}\n")).collect();
     let yaml = format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: shop}}\n\
-         spec:\n  template:\n    spec:\n{indented}"
+             spec:\n  template:\n    spec:\n{indented}"
     );
     let mut w = workloads(&yaml);
     assert_eq!(w.len(), 1);
@@ -39,17 +39,17 @@ fn pools(yaml: &str) -> Vec<NodePool> {
 fn two_pools() -> Vec<NodePool> {
     pools(
         "pools:\n\
-         - {name: amd, labels: {kubernetes.io/arch: amd64}}\n\
-         - {name: arm, labels: {kubernetes.io/arch: arm64}}\n",
+             - {name: amd, labels: {kubernetes.io/arch: amd64}}\n\
+             - {name: arm, labels: {kubernetes.io/arch: arm64}}\n",
     )
 }
 
 fn tainted_arm() -> Vec<NodePool> {
     pools(
         "pools:\n\
-         - {name: amd, labels: {kubernetes.io/arch: amd64}}\n\
-         - name: arm\n  labels: {kubernetes.io/arch: arm64}\n  \
-           taints: [{key: dedicated, value: arm, effect: NoSchedule}]\n",
+             - {name: amd, labels: {kubernetes.io/arch: amd64}}\n\
+             - name: arm\n  labels: {kubernetes.io/arch: arm64}\n  \
+               taints: [{key: dedicated, value: arm, effect: NoSchedule}]\n",
     )
 }
 
@@ -87,11 +87,11 @@ fn no_affinity_over_both_archs_with_amd64_image_is_a_gap_naming_the_arm_pool() {
     );
     assert_eq!(fixes.node_affinity_path, "spec.template.spec");
     assert_eq!(
-        fixes.node_affinity.as_deref().unwrap(),
-        "affinity:\n  nodeAffinity:\n    requiredDuringSchedulingIgnoredDuringExecution:\n      \
-         nodeSelectorTerms:\n      - matchExpressions:\n        - key: kubernetes.io/arch\n          \
-         operator: In\n          values: [amd64]\n"
-    );
+            fixes.node_affinity.as_deref().unwrap(),
+            "affinity:\n  nodeAffinity:\n    requiredDuringSchedulingIgnoredDuringExecution:\n      \
+             nodeSelectorTerms:\n      - matchExpressions:\n        - key: kubernetes.io/arch\n          \
+             operator: In\n          values: [amd64]\n"
+        );
 }
 
 #[test]
@@ -155,9 +155,9 @@ fn matching_toleration_makes_a_gap() {
 fn prefer_no_schedule_and_condition_taints_are_ignored() {
     let pools = pools(
         "pools:\n\
-         - name: arm\n  labels: {kubernetes.io/arch: arm64}\n  taints:\n  \
-         - {key: soft, effect: PreferNoSchedule}\n  \
-         - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n",
+             - name: arm\n  labels: {kubernetes.io/arch: arm64}\n  taints:\n  \
+             - {key: soft, effect: PreferNoSchedule}\n  \
+             - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n",
     );
     let w = one(CONTAINERS);
     assert_eq!(names(schedulable_pools(&w, &pools)), ["arm"]);
@@ -167,25 +167,25 @@ fn prefer_no_schedule_and_condition_taints_are_ignored() {
 fn cordoned_and_condition_tainted_nodes_stay_reachable() {
     // A cordon or a not-ready node is lifted without a deploy: its arch still counts.
     let pools = parse_nodes(
-        Path::new("nodes.yaml"),
-        "kind: List\nitems:\n\
-         - metadata: {name: a, labels: {kubernetes.io/arch: arm64}}\n  spec:\n    \
-           unschedulable: true\n    taints:\n    \
-           - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n    \
-           - {key: node.kubernetes.io/not-ready, effect: NoExecute}\n    \
-           - {key: node.cloudprovider.kubernetes.io/uninitialized, value: \"true\", effect: NoSchedule}\n",
-    )
-    .unwrap();
+            Path::new("nodes.yaml"),
+            "kind: List\nitems:\n\
+             - metadata: {name: a, labels: {kubernetes.io/arch: arm64}}\n  spec:\n    \
+               unschedulable: true\n    taints:\n    \
+               - {key: node.kubernetes.io/unschedulable, effect: NoSchedule}\n    \
+               - {key: node.kubernetes.io/not-ready, effect: NoExecute}\n    \
+               - {key: node.cloudprovider.kubernetes.io/uninitialized, value: \"true\", effect: NoSchedule}\n",
+        )
+        .unwrap();
     assert_eq!(names(schedulable_pools(&one(CONTAINERS), &pools)), ["a"]);
 }
 
 #[test]
 fn containers_keep_their_place_and_pull_policy() {
     let ws = workloads(
-        "kind: ConfigMap\n---\nkind: List\nitems:\n- kind: Pod\n  metadata: {name: p}\n  spec:\n    \
-         initContainers: [{name: i, image: a}]\n    containers:\n    - {name: c0, image: b}\n    \
-         - {name: c1, image: c, imagePullPolicy: Always}\n",
-    );
+            "kind: ConfigMap\n---\nkind: List\nitems:\n- kind: Pod\n  metadata: {name: p}\n  spec:\n    \
+             initContainers: [{name: i, image: a}]\n    containers:\n    - {name: c0, image: b}\n    \
+             - {name: c1, image: c, imagePullPolicy: Always}\n",
+        );
     let w = &ws[0];
     assert_eq!((w.document, w.item), (2, Some(0)));
     let got: Vec<(&str, bool, usize, Option<&str>)> = w
@@ -202,44 +202,44 @@ fn containers_keep_their_place_and_pull_policy() {
         ]
     );
     let err = parse_workloads(
-        Path::new("test.yaml"),
-        "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i, imagePullPolicy: Sometimes}]}\n",
-    )
-    .unwrap_err();
+            Path::new("test.yaml"),
+            "kind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: i, imagePullPolicy: Sometimes}]}\n",
+        )
+        .unwrap_err();
     assert!(matches!(err, Error::Usage(_)));
     assert!(
-        err.to_string().starts_with(
-            "test.yaml#1: spec.containers[0].imagePullPolicy: `Sometimes` is not one of Always, IfNotPresent, Never"
-        ),
-        "{err}"
-    );
+            err.to_string().starts_with(
+                "test.yaml#1: spec.containers[0].imagePullPolicy: `Sometimes` is not one of Always, IfNotPresent, Never"
+            ),
+            "{err}"
+        );
 }
 
 #[test]
 fn no_execute_taint_needs_toleration() {
     let pools = pools(
         "pools:\n- name: arm\n  labels: {kubernetes.io/arch: arm64}\n  \
-         taints: [{key: k, value: v, effect: NoExecute}]\n",
+             taints: [{key: k, value: v, effect: NoExecute}]\n",
     );
     assert!(schedulable_pools(&one(CONTAINERS), &pools).is_empty());
     let w = one(&format!(
-        "tolerations: [{{key: k, value: v, effect: NoExecute, tolerationSeconds: 30}}]\n{CONTAINERS}"
-    ));
+            "tolerations: [{{key: k, value: v, effect: NoExecute, tolerationSeconds: 30}}]\n{CONTAINERS}"
+        ));
     assert_eq!(names(schedulable_pools(&w, &pools)), ["arm"]);
 }
 
 fn affinity(exprs: &str) -> String {
     format!(
         "affinity:\n  nodeAffinity:\n    requiredDuringSchedulingIgnoredDuringExecution:\n      \
-         nodeSelectorTerms:\n{exprs}{CONTAINERS}"
+             nodeSelectorTerms:\n{exprs}{CONTAINERS}"
     )
 }
 
 #[test]
 fn not_in_arm64_affinity_passes() {
     let w = one(&affinity(
-        "      - matchExpressions:\n        - {key: kubernetes.io/arch, operator: NotIn, values: [arm64]}\n",
-    ));
+            "      - matchExpressions:\n        - {key: kubernetes.io/arch, operator: NotIn, values: [arm64]}\n",
+        ));
     assert_eq!(names(schedulable_pools(&w, &two_pools())), ["amd"]);
     assert!(gate(&w, &two_pools()).covered);
 }
@@ -248,9 +248,9 @@ fn not_in_arm64_affinity_passes() {
 fn gt_lt_numeric() {
     let pools = pools(
         "pools:\n\
-         - {name: small, labels: {kubernetes.io/arch: amd64, cpu: \"4\"}}\n\
-         - {name: big, labels: {kubernetes.io/arch: arm64, cpu: \"64\"}}\n\
-         - {name: odd, labels: {kubernetes.io/arch: arm64, cpu: lots}}\n",
+             - {name: small, labels: {kubernetes.io/arch: amd64, cpu: \"4\"}}\n\
+             - {name: big, labels: {kubernetes.io/arch: arm64, cpu: \"64\"}}\n\
+             - {name: odd, labels: {kubernetes.io/arch: arm64, cpu: lots}}\n",
     );
     let gt = one(&affinity(
         "      - matchExpressions: [{key: cpu, operator: Gt, values: [\"8\"]}]\n",
@@ -271,18 +271,18 @@ fn gt_lt_numeric() {
 fn several_terms_or_and_expressions_and() {
     let pools = pools(
         "pools:\n\
-         - {name: a, labels: {kubernetes.io/arch: amd64, zone: x}}\n\
-         - {name: b, labels: {kubernetes.io/arch: arm64, zone: y}}\n\
-         - {name: c, labels: {kubernetes.io/arch: arm64, zone: x, gpu: \"true\"}}\n",
+             - {name: a, labels: {kubernetes.io/arch: amd64, zone: x}}\n\
+             - {name: b, labels: {kubernetes.io/arch: arm64, zone: y}}\n\
+             - {name: c, labels: {kubernetes.io/arch: arm64, zone: x, gpu: \"true\"}}\n",
     );
     let or = one(&affinity(
         "      - matchExpressions: [{key: zone, operator: In, values: [y]}]\n\
-         \x20     - matchExpressions: [{key: gpu, operator: Exists}]\n",
+             \x20     - matchExpressions: [{key: gpu, operator: Exists}]\n",
     ));
     assert_eq!(names(schedulable_pools(&or, &pools)), ["b", "c"]);
     let and = one(&affinity(
         "      - matchExpressions:\n        - {key: zone, operator: In, values: [x]}\n        \
-         - {key: gpu, operator: DoesNotExist}\n",
+             - {key: gpu, operator: DoesNotExist}\n",
     ));
     assert_eq!(names(schedulable_pools(&and, &pools)), ["a"]);
     // An empty term matches nothing; an empty term list matches nothing.
@@ -302,9 +302,9 @@ fn several_terms_or_and_expressions_and() {
 fn snippet_merges_into_existing_terms() {
     let pools = pools(
         "pools:\n\
-         - {name: a, labels: {kubernetes.io/arch: amd64, zone: x}}\n\
-         - {name: b, labels: {kubernetes.io/arch: arm64, zone: x}}\n\
-         - {name: c, labels: {kubernetes.io/arch: amd64, zone: \"1\"}}\n",
+             - {name: a, labels: {kubernetes.io/arch: amd64, zone: x}}\n\
+             - {name: b, labels: {kubernetes.io/arch: arm64, zone: x}}\n\
+             - {name: c, labels: {kubernetes.io/arch: amd64, zone: \"1\"}}\n",
     );
     let w = one(&affinity(
         "      - matchExpressions: [{key: zone, operator: In, values: [x, \"1\"]}]\n",
@@ -438,8 +438,8 @@ fn kubectl_nodes_fixture() {
     assert_eq!(names(schedulable_pools(&zoned, &pools)), ["default-pool"]);
     // matchFields on node names.
     let by_name = one(&affinity(
-        "      - matchFields: [{key: metadata.name, operator: In, values: [gke-demo-arm-pool-5a6b7c8d-k2m4]}]\n",
-    ));
+            "      - matchFields: [{key: metadata.name, operator: In, values: [gke-demo-arm-pool-5a6b7c8d-k2m4]}]\n",
+        ));
     assert_eq!(names(schedulable_pools(&by_name, &pools)), ["arm-pool"]);
     assert!(gate(&by_name, &pools).warnings.is_empty());
 }
@@ -570,10 +570,10 @@ fn pool_file_fixture_adds_beta_aliases_and_normalises() {
 #[test]
 fn pool_file_json_and_platform_shorthand() {
     let pools = parse_nodes(
-        Path::new("pools.json"),
-        r#"{"pools": [{"name": "win", "platform": "windows/amd64"}, {"name": "pi", "labels": {"kubernetes.io/arch": "arm"}}]}"#,
-    )
-    .unwrap();
+            Path::new("pools.json"),
+            r#"{"pools": [{"name": "win", "platform": "windows/amd64"}, {"name": "pi", "labels": {"kubernetes.io/arch": "arm"}}]}"#,
+        )
+        .unwrap();
     assert_eq!(pools[0].name, "pi");
     assert_eq!(pools[0].platform.os_arch(), "linux/arm");
     assert_eq!(pools[1].platform.os_arch(), "windows/amd64");
@@ -584,7 +584,7 @@ fn pool_file_json_and_platform_shorthand() {
 fn multi_os_snippet_has_one_term_per_os() {
     let pools = pools(
         "pools:\n- {name: lin, platform: linux/amd64}\n- {name: win, platform: windows/amd64}\n\
-         - {name: arm, platform: linux/arm64}\n",
+             - {name: arm, platform: linux/arm64}\n",
     );
     let w = one(CONTAINERS);
     let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
@@ -617,11 +617,11 @@ fn nodes_without_arch_are_refused_with_the_fix() {
     );
     assert!(!err.contains('\n'));
     let err = parse_nodes(
-        Path::new("nodes.json"),
-        r#"{"kind":"List","items":[{"kind":"Node","metadata":{"name":"n1","labels":{"cloud.google.com/gke-nodepool":"p"}}}]}"#,
-    )
-    .unwrap_err()
-    .to_string();
+            Path::new("nodes.json"),
+            r#"{"kind":"List","items":[{"kind":"Node","metadata":{"name":"n1","labels":{"cloud.google.com/gke-nodepool":"p"}}}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("node `n1` (pool `p`)") && err.contains("kubectl label node n1"),
         "{err}"
@@ -631,12 +631,12 @@ fn nodes_without_arch_are_refused_with_the_fix() {
 #[test]
 fn node_info_fallback_and_unlabelled_nodes_are_their_own_pool() {
     let pools = parse_nodes(
-        Path::new("nodes.yaml"),
-        "apiVersion: v1\nkind: NodeList\nitems:\n\
-         - metadata: {name: n1}\n  status: {nodeInfo: {operatingSystem: linux, architecture: arm64}}\n\
-         - metadata: {name: n2, labels: {beta.kubernetes.io/arch: amd64}}\n",
-    )
-    .unwrap();
+            Path::new("nodes.yaml"),
+            "apiVersion: v1\nkind: NodeList\nitems:\n\
+             - metadata: {name: n1}\n  status: {nodeInfo: {operatingSystem: linux, architecture: arm64}}\n\
+             - metadata: {name: n2, labels: {beta.kubernetes.io/arch: amd64}}\n",
+        )
+        .unwrap();
     let summary: Vec<(&str, String)> = pools
         .iter()
         .map(|p| (p.name.as_str(), p.platform.os_arch()))
@@ -650,12 +650,12 @@ fn node_info_fallback_and_unlabelled_nodes_are_their_own_pool() {
 #[test]
 fn mixed_arch_pool_is_split() {
     let pools = parse_nodes(
-        Path::new("nodes.yaml"),
-        "kind: List\nitems:\n\
-         - metadata: {name: a, labels: {karpenter.sh/nodepool: default, kubernetes.io/arch: amd64}}\n\
-         - metadata: {name: b, labels: {karpenter.sh/nodepool: default, kubernetes.io/arch: arm64}}\n",
-    )
-    .unwrap();
+            Path::new("nodes.yaml"),
+            "kind: List\nitems:\n\
+             - metadata: {name: a, labels: {karpenter.sh/nodepool: default, kubernetes.io/arch: amd64}}\n\
+             - metadata: {name: b, labels: {karpenter.sh/nodepool: default, kubernetes.io/arch: arm64}}\n",
+        )
+        .unwrap();
     let n: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(n, ["default[linux/amd64]", "default[linux/arm64]"]);
 }
@@ -711,26 +711,26 @@ fn bad_node_inputs_are_errors() {
 #[test]
 fn lists_typed_lists_and_kinds() {
     let ws = workloads(
-        "apiVersion: v1\nkind: List\nitems:\n\
-         - {kind: Pod, metadata: {name: p}, spec: {containers: [{name: c, image: i}]}}\n\
-         - {kind: Service, metadata: {name: s}}\n\
-         ---\n\
-         apiVersion: apps/v1\nkind: DeploymentList\nitems:\n\
-         - {metadata: {name: d}, spec: {template: {spec: {containers: [{name: c, image: i}]}}}}\n\
-         ---\n\
-         kind: StatefulSet\nmetadata: {name: ss}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
-         ---\n\
-         kind: DaemonSet\nmetadata: {name: ds}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
-         ---\n\
-         kind: Job\nmetadata: {generateName: job-}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
-         ---\n\
-         kind: ReplicaSet\nmetadata: {name: rs}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
-         ---\n\
-         kind: ReplicationController\nmetadata: {name: rc}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
-         ---\n\
-         ---\n\
-         # only a comment\n",
-    );
+            "apiVersion: v1\nkind: List\nitems:\n\
+             - {kind: Pod, metadata: {name: p}, spec: {containers: [{name: c, image: i}]}}\n\
+             - {kind: Service, metadata: {name: s}}\n\
+             ---\n\
+             apiVersion: apps/v1\nkind: DeploymentList\nitems:\n\
+             - {metadata: {name: d}, spec: {template: {spec: {containers: [{name: c, image: i}]}}}}\n\
+             ---\n\
+             kind: StatefulSet\nmetadata: {name: ss}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
+             ---\n\
+             kind: DaemonSet\nmetadata: {name: ds}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
+             ---\n\
+             kind: Job\nmetadata: {generateName: job-}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
+             ---\n\
+             kind: ReplicaSet\nmetadata: {name: rs}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
+             ---\n\
+             kind: ReplicationController\nmetadata: {name: rc}\nspec: {template: {spec: {containers: [{name: c, image: i}]}}}\n\
+             ---\n\
+             ---\n\
+             # only a comment\n",
+        );
     let got: Vec<(String, String, String)> = ws
         .iter()
         .map(|w| (w.kind.clone(), w.name.clone(), w.source.clone()))
@@ -752,12 +752,12 @@ fn lists_typed_lists_and_kinds() {
 #[test]
 fn json_manifests_and_unknown_fields() {
     let ws = parse_workloads(
-        Path::new("pod.json"),
-        "\u{feff}{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"p\",\"x-unknown\":[1,{\"a\":null}]},\
-         \"spec\":{\"nodeSelector\":{\"kubernetes.io/arch\":\"arm64\"},\"containers\":[{\"name\":\"c\",\"image\":\"i\",\"weird\":{}}]}}\n\
-         {\"kind\":\"ConfigMap\"}",
-    )
-    .unwrap();
+            Path::new("pod.json"),
+            "\u{feff}{\"apiVersion\":\"v1\",\"kind\":\"Pod\",\"metadata\":{\"name\":\"p\",\"x-unknown\":[1,{\"a\":null}]},\
+             \"spec\":{\"nodeSelector\":{\"kubernetes.io/arch\":\"arm64\"},\"containers\":[{\"name\":\"c\",\"image\":\"i\",\"weird\":{}}]}}\n\
+             {\"kind\":\"ConfigMap\"}",
+        )
+        .unwrap();
     assert_eq!(ws.len(), 1);
     assert_eq!(ws[0].node_selector[ARCH_LABEL], "arm64");
 }
@@ -814,35 +814,35 @@ fn malformed_workloads_name_file_document_and_field() {
         )
     };
     for (text, want) in [
-        (deploy("{}"), "test.yaml#2: spec.template: missing"),
-        (deploy("{template: []}"), "test.yaml#2: spec.template: must be a mapping, found a list"),
-        (deploy("{template: {spec: {containers: {name: c}}}}"), "spec.template.spec.containers: must be a list"),
-        (deploy("{template: {spec: {containers: []}}}"), "at least one container"),
-        (deploy("{template: {spec: {containers: [{name: c}]}}}"), "spec.template.spec.containers[0].image: missing for container `c`"),
-        (deploy("{template: {spec: {containers: [{image: i}]}}}"), "containers[0].name: missing"),
-        (deploy("{template: {spec: {containers: [c]}}}"), "containers[0]: must be a mapping, found a string"),
-        (deploy("{template: {spec: {nodeSelector: [a], containers: [{name: c, image: i}]}}}"), "nodeSelector: must be a mapping"),
-        (deploy("{template: {spec: {nodeSelector: {a: [1]}, containers: [{name: c, image: i}]}}}"), "nodeSelector.a: must be a string"),
-        (deploy("{template: {spec: {tolerations: [{value: x}], containers: [{name: c, image: i}]}}}"), "operator: Exists"),
-        (deploy("{template: {spec: {tolerations: [{key: k, operator: Maybe}], containers: [{name: c, image: i}]}}}"), "`Maybe` is not Equal or Exists"),
-        (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: Like, values: [b]}]}]}}}, containers: [{name: c, image: i}]}}}"), "nodeSelectorTerms[0].matchExpressions[0].operator: `Like`"),
-        (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: Gt, values: [x]}]}]}}}, containers: [{name: c, image: i}]}}}"), "exactly one integer"),
-        (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: In}]}]}}}, containers: [{name: c, image: i}]}}}"), "at least one value"),
-        (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchFields: [{key: spec.x, operator: In, values: [a]}]}]}}}, containers: [{name: c, image: i}]}}}"), "only `metadata.name`"),
-        ("kind: Pod\nspec: {containers: [{name: c, image: i}]}\n".to_string(), "metadata.name: missing"),
-        ("just a string\n".to_string(), "test.yaml#1: is a string, not a Kubernetes object"),
-        ("- a\n- b\n".to_string(), "is a list"),
-        ("replicas: 3\nimage: nginx\n".to_string(), "has no `kind`"),
-        ("kind: [Deployment]\n".to_string(), "kind: must be a string"),
-    ] {
-        let err = parse_workloads(Path::new("test.yaml"), &text).unwrap_err();
-        assert!(matches!(err, Error::Usage(_)));
-        assert_eq!(err.exit_code(), 2);
-        let err = err.to_string();
-        assert!(err.contains(want), "{text:?}\n  got: {err}\n want: {want}");
-        assert!(err.starts_with("test.yaml#"), "{err}");
-        assert!(!err.contains('\n'), "{err}");
-    }
+            (deploy("{}"), "test.yaml#2: spec.template: missing"),
+            (deploy("{template: []}"), "test.yaml#2: spec.template: must be a mapping, found a list"),
+            (deploy("{template: {spec: {containers: {name: c}}}}"), "spec.template.spec.containers: must be a list"),
+            (deploy("{template: {spec: {containers: []}}}"), "at least one container"),
+            (deploy("{template: {spec: {containers: [{name: c}]}}}"), "spec.template.spec.containers[0].image: missing for container `c`"),
+            (deploy("{template: {spec: {containers: [{image: i}]}}}"), "containers[0].name: missing"),
+            (deploy("{template: {spec: {containers: [c]}}}"), "containers[0]: must be a mapping, found a string"),
+            (deploy("{template: {spec: {nodeSelector: [a], containers: [{name: c, image: i}]}}}"), "nodeSelector: must be a mapping"),
+            (deploy("{template: {spec: {nodeSelector: {a: [1]}, containers: [{name: c, image: i}]}}}"), "nodeSelector.a: must be a string"),
+            (deploy("{template: {spec: {tolerations: [{value: x}], containers: [{name: c, image: i}]}}}"), "operator: Exists"),
+            (deploy("{template: {spec: {tolerations: [{key: k, operator: Maybe}], containers: [{name: c, image: i}]}}}"), "`Maybe` is not Equal or Exists"),
+            (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: Like, values: [b]}]}]}}}, containers: [{name: c, image: i}]}}}"), "nodeSelectorTerms[0].matchExpressions[0].operator: `Like`"),
+            (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: Gt, values: [x]}]}]}}}, containers: [{name: c, image: i}]}}}"), "exactly one integer"),
+            (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: In}]}]}}}, containers: [{name: c, image: i}]}}}"), "at least one value"),
+            (deploy("{template: {spec: {affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchFields: [{key: spec.x, operator: In, values: [a]}]}]}}}, containers: [{name: c, image: i}]}}}"), "only `metadata.name`"),
+            ("kind: Pod\nspec: {containers: [{name: c, image: i}]}\n".to_string(), "metadata.name: missing"),
+            ("just a string\n".to_string(), "test.yaml#1: is a string, not a Kubernetes object"),
+            ("- a\n- b\n".to_string(), "is a list"),
+            ("replicas: 3\nimage: nginx\n".to_string(), "has no `kind`"),
+            ("kind: [Deployment]\n".to_string(), "kind: must be a string"),
+        ] {
+            let err = parse_workloads(Path::new("test.yaml"), &text).unwrap_err();
+            assert!(matches!(err, Error::Usage(_)));
+            assert_eq!(err.exit_code(), 2);
+            let err = err.to_string();
+            assert!(err.contains(want), "{text:?}\n  got: {err}\n want: {want}");
+            assert!(err.starts_with("test.yaml#"), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
 }
 
 #[test]
@@ -869,33 +869,33 @@ fn garbage_and_truncated_documents_never_panic() {
         let _ = parse_nodes(Path::new("t.yaml"), part);
     }
     for garbage in [
-        "\0\0\0",
-        "{{ .Values.image }}",
-        "image: {{ .Values.image }}\n",
-        "kind: Deployment\nspec:\n  template:\n    spec:\n      containers:\n      - name: c\n    image: x\n  bad",
-        "kind: Deployment\nspec: {template: {spec: {containers: [{name: c, image: i}",
-        ":\n:\n- - -\n",
-        "---\n...\n---\n%YAML 1.1\n",
-        "a: &a [*a]\n",
-        "a: !!binary AAAA\n",
-        "kind: !custom Deployment\nmetadata: {name: x}\nspec: !t {template: {spec: {containers: [{name: c, image: i}]}}}\n",
-        "\t- tab\n",
-        "kind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: {containers: [{name: 1, image: 2}], nodeSelector: {1: 2, ? [a] : b}}}}\n",
-        &"[".repeat(10_000),
-        &format!("kind: Pod\nmetadata: {{name: x}}\nspec: {}", "{a: ".repeat(5_000)),
-        "<<: {kind: Pod}\nmetadata: {name: m}\nspec: {containers: [{name: c, image: i}]}\n",
-        "<<: 3\n",
-    ] {
-        for file in ["g.yaml", "g.json"] {
-            if let Err(e) = parse_workloads(Path::new(file), garbage) {
-                assert!(e.to_string().starts_with(file), "{e}");
-                assert!(!e.to_string().contains('\n'), "{e}");
-            }
-            if let Err(e) = parse_nodes(Path::new(file), garbage) {
-                assert!(!e.to_string().contains('\n'), "{e}");
+            "\0\0\0",
+            "{{ .Values.image }}",
+            "image: {{ .Values.image }}\n",
+            "kind: Deployment\nspec:\n  template:\n    spec:\n      containers:\n      - name: c\n    image: x\n  bad",
+            "kind: Deployment\nspec: {template: {spec: {containers: [{name: c, image: i}",
+            ":\n:\n- - -\n",
+            "---\n...\n---\n%YAML 1.1\n",
+            "a: &a [*a]\n",
+            "a: !!binary AAAA\n",
+            "kind: !custom Deployment\nmetadata: {name: x}\nspec: !t {template: {spec: {containers: [{name: c, image: i}]}}}\n",
+            "\t- tab\n",
+            "kind: Deployment\nmetadata: {name: x}\nspec: {template: {spec: {containers: [{name: 1, image: 2}], nodeSelector: {1: 2, ? [a] : b}}}}\n",
+            &"[".repeat(10_000),
+            &format!("kind: Pod\nmetadata: {{name: x}}\nspec: {}", "{a: ".repeat(5_000)),
+            "<<: {kind: Pod}\nmetadata: {name: m}\nspec: {containers: [{name: c, image: i}]}\n",
+            "<<: 3\n",
+        ] {
+            for file in ["g.yaml", "g.json"] {
+                if let Err(e) = parse_workloads(Path::new(file), garbage) {
+                    assert!(e.to_string().starts_with(file), "{e}");
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                }
+                if let Err(e) = parse_nodes(Path::new(file), garbage) {
+                    assert!(!e.to_string().contains('\n'), "{e}");
+                }
             }
         }
-    }
     // Merge keys are applied; tags are looked through.
     let ws = workloads(
         "<<: {kind: Pod}\nmetadata: {name: m}\nspec: {containers: [{name: c, image: i}]}\n",
