@@ -4,10 +4,12 @@
 //! Data flows one way: project → plan → build → export → push → verify → record.
 
 pub mod annotations;
+pub mod assemble;
 pub mod binfmt;
 pub mod build;
 pub mod buildkit;
 pub mod cache;
+pub mod cleanup;
 pub mod credentials;
 pub mod deep;
 pub mod dockerfile;
@@ -26,9 +28,11 @@ pub mod plan;
 pub mod platform;
 pub mod progress;
 pub mod project;
+pub mod publish;
 pub mod record;
 pub mod registry;
 pub mod reproducible;
+pub mod store;
 pub mod verify;
 pub use error::{Error, Result};
 pub use platform::Platform;

@@ -3,10 +3,11 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use polyarch::annotations::AnnotationFlag;
+use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
 use polyarch::engine::Engine;
 use polyarch::error::exit;
-use polyarch::pipeline::{self, BuildOptions, Cleanup};
+use polyarch::pipeline::{self, BuildOptions};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
 use polyarch::project::{
     BinfmtMode, BuildFlags, CacheRef, LoadOptions, Override, Project, Purpose, SecretFlag, SshFlag,
@@ -501,7 +502,7 @@ async fn run(command: Command) -> Result<i32, Error> {
                 .collect::<Result<Vec<_>, _>>()?;
             let options = registry_options(&registry)?;
             let reporter = reporter(&output);
-            let outcome = pipeline::assemble(
+            let outcome = polyarch::assemble::assemble(
                 &project,
                 &parts,
                 &images,
@@ -636,11 +637,11 @@ async fn run(command: Command) -> Result<i32, Error> {
             let work = async {
                 match (targets.as_slice(), &file) {
                     ([reference], None) => {
-                        pipeline::verify_reference(reference, &platform, &options, deep, reporter.as_ref()).await
+                        polyarch::verify::verify_reference(reference, &platform, &options, deep, reporter.as_ref()).await
                     }
                     (images, Some(file)) => {
                         let project = Project::load(file, &loading(Purpose::Verify, &set))?;
-                        pipeline::verify_project(&project, images, &options, deep, reporter.as_ref())
+                        polyarch::verify::verify_project(&project, images, &options, deep, reporter.as_ref())
                             .await
                             .map(|record| record.with_values(&project))
                     }
