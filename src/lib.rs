@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod export;
 pub mod gate;
+pub mod image_path;
 pub mod inputs;
 pub mod k8s;
 pub mod layout;

@@ -2,6 +2,7 @@
 //! extracted), and path resolution the way the kernel does it.
 
 use super::*;
+use crate::image_path::{self, join, split_parent};
 
 #[derive(Debug, Clone)]
 pub(super) enum Node {
@@ -26,35 +27,9 @@ pub(super) struct Fs {
     pub(super) retained: usize,
 }
 
-/// `./usr//bin/` → `usr/bin`; `None` for entries with `..` components or for the root.
+/// An entry name in a layer, cleaned; `None` for the root itself or a name climbing out.
 pub(super) fn normalize(path: &str) -> Option<String> {
-    let mut parts = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => return None,
-            p => parts.push(p),
-        }
-    }
-    if parts.is_empty() {
-        return None;
-    }
-    Some(parts.join("/"))
-}
-
-pub(super) fn split_parent(path: &str) -> (&str, &str) {
-    match path.rfind('/') {
-        Some(i) => (&path[..i], &path[i + 1..]),
-        None => ("", path),
-    }
-}
-
-pub(super) fn join(dir: &str, name: &str) -> String {
-    if dir.is_empty() {
-        name.to_string()
-    } else {
-        format!("{dir}/{name}")
-    }
+    image_path::normalize(path).filter(|p| !p.is_empty())
 }
 
 #[derive(Debug)]
