@@ -75,9 +75,13 @@ impl Error {
     }
 }
 
-/// Collapses a multi-line message (engine or registry output) into one line.
+/// Collapses a multi-line message (engine or registry output, a quoted project value)
+/// into one line: no control characters reach the terminal.
 pub fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+    text.split(|c: char| c.is_whitespace() || c.is_control())
+        .filter(|word| !word.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Exit codes as documented in `--help` and the README.

@@ -13,7 +13,7 @@ use crate::annotations::{AnnotationFlag, Annotations};
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
-use crate::error::{Error, Result};
+use crate::error::{one_line, Error, Result};
 use crate::platform::Platform;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -1806,17 +1806,6 @@ fn clip_long(s: &str, max: usize) -> String {
         format!("{head}…")
     } else {
         escaped
-    }
-}
-
-/// Last guard for the one-line promise: no control characters reach the terminal.
-fn one_line(s: &str) -> String {
-    if s.chars().any(char::is_control) {
-        s.chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect()
-    } else {
-        s.to_string()
     }
 }
 
