@@ -1,6 +1,8 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
+use crate::endpoint::{Endpoint, EndpointError};
 use crate::platform::Platform;
+use crate::project::BuilderSpec;
 use crate::{Error, Result};
 use bollard::Docker;
 
@@ -15,8 +17,10 @@ pub struct Engine {
     pub buildkit: bool,
     /// Whether images live in containerd's image store rather than the classic one.
     pub containerd_store: bool,
-    /// Where the engine was reached, for messages.
+    /// Where the engine was reached, as the user named it, for messages and records.
     pub endpoint: String,
+    /// How to reach it again (REST, BuildKit's upgrades) and whether it is on this machine.
+    pub location: Endpoint,
     /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
     /// kernel (registered emulators) are remembered under.
     pub identity: String,
@@ -33,52 +37,27 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Connects the way the Docker CLI does by default (`DOCKER_HOST`, else the local socket)
-    /// and negotiates the API version.
+    /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
+    /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
+    /// the local socket) and negotiates the API version.
     pub async fn connect() -> Result<Engine> {
-        // As the Docker CLI: DOCKER_HOST, else DOCKER_CONTEXT or config.json's
-        // currentContext, else the local socket.
-        if std::env::var_os("DOCKER_HOST").is_none() {
-            if let Some(context) = current_context() {
-                return Self::connect_endpoint(&context_host(&context)?).await;
-            }
-        }
-        let endpoint =
-            std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
-        let docker = Docker::connect_with_defaults()
-            .map_err(|e| Error::Engine(format!("cannot connect to {endpoint}: {e}")))?;
-        Self::from_docker(docker, endpoint).await
+        let location = Endpoint::default_engine()?;
+        Ok(Self::connect_to(location).await?)
     }
 
-    /// Connects to a builder endpoint from `builders:`: `unix:///path`, `tcp://host:port`
-    /// (plain; a TLS engine is reached through a Docker context or DOCKER_HOST), or the
-    /// name of a Docker context.
-    pub async fn connect_endpoint(endpoint: &str) -> Result<Engine> {
-        let cannot = |e: bollard::errors::Error| {
-            Error::Engine(format!("cannot connect to builder {endpoint}: {e}"))
+    /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
+    /// failure is told as such, then the version and info the build needs.
+    pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
+        location.probe().await?;
+        let endpoint = location.name.clone();
+        let unanswered = |source: bollard::errors::Error| EndpointError::Api {
+            endpoint: endpoint.clone(),
+            source,
         };
-        let docker = if endpoint.starts_with("unix://") {
-            Docker::connect_with_socket(endpoint, 120, bollard::API_DEFAULT_VERSION)
-                .map_err(cannot)?
-        } else if endpoint.starts_with("tcp://") || endpoint.starts_with("http://") {
-            Docker::connect_with_http(endpoint, 120, bollard::API_DEFAULT_VERSION)
-                .map_err(cannot)?
-        } else {
-            let host = context_host(endpoint)?;
-            return Box::pin(Self::connect_endpoint(&host)).await;
-        };
-        Self::from_docker(docker, endpoint.to_string()).await
-    }
-
-    pub async fn from_docker(docker: Docker, endpoint: String) -> Result<Engine> {
-        let unreachable = |e: bollard::errors::Error| {
-            Error::Engine(format!(
-                "cannot reach the engine at {endpoint}: {e}; start dockerd there, or point DOCKER_HOST (or the `builders:` entry) at a running engine"
-            ))
-        };
-        let docker = docker.negotiate_version().await.map_err(unreachable)?;
-        let version = docker.version().await.map_err(unreachable)?;
-        let info = docker.info().await.map_err(unreachable)?;
+        let docker = location.docker().map_err(unanswered)?;
+        let docker = docker.negotiate_version().await.map_err(unanswered)?;
+        let version = docker.version().await.map_err(unanswered)?;
+        let info = docker.info().await.map_err(unanswered)?;
         let os = version
             .os
             .clone()
@@ -112,48 +91,9 @@ impl Engine {
             buildkit,
             containerd_store,
             endpoint,
+            location,
         })
     }
-}
-
-fn docker_config_dir() -> std::path::PathBuf {
-    crate::credentials::config_dir().unwrap_or_default()
-}
-
-/// The context `docker context use` selected, unless it is the built-in default.
-fn current_context() -> Option<String> {
-    let name = std::env::var("DOCKER_CONTEXT").ok().or_else(|| {
-        let text = std::fs::read_to_string(docker_config_dir().join("config.json")).ok()?;
-        let config: serde_json::Value = serde_json::from_str(&text).ok()?;
-        config["currentContext"].as_str().map(str::to_string)
-    })?;
-    (!name.is_empty() && name != "default").then_some(name)
-}
-
-/// The engine address of a Docker context, as `docker context use NAME` would select it.
-fn context_host(name: &str) -> Result<String> {
-    use sha2::Digest;
-    let meta = docker_config_dir()
-        .join("contexts/meta")
-        .join(hex::encode(sha2::Sha256::digest(name.as_bytes())))
-        .join("meta.json");
-    let text = std::fs::read_to_string(&meta).map_err(|_| {
-        Error::Engine(format!(
-            "`{name}` is neither a unix:// or tcp:// engine address nor a Docker context (no {}); create it with `docker context create {name} --docker host=…`",
-            meta.display()
-        ))
-    })?;
-    let parsed: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Engine(format!("{}: not valid JSON: {e}", meta.display())))?;
-    parsed["Endpoints"]["docker"]["Host"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| {
-            Error::Engine(format!(
-                "{}: context `{name}` has no docker endpoint",
-                meta.display()
-            ))
-        })
 }
 
 /// The engines a build uses: the default one, and a native builder per platform from
@@ -168,24 +108,20 @@ impl Builders {
     /// Connects every builder the plan needs, so an unreachable one fails before any build.
     pub async fn connect(
         default: Engine,
-        endpoints: &std::collections::BTreeMap<Platform, String>,
+        specs: &std::collections::BTreeMap<Platform, BuilderSpec>,
         needed: &[Platform],
     ) -> Result<Builders> {
         let mut by_platform = std::collections::BTreeMap::new();
-        for (platform, endpoint) in endpoints {
+        for (platform, spec) in specs {
             if !needed.contains(platform) {
                 continue;
             }
-            let engine = Engine::connect_endpoint(endpoint).await.map_err(|e| {
-                // The inner error is an `Error::Engine` too; keep one "docker engine:" prefix.
-                let detail = match e {
-                    Error::Engine(message) => message,
-                    other => other.to_string(),
-                };
-                Error::Engine(format!(
-                    "builder for {platform} ({endpoint}) is unreachable: {detail}"
-                ))
-            })?;
+            let engine = async { Engine::connect_to(spec.endpoint()?).await }
+                .await
+                .map_err(|source| Error::Builder {
+                    platform: platform.to_string(),
+                    source,
+                })?;
             by_platform.insert(platform.clone(), engine);
         }
         Ok(Builders {

@@ -12,6 +12,7 @@ pub mod credentials;
 pub mod deep;
 pub mod dockerfile;
 pub mod doctor;
+pub mod endpoint;
 pub mod engine;
 pub mod error;
 pub mod export;

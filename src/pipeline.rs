@@ -976,18 +976,21 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Whether the engine, which reaches registries with its own settings (loopback as
-    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: always for a
-    /// loopback registry; elsewhere only when no `--insecure-registry` or CA of polyarch's
-    /// own is needed for it.
-    fn engine_reaches(&self, image: &ImageSpec) -> bool {
+    /// Whether `engine`, which reaches registries with its own settings (loopback as
+    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
+    /// registry when the engine runs on this machine; elsewhere only when no
+    /// `--insecure-registry` or CA of polyarch's own is needed for it.
+    fn engine_reaches(&self, image: &ImageSpec, engine: &Engine) -> bool {
         let Ok(reference) = registry::parse_reference(&image.repository) else {
             return false;
         };
         let host = reference.registry();
-        registry::is_loopback(host)
-            || (self.registry.ca_certs.is_empty()
-                && !self.registry.insecure.iter().any(|h| h == host))
+        if registry::is_loopback(host) {
+            // A loopback registry is this machine's: an engine on another host has its own
+            // loopback, so polyarch exports from it and pushes.
+            return engine.location.is_local();
+        }
+        self.registry.ca_certs.is_empty() && !self.registry.insecure.iter().any(|h| h == host)
     }
 }
 
@@ -1137,7 +1140,7 @@ fn solved_together<'e>(
         && one_engine
         && engine.buildkit
         && engine.containerd_store
-        && run.engine_reaches(image)
+        && run.engine_reaches(image, engine)
         && image.cache_from.is_empty()
         && image.cache_to.is_none())
     .then_some(engine)
@@ -1323,7 +1326,7 @@ async fn build_unit(
     );
     let output = match destination {
         Destination::Registry(_)
-            if engine.buildkit && engine.containerd_store && run.engine_reaches(image) =>
+            if engine.buildkit && engine.containerd_store && run.engine_reaches(image, engine) =>
         {
             build::Output::Registry(&image.repository)
         }

@@ -13,6 +13,7 @@ use crate::annotations::{AnnotationFlag, Annotations};
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
+use crate::endpoint::{self, Endpoint, EndpointError, TlsFiles};
 use crate::error::{Error, Result};
 use crate::platform::Platform;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -55,12 +56,37 @@ pub struct Project {
     pub binfmt: BinfmtMode,
     /// Installer image for binfmt registration.
     pub binfmt_image: Option<String>,
-    /// Engine endpoint per (normalised) platform, so foreign platforms can build natively
-    /// on another machine instead of under emulation. Values are `unix://…`, `tcp://…`
-    /// or a docker context name, exactly as written.
-    pub builders: BTreeMap<Platform, String>,
+    /// Engine per (normalised) platform, so foreign platforms can build natively on
+    /// another machine instead of under emulation.
+    pub builders: BTreeMap<Platform, BuilderSpec>,
     /// Where values that did not come from the file itself came from.
     values: Vec<values::Provenance>,
+}
+
+/// A `builders:` entry: where the engine is, as written, and its TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuilderSpec {
+    /// `unix://…`, `tcp://…`, `ssh://…` or a Docker context name.
+    pub host: String,
+    /// For a `tcp://` host: the CA, client certificate and key, as absolute paths.
+    pub tls: Option<TlsFiles>,
+}
+
+impl BuilderSpec {
+    /// The engine's location, reading the context or TLS files it names.
+    pub fn endpoint(&self) -> std::result::Result<Endpoint, EndpointError> {
+        Endpoint::resolve(&self.host, self.tls.as_ref())
+    }
+}
+
+impl fmt::Display for BuilderSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.host)?;
+        if self.tls.is_some() {
+            f.write_str(" (TLS)")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the command reading the project file will do with it.
@@ -521,8 +547,52 @@ struct RawProject {
     version: Option<serde_norway::Value>,
     binfmt: Option<String>,
     binfmt_image: Option<String>,
-    builders: Option<Entries<String>>,
+    builders: Option<Entries<RawBuilder>>,
     images: Option<Entries<RawImage>>,
+}
+
+/// A builder: an address or context name, or `{host, tls}`.
+enum RawBuilder {
+    Address(String),
+    Map(RawBuilderMap),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBuilderMap {
+    host: Option<String>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawBuilder {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawBuilder;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an engine address, a context name or a mapping with host and tls")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawBuilder, E> {
+                Ok(RawBuilder::Address(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                RawBuilderMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawBuilder::Map)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -737,6 +807,79 @@ impl Cx {
         self.err(field, message)
     }
 
+    /// A `builders:` entry, checked as far as the file can say: the address's form, and
+    /// TLS files only for `tcp://` hosts, in pairs, present when building.
+    fn builder(&self, field: &str, raw: RawBuilder) -> Result<BuilderSpec> {
+        let (host, raw_tls, host_field) = match raw {
+            RawBuilder::Address(host) => (host, None, field.to_string()),
+            RawBuilder::Map(map) => {
+                let host = map.host.ok_or_else(|| {
+                    self.err(
+                        format!("{field}.host"),
+                        "is missing; give the engine's address, e.g. `host: tcp://arm-box:2376`",
+                    )
+                })?;
+                (host, map.tls, format!("{field}.host"))
+            }
+        };
+        if host.trim().is_empty() {
+            return Err(self.err(
+                &host_field,
+                "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port, ssh://user@host) or a docker context name",
+            ));
+        }
+        let address = if endpoint::is_address(&host) {
+            Some(endpoint::parse_address(&host).map_err(|e| self.err(&host_field, e.to_string()))?)
+        } else if host.contains(char::is_whitespace) {
+            return Err(self.err(
+                &host_field,
+                format!("{} is not a Docker context name (it has whitespace); write an address or the name `docker context ls` shows", q(&host)),
+            ));
+        } else {
+            None
+        };
+        let Some(raw_tls) = raw_tls else {
+            return Ok(BuilderSpec { host, tls: None });
+        };
+        let tls_field = format!("{field}.tls");
+        if !matches!(address, Some(endpoint::Address::Tcp { .. })) {
+            return Err(self.err(
+                &tls_field,
+                "applies to tcp:// hosts only (a Docker context brings its own TLS files, ssh:// needs none); remove it or write host: tcp://HOST:2376",
+            ));
+        }
+        let path = |name: &str, value: Option<String>| -> Result<Option<PathBuf>> {
+            let Some(value) = value else { return Ok(None) };
+            let at = format!("{tls_field}.{name}");
+            if value.trim().is_empty() {
+                return Err(self.err(
+                    &at,
+                    "is empty; give a PEM file, relative to the project file",
+                ));
+            }
+            let resolved = self.base.join(&value);
+            if self.purpose == Purpose::Build && !resolved.is_file() {
+                return Err(self.err(
+                    &at,
+                    format!("{} does not exist (looked for {}); give the PEM file, relative to the project file", q(&value), resolved.display()),
+                ));
+            }
+            Ok(Some(resolved))
+        };
+        let files = TlsFiles {
+            ca: path("ca", raw_tls.ca)?,
+            cert: path("cert", raw_tls.cert)?,
+            key: path("key", raw_tls.key)?,
+            skip_verify: false,
+        };
+        match (&files.cert, &files.key) {
+            (Some(_), None) => Err(self.err(&tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
+            (None, Some(_)) => Err(self.err(&tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
+            (None, None) if files.ca.is_none() => Err(self.err(&tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
+            _ => Ok(BuilderSpec { host, tls: Some(files) }),
+        }
+    }
+
     fn project(&self, raw: RawProject) -> Result<Project> {
         let binfmt = match raw.binfmt {
             Some(s) => pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err("binfmt", m))?,
@@ -759,7 +902,7 @@ impl Cx {
         };
         let mut builders = BTreeMap::new();
         let mut builder_keys: BTreeMap<Platform, String> = BTreeMap::new();
-        for (key, endpoint) in raw.builders.map(|b| b.0).unwrap_or_default() {
+        for (key, builder) in raw.builders.map(|b| b.0).unwrap_or_default() {
             let field = format!("builders.{key}");
             let platform: Platform = key.parse().map_err(|e| self.err(&field, format!("{e}")))?;
             if let Some(earlier) = builder_keys.get(&platform) {
@@ -770,14 +913,9 @@ impl Cx {
                     ),
                 ));
             }
-            if endpoint.trim().is_empty() {
-                return Err(self.err(
-                    &field,
-                    "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port) or a docker context name",
-                ));
-            }
+            let spec = self.builder(&field, builder)?;
             builder_keys.insert(platform.clone(), key);
-            builders.insert(platform, endpoint);
+            builders.insert(platform, spec);
         }
         let entries = raw.images.map(|i| i.0).unwrap_or_default();
         if entries.is_empty() {
@@ -1537,6 +1675,8 @@ fn describe_expected(e: &str) -> String {
         "struct RawImage" => "a mapping of image settings".into(),
         "struct RawSecret" => "a mapping with file or env".into(),
         "struct RawCache" => "a mapping with from and to".into(),
+        "struct RawBuilderMap" => "a mapping with host and tls".into(),
+        "struct RawTls" => "a mapping with ca, cert and key".into(),
         "a string" | "a borrowed string" => "a single value".into(),
         other => other.to_string(),
     }
@@ -1938,7 +2078,7 @@ images:
         assert_eq!(
             p.builders
                 .get(&"linux/arm64".parse().unwrap())
-                .map(String::as_str),
+                .map(|b| b.host.as_str()),
             Some("unix:///run/arm-docker.sock")
         );
         let names: Vec<&str> = p.images.iter().map(|i| i.name.as_str()).collect();

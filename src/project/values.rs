@@ -4,7 +4,10 @@
 //! like any other, and both leave a [`Provenance`] so the record can say where a value
 //! came from.
 
-use super::{closest, q, Entries, RawCache, RawImage, RawProject, RawSecret};
+use super::{
+    closest, q, Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret,
+    RawTls,
+};
 use crate::record::ValueSource;
 use std::collections::BTreeSet;
 
@@ -241,7 +244,20 @@ pub(super) fn each_string<E>(
     } = raw;
     one(f, "binfmt", binfmt)?;
     one(f, "binfmt_image", binfmt_image)?;
-    entries(f, "builders", builders)?;
+    for (key, builder) in builders.iter_mut().flat_map(|e| e.0.iter_mut()) {
+        let at = format!("builders.{key}");
+        match builder {
+            RawBuilder::Address(host) => f(&at, host)?,
+            RawBuilder::Map(RawBuilderMap { host, tls }) => {
+                one(f, &format!("{at}.host"), host)?;
+                if let Some(RawTls { ca, cert, key }) = tls {
+                    one(f, &format!("{at}.tls.ca"), ca)?;
+                    one(f, &format!("{at}.tls.cert"), cert)?;
+                    one(f, &format!("{at}.tls.key"), key)?;
+                }
+            }
+        }
+    }
     for (name, image) in images.iter_mut().flat_map(|e| e.0.iter_mut()) {
         let at = |field: &str| format!("images.{name}.{field}");
         let RawImage {
