@@ -426,8 +426,8 @@ impl Endpoint {
             tokio::io::AsyncWriteExt::write_all(&mut stream, request).await?;
             let mut answer = vec![0u8; 512];
             let mut read = 0;
-            // The status line is enough.
-            while read < answer.len() && !answer[..read].contains(&b'\n') {
+            // `Connection: close`: the engine ends the answer; its start is enough.
+            while read < answer.len() {
                 let n = stream.read(&mut answer[read..]).await?;
                 if n == 0 {
                     break;
@@ -467,12 +467,11 @@ impl Endpoint {
             endpoint: self.name.clone(),
             reason: if status.is_empty() {
                 "the connection closed without an answer".into()
+            } else if String::from_utf8_lossy(&answer).contains("HTTPS server") {
+                // Go's TLS listener answering a plain request.
+                "it speaks TLS: give the builder its tls files (ca, cert, key)".into()
             } else if status.starts_with("HTTP/1.") {
                 format!("GET /_ping answered `{status}`")
-            } else if matches!(&self.transport, Transport::Tcp { tls: None, .. })
-                && answer.first() == Some(&0x15)
-            {
-                "it speaks TLS: give the builder its tls files".into()
             } else {
                 "not HTTP".into()
             },
@@ -581,11 +580,12 @@ impl Endpoint {
 }
 
 impl SshTarget {
-    /// `[user@]host` as `ssh` is given it, for messages.
+    /// `[-p PORT] [user@]host` as `ssh` is given it, for messages.
     fn destination(&self) -> String {
+        let port = self.port.map(|p| format!("-p {p} ")).unwrap_or_default();
         match &self.user {
-            Some(user) => format!("{user}@{}", self.host),
-            None => self.host.clone(),
+            Some(user) => format!("{port}{user}@{}", self.host),
+            None => format!("{port}{}", self.host),
         }
     }
 
