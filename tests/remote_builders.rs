@@ -1,9 +1,10 @@
 //! Builders on other hosts (issue 14): each test makes its own host, a network namespace
 //! joined to this one by a veth pair (198.18.230.0/24), running Docker 26.1's dockerd
-//! (scripts/engine26.sh installs it) listening on `tcp://ADDR:2376` with `--tlsverify`,
-//! and, for ssh, an sshd with throw-away keys. The engine sees neither this machine's
-//! files nor its loopback: polyarch sends the context through the BuildKit session,
-//! exports the image from that engine and pushes it to the loopback registry itself.
+//! (scripts/engine26.sh installs it; containerd image store) listening on
+//! `tcp://ADDR:2376` with `--tlsverify`, and, for ssh, an sshd with throw-away keys. The
+//! engine sees neither this machine's files nor its loopback: polyarch sends the context
+//! through the BuildKit session and, although that store could push by itself, exports
+//! the image from the engine and pushes it to the loopback registry itself.
 //!
 //! Everything a test starts is stopped and removed on drop (dockerd, sshd, the
 //! namespace with its veth pair, temp dirs), also when it fails. The tests are named
@@ -151,7 +152,13 @@ impl TestHost {
     fn start_dockerd(&mut self) {
         self.make_pki();
         let prefix = docker26_prefix();
-        fs::write(self.path("daemon.json"), "{}\n").unwrap();
+        // The containerd image store: an engine that pushes by itself when it reaches
+        // the registry, which a loopback registry on this machine it does not.
+        fs::write(
+            self.path("daemon.json"),
+            "{\"features\": {\"containerd-snapshotter\": true}}\n",
+        )
+        .unwrap();
         let log = fs::File::create(self.path("dockerd.log")).unwrap();
         let namespace = format!("polyarch-{}", self.netns);
         let path = format!(
@@ -182,7 +189,6 @@ impl TestHost {
             .arg("--tlskey")
             .arg(self.path("server-key.pem"))
             .args(["--bridge", "none", "--iptables=false", "--ip6tables=false"])
-            .args(["--storage-driver", "vfs"])
             .arg("--containerd-namespace")
             .arg(&namespace)
             .arg("--containerd-plugins-namespace")
@@ -340,7 +346,7 @@ impl Drop for TestHost {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.netns])
             .status();
-        // dockerd may leave its data root mounted (vfs layers are plain directories).
+        // dockerd may leave its data root or snapshots mounted.
         let _ = Command::new("umount")
             .arg("-R")
             .arg(self.path("data"))
