@@ -2638,6 +2638,87 @@ images:
     }
 
     #[test]
+    fn builders_take_every_endpoint_form() {
+        let d = fixture();
+        fs::create_dir(d.path().join("certs")).unwrap();
+        for f in ["ca.pem", "cert.pem", "key.pem"] {
+            fs::write(d.path().join("certs").join(f), "").unwrap();
+        }
+        let text = format!(
+            "builders:\n  linux/arm64: ssh://ci@arm-box:2222\n  linux/arm/v7: {{host: tcp://10.0.0.7:2376, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n  linux/riscv64: riscv-ctx\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()].clone();
+        assert_eq!(get("linux/arm64").host, "ssh://ci@arm-box:2222");
+        assert!(get("linux/arm64").tls.is_none());
+        let tls = get("linux/arm/v7").tls.unwrap();
+        assert_eq!(
+            tls.ca,
+            Some(d.path().join("certs/ca.pem")),
+            "relative to the file"
+        );
+        assert_eq!(tls.key, Some(d.path().join("certs/key.pem")));
+        assert_eq!(get("linux/riscv64").to_string(), "riscv-ctx");
+    }
+
+    #[test]
+    fn builder_map_errors() {
+        let d = fixture();
+        let b = |line: &str| format!("builders:\n  linux/arm64: {line}\n{}", with_image(""));
+        expect(
+            &d,
+            &b("{tls: {ca: ca.pem}}"),
+            "builders.linux/arm64.host",
+            "host: tcp://",
+        );
+        expect(
+            &d,
+            &b("ftp://arm-box"),
+            "builders.linux/arm64",
+            "unsupported scheme",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:port\"}"),
+            "builders.linux/arm64.host",
+            "port is not a number",
+        );
+        expect(
+            &d,
+            &b("{host: \"ssh://arm-box\", tls: {ca: ca.pem}}"),
+            "builders.linux/arm64.tls",
+            "tcp:// hosts only",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {ca: missing.pem}}"),
+            "builders.linux/arm64.tls.ca",
+            "does not exist",
+        );
+        fs::write(d.path().join("cert.pem"), "").unwrap();
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"),
+            "builders.linux/arm64.tls",
+            "no key",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {}}"),
+            "builders.linux/arm64.tls",
+            "give ca",
+        );
+        let s = expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tsl: {}}"),
+            "builders.linux/arm64.tsl",
+            "did you mean tls?",
+        );
+        assert!(s.contains("host, tls"), "{s}");
+    }
+
+    #[test]
     fn unknown_fields() {
         let d = fixture();
         let s = expect(
