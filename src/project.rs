@@ -3374,4 +3374,25 @@ images:
         assert_eq!(f, "images.api.tags[0]");
         assert!(m.contains("VERSION is not set: the release version"), "{m}");
     }
+
+    /// The ssh builder example names its builder from the job too.
+    #[test]
+    fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch-ssh.yaml");
+        let env = |name: &str| match name {
+            "REGISTRY" => Some("ghcr.io".to_string()),
+            "VERSION" => Some("v1.4.3".to_string()),
+            "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
+            _ => None,
+        };
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            overrides: &[],
+            env: &env,
+        };
+        let p = Project::load(&file, &options).unwrap();
+        let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()];
+        assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
+        assert!(!arm.endpoint().unwrap().is_local());
+    }
 }
