@@ -5,7 +5,7 @@ use crate::binfmt::{Emulation, Runnable};
 use crate::engine::Engine;
 use crate::pipeline::{first_tag, image_needs_emulation, BuildOptions};
 use crate::plan;
-use crate::project::{BinfmtMode, BuilderSpec, Project};
+use crate::project::{BinfmtMode, BuilderSpec, Fallback, Project};
 use crate::registry::Registry;
 use crate::{Platform, Result};
 use serde::Serialize;
@@ -276,6 +276,14 @@ async fn builder_check(platform: &Platform, spec: &BuilderSpec) -> Check {
     let name = format!("builder {platform}");
     let engine = match async { Engine::connect_to(spec.endpoint()?).await }.await {
         Ok(engine) => engine,
+        Err(e) if spec.fallback == Fallback::Emulate => {
+            return check(
+                &name,
+                Verdict::Warn,
+                e.to_string(),
+                Some("with fallback: emulate, builds of this platform run on the default engine under QEMU until the builder is back"),
+            )
+        }
         Err(e) => return check(&name, Verdict::Fail, e.to_string(), None),
     };
     let reached = format!(

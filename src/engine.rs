@@ -2,7 +2,8 @@
 
 use crate::endpoint::{Endpoint, EndpointError};
 use crate::platform::Platform;
-use crate::project::BuilderSpec;
+use crate::progress::{Event, Reporter};
+use crate::project::{BuilderSpec, Fallback};
 use crate::{Error, Result};
 use bollard::Docker;
 
@@ -102,31 +103,52 @@ impl Engine {
 pub struct Builders {
     pub default: Engine,
     pub by_platform: std::collections::BTreeMap<Platform, Engine>,
+    /// Platforms whose builder was unreachable and that build on the default engine
+    /// instead (`fallback: emulate`), with why.
+    pub fallbacks: std::collections::BTreeMap<Platform, String>,
 }
 
 impl Builders {
-    /// Connects every builder the plan needs, so an unreachable one fails before any build.
+    /// Connects every builder the plan needs, so an unreachable one fails before any
+    /// build, or, with `fallback: emulate`, leaves its platform to the default engine.
     pub async fn connect(
         default: Engine,
         specs: &std::collections::BTreeMap<Platform, BuilderSpec>,
         needed: &[Platform],
+        reporter: &dyn Reporter,
     ) -> Result<Builders> {
         let mut by_platform = std::collections::BTreeMap::new();
+        let mut fallbacks = std::collections::BTreeMap::new();
         for (platform, spec) in specs {
             if !needed.contains(platform) {
                 continue;
             }
-            let engine = async { Engine::connect_to(spec.endpoint()?).await }
-                .await
-                .map_err(|source| Error::Builder {
-                    platform: platform.to_string(),
-                    source,
-                })?;
-            by_platform.insert(platform.clone(), engine);
+            match async { Engine::connect_to(spec.endpoint()?).await }.await {
+                Ok(engine) => {
+                    by_platform.insert(platform.clone(), engine);
+                }
+                Err(source) if spec.fallback == Fallback::Emulate => {
+                    let why = format!("builder {spec} is unreachable: {source}");
+                    reporter.report(Event::Warning {
+                        message: format!(
+                            "{why}; building {platform} on {} instead, under QEMU where it runs anything (fallback: emulate)",
+                            default.endpoint
+                        ),
+                    });
+                    fallbacks.insert(platform.clone(), why);
+                }
+                Err(source) => {
+                    return Err(Error::Builder {
+                        platform: platform.to_string(),
+                        source,
+                    })
+                }
+            }
         }
         Ok(Builders {
             default,
             by_platform,
+            fallbacks,
         })
     }
 

@@ -322,7 +322,7 @@ async fn build_and_push_all<'a>(
         }
     };
     let needed: Vec<Platform> = plan.units.iter().map(|u| u.platform.clone()).collect();
-    let builders = Builders::connect(engine.clone(), &project.builders, &needed).await?;
+    let builders = Builders::connect(engine.clone(), &project.builders, &needed, reporter).await?;
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
@@ -335,6 +335,7 @@ async fn build_and_push_all<'a>(
         replays: Default::default(),
         bases: inputs::RemoteBases::new(&options.registry),
         reporter,
+        fallbacks: builders.fallbacks.clone(),
     };
     let run = &run;
     // `--jobs` bounds the solves running at once: a platform's own, or one for several
@@ -973,6 +974,8 @@ struct Run<'a> {
     replays: inputs::Replays,
     bases: inputs::RemoteBases,
     reporter: &'a dyn Reporter,
+    /// Platforms built on the default engine because their builder was unreachable.
+    fallbacks: BTreeMap<Platform, String>,
 }
 
 impl Run<'_> {
@@ -1081,6 +1084,7 @@ async fn reuse(
                     seconds: 0.0,
                     reused: true,
                     builder: Some(engine.endpoint.clone()),
+                    fallback: run.fallbacks.get(&unit.platform).cloned(),
                 },
             ))));
         }
@@ -1272,6 +1276,7 @@ async fn build_together(
                 seconds: (built.seconds * 10.0).round() / 10.0,
                 reused: false,
                 builder: Some(engine.endpoint.clone()),
+                fallback: run.fallbacks.get(&unit.platform).cloned(),
             },
         });
     }
@@ -1358,6 +1363,7 @@ async fn build_unit(
         seconds: (built.seconds * 10.0).round() / 10.0,
         reused: false,
         builder: Some(engine.endpoint.clone()),
+        fallback: run.fallbacks.get(&unit.platform).cloned(),
     };
     let reference = first_tag(image)?;
 

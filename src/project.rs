@@ -70,7 +70,21 @@ pub struct BuilderSpec {
     pub host: String,
     /// For a `tcp://` host: the CA, client certificate and key, as absolute paths.
     pub tls: Option<TlsFiles>,
+    /// What to do when the builder cannot be reached.
+    pub fallback: Fallback,
 }
+
+/// What a build does when a platform's builder cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// Stop before anything is built.
+    #[default]
+    None,
+    /// Build that platform on the default engine, under QEMU when it needs it.
+    Emulate,
+}
+
+const FALLBACKS: &[(&str, Fallback)] = &[("none", Fallback::None), ("emulate", Fallback::Emulate)];
 
 impl BuilderSpec {
     /// The engine's location, reading the context or TLS files it names.
@@ -562,6 +576,7 @@ enum RawBuilder {
 struct RawBuilderMap {
     host: Option<String>,
     tls: Option<RawTls>,
+    fallback: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -810,8 +825,8 @@ impl Cx {
     /// A `builders:` entry, checked as far as the file can say: the address's form, and
     /// TLS files only for `tcp://` hosts, in pairs, present when building.
     fn builder(&self, field: &str, raw: RawBuilder) -> Result<BuilderSpec> {
-        let (host, raw_tls, host_field) = match raw {
-            RawBuilder::Address(host) => (host, None, field.to_string()),
+        let (host, raw_tls, host_field, fallback) = match raw {
+            RawBuilder::Address(host) => (host, None, field.to_string(), Fallback::None),
             RawBuilder::Map(map) => {
                 let host = map.host.ok_or_else(|| {
                     self.err(
@@ -819,7 +834,12 @@ impl Cx {
                         "is missing; give the engine's address, e.g. `host: tcp://arm-box:2376`",
                     )
                 })?;
-                (host, map.tls, format!("{field}.host"))
+                let fallback = match map.fallback {
+                    Some(s) => pick(&s, FALLBACKS, "fallback")
+                        .map_err(|m| self.err(format!("{field}.fallback"), m))?,
+                    None => Fallback::None,
+                };
+                (host, map.tls, format!("{field}.host"), fallback)
             }
         };
         if host.trim().is_empty() {
@@ -839,7 +859,11 @@ impl Cx {
             None
         };
         let Some(raw_tls) = raw_tls else {
-            return Ok(BuilderSpec { host, tls: None });
+            return Ok(BuilderSpec {
+                host,
+                tls: None,
+                fallback,
+            });
         };
         let tls_field = format!("{field}.tls");
         if !matches!(address, Some(endpoint::Address::Tcp { .. })) {
@@ -876,7 +900,11 @@ impl Cx {
             (Some(_), None) => Err(self.err(&tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
             (None, Some(_)) => Err(self.err(&tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
             (None, None) if files.ca.is_none() => Err(self.err(&tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
-            _ => Ok(BuilderSpec { host, tls: Some(files) }),
+            _ => Ok(BuilderSpec {
+                host,
+                tls: Some(files),
+                fallback,
+            }),
         }
     }
 
@@ -1675,7 +1703,7 @@ fn describe_expected(e: &str) -> String {
         "struct RawImage" => "a mapping of image settings".into(),
         "struct RawSecret" => "a mapping with file or env".into(),
         "struct RawCache" => "a mapping with from and to".into(),
-        "struct RawBuilderMap" => "a mapping with host and tls".into(),
+        "struct RawBuilderMap" => "a mapping with host, tls and fallback".into(),
         "struct RawTls" => "a mapping with ca, cert and key".into(),
         "a string" | "a borrowed string" => "a single value".into(),
         other => other.to_string(),
@@ -2660,6 +2688,16 @@ images:
         );
         assert_eq!(tls.key, Some(d.path().join("certs/key.pem")));
         assert_eq!(get("linux/riscv64").to_string(), "riscv-ctx");
+        assert_eq!(get("linux/arm64").fallback, Fallback::None);
+        let text = format!(
+            "builders:\n  linux/arm64: {{host: ssh://arm-box, fallback: emulate}}\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        assert_eq!(
+            p.builders[&"linux/arm64".parse::<Platform>().unwrap()].fallback,
+            Fallback::Emulate
+        );
     }
 
     #[test]
@@ -2708,6 +2746,12 @@ images:
             &b("{host: \"tcp://h:2376\", tls: {}}"),
             "builders.linux/arm64.tls",
             "give ca",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", fallback: qemu}"),
+            "builders.linux/arm64.fallback",
+            "use one of none, emulate",
         );
         let s = expect(
             &d,

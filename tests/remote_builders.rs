@@ -606,7 +606,7 @@ fn refused(file: &Path, registry: &Registry, expected: &[&str]) {
 }
 
 #[test]
-fn netns_down_untrusted_and_refused_builders_fail_before_building() {
+fn netns_down_untrusted_and_refused_builders_fail_before_building_or_fall_back() {
     let mut host = TestHost::new();
     host.start_dockerd();
     let registry = Registry::start();
@@ -674,4 +674,44 @@ fn netns_down_untrusted_and_refused_builders_fail_before_building() {
     // ssh to a port where no sshd listens: ssh's own message, and what to try.
     let file = project(dir.path(), &repo, &format!("ssh://root@{}:2222", host.addr));
     refused(&file, &registry, &["Connection refused", "docker version"]);
+
+    // The down builder with `fallback: emulate`: arm64 builds on the default engine, and
+    // the output and the record say so.
+    let down = format!("tcp://{}:{}", host.addr, ENGINE_PORT + 1);
+    let file = project(
+        dir.path(),
+        &repo,
+        &format!("{{host: \"{down}\", fallback: emulate}}"),
+    );
+    let out = run(polyarch_in(&[])
+        .args(["build", "--output-format", "json", "-f"])
+        .arg(&file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("\"warning\"")
+            && l.contains(&down)
+            && l.contains("fallback: emulate")),
+        "no fallback warning:\n{stderr}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    let arm = record["images"][0]["platforms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["platform"] == "linux/arm64")
+        .unwrap_or_else(|| panic!("no arm64 entry: {record:#}"));
+    assert!(
+        arm["build"]["fallback"]
+            .as_str()
+            .is_some_and(|f| f.contains(&down) && f.contains("unreachable")),
+        "{arm:#}"
+    );
+    assert!(
+        arm["build"]["builder"]
+            .as_str()
+            .is_some_and(|b| !b.contains(&host.addr)),
+        "{arm:#}"
+    );
+    assert_eq!(record["covered"], true, "{record:#}");
 }

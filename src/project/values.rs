@@ -248,8 +248,13 @@ pub(super) fn each_string<E>(
         let at = format!("builders.{key}");
         match builder {
             RawBuilder::Address(host) => f(&at, host)?,
-            RawBuilder::Map(RawBuilderMap { host, tls }) => {
+            RawBuilder::Map(RawBuilderMap {
+                host,
+                tls,
+                fallback,
+            }) => {
                 one(f, &format!("{at}.host"), host)?;
+                one(f, &format!("{at}.fallback"), fallback)?;
                 if let Some(RawTls { ca, cert, key }) = tls {
                     one(f, &format!("{at}.tls.ca"), ca)?;
                     one(f, &format!("{at}.tls.cert"), cert)?;
