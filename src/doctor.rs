@@ -99,7 +99,12 @@ async fn plan_lines(
         let builder = project
             .builders
             .get(&unit.platform)
-            .map(ToString::to_string)
+            .map(|list| {
+                list.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
             .unwrap_or_else(|| format!("{} ({})", engine.endpoint, engine.native));
         lines.push(PlanLine {
             image: unit.image.name.clone(),
@@ -223,8 +228,15 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
     let Some(project) = project else {
         return checks;
     };
-    for (platform, spec) in &project.builders {
-        checks.push(builder_check(platform, spec).await);
+    for (platform, list) in &project.builders {
+        for (i, spec) in list.iter().enumerate() {
+            let name = if list.len() > 1 {
+                format!("builder {platform} [{i}]")
+            } else {
+                format!("builder {platform}")
+            };
+            checks.push(builder_check(name, spec, list.len() > 1).await);
+        }
     }
     match plan_report(project, &engine, options).await {
         Ok(lines) => {
@@ -272,10 +284,18 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
 }
 
 /// One line per builder: reachable (TLS or ssh included), and BuildKit answering on it.
-async fn builder_check(platform: &Platform, spec: &BuilderSpec) -> Check {
-    let name = format!("builder {platform}");
+/// `in_list`: other builders of the platform can take its builds while it is down.
+async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check {
     let engine = match async { Engine::connect_to(spec.endpoint()?).await }.await {
         Ok(engine) => engine,
+        Err(e) if in_list => {
+            return check(
+                &name,
+                Verdict::Warn,
+                e.to_string(),
+                Some("the platform's other builders take its builds while it is unreachable"),
+            )
+        }
         Err(e) if spec.fallback == Fallback::Emulate => {
             return check(
                 &name,

@@ -321,8 +321,7 @@ async fn build_and_push_all<'a>(
             Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
         }
     };
-    let needed: Vec<Platform> = plan.units.iter().map(|u| u.platform.clone()).collect();
-    let builders = Builders::connect(engine.clone(), &project.builders, &needed, reporter).await?;
+    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
@@ -373,7 +372,7 @@ async fn build_and_push_all<'a>(
                 .await;
             }
             futures_util::future::try_join_all(units.iter().map(|unit| async move {
-                let engine = builders.for_platform(&unit.platform);
+                let engine = builders.for_unit(unit);
                 let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
                 let emulated = emulation.is_emulated(unit);
                 match build_and_push(engine, destination_ref, unit, emulated, run).await {
@@ -739,7 +738,7 @@ impl<'a> EmulationPlan<'a> {
         for image in &plan.images {
             let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
             for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
-                let engine = builders.for_platform(&unit.platform);
+                let engine = builders.for_unit(unit);
                 if unit.platform.os_arch() == engine.native.os_arch() {
                     continue;
                 }
@@ -1136,10 +1135,10 @@ fn solved_together<'e>(
     run: &Run<'_>,
 ) -> Option<&'e Engine> {
     let image = units.first()?.image;
-    let engine = builders.for_platform(&units[0].platform);
+    let engine = builders.for_unit(units[0]);
     let one_engine = units
         .iter()
-        .all(|u| builders.for_platform(&u.platform).endpoint == engine.endpoint);
+        .all(|u| builders.for_unit(u).endpoint == engine.endpoint);
     (units.len() > 1
         && one_engine
         && engine.buildkit

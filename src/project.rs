@@ -58,7 +58,8 @@ pub struct Project {
     pub binfmt_image: Option<String>,
     /// Engine per (normalised) platform, so foreign platforms can build natively on
     /// another machine instead of under emulation.
-    pub builders: BTreeMap<Platform, BuilderSpec>,
+    /// One or more per platform: a list spreads that platform's builds over its builders.
+    pub builders: BTreeMap<Platform, Vec<BuilderSpec>>,
     /// Where values that did not come from the file itself came from.
     values: Vec<values::Provenance>,
 }
@@ -565,10 +566,11 @@ struct RawProject {
     images: Option<Entries<RawImage>>,
 }
 
-/// A builder: an address or context name, or `{host, tls}`.
+/// A builder: an address or context name, or `{host, tls, fallback}`; or a list of them.
 enum RawBuilder {
     Address(String),
     Map(RawBuilderMap),
+    List(Vec<RawBuilder>),
 }
 
 #[derive(Deserialize)]
@@ -593,7 +595,19 @@ impl<'de> Deserialize<'de> for RawBuilder {
         impl<'de> Visitor<'de> for V {
             type Value = RawBuilder;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an engine address, a context name or a mapping with host and tls")
+                f.write_str(
+                    "an engine address, a context name, a mapping with host and tls, or a list of them",
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                let mut list = Vec::new();
+                while let Some(one) = seq.next_element::<RawBuilder>()? {
+                    list.push(one);
+                }
+                Ok(RawBuilder::List(list))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawBuilder, E> {
                 Ok(RawBuilder::Address(v.to_string()))
@@ -826,6 +840,12 @@ impl Cx {
     /// TLS files only for `tcp://` hosts, in pairs, present when building.
     fn builder(&self, field: &str, raw: RawBuilder) -> Result<BuilderSpec> {
         let (host, raw_tls, host_field, fallback) = match raw {
+            RawBuilder::List(_) => {
+                return Err(self.err(
+                    field,
+                    "is a list inside a list; write the platform's builders as one list",
+                ))
+            }
             RawBuilder::Address(host) => (host, None, field.to_string(), Fallback::None),
             RawBuilder::Map(map) => {
                 let host = map.host.ok_or_else(|| {
@@ -941,9 +961,22 @@ impl Cx {
                     ),
                 ));
             }
-            let spec = self.builder(&field, builder)?;
+            let specs = match builder {
+                RawBuilder::List(list) if list.is_empty() => {
+                    return Err(self.err(
+                        &field,
+                        "is an empty list; name at least one builder, or remove the entry to build on the default engine",
+                    ))
+                }
+                RawBuilder::List(list) => list
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, one)| self.builder(&format!("{field}[{i}]"), one))
+                    .collect::<Result<Vec<_>>>()?,
+                one => vec![self.builder(&field, one)?],
+            };
             builder_keys.insert(platform.clone(), key);
-            builders.insert(platform, spec);
+            builders.insert(platform, specs);
         }
         let entries = raw.images.map(|i| i.0).unwrap_or_default();
         if entries.is_empty() {
@@ -2106,7 +2139,7 @@ images:
         assert_eq!(
             p.builders
                 .get(&"linux/arm64".parse().unwrap())
-                .map(|b| b.host.as_str()),
+                .map(|b| b[0].host.as_str()),
             Some("unix:///run/arm-docker.sock")
         );
         let names: Vec<&str> = p.images.iter().map(|i| i.name.as_str()).collect();
@@ -2653,7 +2686,7 @@ images:
         );
         expect(
             &d,
-            &b("  linux/arm64: [a]\n"),
+            &b("  linux/arm64: 5\n"),
             "builders.linux/arm64",
             "builders: {linux/arm64",
         );
@@ -2677,7 +2710,7 @@ images:
             with_image("")
         );
         let p = parse_in(&d, &text).unwrap();
-        let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()].clone();
+        let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()][0].clone();
         assert_eq!(get("linux/arm64").host, "ssh://ci@arm-box:2222");
         assert!(get("linux/arm64").tls.is_none());
         let tls = get("linux/arm/v7").tls.unwrap();
@@ -2695,9 +2728,17 @@ images:
         );
         let p = parse_in(&d, &text).unwrap();
         assert_eq!(
-            p.builders[&"linux/arm64".parse::<Platform>().unwrap()].fallback,
+            p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0].fallback,
             Fallback::Emulate
         );
+        let text = format!(
+            "builders:\n  linux/arm64: [ssh://a, {{host: ssh://b, fallback: emulate}}]\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        let list = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()];
+        let hosts: Vec<&str> = list.iter().map(|b| b.host.as_str()).collect();
+        assert_eq!(hosts, ["ssh://a", "ssh://b"]);
     }
 
     #[test]
@@ -2747,6 +2788,14 @@ images:
             "builders.linux/arm64.tls",
             "give ca",
         );
+        expect(&d, &b("[]"), "builders.linux/arm64", "empty list");
+        expect(
+            &d,
+            &b("[ssh://a, {host: \"ftp://b\"}]"),
+            "builders.linux/arm64[1].host",
+            "unsupported scheme",
+        );
+        expect(&d, &b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list");
         expect(
             &d,
             &b("{host: \"tcp://h:2376\", fallback: qemu}"),
@@ -3435,7 +3484,7 @@ images:
             env: &env,
         };
         let p = Project::load(&file, &options).unwrap();
-        let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()];
+        let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0];
         assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
         assert!(!arm.endpoint().unwrap().is_local());
     }

@@ -574,6 +574,68 @@ fn netns_builders_over_tls_a_context_and_ssh_build_arm64() {
         "ssh",
         build_and_verify(&file, &repo, &[("PATH", &path)], "ssh://arm-box", &host),
     ));
+
+    // 4. A list: the down builder is left out with a warning, and the two images'
+    //    arm64 builds spread over the other two (the same engine, reached two ways).
+    let dir = tempfile::tempdir().unwrap();
+    certs_into(
+        dir.path(),
+        &host,
+        &[
+            ("ca.pem", "ca.pem"),
+            ("client.pem", "cert.pem"),
+            ("client-key.pem", "key.pem"),
+        ],
+    );
+    hello_context(dir.path(), HELLO);
+    let down = format!("tcp://{}:{}", host.addr, ENGINE_PORT + 1);
+    let repos = [
+        registry.repo(&unique_name("remote/one")),
+        registry.repo(&unique_name("remote/two")),
+    ];
+    let image = |name: &str, repo: &str| {
+        format!("  {name}:\n    repository: {repo}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n")
+    };
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nbuilders:\n  linux/arm64:\n    - {down}\n    - {{host: \"{tcp}\", tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n    - ssh://arm-box\nimages:\n{}{}",
+            image("one", &repos[0]),
+            image("two", &repos[1])
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = run(polyarch_in(&[("PATH", &path)])
+        .args(["build", "--output-format", "json", "-f"])
+        .arg(&file));
+    timings.push(("list", started.elapsed()));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("\"warning\"")
+            && l.contains(&down)
+            && l.contains("other builders")),
+        "no warning about the down builder:\n{stderr}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    let arm_builder = |i: usize| {
+        record["images"][i]["platforms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["platform"] == "linux/arm64")
+            .and_then(|p| p["build"]["builder"].as_str())
+            .unwrap_or_else(|| panic!("no arm64 builder: {record:#}"))
+            .to_string()
+    };
+    assert_eq!(
+        [arm_builder(0), arm_builder(1)],
+        [tcp.clone(), "ssh://arm-box".to_string()],
+        "{record:#}"
+    );
+    assert_eq!(record["covered"], true, "{record:#}");
     eprintln!("remote builds: {timings:?}");
 }
 
