@@ -337,11 +337,7 @@ impl Endpoint {
             || files.key.is_some()
             || files.skip_verify)
             .then_some(&files);
-        let mut endpoint = Endpoint::from_address(name, host, tls)?;
-        if !is_address(name) {
-            endpoint.name = format!("{name} ({host})");
-        }
-        Ok(endpoint)
+        Endpoint::from_address(&format!("{name} ({host})"), host, tls)
     }
 
     /// Whether the engine runs on this machine, so it sees this machine's loopback
