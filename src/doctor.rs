@@ -3,10 +3,11 @@
 
 use crate::binfmt::{Emulation, Runnable};
 use crate::engine::Engine;
-use crate::pipeline::{first_tag, image_needs_emulation, BuildOptions};
+use crate::pipeline::{image_needs_emulation, BuildOptions};
 use crate::plan;
 use crate::project::{BinfmtMode, BuilderSpec, Fallback, Project};
 use crate::registry::Registry;
+use crate::store::first_tag;
 use crate::{Platform, Result};
 use serde::Serialize;
 

@@ -21,6 +21,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use crate::image_path;
+use crate::oci;
 use crate::platform::Platform;
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Result};
@@ -258,8 +260,8 @@ impl<W: Write> HashWriter<W> {
     ) -> std::result::Result<ExportedLayer, SpoolError> {
         self.flush().map_err(SpoolError::Write)?;
         Ok(ExportedLayer {
-            diff_id: sha256_digest(diff),
-            digest: sha256_digest(self.hasher),
+            diff_id: oci::sha256_finish(diff),
+            digest: oci::sha256_finish(self.hasher),
             size: self.len,
             media_type: LAYER_MEDIA_TYPE.to_string(),
             path: file.to_path_buf(),
@@ -291,14 +293,6 @@ impl<R: Read> Read for TeeReader<'_, R> {
         self.out.write_all(&buf[..n])?;
         Ok(n)
     }
-}
-
-fn sha256_digest(hasher: Sha256) -> String {
-    format!("sha256:{}", hex::encode(hasher.finalize()))
-}
-
-fn sha256_of(bytes: &[u8]) -> String {
-    sha256_digest(Sha256::new_with_prefix(bytes))
 }
 
 /// One entry of the save stream that may matter once the manifest is known.
@@ -340,33 +334,6 @@ fn sniff(head: &[u8]) -> Kind {
     }
 }
 
-/// Lexically normalises an archive path: no leading `./` or `/`, `.` and `..` resolved.
-/// `None` when it climbs out of the archive.
-fn normalize(path: &str) -> Option<String> {
-    let mut parts: Vec<&str> = Vec::new();
-    for part in path.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop()?;
-            }
-            p => parts.push(p),
-        }
-    }
-    Some(parts.join("/"))
-}
-
-/// Where a symlink at `entry` pointing at `target` leads, from the archive root.
-fn symlink_target(entry: &str, target: &str) -> Option<String> {
-    if target.starts_with('/') {
-        return normalize(target);
-    }
-    match entry.rsplit_once('/') {
-        Some((dir, _)) => normalize(&format!("{dir}/{target}")),
-        None => normalize(target),
-    }
-}
-
 /// Parses a `docker save` stream (either layout) from `reader`, spooling compressed
 /// layers into `spool`. `image` is used in error messages; `platform` picks the
 /// manifest when an OCI index lists several.
@@ -402,7 +369,7 @@ pub fn read_save_stream(
                 .map_err(|e| err(format!("a tar entry has an unreadable path: {e}")))?
                 .to_string_lossy()
                 .into_owned();
-            let Some(path) = normalize(&raw_path) else {
+            let Some(path) = image_path::normalize(&raw_path) else {
                 return Err(err(format!(
                     "tar entry `{raw_path}` points outside the archive"
                 )));
@@ -415,9 +382,9 @@ pub fn read_save_stream(
                     .map(|t| t.to_string_lossy().into_owned())
                     .unwrap_or_default();
                 let resolved = if entry_type.is_symlink() {
-                    symlink_target(&path, &target)
+                    image_path::link_target(&path, &target)
                 } else {
-                    normalize(&target)
+                    image_path::normalize(&target)
                 };
                 let Some(resolved) = resolved else {
                     return Err(err(format!(
@@ -545,7 +512,7 @@ pub fn read_save_stream(
     };
     let (config_path, layer_paths) = resolver.find_manifest(platform)?;
     let config = resolver.json(&config_path, "config")?;
-    let config_digest = sha256_of(&config);
+    let config_digest = oci::sha256_digest(&config);
     if let Some(expected) = name_digest(&config_path) {
         if expected != config_digest {
             return Err(err(format!(
@@ -827,7 +794,7 @@ impl Resolver<'_> {
 
     /// Follows links from `path` to the entry that holds data.
     fn resolve(&self, path: &str, what: &str) -> Result<String> {
-        let mut current = normalize(path)
+        let mut current = image_path::normalize(path)
             .ok_or_else(|| self.err(format!("{what} `{path}` points outside the archive")))?;
         for _ in 0..MAX_LINK_HOPS {
             match self.items.get(&current) {
@@ -1404,13 +1371,7 @@ mod tests {
     }
 
     #[test]
-    fn paths_normalise() {
-        assert_eq!(
-            symlink_target("b/layer.tar", "../a/layer.tar").as_deref(),
-            Some("a/layer.tar")
-        );
-        assert_eq!(normalize("./x//y/./z").as_deref(), Some("x/y/z"));
-        assert_eq!(normalize("../x"), None);
+    fn save_stream_names_give_digests() {
         assert_eq!(
             name_digest(&format!("{}.json", "ab".repeat(32))),
             Some(format!("sha256:{}", "ab".repeat(32)))

@@ -4,19 +4,23 @@
 //! Data flows one way: project → plan → build → export → push → verify → record.
 
 pub mod annotations;
+pub mod assemble;
 pub mod binfmt;
 pub mod build;
 pub mod buildkit;
 pub mod cache;
+pub mod cleanup;
 pub mod credentials;
 pub mod deep;
 pub mod dockerfile;
 pub mod doctor;
+pub mod elf;
 pub mod endpoint;
 pub mod engine;
 pub mod error;
 pub mod export;
 pub mod gate;
+pub mod image_path;
 pub mod inputs;
 pub mod k8s;
 pub mod layout;
@@ -26,9 +30,11 @@ pub mod plan;
 pub mod platform;
 pub mod progress;
 pub mod project;
+pub mod publish;
 pub mod record;
 pub mod registry;
 pub mod reproducible;
+pub mod store;
 pub mod verify;
 pub use error::{Error, Result};
 pub use platform::Platform;

@@ -26,7 +26,12 @@ pub const ACCEPTED_MANIFESTS: &[&str] = &[OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, 
 const REFERENCE_TYPE: &str = "vnd.docker.reference.type";
 
 pub fn sha256_digest(bytes: &[u8]) -> String {
-    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+    sha256_finish(Sha256::new_with_prefix(bytes))
+}
+
+/// The `sha256:…` digest of everything fed to `hasher`.
+pub fn sha256_finish(hasher: Sha256) -> String {
+    format!("sha256:{}", hex::encode(hasher.finalize()))
 }
 
 /// The first 12 hex digits of a digest, as `docker images` shows them.

@@ -26,21 +26,7 @@ pub fn plan<'a>(
     only: &[Platform],
     native: &Platform,
 ) -> Result<Plan<'a>> {
-    for name in selected {
-        if !project.images.iter().any(|i| &i.name == name) {
-            let known: Vec<&str> = project.images.iter().map(|i| i.name.as_str()).collect();
-            return Err(Error::Usage(format!(
-                "no image named `{name}` in {}; it declares: {}",
-                project.file.display(),
-                known.join(", ")
-            )));
-        }
-    }
-    let images: Vec<&ImageSpec> = project
-        .images
-        .iter()
-        .filter(|i| selected.is_empty() || selected.contains(&i.name))
-        .collect();
+    let images = select(project, selected)?;
     for platform in only {
         if !images.iter().any(|i| i.platforms.contains(platform)) {
             return Err(Error::Usage(format!(
@@ -68,4 +54,24 @@ pub fn plan<'a>(
         units,
         native: native.clone(),
     })
+}
+
+/// The named images (all when none are named), in project order; an unknown name is a
+/// usage error listing the images the project declares.
+pub fn select<'a>(project: &'a Project, selected: &[String]) -> Result<Vec<&'a ImageSpec>> {
+    for name in selected {
+        if !project.images.iter().any(|i| &i.name == name) {
+            let known: Vec<&str> = project.images.iter().map(|i| i.name.as_str()).collect();
+            return Err(Error::Usage(format!(
+                "no image named `{name}` in {}; it declares: {}",
+                project.file.display(),
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(project
+        .images
+        .iter()
+        .filter(|i| selected.is_empty() || selected.contains(&i.name))
+        .collect())
 }

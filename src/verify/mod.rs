@@ -11,6 +11,10 @@ use crate::{Error, Platform, Result};
 use oci_client::Reference;
 use std::collections::BTreeMap;
 
+mod image;
+
+pub use image::{verify_image, verify_project, verify_reference};
+
 /// Nested indexes deeper than this are reported rather than followed.
 const MAX_INDEX_DEPTH: usize = 4;
 

@@ -1,0 +1,526 @@
+//! Probing and registering emulators on the engine's kernel: small FROM-scratch images run
+//! as containers, and the run's clean-up.
+
+use super::*;
+
+pub(super) struct RunOutcome {
+    pub(super) exit: Option<i64>,
+    /// A create or start refusal.
+    pub(super) refused: Option<String>,
+    pub(super) logs: String,
+}
+
+/// Emulation detection and registration for one run on one engine: probe results and
+/// probe images are cached; call [`Emulation::cleanup`] at the end of the run (dropping
+/// it without does a best-effort cleanup in the background).
+pub struct Emulation {
+    pub(super) engine: Engine,
+    pub(super) run_id: String,
+    pub(super) cache: Mutex<HashMap<Platform, Runnable>>,
+    pub(super) details: Mutex<HashMap<Platform, String>>,
+    /// Probe image tags built for this run.
+    pub(super) images: tokio::sync::Mutex<HashMap<Platform, String>>,
+    pub(super) serial: std::sync::atomic::AtomicU32,
+}
+
+impl std::fmt::Debug for Emulation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Emulation")
+            .field("engine", &self.engine)
+            .field("run_id", &self.run_id)
+            .finish()
+    }
+}
+
+pub(super) fn slug(platform: &Platform) -> String {
+    platform.to_string().replace('/', "-")
+}
+
+pub(super) fn tar_context(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data, mode) in files {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(*mode);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .map_err(|e| Error::io(*path, e))?;
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("build context", e))
+}
+
+impl Emulation {
+    pub fn new(engine: Engine) -> Self {
+        Emulation {
+            engine,
+            run_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            cache: Mutex::new(HashMap::new()),
+            details: Mutex::new(HashMap::new()),
+            images: tokio::sync::Mutex::new(HashMap::new()),
+            serial: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The id in this run's container and image names (`polyarch-probe:<run_id>-…`).
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(super) fn container_name(&self, what: &str) -> String {
+        let n = self
+            .serial
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("polyarch-{what}-{}-{n}", self.run_id)
+    }
+
+    /// Builds (once per run) the FROM-scratch probe image for `platform` and returns its tag.
+    pub async fn probe_image(&self, platform: &Platform) -> Result<String> {
+        let mut images = self.images.lock().await;
+        if let Some(tag) = images.get(platform) {
+            return Ok(tag.clone());
+        }
+        let elf = probe_elf(platform).ok_or_else(|| {
+            Error::Emulation(format!("polyarch has no probe executable for {platform}"))
+        })?;
+        let tag = format!("polyarch-probe:{}-{}", self.run_id, slug(platform));
+        self.load_scratch_image(&tag, platform, &[("probe", &elf, 0o755)], "/probe")
+            .await?;
+        images.insert(platform.clone(), tag.clone());
+        Ok(tag)
+    }
+
+    /// Loads a FROM-scratch image of one layer holding `files` (path, bytes, mode), as
+    /// `docker load` does: no builder involved, a fraction of a classic build's time.
+    pub(super) async fn load_scratch_image(
+        &self,
+        tag: &str,
+        platform: &Platform,
+        files: &[(&str, &[u8], u32)],
+        entrypoint: &str,
+    ) -> Result<()> {
+        let layer = tar_context(files)?;
+        let diff_id = hex::encode(sha2::Sha256::digest(&layer));
+        let mut config = serde_json::json!({
+            "architecture": platform.architecture,
+            "os": platform.os,
+            "config": {"Entrypoint": [entrypoint]},
+            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
+        });
+        if let Some(variant) = &platform.variant {
+            config["variant"] = variant.as_str().into();
+        }
+        let config = config.to_string().into_bytes();
+        let config_name = format!("{}.json", hex::encode(sha2::Sha256::digest(&config)));
+        let layer_name = format!("{diff_id}/layer.tar");
+        let manifest = serde_json::json!([
+            {"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}
+        ])
+        .to_string();
+        let archive = tar_context(&[
+            (&layer_name, &layer, 0o644),
+            (&config_name, &config, 0o644),
+            ("manifest.json", manifest.as_bytes(), 0o644),
+        ])?;
+        let mut stream = self.engine.docker.import_image(
+            ImportImageOptionsBuilder::default().quiet(true).build(),
+            bollard::body_full(bytes::Bytes::from(archive)),
+            None,
+        );
+        while let Some(item) = stream.next().await {
+            item.map_err(|e| Error::Engine(format!("loading {tag} into the engine: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Creates, starts and waits for a container, then removes it.
+    pub(super) async fn run(
+        &self,
+        what: &str,
+        image: &str,
+        platform: Option<&Platform>,
+        cmd: Option<Vec<String>>,
+        host_config: HostConfig,
+        timeout: Duration,
+    ) -> Result<RunOutcome> {
+        let docker = &self.engine.docker;
+        let name = self.container_name(what);
+        let mut options = CreateContainerOptionsBuilder::default().name(&name);
+        if let Some(p) = platform {
+            options = options.platform(&p.to_string());
+        }
+        let body = ContainerCreateBody {
+            image: Some(image.to_string()),
+            cmd,
+            network_disabled: Some(true),
+            host_config: Some(HostConfig {
+                network_mode: Some("none".into()),
+                ..host_config
+            }),
+            ..Default::default()
+        };
+        if let Err(e) = docker.create_container(Some(options.build()), body).await {
+            return Ok(RunOutcome {
+                exit: None,
+                refused: Some(e.to_string()),
+                logs: String::new(),
+            });
+        }
+        let result = self.start_and_wait(&name, timeout).await;
+        let logs = self.logs(&name).await;
+        let _ = docker
+            .remove_container(
+                &name,
+                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+            )
+            .await;
+        let (exit, refused) = result?;
+        Ok(RunOutcome {
+            exit,
+            refused,
+            logs,
+        })
+    }
+
+    pub(super) async fn start_and_wait(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<(Option<i64>, Option<String>)> {
+        let docker = &self.engine.docker;
+        if let Err(e) = docker.start_container(name, None).await {
+            return Ok((None, Some(e.to_string())));
+        }
+        let mut wait = docker.wait_container(
+            name,
+            Some(
+                WaitContainerOptionsBuilder::default()
+                    .condition("not-running")
+                    .build(),
+            ),
+        );
+        let waited = tokio::time::timeout(timeout, wait.next())
+            .await
+            .map_err(|_| {
+                Error::Engine(format!("container {name} did not exit within {timeout:?}"))
+            })?;
+        match waited {
+            Some(Ok(r)) => Ok((Some(r.status_code), None)),
+            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok((Some(code), None)),
+            Some(Err(e)) => Err(Error::Engine(format!("waiting for {name}: {e}"))),
+            None => Err(Error::Engine(format!("waiting for {name}: no status"))),
+        }
+    }
+
+    pub(super) async fn logs(&self, name: &str) -> String {
+        let mut out = String::new();
+        let mut stream = self.engine.docker.logs(
+            name,
+            Some(
+                LogsOptionsBuilder::default()
+                    .stdout(true)
+                    .stderr(true)
+                    .build(),
+            ),
+        );
+        while let Some(Ok(chunk)) = stream.next().await {
+            out.push_str(&chunk.to_string());
+        }
+        out
+    }
+
+    /// Whether the engine's kernel runs `platform` binaries: the engine's own platform
+    /// is `Native` without a probe; every other one runs the probe image (cached per run).
+    pub async fn probe(&self, platform: &Platform) -> Result<Runnable> {
+        if *platform == self.engine.native {
+            return Ok(Runnable::Native);
+        }
+        if let Some(r) = self.cache.lock().unwrap().get(platform) {
+            return Ok(*r);
+        }
+        let detail = self.run_probe(platform).await?;
+        let runs = detail.is_none();
+        if let Some(d) = detail {
+            self.details.lock().unwrap().insert(platform.clone(), d);
+        }
+        let result = match (runs, natively_compatible(&self.engine.native, platform)) {
+            (false, _) => Runnable::NotRunnable,
+            (true, true) => Runnable::Native,
+            (true, false) => Runnable::Emulated,
+        };
+        self.cache.lock().unwrap().insert(platform.clone(), result);
+        Ok(result)
+    }
+
+    /// Drops the cached probe result for `platform` (after registering an emulator).
+    pub fn forget(&self, platform: &Platform) {
+        self.cache.lock().unwrap().remove(platform);
+    }
+
+    /// Runs the probe: `None` when it exits with [`PROBE_EXIT`], else why it did not.
+    pub(super) async fn run_probe(&self, platform: &Platform) -> Result<Option<String>> {
+        let image = self.probe_image(platform).await?;
+        let outcome = self
+            .run(
+                "probe",
+                &image,
+                Some(platform),
+                None,
+                HostConfig::default(),
+                Duration::from_secs(60),
+            )
+            .await?;
+        let logs = tail(&outcome.logs)
+            .map(|l| format!(": {l}"))
+            .unwrap_or_default();
+        match (outcome.exit, outcome.refused) {
+            (Some(code), _) if code == PROBE_EXIT as i64 => Ok(None),
+            (Some(code), _) => Ok(Some(format!("the probe exited with {code}{logs}"))),
+            (None, Some(e)) if e.contains("exec format error") || e.contains("no such file") => {
+                Ok(Some(format!("the probe did not start: {e}")))
+            }
+            (None, Some(e)) => Err(Error::Engine(format!(
+                "running the {platform} probe container: {e}"
+            ))),
+            (None, None) => Ok(Some("the probe did not run".into())),
+        }
+    }
+
+    /// Why the last probe of `platform` found it not runnable.
+    pub fn probe_detail(&self, platform: &Platform) -> Option<String> {
+        self.details.lock().unwrap().get(platform).cloned()
+    }
+
+    /// Makes sure every platform in `platforms` (those whose builds RUN something) can run
+    /// on the engine, according to `mode`:
+    /// * `Auto`: registers missing emulators, then probes again;
+    /// * `Require`: errors when one is missing, never registers;
+    /// * `Never`: errors for any platform that is not native, before touching the engine
+    ///   for it.
+    pub async fn ensure(
+        &self,
+        platforms: &[Platform],
+        mode: BinfmtMode,
+        installer_image: Option<&str>,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<(Platform, EmulationStatus)>> {
+        let native = &self.engine.native;
+        if mode == BinfmtMode::Never {
+            let foreign: Vec<&Platform> = platforms
+                .iter()
+                .filter(|p| !natively_compatible(native, p))
+                .collect();
+            if !foreign.is_empty() {
+                return Err(never_error(&foreign, native));
+            }
+        }
+        let mut statuses: Vec<(Platform, Option<EmulationStatus>)> = vec![];
+        for platform in platforms {
+            let status = match self.probe(platform).await? {
+                Runnable::Native => Some(EmulationStatus::Native),
+                Runnable::Emulated => Some(EmulationStatus::Emulated {
+                    registered_now: false,
+                }),
+                Runnable::NotRunnable => None,
+            };
+            statuses.push((platform.clone(), status));
+        }
+        let missing: Vec<Platform> = statuses
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(p, _)| p.clone())
+            .collect();
+        if mode == BinfmtMode::Never {
+            let emulated: Vec<&Platform> = statuses
+                .iter()
+                .filter(|(_, s)| !matches!(s, Some(EmulationStatus::Native)))
+                .map(|(p, _)| p)
+                .collect();
+            if !emulated.is_empty() {
+                return Err(never_error(&emulated, native));
+            }
+        }
+        if !missing.is_empty() {
+            let names = join(&missing);
+            match mode {
+                BinfmtMode::Never => unreachable!("handled above"),
+                BinfmtMode::Require => {
+                    return Err(Error::Emulation(format!(
+                        "{names}: the engine ({native}) cannot run binaries for {names} and \
+                         no QEMU emulator is registered for it; binfmt is `require`, so \
+                         polyarch does not register one: register it yourself (e.g. `docker \
+                         run --privileged --rm {DEFAULT_INSTALLER} --install {}`), set \
+                         `binfmt: auto`, or add a native builder for it under `builders:`",
+                        missing
+                            .iter()
+                            .filter_map(arch_info)
+                            .map(|a| a.installer_name)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    )))
+                }
+                BinfmtMode::Auto => {
+                    let unknown: Vec<&Platform> =
+                        missing.iter().filter(|p| arch_info(p).is_none()).collect();
+                    if !unknown.is_empty() {
+                        return Err(Error::Emulation(format!(
+                            "{}: polyarch knows no QEMU emulator for it; add a native builder \
+                             for it under `builders:`",
+                            join(&unknown)
+                        )));
+                    }
+                    let how = self.register(&missing, installer_image, reporter).await?;
+                    for p in &missing {
+                        self.forget(p);
+                    }
+                    let mut still = vec![];
+                    for (p, s) in statuses.iter_mut() {
+                        if s.is_none() {
+                            match self.probe(p).await? {
+                                Runnable::NotRunnable => still.push(p.clone()),
+                                _ => {
+                                    *s = Some(EmulationStatus::Emulated {
+                                        registered_now: true,
+                                    })
+                                }
+                            }
+                        }
+                    }
+                    if !still.is_empty() {
+                        let why = still
+                            .iter()
+                            .filter_map(|p| self.probe_detail(p).map(|d| format!("{p}: {d}")))
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        return Err(Error::Emulation(format!(
+                            "{}: registered QEMU emulators ({how:?}) but the probe still cannot \
+                             run ({why}); an existing binfmt_misc entry without flag F may shadow them \
+                             (check {BINFMT_MISC}/qemu-* on the engine host and remove stale \
+                             ones with `echo -1 > {BINFMT_MISC}/<name>`), or add a native \
+                             builder under `builders:`",
+                            join(&still)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(statuses
+            .into_iter()
+            .map(|(p, s)| (p, s.expect("all resolved")))
+            .collect())
+    }
+
+    /// Registers QEMU emulators for `platforms` on the engine's kernel.
+    /// Uses `installer_image` (default [`DEFAULT_INSTALLER`]) when the engine has it or can
+    /// pull it, else an installer assembled from the client host's qemu-user-static files.
+    /// Since Linux 6.7 binfmt_misc can be a per-namespace instance that lives only while
+    /// mounted: on a sandboxed host, what the installer container registers into its own
+    /// mount vanishes with the container. When the engine is local and the host has no
+    /// binfmt_misc mounted, mount it here (as root) so the registrations persist.
+    pub(super) fn keep_binfmt_instance_alive(&self, reporter: &dyn Reporter) {
+        let local = self.engine.location.is_local();
+        let mounted = std::path::Path::new(BINFMT_MISC).join("register").exists();
+        if !local || mounted || !std::path::Path::new(BINFMT_MISC).is_dir() {
+            return;
+        }
+        let status = std::process::Command::new("mount")
+            .args(["-t", "binfmt_misc", "binfmt_misc", BINFMT_MISC])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if status.is_ok_and(|s| s.success()) {
+            reporter.report(Event::Note {
+                message: format!(
+                    "mounted binfmt_misc at {BINFMT_MISC} on this host so the emulators registered next outlive the installer container"
+                ),
+            });
+        }
+    }
+}
+
+impl Emulation {
+    /// Removes the probe images built during this run.
+    pub async fn cleanup(&self) -> Result<()> {
+        let tags: Vec<String> = self.images.lock().await.drain().map(|(_, t)| t).collect();
+        let mut errors = vec![];
+        for tag in tags {
+            if let Err(e) = self
+                .engine
+                .docker
+                .remove_image(
+                    &tag,
+                    Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                    None,
+                )
+                .await
+            {
+                errors.push(format!("{tag}: {e}"));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Engine(format!(
+                "removing probe images: {}",
+                errors.join("; ")
+            )))
+        }
+    }
+}
+
+impl Drop for Emulation {
+    fn drop(&mut self) {
+        let tags: Vec<String> = self.images.get_mut().drain().map(|(_, t)| t).collect();
+        if tags.is_empty() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let docker = self.engine.docker.clone();
+            handle.spawn(async move {
+                for tag in tags {
+                    let _ = docker
+                        .remove_image(
+                            &tag,
+                            Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                            None,
+                        )
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+pub(super) fn tail(logs: &str) -> Option<String> {
+    let lines: Vec<&str> = logs
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && l.chars().any(|c| c != '.'))
+        .collect();
+    (!lines.is_empty()).then(|| lines[lines.len().saturating_sub(3)..].join(" | "))
+}
+
+pub(super) fn join<P: std::borrow::Borrow<Platform>>(platforms: &[P]) -> String {
+    platforms
+        .iter()
+        .map(|p| p.borrow().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn never_error(platforms: &[&Platform], native: &Platform) -> Error {
+    let names = join(platforms);
+    Error::Emulation(format!(
+        "{names}: the engine is {native}, so building {names} needs QEMU emulation, but binfmt \
+         is `never`; allow emulation with `binfmt: auto`, or add a native builder for {names} \
+         under `builders:`"
+    ))
+}

@@ -1,0 +1,316 @@
+//! The command line as clap reads it: commands, their flags and their help.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use polyarch::annotations::AnnotationFlag;
+use polyarch::project::{BinfmtMode, CacheRef, Override, SecretFlag, SshFlag};
+use polyarch::Platform;
+use std::path::PathBuf;
+
+const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+
+#[derive(Parser)]
+#[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum SchemaKind {
+    Project,
+    Coverage,
+    Gate,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum BinfmtArg {
+    Auto,
+    Never,
+    Require,
+}
+
+impl From<BinfmtArg> for BinfmtMode {
+    fn from(arg: BinfmtArg) -> Self {
+        match arg {
+            BinfmtArg::Auto => BinfmtMode::Auto,
+            BinfmtArg::Never => BinfmtMode::Never,
+            BinfmtArg::Require => BinfmtMode::Require,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct Output {
+    /// Write the coverage record (JSON) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub record: Option<PathBuf>,
+    /// text: human summary on stdout; json: the record on stdout and JSON-lines events on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub output_format: OutputFormat,
+    /// Plain lines instead of progress bars, and less of them.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Show build output of every platform.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
+
+#[derive(clap::Args)]
+pub struct RegistryArgs {
+    /// Treat this registry (host[:port]) as Docker treats an insecure one: TLS without
+    /// certificate checks, or plain HTTP. Loopback registries may always speak plain HTTP.
+    #[arg(long, value_name = "HOST")]
+    pub insecure_registry: Vec<String>,
+    /// Registry user name; the password is read from stdin (--password-stdin).
+    #[arg(long, requires = "password_stdin")]
+    pub username: Option<String>,
+    /// Read the registry password from standard input.
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+    /// Trust this CA certificate (PEM) for registry TLS.
+    #[arg(long, value_name = "FILE", env = "SSL_CERT_FILE")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+// Parsed once per process: boxing the large variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand)]
+pub enum Command {
+    /// Build every declared platform, push one index per tag, read it back and report coverage.
+    #[command(after_help = EXIT_CODES)]
+    Build(BuildArgs),
+    /// Check existing tags: a reference against --platform, or a project's images against
+    /// their declared platforms. Needs no engine.
+    #[command(after_help = EXIT_CODES)]
+    Verify(VerifyArgs),
+    /// Publish the parts that split runners pushed by digest as one index per image, then
+    /// read it back. Nothing is published when a declared platform has no part or two.
+    #[command(after_help = EXIT_CODES)]
+    Assemble(AssembleArgs),
+    /// Show, without building, how each image × platform would build on this engine.
+    Plan(PlanArgs),
+    /// Check engine, BuildKit, emulation and registries in one go; exit 0 only when all
+    /// declared work can run.
+    Doctor(DoctorArgs),
+    /// Print a JSON Schema: of the project file (for editors) or of the coverage record.
+    Schema(SchemaArgs),
+    /// Print shell completions.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff).
+    Man,
+    /// Refuse a deploy whose images do not cover every node pool its pods may land on.
+    #[command(after_help = GATE_EXIT_CODES)]
+    Gate(GateArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BuildArgs {
+    /// The project file.
+    #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+    pub file: PathBuf,
+    /// Images to build (all when none are named).
+    pub images: Vec<String>,
+    /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+    /// dockerfile, platforms, target; lists comma-separated) or
+    /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+    #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+    pub set: Vec<Override>,
+    /// Only these platforms (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub platform: Vec<Platform>,
+    /// Solves (one per platform, or one per image whose platforms build together) and uploads running at once.
+    #[arg(long, short = 'j', default_value_t = 2, value_parser = parse_jobs)]
+    pub jobs: usize,
+    /// How to treat foreign platforms that need emulation (overrides polyarch.yaml).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub binfmt: Option<BinfmtArg>,
+    /// Installer image for QEMU binfmt registration (default tonistiigi/binfmt, or one
+    /// assembled from the host's qemu-user-static when it cannot be pulled).
+    #[arg(long, value_name = "IMAGE")]
+    pub binfmt_image: Option<String>,
+    /// Build even when a platform's inputs (context, Dockerfile, build args, base
+    /// image IDs) match what an earlier run built and pushed.
+    #[arg(long)]
+    pub rebuild: bool,
+    /// A secret the build may mount (`RUN --mount=type=secret,id=ID`), read from an
+    /// environment variable or a file when the build asks; adds to, or replaces by id,
+    /// each image's `secrets:`. Repeatable.
+    #[arg(long, value_name = "id=ID,env=NAME|id=ID,src=PATH")]
+    pub secret: Vec<SecretFlag>,
+    /// An SSH agent the build may use (`RUN --mount=type=ssh[,id=ID]`): `default` or
+    /// ID forwards $SSH_AUTH_SOCK, ID=SOCKET another agent's socket; adds to, or
+    /// replaces by id, each image's `ssh:`. Repeatable.
+    #[arg(long, value_name = "default|ID[=SOCKET]")]
+    pub ssh: Vec<SshFlag>,
+    /// Import build cache from this registry reference; each platform reads the tag
+    /// with `-OS-ARCH[-VARIANT]` appended (`app:cache` → `app:cache-linux-arm64`).
+    /// Adds to each image's `cache.from`. Repeatable.
+    #[arg(long, value_name = "REF")]
+    pub cache_from: Vec<CacheRef>,
+    /// Export the build cache (every step, mode=max) to this registry reference, one
+    /// tag per platform as for --cache-from; replaces the image's `cache.to`. Needs an
+    /// engine with the containerd image store (others warn and skip the export).
+    #[arg(long, value_name = "REF")]
+    pub cache_to: Option<CacheRef>,
+    /// Pull every base image, even one the engine already holds.
+    #[arg(long)]
+    pub pull: bool,
+    /// Run every build step, using no cached result; implies --rebuild.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// An OCI annotation, as buildx spells it: [index:|manifest:|index,manifest:]KEY=VALUE
+    /// (no prefix: on each platform manifest). Added to each image's `annotations:`.
+    /// Repeatable.
+    #[arg(long, value_name = "[TYPES:]KEY=VALUE")]
+    pub annotation: Vec<AnnotationFlag>,
+    /// Build reproducibly: every time stamp in the images (files, config, history) at
+    /// most this many seconds since 1970, e.g. the release commit's time
+    /// (`git log -1 --format=%ct`); the same inputs then push the same digests.
+    #[arg(long, value_name = "SECONDS", env = "SOURCE_DATE_EPOCH")]
+    pub source_date_epoch: Option<u64>,
+    /// Split runners: push this runner's platforms by digest and record them as a part
+    /// (--record FILE) for `polyarch assemble`; no tag moves.
+    #[arg(long)]
+    pub push_by_digest: bool,
+    /// Write an OCI image layout instead of pushing: `oci:DIR`.
+    #[arg(long, value_name = "oci:DIR")]
+    pub output: Option<String>,
+    #[command(flatten)]
+    pub output_args: Output,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct VerifyArgs {
+    /// A tag or digest reference (`host/repo:tag`, `host/repo@sha256:…`); with -f, the
+    /// images to verify (all when none are named).
+    #[arg(value_name = "REFERENCE|IMAGE", required_unless_present = "file")]
+    pub targets: Vec<String>,
+    /// Platforms the reference must provide (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        required_unless_present = "file",
+        conflicts_with = "file"
+    )]
+    pub platform: Vec<Platform>,
+    /// Verify the images of this project file instead.
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+    /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+    /// dockerfile, platforms, target; lists comma-separated) or
+    /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+    #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE", requires = "file")]
+    pub set: Vec<Override>,
+    /// Also stream each platform's layers and check that its entrypoint binary is built
+    /// for that platform (ELF machine, class, endianness).
+    #[arg(long)]
+    pub deep: bool,
+    #[command(flatten)]
+    pub output: Output,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct AssembleArgs {
+    #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+    pub file: PathBuf,
+    /// Part records written by `build --push-by-digest --record FILE`.
+    #[arg(required = true, value_name = "PART")]
+    pub parts: Vec<PathBuf>,
+    /// Only these images (all images found in the parts by default).
+    #[arg(long = "image")]
+    pub images: Vec<String>,
+    /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+    /// dockerfile, platforms, target; lists comma-separated) or
+    /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+    #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+    pub set: Vec<Override>,
+    #[command(flatten)]
+    pub output: Output,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+    pub file: PathBuf,
+    /// Images to plan (all when none are named).
+    pub images: Vec<String>,
+    /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
+    /// dockerfile, platforms, target; lists comma-separated) or
+    /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.
+    #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+    pub set: Vec<Override>,
+    /// Emulation mode to plan with (overrides polyarch.yaml).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub binfmt: Option<BinfmtArg>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output_format: OutputFormat,
+}
+
+#[derive(clap::Args)]
+pub struct DoctorArgs {
+    /// Also check this project's platforms and registries (when the file exists).
+    #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub output_format: OutputFormat,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct SchemaArgs {
+    #[arg(value_enum, default_value = "project")]
+    pub which: SchemaKind,
+}
+
+#[derive(clap::Args)]
+pub struct CompletionsArgs {
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(clap::Args)]
+pub struct GateArgs {
+    /// Kubernetes YAML files or directories (helm template / kustomize build output).
+    #[arg(long, required = true, value_name = "PATH")]
+    pub manifests: Vec<PathBuf>,
+    /// `kubectl get nodes -o json` output, or a pool file (`pools: [{name, labels, taints, count}]`).
+    #[arg(long, value_name = "FILE")]
+    pub nodes: PathBuf,
+    /// Also check each entry's entrypoint binary against its platform (streams the layers).
+    #[arg(long)]
+    pub deep: bool,
+    /// Refuse images whose index has attestation entries (unknown/unknown) instead of warning.
+    #[arg(long)]
+    pub strict: bool,
+    /// Write the manifests into this new or empty directory with every image checked
+    /// pinned to the digest checked (repo:tag@sha256:…), ready for `kubectl apply -f DIR`.
+    #[arg(long, value_name = "DIR")]
+    pub pin: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: Output,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+/// `--jobs`: a count of at least one.
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("at least 1 is needed (one build or upload at a time)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a number")),
+    }
+}

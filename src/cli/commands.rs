@@ -1,0 +1,368 @@
+//! One function per command: read the inputs, run the library, print what it found and
+//! turn it into the documented exit code.
+
+use super::args::*;
+use polyarch::cleanup::Cleanup;
+use polyarch::credentials::Credential;
+use polyarch::engine::Engine;
+use polyarch::error::exit;
+use polyarch::pipeline::{self, BuildOptions};
+use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
+use polyarch::project::{BuildFlags, LoadOptions, Override, Project, Purpose};
+use polyarch::record::{CoverageRecord, PartRecord};
+use polyarch::registry::RegistryOptions;
+use polyarch::Error;
+use std::future::Future;
+use std::io::{IsTerminal, Read};
+use tokio_util::sync::CancellationToken;
+
+pub async fn run(command: Command) -> Result<i32, Error> {
+    let interrupt = interrupt_on_sigint();
+    match command {
+        Command::Build(args) => build(args, &interrupt).await,
+        Command::Assemble(args) => assemble(args, &interrupt).await,
+        Command::Verify(args) => until_interrupted(&interrupt, verify(args)).await,
+        Command::Gate(args) => until_interrupted(&interrupt, gate(args)).await,
+        Command::Plan(args) => plan(args).await,
+        Command::Doctor(args) => doctor(args).await,
+        Command::Schema(SchemaArgs { which }) => {
+            print!(
+                "{}",
+                match which {
+                    SchemaKind::Project => polyarch::project::SCHEMA_JSON,
+                    SchemaKind::Coverage => polyarch::record::SCHEMA_JSON,
+                    SchemaKind::Gate => polyarch::gate::SCHEMA_JSON,
+                }
+            );
+            Ok(exit::COVERED)
+        }
+        Command::Completions(CompletionsArgs { shell }) => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "polyarch",
+                &mut std::io::stdout(),
+            );
+            Ok(exit::COVERED)
+        }
+        Command::Man => {
+            let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
+            man.render(&mut std::io::stdout())
+                .map_err(|e| Error::io("stdout", e))?;
+            Ok(exit::COVERED)
+        }
+    }
+}
+
+/// Read-only commands stop where they are on SIGINT; build and assemble take the token
+/// themselves, since a publish that has begun must complete.
+async fn until_interrupted(
+    interrupt: &CancellationToken,
+    work: impl Future<Output = Result<i32, Error>>,
+) -> Result<i32, Error> {
+    tokio::select! {
+        outcome = work => outcome,
+        _ = interrupt.cancelled() => Err(Error::Interrupted),
+    }
+}
+
+async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
+    let BuildArgs {
+        file,
+        images,
+        set,
+        platform,
+        jobs,
+        binfmt,
+        binfmt_image,
+        rebuild,
+        secret,
+        ssh,
+        cache_from,
+        cache_to,
+        pull,
+        no_cache,
+        annotation,
+        source_date_epoch,
+        push_by_digest,
+        output: destination,
+        output_args: output,
+        registry,
+    } = args;
+    let mut project = Project::load(&file, &loading(Purpose::Build, &set))?;
+    let layout = match destination {
+        None => None,
+        Some(d) => match polyarch::layout::parse_layout_reference(&d) {
+            Some((dir, None)) => Some(dir),
+            _ => {
+                return Err(Error::Usage(format!(
+                    "--output {d}: expected oci:DIR (tags come from polyarch.yaml)"
+                )))
+            }
+        },
+    };
+    let registry = registry_options(&registry)?;
+    let login = registry
+        .credentials
+        .clone()
+        .map(|(username, password)| Credential::Basic { username, password });
+    let flags = BuildFlags {
+        secrets: secret,
+        ssh,
+        cache_from,
+        cache_to,
+        pull,
+        no_cache,
+        annotations: annotation,
+        source_date_epoch,
+    };
+    project.prepare_build(&images, &flags, login)?;
+    let options = BuildOptions {
+        images,
+        platforms: platform,
+        registry,
+        jobs,
+        layout,
+        binfmt: binfmt.map(Into::into),
+        binfmt_image,
+        rebuild,
+        interrupt: interrupt.clone(),
+    };
+    let reporter = reporter(&output);
+    let engine = Engine::connect().await?;
+    let cleanup = Cleanup::default();
+    if push_by_digest {
+        let outcome =
+            pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
+        cleanup
+            .run(cleanup_grace(&outcome), reporter.as_ref())
+            .await;
+        drop(reporter);
+        let part = outcome?;
+        if let Some(path) = &output.record {
+            std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
+        }
+        if output.output_format == OutputFormat::Json || output.record.is_none() {
+            println!("{}", part.to_json());
+        }
+        return Ok(exit::COVERED);
+    }
+    let outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
+    cleanup
+        .run(cleanup_grace(&outcome), reporter.as_ref())
+        .await;
+    drop(reporter);
+    finish(&outcome?.with_values(&project), &output)
+}
+
+async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
+    let project = Project::load(&args.file, &loading(Purpose::Verify, &args.set))?;
+    let parts = args
+        .parts
+        .into_iter()
+        .map(|path| PartRecord::load(&path).map(|part| (path, part)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let options = registry_options(&args.registry)?;
+    let reporter = reporter(&args.output);
+    let outcome = polyarch::assemble::assemble(
+        &project,
+        &parts,
+        &args.images,
+        &options,
+        interrupt,
+        reporter.as_ref(),
+    )
+    .await;
+    drop(reporter);
+    finish(&outcome?.with_values(&project), &args.output)
+}
+
+async fn verify(args: VerifyArgs) -> Result<i32, Error> {
+    let options = registry_options(&args.registry)?;
+    let reporter = reporter(&args.output);
+    let outcome = match (args.targets.as_slice(), &args.file) {
+        ([reference], None) => {
+            polyarch::verify::verify_reference(
+                reference,
+                &args.platform,
+                &options,
+                args.deep,
+                reporter.as_ref(),
+            )
+            .await
+        }
+        (images, Some(file)) => {
+            let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
+            polyarch::verify::verify_project(
+                &project,
+                images,
+                &options,
+                args.deep,
+                reporter.as_ref(),
+            )
+            .await
+            .map(|record| record.with_values(&project))
+        }
+        _ => Err(Error::Usage(
+            "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),
+        )),
+    };
+    drop(reporter);
+    finish(&outcome?, &args.output)
+}
+
+async fn gate(args: GateArgs) -> Result<i32, Error> {
+    let options = polyarch::gate::GateOptions {
+        manifests: args.manifests,
+        nodes: args.nodes,
+        deep: args.deep,
+        strict: args.strict,
+        pin: args.pin,
+    };
+    let registry = registry_options(&args.registry)?;
+    let reporter = reporter(&args.output);
+    let report = polyarch::gate::run(&options, &registry, reporter.as_ref()).await?;
+    drop(reporter);
+    if let Some(path) = &args.output.record {
+        report.write(path)?;
+    }
+    match args.output.output_format {
+        OutputFormat::Json => println!("{}", report.to_json()),
+        OutputFormat::Text => print!("{}", polyarch::gate::render_text(&report)),
+    }
+    Ok(report.exit_code())
+}
+
+async fn plan(args: PlanArgs) -> Result<i32, Error> {
+    let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
+    let engine = Engine::connect().await?;
+    let options = BuildOptions {
+        images: args.images,
+        binfmt: args.binfmt.map(Into::into),
+        ..Default::default()
+    };
+    let lines = polyarch::doctor::plan_report(&project, &engine, &options).await?;
+    match args.output_format {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&lines).expect("serialises")
+        ),
+        OutputFormat::Text => print!("{}", polyarch::doctor::render_plan(&lines)),
+    }
+    Ok(exit::COVERED)
+}
+
+async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
+    let project = if args.file.exists() {
+        Some(Project::load(&args.file, &LoadOptions::default())?)
+    } else {
+        None
+    };
+    let options = BuildOptions {
+        registry: registry_options(&args.registry)?,
+        ..Default::default()
+    };
+    let checks = polyarch::doctor::doctor(project.as_ref(), &options).await;
+    match args.output_format {
+        OutputFormat::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&checks).expect("serialises")
+        ),
+        OutputFormat::Text => print!("{}", polyarch::doctor::render_checks(&checks)),
+    }
+    let failed = checks
+        .iter()
+        .any(|c| c.verdict == polyarch::doctor::Verdict::Fail);
+    Ok(if failed { exit::FAILURE } else { exit::COVERED })
+}
+
+fn reporter(output: &Output) -> Box<dyn Reporter> {
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
+    if output.output_format == OutputFormat::Json {
+        Box::new(JsonReporter)
+    } else if std::io::stderr().is_terminal() && !output.quiet && !ci {
+        Box::new(TerminalReporter::new())
+    } else {
+        Box::new(PlainReporter::new(output.verbose))
+    }
+}
+
+fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Error> {
+    let credentials = match &args.username {
+        Some(user) => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .map_err(|e| {
+                    Error::Usage(format!("--password-stdin: cannot read standard input: {e}"))
+                })?;
+            let password = password.trim_end_matches(['\r', '\n']).to_string();
+            if password.is_empty() {
+                return Err(Error::Usage(
+                    "--password-stdin: standard input was empty; pipe the password in".into(),
+                ));
+            }
+            Some((user.clone(), password))
+        }
+        None => None,
+    };
+    Ok(RegistryOptions {
+        insecure: args.insecure_registry.clone(),
+        credentials,
+        ca_certs: args.ca_cert.iter().cloned().collect(),
+        ..Default::default()
+    })
+}
+
+/// Prints the record the way the output format asks and turns coverage into the exit code.
+fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
+    if let Some(path) = &output.record {
+        record.write(path)?;
+    }
+    match output.output_format {
+        OutputFormat::Json => println!("{}", record.to_json()),
+        OutputFormat::Text => print!("{}", record.render_text()),
+    }
+    Ok(if record.covered {
+        exit::COVERED
+    } else {
+        exit::GAP
+    })
+}
+
+/// How a command reads the project file: for what, with its `--set` values.
+fn loading(purpose: Purpose, overrides: &[Override]) -> LoadOptions<'_> {
+    LoadOptions {
+        purpose,
+        overrides,
+        ..Default::default()
+    }
+}
+
+/// After an interrupt or failure, builds cut off mid-way may still tag their image in
+/// the engine: give cleanup time to catch those.
+/// An interrupt cuts builds off mid-step, and a loaded engine may take several seconds to
+/// finish one; a failure has usually let them end.
+fn cleanup_grace<T>(outcome: &Result<T, Error>) -> std::time::Duration {
+    match outcome {
+        Ok(_) => std::time::Duration::ZERO,
+        Err(Error::Interrupted) => std::time::Duration::from_secs(10),
+        Err(_) => std::time::Duration::from_secs(3),
+    }
+}
+
+/// First SIGINT cancels the work (a publish in progress still completes); a second one
+/// exits at once.
+fn interrupt_on_sigint() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            cancel.cancel();
+            if tokio::signal::ctrl_c().await.is_ok() {
+                std::process::exit(exit::INTERRUPTED);
+            }
+        }
+    });
+    token
+}

@@ -1,0 +1,250 @@
+//! The build command end to end: plan → build → export → push → publish → verify → record.
+//! Tags move only after every platform manifest of an image is in the registry.
+
+mod emulation;
+mod together;
+mod unit;
+
+use crate::cache::{BuildMemory, PushCache};
+use crate::cleanup::Cleanup;
+use crate::engine::{Builders, Engine};
+use crate::inputs;
+use crate::layout::OciLayout;
+use crate::plan::{self, Unit};
+use crate::progress::Reporter;
+use crate::project::{BinfmtMode, ImageSpec, Project};
+use crate::publish::{publish, Pushed};
+use crate::record::{CoverageRecord, PartImage, PartPlatform, PartRecord};
+use crate::registry::{self, RegistryOptions};
+use crate::store::{connect_registry, Destination};
+use crate::{Error, Platform, Result};
+pub use emulation::image_needs_emulation;
+use emulation::EmulationPlan;
+use std::collections::BTreeMap;
+use together::{build_and_push_image, solved_together};
+use unit::build_and_push;
+
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Images to build (all when empty).
+    pub images: Vec<String>,
+    /// Restrict to these platforms.
+    pub platforms: Vec<Platform>,
+    pub registry: RegistryOptions,
+    /// Bounded concurrency for platform builds and blob uploads.
+    pub jobs: usize,
+    /// Write an OCI image layout directory instead of pushing (`--output oci:DIR`).
+    pub layout: Option<std::path::PathBuf>,
+    /// `--binfmt`: overrides the project's and every image's mode.
+    pub binfmt: Option<BinfmtMode>,
+    /// `--binfmt-image`: overrides the project's installer image.
+    pub binfmt_image: Option<String>,
+    /// `--rebuild`: ask the engine to build even when the inputs match an earlier run's.
+    pub rebuild: bool,
+    /// Cancelled on SIGINT: builds and uploads stop, but a publish that has begun completes,
+    /// so tags never end up pointing at different indexes.
+    pub interrupt: tokio_util::sync::CancellationToken,
+}
+
+/// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
+/// before any tag moves.
+async fn build_units<'a>(
+    project: &'a Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+    tokio::select! {
+        built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
+        _ = options.interrupt.cancelled() => Err(Error::Interrupted),
+    }
+}
+
+async fn build_and_push_all<'a>(
+    project: &'a Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+    let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    let destination = match &options.layout {
+        Some(dir) => {
+            if plan.images.len() != 1 {
+                return Err(Error::Usage(format!(
+                    "--output oci:{} holds one image's tags; name one image ({})",
+                    dir.display(),
+                    plan.images
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Destination::Layout(OciLayout::create(dir)?)
+        }
+        None => {
+            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
+        }
+    };
+    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
+    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
+
+    let run = Run {
+        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        cleanup,
+        cache: PushCache::open(),
+        builds: BuildMemory::open(),
+        trust_inputs: !options.rebuild,
+        registry: options.registry.clone(),
+        replays: Default::default(),
+        bases: inputs::RemoteBases::new(&options.registry),
+        reporter,
+        fallbacks: builders.fallbacks.clone(),
+    };
+    let run = &run;
+    // `--jobs` bounds the solves running at once: a platform's own, or one for several
+    // platforms of an image.
+    let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
+    let (jobs, destination_ref, emulation, builders) = (&jobs, &destination, &emulation, &builders);
+    let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
+    for unit in &plan.units {
+        match images
+            .iter_mut()
+            .find(|units| units[0].image.name == unit.image.name)
+        {
+            Some(units) => units.push(unit),
+            None => images.push(vec![unit]),
+        }
+    }
+    let pushed: Result<Vec<Pushed>> =
+        futures_util::future::try_join_all(images.into_iter().map(|units| async move {
+            let together = match destination_ref {
+                Destination::Registry(registry) => {
+                    solved_together(&units, builders, run).map(|engine| (engine, registry))
+                }
+                Destination::Layout(_) => None,
+            };
+            if let Some((engine, registry)) = together {
+                return build_and_push_image(
+                    engine,
+                    destination_ref,
+                    registry,
+                    &units,
+                    emulation,
+                    jobs,
+                    run,
+                )
+                .await;
+            }
+            futures_util::future::try_join_all(units.iter().map(|unit| async move {
+                let engine = builders.for_unit(unit);
+                let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+                let emulated = emulation.is_emulated(unit);
+                match build_and_push(engine, destination_ref, unit, emulated, run).await {
+                    Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
+                        let emulated = emulation.recheck(engine, unit, reporter).await?;
+                        build_and_push(engine, destination_ref, unit, emulated, run).await
+                    }
+                    outcome => outcome,
+                }
+            }))
+            .await
+        }))
+        .await
+        .map(|per_image| per_image.into_iter().flatten().collect());
+    // What did get pushed is remembered even when another unit failed.
+    run.cache.save();
+    run.builds.save();
+    Ok((plan, destination, pushed?))
+}
+
+/// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
+pub async fn build(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let (plan, destination, pushed) =
+        build_units(project, engine, options, cleanup, reporter).await?;
+    let mut coverage = Vec::new();
+    for image in &plan.images {
+        let mine: Vec<&Pushed> = pushed.iter().filter(|p| p.image == image.name).collect();
+        coverage.push(publish(&destination, image, &mine, &options.interrupt, reporter).await?);
+    }
+    Ok(CoverageRecord::new(coverage))
+}
+
+/// `build --push-by-digest`: pushes this runner's platforms by digest and records them
+/// as a part for `assemble`; no tag moves.
+pub async fn build_part(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<PartRecord> {
+    if options.layout.is_some() {
+        return Err(Error::Usage(
+            "--push-by-digest pushes to the registry; drop --output".into(),
+        ));
+    }
+    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
+    let images = plan
+        .images
+        .iter()
+        .map(|image| PartImage {
+            name: image.name.clone(),
+            repository: image.repository.clone(),
+            platforms: pushed
+                .iter()
+                .filter(|p| p.image == image.name)
+                .map(|p| PartPlatform {
+                    platform: p.platform.clone(),
+                    digest: p.entry.digest.clone(),
+                    size: p.entry.size,
+                    build: p.build.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(PartRecord::new(images))
+}
+
+/// What every unit of one run shares.
+struct Run<'a> {
+    id: String,
+    cleanup: &'a Cleanup,
+    cache: PushCache,
+    builds: BuildMemory,
+    /// False with `--rebuild`.
+    trust_inputs: bool,
+    registry: RegistryOptions,
+    replays: inputs::Replays,
+    bases: inputs::RemoteBases,
+    reporter: &'a dyn Reporter,
+    /// Platforms built on the default engine because their builders were unreachable.
+    fallbacks: BTreeMap<Platform, String>,
+}
+
+impl Run<'_> {
+    /// Whether `engine`, which reaches registries with its own settings (loopback as
+    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
+    /// registry when the engine runs on this machine; elsewhere only when no
+    /// `--insecure-registry` or CA of polyarch's own is needed for it.
+    fn engine_reaches(&self, image: &ImageSpec, engine: &Engine) -> bool {
+        let Ok(reference) = registry::parse_reference(&image.repository) else {
+            return false;
+        };
+        let host = reference.registry();
+        if registry::is_loopback(host) {
+            // A loopback registry is this machine's: an engine on another host has its own
+            // loopback, so polyarch exports from it and pushes.
+            return engine.location.is_local();
+        }
+        self.registry.ca_certs.is_empty() && !self.registry.insecure.iter().any(|h| h == host)
+    }
+}

@@ -1,0 +1,378 @@
+//! Publishing one image: its index of exactly the pushed platform manifests goes in by
+//! digest, then every tag moves, then the image is read back through its tags. Tags move
+//! only after every platform is in, and once the first moves the rest follow.
+
+use crate::oci::{self, IndexEntry};
+use crate::progress::{Event, Phase, Reporter};
+use crate::project::ImageSpec;
+use crate::record::{BuildInfo, ImageCoverage};
+use crate::store::{first_tag, ImageStore};
+use crate::{Error, Platform, Result};
+
+/// One platform's pushed manifest plus how it was built.
+pub struct Pushed {
+    pub image: String,
+    pub platform: Platform,
+    pub entry: IndexEntry,
+    pub build: BuildInfo,
+}
+
+/// Publishes one image: the index by digest, then every tag, then reads it back.
+pub async fn publish(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    interrupt: &tokio_util::sync::CancellationToken,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let mut mine = pushed.to_vec();
+    // Index order follows the project file, not build completion order.
+    mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
+    let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
+    let index =
+        oci::image_index(&entries, &image.annotations.index).map_err(|m| Error::Registry {
+            registry: image.repository.clone(),
+            message: m,
+        })?;
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: None,
+        phase: Phase::Publish,
+        message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
+    });
+    let first = first_tag(image)?;
+    let mut moved = Vec::new();
+    for tag in &image.tags {
+        if destination.current(image, tag).await.as_deref() != Some(index.digest.as_str()) {
+            moved.push(tag);
+        }
+    }
+    if moved.is_empty() {
+        reporter.report(Event::Note {
+            message: format!(
+                "{}: every tag already points at {}; nothing to publish",
+                image.name, index.digest
+            ),
+        });
+    } else {
+        destination.put_manifest(&first, &index).await?;
+        // Last point to stop: once the first tag moves, the others follow, so the tags
+        // never point at different indexes.
+        if interrupt.is_cancelled() {
+            return Err(Error::Interrupted);
+        }
+        for tag in moved {
+            destination.tag(image, tag, &index).await?;
+        }
+    }
+    let mut checked = destination
+        .read_back(image, &index.digest, reporter)
+        .await?;
+    for platform in &mut checked.platforms {
+        platform.build = mine
+            .iter()
+            .find(|p| p.platform == platform.platform)
+            .map(|p| p.build.clone());
+    }
+    Ok(checked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::{ExportedImage, ExportedLayer};
+    use crate::oci::{ConfigPlatform, ManifestBlob};
+    use crate::project::{LoadOptions, Project, Purpose};
+    use crate::record::{PlatformCoverage, PlatformStatus};
+    use crate::registry::BlobProgress;
+    use oci_client::Reference;
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    use tokio_util::sync::CancellationToken;
+
+    /// An image store in memory: tags, manifests by digest, and every call in order.
+    #[derive(Default)]
+    struct FakeStore {
+        tags: Mutex<BTreeMap<String, String>>,
+        manifests: Mutex<BTreeMap<String, Vec<u8>>>,
+        calls: Mutex<Vec<String>>,
+        /// `tag` fails for this tag.
+        refuse_tag: Option<String>,
+    }
+
+    impl FakeStore {
+        fn with_tags(tags: &[(&str, &str)]) -> Self {
+            let store = FakeStore::default();
+            for (tag, digest) in tags {
+                store
+                    .tags
+                    .lock()
+                    .unwrap()
+                    .insert(tag.to_string(), digest.to_string());
+            }
+            store
+        }
+
+        fn calls(&self) -> Vec<String> {
+            self.calls.lock().unwrap().clone()
+        }
+
+        fn tag_of(&self, tag: &str) -> Option<String> {
+            self.tags.lock().unwrap().get(tag).cloned()
+        }
+    }
+
+    impl ImageStore for FakeStore {
+        async fn put_layer(
+            &self,
+            _: &Reference,
+            layer: &ExportedLayer,
+            _: &BlobProgress<'_>,
+        ) -> Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("layer {}", layer.digest));
+            Ok(())
+        }
+
+        async fn put_config(&self, _: &Reference, image: &ExportedImage) -> Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("config {}", image.config_digest));
+            Ok(())
+        }
+
+        async fn has_manifest(&self, _: &ImageSpec, digest: &str) -> bool {
+            self.manifests.lock().unwrap().contains_key(digest)
+        }
+
+        async fn current(&self, _: &ImageSpec, tag: &str) -> Option<String> {
+            self.tag_of(tag)
+        }
+
+        async fn put_manifest(&self, _: &Reference, manifest: &ManifestBlob) -> Result<()> {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("manifest {}", manifest.digest));
+            self.manifests
+                .lock()
+                .unwrap()
+                .insert(manifest.digest.clone(), manifest.bytes.clone());
+            Ok(())
+        }
+
+        async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
+            if self.refuse_tag.as_deref() == Some(tag) {
+                return Err(Error::Registry {
+                    registry: image.repository.clone(),
+                    message: format!("tag {tag} refused"),
+                });
+            }
+            self.calls.lock().unwrap().push(format!("tag {tag}"));
+            self.tags
+                .lock()
+                .unwrap()
+                .insert(tag.to_string(), index.digest.clone());
+            Ok(())
+        }
+
+        async fn read_back(
+            &self,
+            image: &ImageSpec,
+            expected: &str,
+            _: &dyn Reporter,
+        ) -> Result<ImageCoverage> {
+            self.calls.lock().unwrap().push("read back".into());
+            let index: serde_json::Value =
+                serde_json::from_slice(&self.manifests.lock().unwrap()[expected]).unwrap();
+            let platforms = index["manifests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    let p = &m["platform"];
+                    let platform = Platform::linux(p["architecture"].as_str().unwrap(), None);
+                    PlatformCoverage {
+                        platform,
+                        digest: m["digest"].as_str().map(str::to_string),
+                        config_platform: None,
+                        size: m["size"].as_u64(),
+                        status: PlatformStatus::Ok,
+                        annotations: BTreeMap::new(),
+                        detail: None,
+                        deep: None,
+                        build: None,
+                    }
+                })
+                .collect();
+            Ok(ImageCoverage {
+                name: image.name.clone(),
+                reference: format!("{}:{}", image.repository, image.tags[0]),
+                tags: image.tags.clone(),
+                digest: expected.to_string(),
+                pinned: format!("{}@{expected}", image.repository),
+                media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
+                annotations: BTreeMap::new(),
+                declared: image.platforms.clone(),
+                platforms,
+                missing: vec![],
+                unexpected: vec![],
+                attestations: vec![],
+                warnings: vec![],
+                covered: true,
+            })
+        }
+    }
+
+    fn image(tags: &str) -> ImageSpec {
+        let text = format!(
+            "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [{tags}]\n    platforms: [linux/amd64, linux/arm64]\n"
+        );
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            ..LoadOptions::default()
+        };
+        let project = Project::parse(std::path::Path::new("polyarch.yaml"), &text, &options)
+            .expect("test project parses");
+        project.images[0].clone()
+    }
+
+    fn pushed(arch: &str, digest_char: char) -> Pushed {
+        Pushed {
+            image: "api".into(),
+            platform: Platform::linux(arch, None),
+            entry: IndexEntry {
+                digest: format!("sha256:{}", digest_char.to_string().repeat(64)),
+                size: 500,
+                platform: ConfigPlatform {
+                    os: "linux".into(),
+                    architecture: arch.into(),
+                    variant: None,
+                },
+            },
+            build: BuildInfo {
+                emulated: arch != "amd64",
+                seconds: 1.0,
+                reused: false,
+                builder: None,
+                fallback: None,
+            },
+        }
+    }
+
+    async fn run(
+        store: &FakeStore,
+        image: &ImageSpec,
+        units: &[Pushed],
+        interrupt: &CancellationToken,
+    ) -> Result<ImageCoverage> {
+        let refs: Vec<&Pushed> = units.iter().collect();
+        publish(store, image, &refs, interrupt, &crate::progress::Silent).await
+    }
+
+    #[tokio::test]
+    async fn the_index_goes_in_by_digest_before_any_tag_moves_then_it_is_read_back() {
+        let (store, image) = (FakeStore::default(), image("v1, latest"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(calls.len(), 4, "{calls:?}");
+        assert_eq!(calls[0], format!("manifest {}", coverage.digest));
+        assert_eq!(&calls[1..], ["tag v1", "tag latest", "read back"]);
+        assert_eq!(store.tag_of("v1"), Some(coverage.digest.clone()));
+        assert_eq!(store.tag_of("latest"), Some(coverage.digest));
+    }
+
+    #[tokio::test]
+    async fn index_entries_follow_the_project_order_not_build_completion() {
+        let (store, image) = (FakeStore::default(), image("v1"));
+        // arm64 finished first.
+        let units = [pushed("arm64", 'b'), pushed("amd64", 'a')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let order: Vec<String> = coverage
+            .platforms
+            .iter()
+            .map(|p| p.platform.to_string())
+            .collect();
+        assert_eq!(order, ["linux/amd64", "linux/arm64"]);
+        // The build facts travel with their platform.
+        assert!(!coverage.platforms[0].build.as_ref().unwrap().emulated);
+        assert!(coverage.platforms[1].build.as_ref().unwrap().emulated);
+    }
+
+    #[tokio::test]
+    async fn tags_already_at_the_index_are_left_alone() {
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let first = FakeStore::default();
+        let digest = run(&first, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap()
+            .digest;
+        let store = FakeStore::with_tags(&[("v1", &digest), ("latest", &digest)]);
+        store
+            .manifests
+            .lock()
+            .unwrap()
+            .extend(first.manifests.lock().unwrap().clone());
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(store.calls(), ["read back"]);
+    }
+
+    #[tokio::test]
+    async fn only_the_tags_elsewhere_move() {
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let first = FakeStore::default();
+        let digest = run(&first, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap()
+            .digest;
+        let old = format!("sha256:{}", "0".repeat(64));
+        let store = FakeStore::with_tags(&[("v1", &digest), ("latest", &old)]);
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(&calls[1..], ["tag latest", "read back"], "{calls:?}");
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_before_publishing_moves_no_tag() {
+        let old = format!("sha256:{}", "0".repeat(64));
+        let (store, image) = (FakeStore::with_tags(&[("v1", &old)]), image("v1, latest"));
+        let interrupt = CancellationToken::new();
+        interrupt.cancel();
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &interrupt).await;
+        assert!(matches!(outcome, Err(Error::Interrupted)), "{outcome:?}");
+        assert_eq!(store.tag_of("v1"), Some(old));
+        assert_eq!(store.tag_of("latest"), None);
+        assert!(store.calls().iter().all(|c| !c.starts_with("tag")));
+    }
+
+    #[tokio::test]
+    async fn a_refused_tag_is_a_registry_error_and_nothing_is_read_back() {
+        let store = FakeStore {
+            refuse_tag: Some("latest".into()),
+            ..FakeStore::default()
+        };
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
+        assert!(
+            matches!(outcome, Err(Error::Registry { .. })),
+            "{outcome:?}"
+        );
+        assert!(!store.calls().contains(&"read back".to_string()));
+    }
+}
