@@ -25,11 +25,13 @@ demo: build
 	bash scripts/demo.sh
 
 # Every test on the machine's engine (Docker 20.10, classic store), then the integration
-# tests again on Docker 26.1 with the containerd image store (scripts/engine26.sh).
+# tests again on Docker 26.1 with the containerd image store (scripts/engine26.sh). The
+# `netns_` tests bring their own Docker 26.1 on a test host (tests/remote_builders.rs)
+# and run once.
 test: env
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine26.sh host containerd) \
-	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
+	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ $(TEST_ARGS)
 
 lint:
 	$(CARGO) clippy --all-targets -- -D warnings

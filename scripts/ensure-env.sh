@@ -36,6 +36,12 @@ tools=(
   "make:make"
   "flock:util-linux"
   "ssh-agent:openssh-client"
+  "ssh:openssh-client"
+  # tests/remote_builders.rs: test hosts are network namespaces with their own sshd
+  "sshd:openssh-server"
+  "ssh-keygen:openssh-client"
+  "ip:iproute2"
+  "nsenter:util-linux"
 )
 
 apt_updated=0

@@ -206,6 +206,7 @@ mod tests {
                     seconds: 1.0,
                     reused: false,
                     builder: None,
+                    fallback: None,
                 },
             })
             .collect();

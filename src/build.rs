@@ -740,7 +740,7 @@ async fn solve_in_session(
     // once, instead of taking the import's failed step for the build's failure.
     const IMPORTING: &str = "importing cache manifest from ";
     let mut not_imported = std::collections::BTreeSet::new();
-    let solved = buildkit::solve(&engine.endpoint, build, auth, |mut status| {
+    let solved = buildkit::solve(&engine.location, build, auth, |mut status| {
         for vertex in &mut status.vertexes {
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);

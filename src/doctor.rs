@@ -5,7 +5,7 @@ use crate::binfmt::{Emulation, Runnable};
 use crate::engine::Engine;
 use crate::pipeline::{image_needs_emulation, BuildOptions};
 use crate::plan;
-use crate::project::{BinfmtMode, Project};
+use crate::project::{BinfmtMode, BuilderSpec, Fallback, Project};
 use crate::registry::Registry;
 use crate::store::first_tag;
 use crate::{Platform, Result};
@@ -100,7 +100,12 @@ async fn plan_lines(
         let builder = project
             .builders
             .get(&unit.platform)
-            .cloned()
+            .map(|list| {
+                list.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
             .unwrap_or_else(|| format!("{} ({})", engine.endpoint, engine.native));
         lines.push(PlanLine {
             image: unit.image.name.clone(),
@@ -208,9 +213,7 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
             Some("upgrade the engine to 18.09+ (API 1.39+)"),
         )
     });
-    let local = !std::env::var("DOCKER_HOST")
-        .is_ok_and(|h| h.starts_with("tcp://") || h.starts_with("ssh://"));
-    if local {
+    if engine.location.is_local() {
         let mounted = std::path::Path::new("/proc/sys/fs/binfmt_misc/status").exists();
         checks.push(if mounted {
             check("binfmt_misc", Verdict::Ok, "mounted at /proc/sys/fs/binfmt_misc".into(), None)
@@ -226,6 +229,16 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
     let Some(project) = project else {
         return checks;
     };
+    for (platform, list) in &project.builders {
+        for (i, spec) in list.iter().enumerate() {
+            let name = if list.len() > 1 {
+                format!("builder {platform} [{i}]")
+            } else {
+                format!("builder {platform}")
+            };
+            checks.push(builder_check(name, spec, list.len() > 1).await);
+        }
+    }
     match plan_report(project, &engine, options).await {
         Ok(lines) => {
             for line in lines {
@@ -269,6 +282,55 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
         });
     }
     checks
+}
+
+/// One line per builder: reachable (TLS or ssh included), and BuildKit answering on it.
+/// `in_list`: other builders of the platform can take its builds while it is down.
+async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check {
+    let engine = match async { Engine::connect_to(spec.endpoint()?).await }.await {
+        Ok(engine) => engine,
+        Err(e) if in_list => {
+            return check(
+                &name,
+                Verdict::Warn,
+                e.to_string(),
+                Some("the platform's other builders take its builds while it is unreachable"),
+            )
+        }
+        Err(e) if spec.fallback == Fallback::Emulate => {
+            return check(
+                &name,
+                Verdict::Warn,
+                e.to_string(),
+                Some("with fallback: emulate, builds of this platform run on the default engine under QEMU until the builder is back"),
+            )
+        }
+        Err(e) => return check(&name, Verdict::Fail, e.to_string(), None),
+    };
+    let reached = format!(
+        "{} reachable: Docker {} (API {}), {}",
+        engine.location.address(),
+        engine.server_version,
+        engine.api_version,
+        engine.native
+    );
+    if !engine.buildkit {
+        return check(
+            &name,
+            Verdict::Warn,
+            format!("{reached}; no BuildKit, the classic builder is used"),
+            Some("upgrade the engine to 18.09+ (API 1.39+)"),
+        );
+    }
+    match crate::buildkit::reachable(&engine.location).await {
+        Ok(()) => check(&name, Verdict::Ok, format!("{reached}, BuildKit answers"), None),
+        Err(e) => check(
+            &name,
+            Verdict::Fail,
+            format!("{reached}, but BuildKit's /grpc does not answer: {e}"),
+            Some("check the engine's BuildKit (dockerd's features.buildkit) and what sits between polyarch and the engine"),
+        ),
+    }
 }
 
 pub fn render_checks(checks: &[Check]) -> String {

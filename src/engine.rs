@@ -1,8 +1,13 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
+use crate::endpoint::{Endpoint, EndpointError};
+use crate::plan::{Plan, Unit};
 use crate::platform::Platform;
+use crate::progress::{Event, Reporter};
+use crate::project::{BuilderSpec, Fallback};
 use crate::{Error, Result};
 use bollard::Docker;
+use std::collections::BTreeMap;
 
 #[derive(Clone)]
 pub struct Engine {
@@ -15,8 +20,10 @@ pub struct Engine {
     pub buildkit: bool,
     /// Whether images live in containerd's image store rather than the classic one.
     pub containerd_store: bool,
-    /// Where the engine was reached, for messages.
+    /// Where the engine was reached, as the user named it, for messages and records.
     pub endpoint: String,
+    /// How to reach it again (REST, BuildKit's upgrades) and whether it is on this machine.
+    pub location: Endpoint,
     /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
     /// kernel (registered emulators) are remembered under.
     pub identity: String,
@@ -33,52 +40,27 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Connects the way the Docker CLI does by default (`DOCKER_HOST`, else the local socket)
-    /// and negotiates the API version.
+    /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
+    /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
+    /// the local socket) and negotiates the API version.
     pub async fn connect() -> Result<Engine> {
-        // As the Docker CLI: DOCKER_HOST, else DOCKER_CONTEXT or config.json's
-        // currentContext, else the local socket.
-        if std::env::var_os("DOCKER_HOST").is_none() {
-            if let Some(context) = current_context() {
-                return Self::connect_endpoint(&context_host(&context)?).await;
-            }
-        }
-        let endpoint =
-            std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
-        let docker = Docker::connect_with_defaults()
-            .map_err(|e| Error::Engine(format!("cannot connect to {endpoint}: {e}")))?;
-        Self::from_docker(docker, endpoint).await
+        let location = Endpoint::default_engine()?;
+        Ok(Self::connect_to(location).await?)
     }
 
-    /// Connects to a builder endpoint from `builders:`: `unix:///path`, `tcp://host:port`
-    /// (plain; a TLS engine is reached through a Docker context or DOCKER_HOST), or the
-    /// name of a Docker context.
-    pub async fn connect_endpoint(endpoint: &str) -> Result<Engine> {
-        let cannot = |e: bollard::errors::Error| {
-            Error::Engine(format!("cannot connect to builder {endpoint}: {e}"))
+    /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
+    /// failure is told as such, then the version and info the build needs.
+    pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
+        location.probe().await?;
+        let endpoint = location.name.clone();
+        let unanswered = |source: bollard::errors::Error| EndpointError::Api {
+            endpoint: endpoint.clone(),
+            source,
         };
-        let docker = if endpoint.starts_with("unix://") {
-            Docker::connect_with_socket(endpoint, 120, bollard::API_DEFAULT_VERSION)
-                .map_err(cannot)?
-        } else if endpoint.starts_with("tcp://") || endpoint.starts_with("http://") {
-            Docker::connect_with_http(endpoint, 120, bollard::API_DEFAULT_VERSION)
-                .map_err(cannot)?
-        } else {
-            let host = context_host(endpoint)?;
-            return Box::pin(Self::connect_endpoint(&host)).await;
-        };
-        Self::from_docker(docker, endpoint.to_string()).await
-    }
-
-    pub async fn from_docker(docker: Docker, endpoint: String) -> Result<Engine> {
-        let unreachable = |e: bollard::errors::Error| {
-            Error::Engine(format!(
-                "cannot reach the engine at {endpoint}: {e}; start dockerd there, or point DOCKER_HOST (or the `builders:` entry) at a running engine"
-            ))
-        };
-        let docker = docker.negotiate_version().await.map_err(unreachable)?;
-        let version = docker.version().await.map_err(unreachable)?;
-        let info = docker.info().await.map_err(unreachable)?;
+        let docker = location.docker().map_err(unanswered)?;
+        let docker = docker.negotiate_version().await.map_err(unanswered)?;
+        let version = docker.version().await.map_err(unanswered)?;
+        let info = docker.info().await.map_err(unanswered)?;
         let os = version
             .os
             .clone()
@@ -112,90 +94,102 @@ impl Engine {
             buildkit,
             containerd_store,
             endpoint,
+            location,
         })
     }
 }
 
-fn docker_config_dir() -> std::path::PathBuf {
-    crate::credentials::config_dir().unwrap_or_default()
-}
-
-/// The context `docker context use` selected, unless it is the built-in default.
-fn current_context() -> Option<String> {
-    let name = std::env::var("DOCKER_CONTEXT").ok().or_else(|| {
-        let text = std::fs::read_to_string(docker_config_dir().join("config.json")).ok()?;
-        let config: serde_json::Value = serde_json::from_str(&text).ok()?;
-        config["currentContext"].as_str().map(str::to_string)
-    })?;
-    (!name.is_empty() && name != "default").then_some(name)
-}
-
-/// The engine address of a Docker context, as `docker context use NAME` would select it.
-fn context_host(name: &str) -> Result<String> {
-    use sha2::Digest;
-    let meta = docker_config_dir()
-        .join("contexts/meta")
-        .join(hex::encode(sha2::Sha256::digest(name.as_bytes())))
-        .join("meta.json");
-    let text = std::fs::read_to_string(&meta).map_err(|_| {
-        Error::Engine(format!(
-            "`{name}` is neither a unix:// or tcp:// engine address nor a Docker context (no {}); create it with `docker context create {name} --docker host=…`",
-            meta.display()
-        ))
-    })?;
-    let parsed: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Engine(format!("{}: not valid JSON: {e}", meta.display())))?;
-    parsed["Endpoints"]["docker"]["Host"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| {
-            Error::Engine(format!(
-                "{}: context `{name}` has no docker endpoint",
-                meta.display()
-            ))
-        })
-}
-
-/// The engines a build uses: the default one, and a native builder per platform from
+/// The engines a build uses: the default one, and native builders per platform from
 /// the project's `builders:`.
 #[derive(Debug, Clone)]
 pub struct Builders {
     pub default: Engine,
-    pub by_platform: std::collections::BTreeMap<Platform, Engine>,
+    /// The reachable builders of each platform, in the file's order.
+    pub by_platform: BTreeMap<Platform, Vec<Engine>>,
+    /// Platforms whose builders were all unreachable and that build on the default engine
+    /// instead (`fallback: emulate`), with why.
+    pub fallbacks: BTreeMap<Platform, String>,
+    /// The plan's images in order: the i-th image's build of a platform goes to that
+    /// platform's builder i mod n, spreading images over a list of builders.
+    images: Vec<String>,
 }
 
 impl Builders {
-    /// Connects every builder the plan needs, so an unreachable one fails before any build.
+    /// Connects every builder the plan needs, so an unreachable one fails before any
+    /// build. In a list, an unreachable builder is left out (with a warning) while another
+    /// answers; when none does and one has `fallback: emulate`, the default engine takes
+    /// the platform.
     pub async fn connect(
         default: Engine,
-        endpoints: &std::collections::BTreeMap<Platform, String>,
-        needed: &[Platform],
+        specs: &BTreeMap<Platform, Vec<BuilderSpec>>,
+        plan: &Plan<'_>,
+        reporter: &dyn Reporter,
     ) -> Result<Builders> {
-        let mut by_platform = std::collections::BTreeMap::new();
-        for (platform, endpoint) in endpoints {
-            if !needed.contains(platform) {
+        let mut by_platform = BTreeMap::new();
+        let mut fallbacks = BTreeMap::new();
+        for (platform, specs) in specs {
+            if !plan.units.iter().any(|u| &u.platform == platform) {
                 continue;
             }
-            let engine = Engine::connect_endpoint(endpoint).await.map_err(|e| {
-                // The inner error is an `Error::Engine` too; keep one "docker engine:" prefix.
-                let detail = match e {
-                    Error::Engine(message) => message,
-                    other => other.to_string(),
-                };
-                Error::Engine(format!(
-                    "builder for {platform} ({endpoint}) is unreachable: {detail}"
-                ))
-            })?;
-            by_platform.insert(platform.clone(), engine);
+            let mut reachable = Vec::new();
+            let mut failures = Vec::new();
+            for spec in specs {
+                match async { Engine::connect_to(spec.endpoint()?).await }.await {
+                    Ok(engine) => reachable.push(engine),
+                    Err(source) => failures.push((spec, source)),
+                }
+            }
+            if !reachable.is_empty() {
+                for (spec, source) in failures {
+                    reporter.report(Event::Warning {
+                        message: format!(
+                            "builder {spec} for {platform} is unreachable: {source}; its builds go to the platform's other builders"
+                        ),
+                    });
+                }
+                by_platform.insert(platform.clone(), reachable);
+                continue;
+            }
+            let emulate = specs.iter().any(|s| s.fallback == Fallback::Emulate);
+            let Some((spec, source)) = failures.into_iter().next() else {
+                continue;
+            };
+            if !emulate {
+                return Err(Error::Builder {
+                    platform: platform.to_string(),
+                    source,
+                });
+            }
+            let why = format!("builder {spec} is unreachable: {source}");
+            reporter.report(Event::Warning {
+                message: format!(
+                    "{why}; building {platform} on {} instead, under QEMU where it runs anything (fallback: emulate)",
+                    default.endpoint
+                ),
+            });
+            fallbacks.insert(platform.clone(), why);
         }
         Ok(Builders {
             default,
             by_platform,
+            fallbacks,
+            images: plan.images.iter().map(|i| i.name.clone()).collect(),
         })
     }
 
-    pub fn for_platform(&self, platform: &Platform) -> &Engine {
-        self.by_platform.get(platform).unwrap_or(&self.default)
+    /// The engine that builds `unit`: one of its platform's builders, else the default.
+    pub fn for_unit(&self, unit: &Unit<'_>) -> &Engine {
+        match self.by_platform.get(&unit.platform) {
+            Some(engines) if !engines.is_empty() => {
+                let slot = self
+                    .images
+                    .iter()
+                    .position(|name| *name == unit.image.name)
+                    .unwrap_or(0);
+                &engines[slot % engines.len()]
+            }
+            _ => &self.default,
+        }
     }
 }
 

@@ -22,6 +22,18 @@ pub enum Error {
     #[error("docker engine: {0}")]
     Engine(String),
 
+    /// The default engine cannot be resolved or reached.
+    #[error("docker engine: {0}")]
+    Endpoint(#[from] crate::endpoint::EndpointError),
+
+    /// A native builder from `builders:` cannot be resolved or reached.
+    #[error("docker engine: builder for {platform}: {source}")]
+    Builder {
+        platform: String,
+        #[source]
+        source: crate::endpoint::EndpointError,
+    },
+
     /// A platform build failed; `detail` carries the failing step and its last log lines.
     #[error("build of {image} for {platform} failed: {message}")]
     Build {

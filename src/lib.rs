@@ -15,6 +15,7 @@ pub mod deep;
 pub mod dockerfile;
 pub mod doctor;
 pub mod elf;
+pub mod endpoint;
 pub mod engine;
 pub mod error;
 pub mod export;

@@ -13,6 +13,7 @@ use crate::annotations::{AnnotationFlag, Annotations};
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
+use crate::endpoint::{self, Endpoint, EndpointError, TlsFiles};
 use crate::error::{one_line, Error, Result};
 use crate::platform::Platform;
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -55,12 +56,52 @@ pub struct Project {
     pub binfmt: BinfmtMode,
     /// Installer image for binfmt registration.
     pub binfmt_image: Option<String>,
-    /// Engine endpoint per (normalised) platform, so foreign platforms can build natively
-    /// on another machine instead of under emulation. Values are `unix://…`, `tcp://…`
-    /// or a docker context name, exactly as written.
-    pub builders: BTreeMap<Platform, String>,
+    /// Engine per (normalised) platform, so foreign platforms can build natively on
+    /// another machine instead of under emulation.
+    /// One or more per platform: a list spreads that platform's builds over its builders.
+    pub builders: BTreeMap<Platform, Vec<BuilderSpec>>,
     /// Where values that did not come from the file itself came from.
     values: Vec<values::Provenance>,
+}
+
+/// A `builders:` entry: where the engine is, as written, and its TLS files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuilderSpec {
+    /// `unix://…`, `tcp://…`, `ssh://…` or a Docker context name.
+    pub host: String,
+    /// For a `tcp://` host: the CA, client certificate and key, as absolute paths.
+    pub tls: Option<TlsFiles>,
+    /// What to do when the builder cannot be reached.
+    pub fallback: Fallback,
+}
+
+/// What a build does when a platform's builder cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// Stop before anything is built.
+    #[default]
+    None,
+    /// Build that platform on the default engine, under QEMU when it needs it.
+    Emulate,
+}
+
+const FALLBACKS: &[(&str, Fallback)] = &[("none", Fallback::None), ("emulate", Fallback::Emulate)];
+
+impl BuilderSpec {
+    /// The engine's location, reading the context or TLS files it names.
+    pub fn endpoint(&self) -> std::result::Result<Endpoint, EndpointError> {
+        Endpoint::resolve(&self.host, self.tls.as_ref())
+    }
+}
+
+impl fmt::Display for BuilderSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.host)?;
+        if self.tls.is_some() {
+            f.write_str(" (TLS)")?;
+        }
+        Ok(())
+    }
 }
 
 /// What the command reading the project file will do with it.
@@ -521,8 +562,66 @@ struct RawProject {
     version: Option<serde_norway::Value>,
     binfmt: Option<String>,
     binfmt_image: Option<String>,
-    builders: Option<Entries<String>>,
+    builders: Option<Entries<RawBuilder>>,
     images: Option<Entries<RawImage>>,
+}
+
+/// A builder: an address or context name, or `{host, tls, fallback}`; or a list of them.
+enum RawBuilder {
+    Address(String),
+    Map(RawBuilderMap),
+    List(Vec<RawBuilder>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBuilderMap {
+    host: Option<String>,
+    tls: Option<RawTls>,
+    fallback: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca: Option<String>,
+    cert: Option<String>,
+    key: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawBuilder {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawBuilder;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "an engine address, a context name, a mapping with host and tls, or a list of them",
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                let mut list = Vec::new();
+                while let Some(one) = seq.next_element::<RawBuilder>()? {
+                    list.push(one);
+                }
+                Ok(RawBuilder::List(list))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawBuilder, E> {
+                Ok(RawBuilder::Address(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                RawBuilderMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawBuilder::Map)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]
@@ -737,6 +836,98 @@ impl Cx {
         self.err(field, message)
     }
 
+    /// A `builders:` entry, checked as far as the file can say: the address's form, and
+    /// TLS files only for `tcp://` hosts, in pairs, present when building.
+    fn builder(&self, field: &str, raw: RawBuilder) -> Result<BuilderSpec> {
+        let (host, raw_tls, host_field, fallback) = match raw {
+            RawBuilder::List(_) => {
+                return Err(self.err(
+                    field,
+                    "is a list inside a list; write the platform's builders as one list",
+                ))
+            }
+            RawBuilder::Address(host) => (host, None, field.to_string(), Fallback::None),
+            RawBuilder::Map(map) => {
+                let host = map.host.ok_or_else(|| {
+                    self.err(
+                        format!("{field}.host"),
+                        "is missing; give the engine's address, e.g. `host: tcp://arm-box:2376`",
+                    )
+                })?;
+                let fallback = match map.fallback {
+                    Some(s) => pick(&s, FALLBACKS, "fallback")
+                        .map_err(|m| self.err(format!("{field}.fallback"), m))?,
+                    None => Fallback::None,
+                };
+                (host, map.tls, format!("{field}.host"), fallback)
+            }
+        };
+        if host.trim().is_empty() {
+            return Err(self.err(
+                &host_field,
+                "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port, ssh://user@host) or a docker context name",
+            ));
+        }
+        let address = if endpoint::is_address(&host) {
+            Some(endpoint::parse_address(&host).map_err(|e| self.err(&host_field, e.to_string()))?)
+        } else if host.contains(char::is_whitespace) {
+            return Err(self.err(
+                &host_field,
+                format!("{} is not a Docker context name (it has whitespace); write an address or the name `docker context ls` shows", q(&host)),
+            ));
+        } else {
+            None
+        };
+        let Some(raw_tls) = raw_tls else {
+            return Ok(BuilderSpec {
+                host,
+                tls: None,
+                fallback,
+            });
+        };
+        let tls_field = format!("{field}.tls");
+        if !matches!(address, Some(endpoint::Address::Tcp { .. })) {
+            return Err(self.err(
+                &tls_field,
+                "applies to tcp:// hosts only (a Docker context brings its own TLS files, ssh:// needs none); remove it or write host: tcp://HOST:2376",
+            ));
+        }
+        let path = |name: &str, value: Option<String>| -> Result<Option<PathBuf>> {
+            let Some(value) = value else { return Ok(None) };
+            let at = format!("{tls_field}.{name}");
+            if value.trim().is_empty() {
+                return Err(self.err(
+                    &at,
+                    "is empty; give a PEM file, relative to the project file",
+                ));
+            }
+            let resolved = self.base.join(&value);
+            if self.purpose == Purpose::Build && !resolved.is_file() {
+                return Err(self.err(
+                    &at,
+                    format!("{} does not exist (looked for {}); give the PEM file, relative to the project file", q(&value), resolved.display()),
+                ));
+            }
+            Ok(Some(resolved))
+        };
+        let files = TlsFiles {
+            ca: path("ca", raw_tls.ca)?,
+            cert: path("cert", raw_tls.cert)?,
+            key: path("key", raw_tls.key)?,
+            skip_verify: false,
+        };
+        match (&files.cert, &files.key) {
+            (Some(_), None) => Err(self.err(&tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
+            (None, Some(_)) => Err(self.err(&tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
+            (None, None) if files.ca.is_none() => Err(self.err(&tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
+            _ => Ok(BuilderSpec {
+                host,
+                tls: Some(files),
+                fallback,
+            }),
+        }
+    }
+
     fn project(&self, raw: RawProject) -> Result<Project> {
         let binfmt = match raw.binfmt {
             Some(s) => pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err("binfmt", m))?,
@@ -759,7 +950,7 @@ impl Cx {
         };
         let mut builders = BTreeMap::new();
         let mut builder_keys: BTreeMap<Platform, String> = BTreeMap::new();
-        for (key, endpoint) in raw.builders.map(|b| b.0).unwrap_or_default() {
+        for (key, builder) in raw.builders.map(|b| b.0).unwrap_or_default() {
             let field = format!("builders.{key}");
             let platform: Platform = key.parse().map_err(|e| self.err(&field, format!("{e}")))?;
             if let Some(earlier) = builder_keys.get(&platform) {
@@ -770,14 +961,22 @@ impl Cx {
                     ),
                 ));
             }
-            if endpoint.trim().is_empty() {
-                return Err(self.err(
-                    &field,
-                    "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port) or a docker context name",
-                ));
-            }
+            let specs = match builder {
+                RawBuilder::List(list) if list.is_empty() => {
+                    return Err(self.err(
+                        &field,
+                        "is an empty list; name at least one builder, or remove the entry to build on the default engine",
+                    ))
+                }
+                RawBuilder::List(list) => list
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, one)| self.builder(&format!("{field}[{i}]"), one))
+                    .collect::<Result<Vec<_>>>()?,
+                one => vec![self.builder(&field, one)?],
+            };
             builder_keys.insert(platform.clone(), key);
-            builders.insert(platform, endpoint);
+            builders.insert(platform, specs);
         }
         let entries = raw.images.map(|i| i.0).unwrap_or_default();
         if entries.is_empty() {
@@ -1537,6 +1736,8 @@ fn describe_expected(e: &str) -> String {
         "struct RawImage" => "a mapping of image settings".into(),
         "struct RawSecret" => "a mapping with file or env".into(),
         "struct RawCache" => "a mapping with from and to".into(),
+        "struct RawBuilderMap" => "a mapping with host, tls and fallback".into(),
+        "struct RawTls" => "a mapping with ca, cert and key".into(),
         "a string" | "a borrowed string" => "a single value".into(),
         other => other.to_string(),
     }
@@ -1927,7 +2128,7 @@ images:
         assert_eq!(
             p.builders
                 .get(&"linux/arm64".parse().unwrap())
-                .map(String::as_str),
+                .map(|b| b[0].host.as_str()),
             Some("unix:///run/arm-docker.sock")
         );
         let names: Vec<&str> = p.images.iter().map(|i| i.name.as_str()).collect();
@@ -2474,7 +2675,7 @@ images:
         );
         expect(
             &d,
-            &b("  linux/arm64: [a]\n"),
+            &b("  linux/arm64: 5\n"),
             "builders.linux/arm64",
             "builders: {linux/arm64",
         );
@@ -2484,6 +2685,119 @@ images:
             "builders",
             "builders: {linux/arm64",
         );
+    }
+
+    #[test]
+    fn builders_take_every_endpoint_form() {
+        let d = fixture();
+        fs::create_dir(d.path().join("certs")).unwrap();
+        for f in ["ca.pem", "cert.pem", "key.pem"] {
+            fs::write(d.path().join("certs").join(f), "").unwrap();
+        }
+        let text = format!(
+            "builders:\n  linux/arm64: ssh://ci@arm-box:2222\n  linux/arm/v7: {{host: tcp://10.0.0.7:2376, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n  linux/riscv64: riscv-ctx\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()][0].clone();
+        assert_eq!(get("linux/arm64").host, "ssh://ci@arm-box:2222");
+        assert!(get("linux/arm64").tls.is_none());
+        let tls = get("linux/arm/v7").tls.unwrap();
+        assert_eq!(
+            tls.ca,
+            Some(d.path().join("certs/ca.pem")),
+            "relative to the file"
+        );
+        assert_eq!(tls.key, Some(d.path().join("certs/key.pem")));
+        assert_eq!(get("linux/riscv64").to_string(), "riscv-ctx");
+        assert_eq!(get("linux/arm64").fallback, Fallback::None);
+        let text = format!(
+            "builders:\n  linux/arm64: {{host: ssh://arm-box, fallback: emulate}}\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        assert_eq!(
+            p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0].fallback,
+            Fallback::Emulate
+        );
+        let text = format!(
+            "builders:\n  linux/arm64: [ssh://a, {{host: ssh://b, fallback: emulate}}]\n{}",
+            with_image("")
+        );
+        let p = parse_in(&d, &text).unwrap();
+        let list = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()];
+        let hosts: Vec<&str> = list.iter().map(|b| b.host.as_str()).collect();
+        assert_eq!(hosts, ["ssh://a", "ssh://b"]);
+    }
+
+    #[test]
+    fn builder_map_errors() {
+        let d = fixture();
+        let b = |line: &str| format!("builders:\n  linux/arm64: {line}\n{}", with_image(""));
+        expect(
+            &d,
+            &b("{tls: {ca: ca.pem}}"),
+            "builders.linux/arm64.host",
+            "host: tcp://",
+        );
+        expect(
+            &d,
+            &b("ftp://arm-box"),
+            "builders.linux/arm64",
+            "unsupported scheme",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:port\"}"),
+            "builders.linux/arm64.host",
+            "port is not a number",
+        );
+        expect(
+            &d,
+            &b("{host: \"ssh://arm-box\", tls: {ca: ca.pem}}"),
+            "builders.linux/arm64.tls",
+            "tcp:// hosts only",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {ca: missing.pem}}"),
+            "builders.linux/arm64.tls.ca",
+            "does not exist",
+        );
+        fs::write(d.path().join("cert.pem"), "").unwrap();
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"),
+            "builders.linux/arm64.tls",
+            "no key",
+        );
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tls: {}}"),
+            "builders.linux/arm64.tls",
+            "give ca",
+        );
+        expect(&d, &b("[]"), "builders.linux/arm64", "empty list");
+        expect(
+            &d,
+            &b("[ssh://a, {host: \"ftp://b\"}]"),
+            "builders.linux/arm64[1].host",
+            "unsupported scheme",
+        );
+        expect(&d, &b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list");
+        expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", fallback: qemu}"),
+            "builders.linux/arm64.fallback",
+            "use one of none, emulate",
+        );
+        let s = expect(
+            &d,
+            &b("{host: \"tcp://h:2376\", tsl: {}}"),
+            "builders.linux/arm64.tsl",
+            "did you mean tls?",
+        );
+        assert!(s.contains("host, tls"), "{s}");
     }
 
     #[test]
@@ -3141,5 +3455,26 @@ images:
         let (f, m, _) = project_err(Project::load(&file, &without));
         assert_eq!(f, "images.api.tags[0]");
         assert!(m.contains("VERSION is not set: the release version"), "{m}");
+    }
+
+    /// The ssh builder example names its builder from the job too.
+    #[test]
+    fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch-ssh.yaml");
+        let env = |name: &str| match name {
+            "REGISTRY" => Some("ghcr.io".to_string()),
+            "VERSION" => Some("v1.4.3".to_string()),
+            "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
+            _ => None,
+        };
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            overrides: &[],
+            env: &env,
+        };
+        let p = Project::load(&file, &options).unwrap();
+        let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0];
+        assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
+        assert!(!arm.endpoint().unwrap().is_local());
     }
 }

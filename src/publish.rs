@@ -258,6 +258,7 @@ mod tests {
                 seconds: 1.0,
                 reused: false,
                 builder: None,
+                fallback: None,
             },
         }
     }

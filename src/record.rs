@@ -125,6 +125,10 @@ pub struct BuildInfo {
     pub reused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub builder: Option<String>,
+    /// Why the platform was built on the default engine rather than its builder
+    /// (`fallback: emulate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 impl CoverageRecord {
@@ -267,11 +271,16 @@ impl CoverageRecord {
                     .unwrap_or("-");
                 let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
                 let build = p.build.as_ref().map_or(String::new(), |b| {
+                    let fallback = if b.fallback.is_some() {
+                        ", its builder unreachable (fallback: emulate)"
+                    } else {
+                        ""
+                    };
                     if b.reused {
-                        "  inputs unchanged, not rebuilt".to_string()
+                        format!("  inputs unchanged, not rebuilt{fallback}")
                     } else {
                         let emulated = if b.emulated { " (emulated)" } else { "" };
-                        format!("  built in {:.1}s{emulated}", b.seconds)
+                        format!("  built in {:.1}s{emulated}{fallback}", b.seconds)
                     }
                 });
                 out += &format!(
@@ -363,6 +372,7 @@ mod tests {
                         seconds: 1.0,
                         reused: false,
                         builder: None,
+                        fallback: None,
                     },
                 ),
                 platform(
@@ -372,6 +382,7 @@ mod tests {
                         seconds: 0.0,
                         reused: true,
                         builder: None,
+                        fallback: None,
                     },
                 ),
             ],
@@ -391,6 +402,7 @@ mod tests {
             seconds: 1.0,
             reused: false,
             builder: None,
+            fallback: None,
         })
         .unwrap();
         assert!(!built.contains("reused"), "absent unless true: {built}");

@@ -425,7 +425,7 @@ impl Emulation {
     /// mount vanishes with the container. When the engine is local and the host has no
     /// binfmt_misc mounted, mount it here (as root) so the registrations persist.
     pub(super) fn keep_binfmt_instance_alive(&self, reporter: &dyn Reporter) {
-        let local = self.engine.endpoint.starts_with("unix://");
+        let local = self.engine.location.is_local();
         let mounted = std::path::Path::new(BINFMT_MISC).join("register").exists();
         if !local || mounted || !std::path::Path::new(BINFMT_MISC).is_dir() {
             return;

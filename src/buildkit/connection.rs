@@ -1,33 +1,21 @@
 //! Raw connections to the engine, upgraded to h2c the way the Docker CLI hijacks
 //! `/grpc` and `/session`: BuildKit's protocol then runs over the upgraded stream.
 
+use crate::endpoint::Endpoint;
 use hyper::upgrade::Upgraded;
 use std::io;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 /// An HTTP/1.1 `POST path` with `Upgrade: h2c` (plus `headers`) on a new connection to
-/// the engine at `endpoint` (`unix://` or plain `tcp://`), answered with `101`.
+/// the engine at `endpoint` (whatever carries it: unix socket, TCP, TLS, ssh), answered
+/// with `101`.
 pub async fn upgrade(
-    endpoint: &str,
+    endpoint: &Endpoint,
     path: &str,
     headers: &[(&str, String)],
 ) -> io::Result<Upgraded> {
-    if let Some(socket) = endpoint.strip_prefix("unix://") {
-        let stream = tokio::net::UnixStream::connect(socket).await?;
-        upgrade_over(stream, path, headers).await
-    } else if let Some(address) = endpoint
-        .strip_prefix("tcp://")
-        .or_else(|| endpoint.strip_prefix("http://"))
-    {
-        let stream = tokio::net::TcpStream::connect(address.trim_end_matches('/')).await?;
-        stream.set_nodelay(true)?;
-        upgrade_over(stream, path, headers).await
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            format!("cannot open a BuildKit session to `{endpoint}`: only unix:// and tcp:// engines are supported"),
-        ))
-    }
+    let stream = endpoint.connect().await.map_err(io::Error::other)?;
+    upgrade_over(stream, path, headers).await
 }
 
 async fn upgrade_over<S>(stream: S, path: &str, headers: &[(&str, String)]) -> io::Result<Upgraded>

@@ -9,6 +9,7 @@ pub mod secrets;
 mod session;
 pub mod ssh;
 
+use crate::endpoint::Endpoint;
 use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
 use bollard_buildkit_proto::moby::buildkit::v1::{
     CacheOptions, CacheOptionsEntry, SolveRequest, StatusRequest, StatusResponse,
@@ -21,7 +22,7 @@ use ssh::SshAgents;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Why a solve did not produce an image.
 #[derive(Debug, thiserror::Error)]
@@ -102,13 +103,13 @@ pub struct Solved {
 /// Runs `build` on the engine at `endpoint`. Status updates go to `on_status` as they
 /// come. Dropping the returned future cancels the build in the engine.
 pub async fn solve(
-    endpoint: &str,
+    endpoint: &Endpoint,
     build: DockerfileBuild<'_>,
     auth: SessionAuth,
     mut on_status: impl FnMut(StatusResponse) + Send,
 ) -> Result<Solved, SolveError> {
     let connect = |source: std::io::Error| SolveError::Connect {
-        endpoint: endpoint.to_string(),
+        endpoint: endpoint.name.clone(),
         source,
     };
     let full = build.context.join(build.dockerfile);
@@ -224,18 +225,24 @@ fn cache_imports_attr(imports: &[CacheOptionsEntry]) -> String {
 }
 
 /// BuildKit's control API on a connection of its own.
-async fn control_client(endpoint: &str) -> std::io::Result<ControlClient<Channel>> {
-    let endpoint_owned = endpoint.to_string();
+async fn control_client(endpoint: &Endpoint) -> std::io::Result<ControlClient<Channel>> {
+    let endpoint_owned = endpoint.clone();
     let connector = tower::service_fn(move |_: http::Uri| {
         let endpoint = endpoint_owned.clone();
         async move { connection::upgrade(&endpoint, "/grpc", &[]).await }
     });
-    let channel = Endpoint::from_static("http://docker.buildkit")
+    let channel = tonic::transport::Endpoint::from_static("http://docker.buildkit")
         .connect_with_connector(connector)
         .await
         .map_err(std::io::Error::other)?;
     // Status updates of a big build can exceed tonic's 4 MiB default.
     Ok(ControlClient::new(channel).max_decoding_message_size(64 * 1024 * 1024))
+}
+
+/// Whether BuildKit answers on the engine: its control API's `/grpc` upgrade is accepted
+/// (over the same transport a build uses).
+pub async fn reachable(endpoint: &Endpoint) -> std::io::Result<()> {
+    connection::upgrade(endpoint, "/grpc", &[]).await.map(drop)
 }
 
 /// The same context directory gets the same key, so the engine's copy of what it was

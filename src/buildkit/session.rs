@@ -69,7 +69,7 @@ impl Session {
     /// the engine keep the files it was sent for the next session with the same key, so a
     /// rerun transfers only what changed.
     pub async fn start(
-        endpoint: &str,
+        endpoint: &crate::endpoint::Endpoint,
         shared_key: &str,
         services: Services,
     ) -> std::io::Result<Session> {

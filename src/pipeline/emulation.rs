@@ -89,7 +89,7 @@ impl<'a> EmulationPlan<'a> {
         for image in &plan.images {
             let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
             for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
-                let engine = builders.for_platform(&unit.platform);
+                let engine = builders.for_unit(unit);
                 if unit.platform.os_arch() == engine.native.os_arch() {
                     continue;
                 }

@@ -20,6 +20,7 @@ use crate::store::{connect_registry, Destination};
 use crate::{Error, Platform, Result};
 pub use emulation::image_needs_emulation;
 use emulation::EmulationPlan;
+use std::collections::BTreeMap;
 use together::{build_and_push_image, solved_together};
 use unit::build_and_push;
 
@@ -87,8 +88,7 @@ async fn build_and_push_all<'a>(
             Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
         }
     };
-    let needed: Vec<Platform> = plan.units.iter().map(|u| u.platform.clone()).collect();
-    let builders = Builders::connect(engine.clone(), &project.builders, &needed).await?;
+    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
@@ -101,6 +101,7 @@ async fn build_and_push_all<'a>(
         replays: Default::default(),
         bases: inputs::RemoteBases::new(&options.registry),
         reporter,
+        fallbacks: builders.fallbacks.clone(),
     };
     let run = &run;
     // `--jobs` bounds the solves running at once: a platform's own, or one for several
@@ -138,7 +139,7 @@ async fn build_and_push_all<'a>(
                 .await;
             }
             futures_util::future::try_join_all(units.iter().map(|unit| async move {
-                let engine = builders.for_platform(&unit.platform);
+                let engine = builders.for_unit(unit);
                 let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
                 let emulated = emulation.is_emulated(unit);
                 match build_and_push(engine, destination_ref, unit, emulated, run).await {
@@ -225,20 +226,25 @@ struct Run<'a> {
     replays: inputs::Replays,
     bases: inputs::RemoteBases,
     reporter: &'a dyn Reporter,
+    /// Platforms built on the default engine because their builders were unreachable.
+    fallbacks: BTreeMap<Platform, String>,
 }
 
 impl Run<'_> {
-    /// Whether the engine, which reaches registries with its own settings (loopback as
-    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: always for a
-    /// loopback registry; elsewhere only when no `--insecure-registry` or CA of polyarch's
-    /// own is needed for it.
-    fn engine_reaches(&self, image: &ImageSpec) -> bool {
+    /// Whether `engine`, which reaches registries with its own settings (loopback as
+    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
+    /// registry when the engine runs on this machine; elsewhere only when no
+    /// `--insecure-registry` or CA of polyarch's own is needed for it.
+    fn engine_reaches(&self, image: &ImageSpec, engine: &Engine) -> bool {
         let Ok(reference) = registry::parse_reference(&image.repository) else {
             return false;
         };
         let host = reference.registry();
-        registry::is_loopback(host)
-            || (self.registry.ca_certs.is_empty()
-                && !self.registry.insecure.iter().any(|h| h == host))
+        if registry::is_loopback(host) {
+            // A loopback registry is this machine's: an engine on another host has its own
+            // loopback, so polyarch exports from it and pushes.
+            return engine.location.is_local();
+        }
+        self.registry.ca_certs.is_empty() && !self.registry.insecure.iter().any(|h| h == host)
     }
 }

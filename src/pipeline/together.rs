@@ -27,15 +27,15 @@ pub(super) fn solved_together<'e>(
     run: &Run<'_>,
 ) -> Option<&'e Engine> {
     let image = units.first()?.image;
-    let engine = builders.for_platform(&units[0].platform);
+    let engine = builders.for_unit(units[0]);
     let one_engine = units
         .iter()
-        .all(|u| builders.for_platform(&u.platform).endpoint == engine.endpoint);
+        .all(|u| builders.for_unit(u).endpoint == engine.endpoint);
     (units.len() > 1
         && one_engine
         && engine.buildkit
         && engine.containerd_store
-        && run.engine_reaches(image)
+        && run.engine_reaches(image, engine)
         && image.cache_from.is_empty()
         && image.cache_to.is_none())
     .then_some(engine)
@@ -167,6 +167,7 @@ pub(super) async fn build_together(
                 seconds: (built.seconds * 10.0).round() / 10.0,
                 reused: false,
                 builder: Some(engine.endpoint.clone()),
+                fallback: run.fallbacks.get(&unit.platform).cloned(),
             },
         });
     }

@@ -119,6 +119,7 @@ pub(super) async fn reuse(
                     seconds: 0.0,
                     reused: true,
                     builder: Some(engine.endpoint.clone()),
+                    fallback: run.fallbacks.get(&unit.platform).cloned(),
                 },
             ))));
         }
@@ -209,7 +210,7 @@ pub(super) async fn build_unit(
     );
     let output = match destination {
         Destination::Registry(_)
-            if engine.buildkit && engine.containerd_store && run.engine_reaches(image) =>
+            if engine.buildkit && engine.containerd_store && run.engine_reaches(image, engine) =>
         {
             build::Output::Registry(&image.repository)
         }
@@ -241,6 +242,7 @@ pub(super) async fn build_unit(
         seconds: (built.seconds * 10.0).round() / 10.0,
         reused: false,
         builder: Some(engine.endpoint.clone()),
+        fallback: run.fallbacks.get(&unit.platform).cloned(),
     };
     let reference = first_tag(image)?;
 

@@ -4,7 +4,10 @@
 //! like any other, and both leave a [`Provenance`] so the record can say where a value
 //! came from.
 
-use super::{closest, q, Entries, RawCache, RawImage, RawProject, RawSecret};
+use super::{
+    closest, q, Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret,
+    RawTls,
+};
 use crate::record::ValueSource;
 use std::collections::BTreeSet;
 
@@ -241,7 +244,9 @@ pub(super) fn each_string<E>(
     } = raw;
     one(f, "binfmt", binfmt)?;
     one(f, "binfmt_image", binfmt_image)?;
-    entries(f, "builders", builders)?;
+    for (key, builder) in builders.iter_mut().flat_map(|e| e.0.iter_mut()) {
+        builder_strings(f, &format!("builders.{key}"), builder)?;
+    }
     for (name, image) in images.iter_mut().flat_map(|e| e.0.iter_mut()) {
         let at = |field: &str| format!("images.{name}.{field}");
         let RawImage {
@@ -287,6 +292,34 @@ pub(super) fn each_string<E>(
         one(f, &at("no_cache"), no_cache)?;
     }
     Ok(())
+}
+
+fn builder_strings<E>(
+    f: Visit<E>,
+    at: &str,
+    builder: &mut RawBuilder,
+) -> std::result::Result<(), E> {
+    match builder {
+        RawBuilder::Address(host) => f(at, host),
+        RawBuilder::Map(RawBuilderMap {
+            host,
+            tls,
+            fallback,
+        }) => {
+            one(f, &format!("{at}.host"), host)?;
+            one(f, &format!("{at}.fallback"), fallback)?;
+            if let Some(RawTls { ca, cert, key }) = tls {
+                one(f, &format!("{at}.tls.ca"), ca)?;
+                one(f, &format!("{at}.tls.cert"), cert)?;
+                one(f, &format!("{at}.tls.key"), key)?;
+            }
+            Ok(())
+        }
+        RawBuilder::List(list) => list
+            .iter_mut()
+            .enumerate()
+            .try_for_each(|(i, one)| builder_strings(f, &format!("{at}[{i}]"), one)),
+    }
 }
 
 type Visit<'a, E> = &'a mut dyn FnMut(&str, &mut String) -> std::result::Result<(), E>;
