@@ -33,6 +33,7 @@ tools=(
   "openssl:openssl"
   "objdump:binutils"
   "curl:curl"
+  "python3:python3"
   "make:make"
   "flock:util-linux"
   "ssh-agent:openssh-client"

@@ -660,6 +660,9 @@ async fn connect_registry(
 ) -> Result<Registry> {
     let registry = Registry::new(&registry_hosts(images)?, options)?;
     for image in images {
+        registry.declare(&first_tag(image)?, push).await;
+    }
+    for image in images {
         registry.probe(&first_tag(image)?, push).await?;
     }
     Ok(registry)

@@ -113,16 +113,53 @@ pub(super) fn classify(error: &OciDistributionError) -> Failure {
     }
 }
 
+/// One failed attempt of a call, as much as retrying and wording it need.
+#[derive(Debug)]
+pub(super) struct Attempt {
+    pub status: Option<u16>,
+    pub failure: Failure,
+    pub detail: String,
+}
+
+impl From<OciDistributionError> for Attempt {
+    fn from(error: OciDistributionError) -> Self {
+        Attempt {
+            status: status_of(&error),
+            failure: classify(&error),
+            detail: chain(&error),
+        }
+    }
+}
+
+impl From<reqwest::Error> for Attempt {
+    fn from(error: reqwest::Error) -> Self {
+        Attempt::from(OciDistributionError::RequestError(error))
+    }
+}
+
+impl Attempt {
+    /// An HTTP answer of `status` that is not what was asked for.
+    pub fn answered(status: u16, url: &str, detail: String) -> Self {
+        Attempt::from(OciDistributionError::ServerError {
+            code: status,
+            url: url.to_string(),
+            message: detail,
+        })
+    }
+}
+
 pub(super) fn registry_error(
     reference: &Reference,
     what: &str,
-    error: OciDistributionError,
-    failure: Failure,
+    attempt: Attempt,
     attempts: u32,
 ) -> Error {
     let registry = reference.registry().to_string();
-    let detail = chain(&error);
-    let status = status_of(&error);
+    let Attempt {
+        status,
+        failure,
+        detail,
+    } = attempt;
     let message = if matches!(status, Some(401)) {
         format!(
             "401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"

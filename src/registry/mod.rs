@@ -1,6 +1,7 @@
 //! Talking to an OCI distribution registry through oci-client: blobs by digest (HEAD
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
+mod auth;
 mod failure;
 mod probe;
 mod reference;
@@ -12,7 +13,8 @@ use crate::credentials::{self, Credential};
 use crate::oci::{self, ManifestBlob};
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Platform, Result};
-use failure::{classify, digest_mismatch, registry_error, Failure};
+use auth::{Challenge, Scopes, TokenAnswer, Tokens};
+use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
 use futures_util::TryStreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
@@ -24,7 +26,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest manifest or config polyarch will read; real ones are a few KiB.
 const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
@@ -122,6 +124,10 @@ pub struct Inner {
     /// Per registry: whether it speaks plain HTTP, and then whether it wants no token
     /// (decided on first contact).
     schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Scheme>>>>,
+    /// Per registry: the token realm it sends clients to, or None (basic auth or none).
+    challenges: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Challenge>>>>>,
+    /// Per registry with a token realm: the run's one token and the scopes it wants.
+    tokens: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Tokens>>>>,
     /// Manifests read by digest in this run: content addressed, so never read twice.
     manifests: Mutex<HashMap<String, Arc<ManifestRead>>>,
     /// Per registry, resolved once (CLI, credential helpers, Docker config).
@@ -135,11 +141,13 @@ pub struct Inner {
 }
 
 /// How a loopback or insecure registry is spoken to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Scheme {
-    /// Plain HTTP; `open`: it serves anonymous requests without a token.
+    /// Plain HTTP; `open`: it serves anonymous requests without a token; `bearer`: the
+    /// token realm its `/v2/` named, when it was asked on a known port.
     Plain {
         open: bool,
+        bearer: Option<Challenge>,
     },
     Tls,
 }
@@ -154,6 +162,10 @@ struct Clients {
     unverified: OnceLock<Client>,
     /// Plain HTTP for loopback and `--insecure-registry` registries.
     plain: OnceLock<Client>,
+    /// reqwest itself, verified and not, for what oci-client cannot share: the `/v2/`
+    /// challenge of a TLS registry and token fetches.
+    http: OnceLock<reqwest::Client>,
+    http_unverified: OnceLock<reqwest::Client>,
 }
 
 impl Clients {
@@ -182,6 +194,30 @@ impl Clients {
     fn unverified(&self) -> &Client {
         self.unverified
             .get_or_init(|| Client::new(self.config(ClientProtocol::Https, false)))
+    }
+
+    fn http(&self, verified: bool) -> &reqwest::Client {
+        let cell = if verified {
+            &self.http
+        } else {
+            &self.http_unverified
+        };
+        cell.get_or_init(|| {
+            let mut builder = reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(10))
+                .read_timeout(Duration::from_secs(60))
+                .danger_accept_invalid_certs(!verified);
+            if verified {
+                // A file that is no PEM certificate fails oci-client's clients already.
+                for pem in &self.extra_root_certificates {
+                    if let Ok(certificate) = reqwest::Certificate::from_pem(&pem.data) {
+                        builder = builder.add_root_certificate(certificate);
+                    }
+                }
+            }
+            // As oci-client's own clients: a builder that fails falls back to the default.
+            builder.build().unwrap_or_else(|_| reqwest::Client::new())
+        })
     }
 
     /// Verified still: a redirect may lead to an HTTPS host.
@@ -227,10 +263,14 @@ impl Registry {
                 https: OnceLock::new(),
                 unverified: OnceLock::new(),
                 plain: OnceLock::new(),
+                http: OnceLock::new(),
+                http_unverified: OnceLock::new(),
             },
             plain_capable,
             insecure,
             schemes: Mutex::default(),
+            challenges: Mutex::default(),
+            tokens: Mutex::default(),
             manifests: Mutex::default(),
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
@@ -274,7 +314,7 @@ impl Registry {
             self.clients.https()
         } else {
             match self.scheme(&host, reference).await {
-                Scheme::Plain { open } => {
+                Scheme::Plain { open, .. } => {
                     if open {
                         self.send_empty_bearer(&host)?;
                     }
@@ -284,9 +324,11 @@ impl Registry {
                 Scheme::Tls => self.clients.https(),
             }
         };
-        client
-            .store_auth_if_needed(&resolved, &self.auth_for(&host)?)
-            .await;
+        if self.challenge(reference).await.is_none() {
+            client
+                .store_auth_if_needed(&resolved, &self.auth_for(&host)?)
+                .await;
+        }
         Ok(client)
     }
 
@@ -317,38 +359,43 @@ impl Registry {
             .entry(host.to_string())
             .or_default()
             .clone();
-        *cell
-            .get_or_init(|| async {
-                let resolved = reference.resolve_registry();
-                if has_port(resolved) {
-                    if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
-                        return Scheme::Plain {
-                            open: answer.is_open(),
-                        };
+        cell.get_or_init(|| async {
+            let resolved = reference.resolve_registry();
+            if has_port(resolved) {
+                if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
+                    return Scheme::Plain {
+                        open: answer.is_open(),
+                        bearer: answer.bearer(),
+                    };
+                }
+            }
+            let absent = format!("sha256:{}", "0".repeat(64));
+            let probe = self
+                .clients
+                .unverified()
+                .blob_exists(reference, &absent)
+                .await;
+            match probe {
+                // No HTTP answer, and not for a certificate problem (which means the
+                // server does speak TLS).
+                Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
+                    match classify(&OciDistributionError::RequestError(e)) {
+                        Failure::Tls => Scheme::Tls,
+                        _ => Scheme::Plain {
+                            open: false,
+                            bearer: None,
+                        },
                     }
                 }
-                let absent = format!("sha256:{}", "0".repeat(64));
-                let probe = self
-                    .clients
-                    .unverified()
-                    .blob_exists(reference, &absent)
-                    .await;
-                match probe {
-                    // No HTTP answer, and not for a certificate problem (which means the
-                    // server does speak TLS).
-                    Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
-                        match classify(&OciDistributionError::RequestError(e)) {
-                            Failure::Tls => Scheme::Tls,
-                            _ => Scheme::Plain { open: false },
-                        }
-                    }
-                    _ => Scheme::Tls,
-                }
-            })
-            .await
+                _ => Scheme::Tls,
+            }
+        })
+        .await
+        .clone()
     }
 
-    /// Runs one registry call with bounded, jittered retries of transient failures.
+    /// Runs one registry call with bounded, jittered retries of transient failures, with
+    /// the run's token where the registry wants one (fetched again once when refused).
     /// Every oci-client call goes through here.
     async fn call<'a, T, F, Fut>(
         &'a self,
@@ -361,26 +408,197 @@ impl Registry {
         Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
     {
         let client = self.client_for(reference).await?;
-        let auth = self.auth_for(reference.registry())?;
-        let mut waited = Duration::ZERO;
-        let mut attempt = 1;
+        let mut renewed = false;
         loop {
-            let error = match op(client, auth.clone()).await {
+            let (auth, token) = match self.challenge(reference).await {
+                Some(challenge) => {
+                    let token = self.token(reference, &challenge, false).await?;
+                    let auth = RegistryAuth::Bearer(token.clone());
+                    // oci-client keeps a token per repository and operation and fetches its
+                    // own on a miss; handed the run's token for both, it never does. With
+                    // a bearer it only stores it: nothing can fail.
+                    for operation in [RegistryOperation::Pull, RegistryOperation::Push] {
+                        let _ = client.auth(reference, &auth, operation).await;
+                    }
+                    (auth, Some(token))
+                }
+                None => (self.auth_for(reference.registry())?, None),
+            };
+            let attempt = || {
+                let call = op(client, auth.clone());
+                async move { call.await.map_err(Attempt::from) }
+            };
+            match self.retrying(attempt).await {
                 Ok(value) => return Ok(value),
-                Err(e) => e,
+                // A registry refuses a token that lapsed early or lacks a scope it now
+                // wants: one new token, asked with every scope, then the call again.
+                Err((failed, _)) if failed.status == Some(401) && !renewed && token.is_some() => {
+                    renewed = true;
+                    let state = self.token_state(reference.registry());
+                    state
+                        .lock()
+                        .await
+                        .reject(token.as_deref().unwrap_or_default());
+                }
+                Err((failed, attempts)) => {
+                    return Err(registry_error(reference, what, failed, attempts))
+                }
+            }
+        }
+    }
+
+    /// Bounded, jittered retries of transient failures; the last failure and the number
+    /// of attempts when it gives up.
+    async fn retrying<T, F, Fut>(&self, mut attempt: F) -> std::result::Result<T, (Attempt, u32)>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, Attempt>>,
+    {
+        let mut waited = Duration::ZERO;
+        let mut count = 1;
+        loop {
+            let failed = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(failed) => failed,
             };
-            let failure = classify(&error);
-            let Failure::Transient(min) = failure else {
-                return Err(registry_error(reference, what, error, failure, attempt));
+            let Failure::Transient(min) = failed.failure else {
+                return Err((failed, count));
             };
-            let delay = self.retry.delay(attempt).max(min);
-            if attempt >= self.retry.attempts || waited + delay > self.retry.total {
-                return Err(registry_error(reference, what, error, failure, attempt));
+            let delay = self.retry.delay(count).max(min);
+            if count >= self.retry.attempts || waited + delay > self.retry.total {
+                return Err((failed, count));
             }
             tokio::time::sleep(delay).await;
             waited += delay;
-            attempt += 1;
+            count += 1;
         }
+    }
+
+    /// The token realm of the reference's registry, asked once: from its plain `/v2/`
+    /// answer when there was one, else by `GET /v2/`. None for registries without one, and
+    /// for identity tokens (and the empty bearer), which are presented as they are.
+    async fn challenge(&self, reference: &Reference) -> Option<Challenge> {
+        let host = reference.registry();
+        let cell = self
+            .challenges
+            .lock()
+            .expect("challenge lock")
+            .entry(host.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| async {
+            if !matches!(
+                self.auth_for(host),
+                Ok(RegistryAuth::Anonymous | RegistryAuth::Basic(..))
+            ) {
+                return None;
+            }
+            let resolved = reference.resolve_registry();
+            let (scheme, verified) = if self.plain_capable.contains(host) {
+                match self.scheme(host, reference).await {
+                    Scheme::Plain { bearer, .. } if has_port(resolved) => return bearer,
+                    Scheme::Plain { .. } => ("http", true),
+                    Scheme::Tls => ("https", !self.insecure.contains(host)),
+                }
+            } else {
+                ("https", true)
+            };
+            let url = format!("{scheme}://{resolved}/v2/");
+            let answer = self.clients.http(verified).get(&url).send().await.ok()?;
+            let header = answer.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
+            auth::parse_challenge(header.to_str().ok()?)
+        })
+        .await
+        .clone()
+    }
+
+    fn token_state(&self, registry: &str) -> Arc<tokio::sync::Mutex<Tokens>> {
+        self.tokens
+            .lock()
+            .expect("token lock")
+            .entry(registry.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Declares a repository the run will use (`push`: and push to), before any call, so
+    /// the registry's one token is asked for all of them at once.
+    pub async fn declare(&self, reference: &Reference, push: bool) {
+        let state = self.token_state(reference.registry());
+        state.lock().await.want(reference.repository(), push);
+    }
+
+    /// The run's token for the reference's registry, covering its repository (`push`: for
+    /// pushing too): the one held, or one fetched for every scope the run wants. Calls
+    /// wait for each other here, so concurrent ones share one fetch.
+    async fn token(
+        &self,
+        reference: &Reference,
+        challenge: &Challenge,
+        push: bool,
+    ) -> Result<String> {
+        let state = self.token_state(reference.registry());
+        let mut tokens = state.lock().await;
+        if let Some(token) = tokens.current(reference.repository(), push, Instant::now()) {
+            return Ok(token);
+        }
+        let asked = tokens.ask_with(reference.repository(), push);
+        let credentials = match self.auth_for(reference.registry())? {
+            RegistryAuth::Basic(user, password) => Some((user, password)),
+            _ => None,
+        };
+        let fetched = self
+            .retrying(|| self.fetch_token(challenge, &asked, credentials.as_ref()))
+            .await;
+        let (token, expires_in) =
+            fetched.map_err(|(failed, n)| registry_error(reference, "authenticate", failed, n))?;
+        tokens.store(token.clone(), asked, expires_in, Instant::now());
+        Ok(token)
+    }
+
+    /// One `GET realm?service=…&scope=…&scope=…`, as Docker's token spec has it.
+    async fn fetch_token(
+        &self,
+        challenge: &Challenge,
+        scopes: &Scopes,
+        credentials: Option<&(String, String)>,
+    ) -> std::result::Result<(String, Option<u64>), Attempt> {
+        let mut query: Vec<(&str, String)> = scopes
+            .parameters()
+            .into_iter()
+            .map(|scope| ("scope", scope))
+            .collect();
+        if let Some(service) = &challenge.service {
+            query.push(("service", service.clone()));
+        }
+        // A realm on an `--insecure-registry` host is trusted as that registry is.
+        let verified = !self
+            .insecure
+            .iter()
+            .any(|host| challenge.realm.contains(&format!("://{host}/")));
+        let mut request = self
+            .clients
+            .http(verified)
+            .get(&challenge.realm)
+            .query(&query);
+        if let Some((user, password)) = credentials {
+            request = request.basic_auth(user, Some(password));
+        }
+        let answer = request.send().await?;
+        let status = answer.status().as_u16();
+        let body = answer.bytes().await?;
+        if !(200..300).contains(&status) {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(Attempt::answered(status, &challenge.realm, text));
+        }
+        serde_json::from_slice::<TokenAnswer>(&body)
+            .ok()
+            .and_then(TokenAnswer::token)
+            .ok_or_else(|| Attempt {
+                status: Some(status),
+                failure: Failure::Permanent,
+                detail: format!("the token server {} answered no token", challenge.realm),
+            })
     }
 
     async fn authenticate(
@@ -388,6 +606,10 @@ impl Registry {
         reference: &Reference,
         operation: RegistryOperation,
     ) -> Result<()> {
+        if let Some(challenge) = self.challenge(reference).await {
+            let push = operation == RegistryOperation::Push;
+            return self.token(reference, &challenge, push).await.map(drop);
+        }
         self.call(reference, "authenticate", |c, auth| async move {
             c.auth(reference, &auth, operation).await.map(|_| ())
         })

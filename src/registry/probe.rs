@@ -1,6 +1,7 @@
 //! Which registries speak plain HTTP, what their `/v2/` answers, and where Docker keeps
 //! their trust roots.
 
+use super::auth::{parse_challenge, Challenge};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,22 +14,28 @@ pub(super) fn has_port(address: &str) -> bool {
 
 /// What a registry's `GET /v2/` over plain HTTP answered: the status and whether it set a
 /// challenge (`WWW-Authenticate`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct PlainAnswer {
     status: u16,
-    challenge: bool,
+    /// Its `WWW-Authenticate`, when it set one.
+    challenge: Option<String>,
 }
 
 impl PlainAnswer {
     /// A registry's own answers (200 open, 401 challenged); a TLS server that gets a
     /// plain request answers 400, so anything else proves nothing.
-    pub(super) fn is_registry(self) -> bool {
+    pub(super) fn is_registry(&self) -> bool {
         matches!(self.status, 200 | 401)
     }
 
+    /// The Bearer challenge it set: the registry wants tokens from that realm.
+    pub(super) fn bearer(&self) -> Option<Challenge> {
+        self.challenge.as_deref().and_then(parse_challenge)
+    }
+
     /// Serves anonymous requests without a token.
-    pub(super) fn is_open(self) -> bool {
-        self.status == 200 && !self.challenge
+    pub(super) fn is_open(&self) -> bool {
+        self.status == 200 && self.challenge.is_none()
     }
 }
 
@@ -68,9 +75,11 @@ pub(super) fn parse_plain_answer(head: &[u8]) -> Option<PlainAnswer> {
         return None;
     }
     let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
-    let challenge = lines.any(|line| {
-        line.split_once(':')
-            .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("www-authenticate"))
+    let challenge = lines.find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("www-authenticate")
+            .then(|| value.trim().to_string())
     });
     Some(PlainAnswer { status, challenge })
 }
