@@ -3,8 +3,15 @@
 //! repository set (every scope in one request, as buildx and containerd ask), shared by
 //! all calls, and fetches again only on expiry or when a call needs a scope it lacks.
 
+use super::failure::{registry_error, Attempt, Failure};
+use super::probe::has_port;
+use super::{Registry, Scheme};
+use crate::Result;
+use oci_client::secrets::RegistryAuth;
+use oci_client::Reference;
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A registry's `WWW-Authenticate: Bearer realm="…",service="…"`.
@@ -155,6 +162,135 @@ impl Tokens {
         if self.granted.as_ref().is_some_and(|g| g.token == token) {
             self.granted = None;
         }
+    }
+}
+
+impl Registry {
+    /// The token realm of the reference's registry, asked once: from its plain `/v2/`
+    /// answer when there was one, else by `GET /v2/`. None for registries without one, and
+    /// for identity tokens (and the empty bearer), which are presented as they are.
+    pub(super) async fn challenge(&self, reference: &Reference) -> Option<Challenge> {
+        let host = reference.registry();
+        let cell = self
+            .challenges
+            .lock()
+            .expect("challenge lock")
+            .entry(host.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| async {
+            if !matches!(
+                self.auth_for(host),
+                Ok(RegistryAuth::Anonymous | RegistryAuth::Basic(..))
+            ) {
+                return None;
+            }
+            let resolved = reference.resolve_registry();
+            let (scheme, verified) = if self.plain_capable.contains(host) {
+                match self.scheme(host, reference).await {
+                    Scheme::Plain { bearer, .. } if has_port(resolved) => return bearer,
+                    Scheme::Plain { .. } => ("http", true),
+                    Scheme::Tls => ("https", !self.insecure.contains(host)),
+                }
+            } else {
+                ("https", true)
+            };
+            let url = format!("{scheme}://{resolved}/v2/");
+            let answer = self.clients.http(verified).get(&url).send().await.ok()?;
+            let header = answer.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
+            parse_challenge(header.to_str().ok()?)
+        })
+        .await
+        .clone()
+    }
+
+    pub(super) fn token_state(&self, registry: &str) -> Arc<tokio::sync::Mutex<Tokens>> {
+        self.tokens
+            .lock()
+            .expect("token lock")
+            .entry(registry.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Declares a repository the run will use (`push`: and push to), before any call, so
+    /// the registry's one token is asked for all of them at once.
+    pub async fn declare(&self, reference: &Reference, push: bool) {
+        let state = self.token_state(reference.registry());
+        state.lock().await.want(reference.repository(), push);
+    }
+
+    /// The run's token for the reference's registry, covering its repository (`push`: for
+    /// pushing too): the one held, or one fetched for every scope the run wants. Calls
+    /// wait for each other here, so concurrent ones share one fetch.
+    pub(super) async fn token(
+        &self,
+        reference: &Reference,
+        challenge: &Challenge,
+        push: bool,
+    ) -> Result<String> {
+        let state = self.token_state(reference.registry());
+        let mut tokens = state.lock().await;
+        if let Some(token) = tokens.current(reference.repository(), push, Instant::now()) {
+            return Ok(token);
+        }
+        let asked = tokens.ask_with(reference.repository(), push);
+        let credentials = match self.auth_for(reference.registry())? {
+            RegistryAuth::Basic(user, password) => Some((user, password)),
+            _ => None,
+        };
+        let fetched = self
+            .retrying(|| self.fetch_token(challenge, &asked, credentials.as_ref()))
+            .await;
+        let (token, expires_in) =
+            fetched.map_err(|(failed, n)| registry_error(reference, "authenticate", failed, n))?;
+        tokens.store(token.clone(), asked, expires_in, Instant::now());
+        Ok(token)
+    }
+
+    /// One `GET realm?service=…&scope=…&scope=…`, as Docker's token spec has it.
+    pub(super) async fn fetch_token(
+        &self,
+        challenge: &Challenge,
+        scopes: &Scopes,
+        credentials: Option<&(String, String)>,
+    ) -> std::result::Result<(String, Option<u64>), Attempt> {
+        let mut query: Vec<(&str, String)> = scopes
+            .parameters()
+            .into_iter()
+            .map(|scope| ("scope", scope))
+            .collect();
+        if let Some(service) = &challenge.service {
+            query.push(("service", service.clone()));
+        }
+        // A realm on an `--insecure-registry` host is trusted as that registry is.
+        let verified = !self
+            .insecure
+            .iter()
+            .any(|host| challenge.realm.contains(&format!("://{host}/")));
+        let mut request = self
+            .clients
+            .http(verified)
+            .get(&challenge.realm)
+            .query(&query);
+        if let Some((user, password)) = credentials {
+            request = request.basic_auth(user, Some(password));
+        }
+        let answer = request.send().await?;
+        let status = answer.status().as_u16();
+        let body = answer.bytes().await?;
+        if !(200..300).contains(&status) {
+            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            return Err(Attempt::answered(status, &challenge.realm, text));
+        }
+        serde_json::from_slice::<TokenAnswer>(&body)
+            .ok()
+            .and_then(TokenAnswer::token)
+            .ok_or_else(|| Attempt {
+                status: Some(status),
+                failure: Failure::Permanent,
+                detail: format!("the token server {} answered no token", challenge.realm),
+            })
     }
 }
 

@@ -2,31 +2,32 @@
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
 mod auth;
+mod clients;
 mod failure;
 mod probe;
+mod push;
 mod reference;
 
 pub use probe::{certs_d_root, is_loopback};
+pub use push::BlobProgress;
 pub use reference::parse_reference;
 
 use crate::credentials::{self, Credential};
-use crate::oci::{self, ManifestBlob};
-use crate::progress::{Event, Phase, Reporter};
-use crate::{Error, Platform, Result};
-use auth::{Challenge, Scopes, TokenAnswer, Tokens};
+use crate::oci;
+use crate::{Error, Result};
+use auth::{Challenge, Tokens};
+use clients::Clients;
 use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
 use futures_util::TryStreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use probe::{ask_plain_v2, certs_d_files, has_port};
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Largest manifest or config polyarch will read; real ones are a few KiB.
 const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
@@ -150,87 +151,6 @@ enum Scheme {
         bearer: Option<Challenge>,
     },
     Tls,
-}
-
-/// The registry clients, each built on first use.
-struct Clients {
-    extra_root_certificates: Vec<oci_client::client::Certificate>,
-    /// HTTPS, verified against the system roots plus the extra CAs.
-    https: OnceLock<Client>,
-    /// HTTPS without certificate checks: telling TLS from plain HTTP, and
-    /// `--insecure-registry` hosts that speak TLS.
-    unverified: OnceLock<Client>,
-    /// Plain HTTP for loopback and `--insecure-registry` registries.
-    plain: OnceLock<Client>,
-    /// reqwest itself, verified and not, for what oci-client cannot share: the `/v2/`
-    /// challenge of a TLS registry and token fetches.
-    http: OnceLock<reqwest::Client>,
-    http_unverified: OnceLock<reqwest::Client>,
-}
-
-impl Clients {
-    fn config(&self, protocol: ClientProtocol, verified: bool) -> ClientConfig {
-        ClientConfig {
-            protocol,
-            // One streaming PUT per blob: the size is known from the spool file.
-            use_monolithic_push: true,
-            extra_root_certificates: if verified {
-                self.extra_root_certificates.clone()
-            } else {
-                Vec::new()
-            },
-            accept_invalid_certificates: !verified,
-            connect_timeout: Some(Duration::from_secs(10)),
-            read_timeout: Some(Duration::from_secs(60)),
-            ..Default::default()
-        }
-    }
-
-    fn https(&self) -> &Client {
-        self.https
-            .get_or_init(|| Client::new(self.config(ClientProtocol::Https, true)))
-    }
-
-    fn unverified(&self) -> &Client {
-        self.unverified
-            .get_or_init(|| Client::new(self.config(ClientProtocol::Https, false)))
-    }
-
-    fn http(&self, verified: bool) -> &reqwest::Client {
-        let cell = if verified {
-            &self.http
-        } else {
-            &self.http_unverified
-        };
-        cell.get_or_init(|| {
-            let mut builder = reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(10))
-                .read_timeout(Duration::from_secs(60))
-                .danger_accept_invalid_certs(!verified);
-            if verified {
-                // A file that is no PEM certificate fails oci-client's clients already.
-                for pem in &self.extra_root_certificates {
-                    if let Ok(certificate) = reqwest::Certificate::from_pem(&pem.data) {
-                        builder = builder.add_root_certificate(certificate);
-                    }
-                }
-            }
-            // As oci-client's own clients: a builder that fails falls back to the default.
-            builder.build().unwrap_or_else(|_| reqwest::Client::new())
-        })
-    }
-
-    /// Verified still: a redirect may lead to an HTTPS host.
-    fn plain(&self) -> &Client {
-        self.plain
-            .get_or_init(|| Client::new(self.config(ClientProtocol::Http, true)))
-    }
-}
-
-/// What a blob upload sends: a spooled file (restartable) or bytes in memory.
-enum Body<'a> {
-    File { path: &'a Path, size: u64 },
-    Bytes(&'a [u8]),
 }
 
 impl Registry {
@@ -474,133 +394,6 @@ impl Registry {
         }
     }
 
-    /// The token realm of the reference's registry, asked once: from its plain `/v2/`
-    /// answer when there was one, else by `GET /v2/`. None for registries without one, and
-    /// for identity tokens (and the empty bearer), which are presented as they are.
-    async fn challenge(&self, reference: &Reference) -> Option<Challenge> {
-        let host = reference.registry();
-        let cell = self
-            .challenges
-            .lock()
-            .expect("challenge lock")
-            .entry(host.to_string())
-            .or_default()
-            .clone();
-        cell.get_or_init(|| async {
-            if !matches!(
-                self.auth_for(host),
-                Ok(RegistryAuth::Anonymous | RegistryAuth::Basic(..))
-            ) {
-                return None;
-            }
-            let resolved = reference.resolve_registry();
-            let (scheme, verified) = if self.plain_capable.contains(host) {
-                match self.scheme(host, reference).await {
-                    Scheme::Plain { bearer, .. } if has_port(resolved) => return bearer,
-                    Scheme::Plain { .. } => ("http", true),
-                    Scheme::Tls => ("https", !self.insecure.contains(host)),
-                }
-            } else {
-                ("https", true)
-            };
-            let url = format!("{scheme}://{resolved}/v2/");
-            let answer = self.clients.http(verified).get(&url).send().await.ok()?;
-            let header = answer.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
-            auth::parse_challenge(header.to_str().ok()?)
-        })
-        .await
-        .clone()
-    }
-
-    fn token_state(&self, registry: &str) -> Arc<tokio::sync::Mutex<Tokens>> {
-        self.tokens
-            .lock()
-            .expect("token lock")
-            .entry(registry.to_string())
-            .or_default()
-            .clone()
-    }
-
-    /// Declares a repository the run will use (`push`: and push to), before any call, so
-    /// the registry's one token is asked for all of them at once.
-    pub async fn declare(&self, reference: &Reference, push: bool) {
-        let state = self.token_state(reference.registry());
-        state.lock().await.want(reference.repository(), push);
-    }
-
-    /// The run's token for the reference's registry, covering its repository (`push`: for
-    /// pushing too): the one held, or one fetched for every scope the run wants. Calls
-    /// wait for each other here, so concurrent ones share one fetch.
-    async fn token(
-        &self,
-        reference: &Reference,
-        challenge: &Challenge,
-        push: bool,
-    ) -> Result<String> {
-        let state = self.token_state(reference.registry());
-        let mut tokens = state.lock().await;
-        if let Some(token) = tokens.current(reference.repository(), push, Instant::now()) {
-            return Ok(token);
-        }
-        let asked = tokens.ask_with(reference.repository(), push);
-        let credentials = match self.auth_for(reference.registry())? {
-            RegistryAuth::Basic(user, password) => Some((user, password)),
-            _ => None,
-        };
-        let fetched = self
-            .retrying(|| self.fetch_token(challenge, &asked, credentials.as_ref()))
-            .await;
-        let (token, expires_in) =
-            fetched.map_err(|(failed, n)| registry_error(reference, "authenticate", failed, n))?;
-        tokens.store(token.clone(), asked, expires_in, Instant::now());
-        Ok(token)
-    }
-
-    /// One `GET realm?service=…&scope=…&scope=…`, as Docker's token spec has it.
-    async fn fetch_token(
-        &self,
-        challenge: &Challenge,
-        scopes: &Scopes,
-        credentials: Option<&(String, String)>,
-    ) -> std::result::Result<(String, Option<u64>), Attempt> {
-        let mut query: Vec<(&str, String)> = scopes
-            .parameters()
-            .into_iter()
-            .map(|scope| ("scope", scope))
-            .collect();
-        if let Some(service) = &challenge.service {
-            query.push(("service", service.clone()));
-        }
-        // A realm on an `--insecure-registry` host is trusted as that registry is.
-        let verified = !self
-            .insecure
-            .iter()
-            .any(|host| challenge.realm.contains(&format!("://{host}/")));
-        let mut request = self
-            .clients
-            .http(verified)
-            .get(&challenge.realm)
-            .query(&query);
-        if let Some((user, password)) = credentials {
-            request = request.basic_auth(user, Some(password));
-        }
-        let answer = request.send().await?;
-        let status = answer.status().as_u16();
-        let body = answer.bytes().await?;
-        if !(200..300).contains(&status) {
-            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
-            return Err(Attempt::answered(status, &challenge.realm, text));
-        }
-        serde_json::from_slice::<TokenAnswer>(&body)
-            .ok()
-            .and_then(TokenAnswer::token)
-            .ok_or_else(|| Attempt {
-                status: Some(status),
-                failure: Failure::Permanent,
-                detail: format!("the token server {} answered no token", challenge.realm),
-            })
-    }
-
     async fn authenticate(
         &self,
         reference: &Reference,
@@ -635,174 +428,6 @@ impl Registry {
     pub async fn blob_exists(&self, reference: &Reference, digest: &str) -> Result<bool> {
         self.call(reference, &format!("check blob {digest}"), |c, _| {
             c.blob_exists(reference, digest)
-        })
-        .await
-    }
-
-    /// Uploads a spooled blob unless the registry already has it; returns whether it uploaded.
-    pub async fn push_blob_file(
-        &self,
-        reference: &Reference,
-        path: &Path,
-        digest: &str,
-        size: u64,
-        progress: &BlobProgress<'_>,
-    ) -> Result<bool> {
-        self.push_blob(reference, digest, Body::File { path, size }, Some(progress))
-            .await
-    }
-
-    pub async fn push_blob_bytes(
-        &self,
-        reference: &Reference,
-        bytes: &[u8],
-        digest: &str,
-    ) -> Result<bool> {
-        self.push_blob(reference, digest, Body::Bytes(bytes), None)
-            .await
-    }
-
-    /// HEAD, then a cross-repository mount when this run put the blob in another
-    /// repository of the same registry, then an upload. Concurrent pushes of one digest
-    /// to one registry wait for each other, so a shared layer is uploaded once.
-    async fn push_blob(
-        &self,
-        reference: &Reference,
-        digest: &str,
-        body: Body<'_>,
-        progress: Option<&BlobProgress<'_>>,
-    ) -> Result<bool> {
-        let key = (reference.registry().to_string(), digest.to_string());
-        let repository = reference.repository().to_string();
-        let size = match &body {
-            Body::File { size, .. } => *size,
-            Body::Bytes(b) => b.len() as u64,
-        };
-        let skipped = |progress: Option<&BlobProgress<'_>>| {
-            if let Some(p) = progress {
-                p.add(size);
-            }
-        };
-        let lock = self
-            .uploads
-            .lock()
-            .expect("upload lock")
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let _guard = lock.lock().await;
-        let elsewhere: Vec<String> = {
-            let known = self.known.lock().expect("known lock");
-            match known.get(&key) {
-                Some(repos) if repos.contains(&repository) => {
-                    drop(known);
-                    skipped(progress);
-                    return Ok(false);
-                }
-                Some(repos) => repos.iter().cloned().collect(),
-                None => Vec::new(),
-            }
-        };
-        let remember = || {
-            self.known
-                .lock()
-                .expect("known lock")
-                .entry(key.clone())
-                .or_default()
-                .insert(repository.clone());
-        };
-        if self.blob_exists(reference, digest).await? {
-            remember();
-            skipped(progress);
-            return Ok(false);
-        }
-        self.authenticate(reference, RegistryOperation::Push)
-            .await?;
-        for source_repo in elsewhere {
-            let Ok(source) =
-                parse_reference(&format!("{}/{source_repo}:latest", reference.registry()))
-            else {
-                continue;
-            };
-            let mounted = self
-                .call(reference, &format!("mount blob {digest}"), |c, _| {
-                    c.mount_blob(reference, &source, digest)
-                })
-                .await;
-            // A registry that declines the mount answers 202 and we upload instead.
-            if mounted.is_ok() && self.blob_exists(reference, digest).await? {
-                remember();
-                skipped(progress);
-                return Ok(false);
-            }
-        }
-        let what = format!("upload blob {digest}");
-        match body {
-            Body::File { path, size } => {
-                let counter = progress.map(|p| p.counter());
-                self.call(reference, &what, |c, _| {
-                    let counter = counter.clone();
-                    async move {
-                        let file = tokio::fs::File::open(path).await?;
-                        // Bytes sent by a failed attempt are taken back before the retry.
-                        let sent = Arc::new(AtomicU64::new(0));
-                        let sent_here = sent.clone();
-                        let counted = counter.clone();
-                        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
-                            .inspect_ok(move |chunk| {
-                                sent_here.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                                if let Some(c) = &counted {
-                                    c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                                }
-                            })
-                            .map_err(OciDistributionError::IoError);
-                        let result = c
-                            .push_blob_stream(reference, stream, digest, Some(size))
-                            .await;
-                        if result.is_err() {
-                            if let Some(c) = &counter {
-                                c.fetch_sub(sent.load(Ordering::Relaxed), Ordering::Relaxed);
-                            }
-                        }
-                        result
-                    }
-                })
-                .await?;
-                if let Some(p) = progress {
-                    p.report();
-                }
-            }
-            Body::Bytes(bytes) => {
-                let bytes = bytes::Bytes::copy_from_slice(bytes);
-                self.call(reference, &what, |c, _| {
-                    let bytes = bytes.clone();
-                    async move { c.push_blob(reference, bytes, digest).await }
-                })
-                .await?;
-            }
-        }
-        remember();
-        Ok(true)
-    }
-
-    /// Pushes a manifest under `reference` (a tag, or its own digest).
-    pub async fn push_manifest(
-        &self,
-        reference: &Reference,
-        manifest: &ManifestBlob,
-    ) -> Result<()> {
-        self.authenticate(reference, RegistryOperation::Push)
-            .await?;
-        self.call(reference, "push manifest", |c, _| async move {
-            {
-                let content_type = manifest
-                    .media_type
-                    .parse()
-                    .expect("media types are valid header values");
-                c.push_manifest_raw(reference, manifest.bytes.clone(), content_type)
-                    .await
-                    .map(|_| ())
-            }
         })
         .await
     }
@@ -924,36 +549,6 @@ impl Registry {
         digest: &str,
     ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
         Ok(self.open_blob(reference, digest).await?.stream)
-    }
-}
-
-/// Counts pushed bytes for one image × platform and reports them.
-pub struct BlobProgress<'a> {
-    pub image: &'a str,
-    pub platform: Option<&'a Platform>,
-    pub total: Option<u64>,
-    pub reporter: &'a dyn Reporter,
-    pub done: Arc<AtomicU64>,
-}
-
-impl BlobProgress<'_> {
-    fn counter(&self) -> Arc<AtomicU64> {
-        self.done.clone()
-    }
-
-    fn add(&self, bytes: u64) {
-        self.done.fetch_add(bytes, Ordering::Relaxed);
-        self.report();
-    }
-
-    pub fn report(&self) {
-        self.reporter.report(Event::Bytes {
-            image: self.image.to_string(),
-            platform: self.platform.cloned(),
-            phase: Phase::Push,
-            done: self.done.load(Ordering::Relaxed),
-            total: self.total,
-        });
     }
 }
 
