@@ -171,3 +171,42 @@ fn a_wrong_password_at_the_token_server_is_a_clear_auth_error() {
         server.requests()
     );
 }
+
+#[test]
+fn a_refused_token_is_fetched_again_once_and_the_push_goes_on() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here (with its own tokens)");
+        return;
+    }
+    let server = TokenServer::start(Some((USER, PASS)));
+    let registry = Registry::start_token(&server);
+    let proxy = Proxy::start(registry.port);
+    // The first manifest push is refused as a registry refuses a lapsed token.
+    proxy.add(proxy::Rule::new(
+        "PUT",
+        "/manifests/",
+        proxy::Fault::Status {
+            code: 401,
+            retry_after: None,
+        },
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), support::HELLO);
+    let repo = proxy.repo(&unique_name("tok/renew"));
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let config = docker_config(dir.path(), &proxy.host);
+    let out = run(polyarch()
+        .args(["build", "-f"])
+        .arg(&file)
+        .env("DOCKER_CONFIG", &config));
+    assert_exit(&out, 0);
+    let requests = server.requests();
+    assert_eq!(
+        requests.len(),
+        2,
+        "one token, and one after the 401: {requests:#?}"
+    );
+    assert!(requests
+        .iter()
+        .all(|r| r.status == 200 && r.scopes.len() == 1));
+}
