@@ -21,6 +21,9 @@
 #   BENCH_KEEP=1         keep the temp dir (logs, contexts, registry data)
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
 #
+#   Token auth (bench/tokens.sh): token fetches, requests, uploads and mounts of one
+#     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1.
+#
 # Fairness (see results.md): every cold run gets a fresh nonce file as the first
 # Dockerfile step (so every later step misses the build cache, for both contenders,
 # without pruning the engines' caches, which other users share), a fresh 20 MB random
@@ -658,6 +661,10 @@ if [[ $PROFILE == 1 ]]; then
     esac
   done
 fi
+# token auth: fetches and requests per push against a token-auth registry (bench/tokens.sh)
+log "token auth: 2 images x 2 platforms, polyarch vs buildx bake"
+tokens_table="$(DOCKER_HOST="$H20" TOKENS_BUILDX=$on26 bash "$root/bench/tokens.sh" "$bin" 2>"$tmp/tokens.err")" \
+  || { tokens_table="(failed: $(tail -n 3 "$tmp/tokens.err" | tr '\n' ' '))"; log "token figures failed"; }
 elapsed=$(($(date +%s) - started))
 
 # ------------------------------------------------------------------ report
@@ -694,6 +701,10 @@ table() {
       echo "| ${BIG_MB} MiB layer, polyarch's peak RSS (≤ 64 MiB: $(awk -v r="$big_rss_mib" 'BEGIN { print (r <= 64) ? "PASS" : "FAIL" }')) | ${big_rss_mib} MiB | – | – |"
     fi
   fi
+  echo
+  echo "Registry round trips against a token-auth registry (docker-registry \`auth: token\`, tests/support/token-server.py; one run each, counted from the token server's and registry's logs):"
+  echo
+  echo "$tokens_table"
   echo
   echo "Raw seconds per run:"
   echo

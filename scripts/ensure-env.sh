@@ -33,6 +33,7 @@ tools=(
   "openssl:openssl"
   "objdump:binutils"
   "curl:curl"
+  "python3:python3"
   "make:make"
   "flock:util-linux"
   "ssh-agent:openssh-client"
@@ -124,6 +125,13 @@ ensure_engine() {
 
 # ---------------------------------------------------------------- main
 install_missing
+# The tests' token server (tests/support/token-server.py) signs with Python's cryptography.
+if ! python3 -c 'import cryptography' 2>/dev/null; then
+  [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "missing python3-cryptography (POLYARCH_SKIP_INSTALL=1)"
+  [[ $(id -u) -eq 0 ]] || die "missing python3-cryptography and not root"
+  apt_update
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends python3-cryptography </dev/null
+fi
 if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
 if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
 # Docker 26.1 with the containerd image store beside the machine's engine

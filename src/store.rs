@@ -207,6 +207,9 @@ pub async fn connect_registry(
 ) -> Result<Registry> {
     let registry = Registry::new(&registry_hosts(images)?, options)?;
     for image in images {
+        registry.declare(&first_tag(image)?, push).await;
+    }
+    for image in images {
         registry.probe(&first_tag(image)?, push).await?;
     }
     Ok(registry)

@@ -259,6 +259,9 @@ async fn read_images(
         .map(|(_, r)| r.registry().to_string())
         .collect();
     let registry = Registry::new(&hosts.into_iter().collect::<Vec<_>>(), options)?;
+    for (_, reference) in images {
+        registry.declare(reference, false).await;
+    }
     let registry = &registry;
     let reads = images.iter().map(|(text, reference)| async move {
         let target = Target {

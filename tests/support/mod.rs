@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod engines;
+pub mod token;
 
 use std::fs;
 use std::io::{Read, Write};
@@ -187,6 +188,11 @@ impl Registry {
     }
 
     pub fn start_with(opts: RegistryOptions) -> Registry {
+        Self::start_auth(opts, None)
+    }
+
+    /// `section`: the config's `auth:` section, when not the htpasswd one of `opts`.
+    fn start_auth(opts: RegistryOptions, section: Option<String>) -> Registry {
         let dir = tempfile::Builder::new()
             .prefix("polyarch-registry-")
             .tempdir()
@@ -211,6 +217,9 @@ impl Registry {
                 "auth:\n  htpasswd:\n    realm: polyarch-test\n    path: {}\n",
                 root.join("htpasswd").display()
             );
+        }
+        if let Some(section) = section {
+            auth = section;
         }
         if opts.tls {
             make_test_pki(root);

@@ -1,0 +1,220 @@
+//! How a failed registry call is classified (retried or not) and worded.
+
+use super::probe::certs_d_root;
+use crate::error::one_line;
+use crate::Error;
+use oci_client::errors::OciDistributionError;
+use oci_client::Reference;
+use std::time::Duration;
+
+/// How a failed call should be treated.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Failure {
+    /// Retry after at least this long (429 `Retry-After`, default 1 s).
+    Transient(Duration),
+    /// The certificate chain is not trusted: no retry, a TLS fix.
+    Tls,
+    Permanent,
+}
+
+pub(super) fn digest_mismatch(reference: &Reference, expected: &str, computed: &str) -> Error {
+    Error::Registry {
+        registry: reference.registry().to_string(),
+        message: format!(
+            "content of {reference} does not match its digest (expected {expected}, got {computed}); the registry or a proxy altered it"
+        ),
+    }
+}
+
+/// The error and its sources, on one line.
+pub(super) fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = e.source();
+    }
+    strip_urls(&one_line(&text))
+}
+
+/// URLs in error text lose any `user:pass@` and query string (upload state, tokens).
+pub(super) fn strip_urls(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        out.push_str(&rest[..at + 3]);
+        rest = &rest[at + 3..];
+        let end = rest
+            .find(|c: char| c.is_whitespace() || matches!(c, ')' | ',' | '"' | '\''))
+            .unwrap_or(rest.len());
+        let url = &rest[..end];
+        let url = match url.find('/') {
+            Some(slash) => match url[..slash].rfind('@') {
+                Some(a) => &url[a + 1..],
+                None => url,
+            },
+            None => url.rsplit('@').next().unwrap_or(url),
+        };
+        out.push_str(url.split('?').next().unwrap_or(url));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+pub(super) fn status_of(error: &OciDistributionError) -> Option<u16> {
+    match error {
+        OciDistributionError::RequestError(e) => e.status().map(|s| s.as_u16()),
+        OciDistributionError::ServerError { code, .. } => Some(*code),
+        OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::AuthenticationFailure(_) => Some(401),
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let text = envelope.to_string().to_ascii_uppercase();
+            if text.contains("TOOMANYREQUESTS") {
+                Some(429)
+            } else if text.contains("UNAUTHORIZED") {
+                Some(401)
+            } else if text.contains("DENIED") {
+                Some(403)
+            } else {
+                Some(400)
+            }
+        }
+        _ => None,
+    }
+}
+
+/// 5xx, 429 and transport failures (resets, timeouts, refused connections) are
+/// transient; 4xx answers, certificate problems and local errors are not.
+pub(super) fn classify(error: &OciDistributionError) -> Failure {
+    if let Some(code) = status_of(error) {
+        return match code {
+            // oci-client does not expose response headers, so Retry-After cannot be read;
+            // wait at least its common value.
+            429 => Failure::Transient(Duration::from_secs(1)),
+            500..=599 => Failure::Transient(Duration::ZERO),
+            _ => Failure::Permanent,
+        };
+    }
+    match error {
+        OciDistributionError::RequestError(_) | OciDistributionError::IoError(_) => {
+            let text = chain(error).to_ascii_lowercase();
+            if text.contains("certificate") || text.contains("unknownissuer") {
+                Failure::Tls
+            } else {
+                Failure::Transient(Duration::ZERO)
+            }
+        }
+        _ => Failure::Permanent,
+    }
+}
+
+/// One failed attempt of a call, as much as retrying and wording it need.
+#[derive(Debug)]
+pub(super) struct Attempt {
+    pub status: Option<u16>,
+    pub failure: Failure,
+    pub detail: String,
+}
+
+impl From<OciDistributionError> for Attempt {
+    fn from(error: OciDistributionError) -> Self {
+        Attempt {
+            status: status_of(&error),
+            failure: classify(&error),
+            detail: chain(&error),
+        }
+    }
+}
+
+impl From<reqwest::Error> for Attempt {
+    fn from(error: reqwest::Error) -> Self {
+        Attempt::from(OciDistributionError::RequestError(error))
+    }
+}
+
+impl Attempt {
+    /// An HTTP answer of `status` that is not what was asked for.
+    pub fn answered(status: u16, url: &str, detail: String) -> Self {
+        Attempt::from(OciDistributionError::ServerError {
+            code: status,
+            url: url.to_string(),
+            message: detail,
+        })
+    }
+}
+
+pub(super) fn registry_error(
+    reference: &Reference,
+    what: &str,
+    attempt: Attempt,
+    attempts: u32,
+) -> Error {
+    let registry = reference.registry().to_string();
+    let Attempt {
+        status,
+        failure,
+        detail,
+    } = attempt;
+    let message = if matches!(status, Some(401)) {
+        format!(
+            "401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"
+        )
+    } else if matches!(status, Some(403)) {
+        format!("403 denied: cannot {what} for {reference}: the credentials for {registry} lack permission for this repository")
+    } else if failure == Failure::Tls {
+        format!(
+            "TLS: cannot {what} for {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}",
+            certs_d_root().join(&registry).join("ca.crt").display()
+        )
+    } else if matches!(failure, Failure::Transient(_)) {
+        let tries = if attempts > 1 {
+            format!(" after {attempts} attempts")
+        } else {
+            String::new()
+        };
+        let hint = if status.is_none() {
+            "; is the registry running and reachable?"
+        } else {
+            "; the registry keeps failing, try again later"
+        };
+        format!("cannot {what} for {reference}{tries}: {detail}{hint}")
+    } else {
+        format!("cannot {what} for {reference}: {detail}")
+    };
+    Error::Registry { registry, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_urls_lose_credentials_and_queries() {
+        assert_eq!(
+            strip_urls("url (http://u:p@h:1/v2/x?_state=abc&digest=d), code: 500"),
+            "url (http://h:1/v2/x), code: 500"
+        );
+    }
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let server = |code| OciDistributionError::ServerError {
+            code,
+            url: "http://h/v2/".into(),
+            message: String::new(),
+        };
+        assert_eq!(classify(&server(503)), Failure::Transient(Duration::ZERO));
+        assert_eq!(
+            classify(&server(429)),
+            Failure::Transient(Duration::from_secs(1))
+        );
+        for code in [400, 401, 403, 404] {
+            assert_eq!(classify(&server(code)), Failure::Permanent, "{code}");
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! Talking to an OCI distribution registry through oci-client: blobs by digest (HEAD
+//! first), manifests by digest, the index to each tag, and verified reads back.
+
+mod auth;
+mod clients;
+mod failure;
+mod probe;
+mod push;
+mod reference;
+
+pub use probe::{certs_d_root, is_loopback};
+pub use push::BlobProgress;
+pub use reference::parse_reference;
+
+use crate::credentials::{self, Credential};
+use crate::oci;
+use crate::{Error, Result};
+use auth::{Challenge, Tokens};
+use clients::Clients;
+use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
+use futures_util::TryStreamExt;
+use oci_client::errors::OciDistributionError;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference, RegistryOperation};
+use probe::{ask_plain_v2, certs_d_files, has_port};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+/// Largest manifest or config polyarch will read; real ones are a few KiB.
+const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// Registries (host[:port]) to reach over plain HTTP besides loopback ones.
+    pub insecure: Vec<String>,
+    /// Basic credentials (user, password) for every registry, when given on the CLI.
+    pub credentials: Option<(String, String)>,
+    /// Extra CA certificates (PEM files) to trust.
+    pub ca_certs: Vec<std::path::PathBuf>,
+    /// Retry policy for transient failures; `None` uses [`RetryPolicy::from_env`].
+    pub retry: Option<RetryPolicy>,
+}
+
+/// Bounded retries with exponential backoff and jitter for 5xx, 429 and transport errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// First backoff; doubles per attempt (±50 % jitter).
+    pub base: Duration,
+    /// Longest single backoff.
+    pub max_delay: Duration,
+    /// Upper bound of all backoffs of one call together.
+    pub total: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 5,
+            base: Duration::from_millis(500),
+            max_delay: Duration::from_secs(4),
+            total: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The default, with `POLYARCH_RETRY_ATTEMPTS` and `POLYARCH_RETRY_BASE_MS` overrides.
+    pub fn from_env() -> Self {
+        let mut policy = RetryPolicy::default();
+        let number = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let Some(n) = number("POLYARCH_RETRY_ATTEMPTS") {
+            policy.attempts = n.clamp(1, 20) as u32;
+        }
+        if let Some(ms) = number("POLYARCH_RETRY_BASE_MS") {
+            policy.base = Duration::from_millis(ms);
+        }
+        policy
+    }
+
+    /// Backoff before attempt `attempt + 1` (`attempt` counts from 1).
+    fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .base
+            .saturating_mul(1u32 << (attempt - 1).min(16))
+            .min(self.max_delay);
+        // Jitter in [0.5, 1.5) of the exponential delay.
+        let r = (uuid::Uuid::new_v4().as_u128() % 1000) as u32;
+        exp.mul_f64(0.5 + r as f64 / 1000.0)
+    }
+}
+
+/// `(registry, digest)`.
+type BlobKey = (String, String);
+
+/// A manifest's bytes and digest as a registry served them.
+type ManifestRead = (Vec<u8>, String);
+
+/// A registry client shared by a run (boxed: it is large and lives in enums).
+pub struct Registry(Box<Inner>);
+
+impl std::ops::Deref for Registry {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+#[doc(hidden)]
+pub struct Inner {
+    /// Each client is built on first use: building one loads the system's CA store.
+    clients: Clients,
+    /// Registries allowed to fall back to plain HTTP.
+    plain_capable: HashSet<String>,
+    /// `--insecure-registry` hosts: like Docker, TLS without verification, or plain HTTP.
+    insecure: HashSet<String>,
+    /// Per registry: whether it speaks plain HTTP, and then whether it wants no token
+    /// (decided on first contact).
+    schemes: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Scheme>>>>,
+    /// Per registry: the token realm it sends clients to, or None (basic auth or none).
+    challenges: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Challenge>>>>>,
+    /// Per registry with a token realm: the run's one token and the scopes it wants.
+    tokens: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Tokens>>>>,
+    /// Manifests read by digest in this run: content addressed, so never read twice.
+    manifests: Mutex<HashMap<String, Arc<ManifestRead>>>,
+    /// Per registry, resolved once (CLI, credential helpers, Docker config).
+    auths: Mutex<HashMap<String, RegistryAuth>>,
+    cli_credentials: Option<(String, String)>,
+    retry: RetryPolicy,
+    /// `registry digest` → repositories this run knows to hold the blob.
+    known: Mutex<HashMap<BlobKey, HashSet<String>>>,
+    /// One upload per `registry digest` at a time.
+    uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// How a loopback or insecure registry is spoken to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Scheme {
+    /// Plain HTTP; `open`: it serves anonymous requests without a token; `bearer`: the
+    /// token realm its `/v2/` named, when it was asked on a known port.
+    Plain {
+        open: bool,
+        bearer: Option<Challenge>,
+    },
+    Tls,
+}
+
+impl Registry {
+    /// `registries` are the hosts this run talks to: their credentials are resolved now,
+    /// loopback and `--insecure-registry` ones may fall back to plain HTTP.
+    pub fn new(registries: &[String], options: &RegistryOptions) -> Result<Registry> {
+        // reqwest takes the process-wide rustls provider; an earlier install is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let plain_capable: HashSet<String> = registries
+            .iter()
+            .filter(|r| is_loopback(r) || options.insecure.contains(r))
+            .cloned()
+            .collect();
+        let insecure: HashSet<String> = options.insecure.iter().cloned().collect();
+        let mut ca_files: Vec<PathBuf> = options.ca_certs.clone();
+        for registry in registries {
+            ca_files.extend(certs_d_files(registry));
+        }
+        let mut extra_root_certificates = Vec::new();
+        for path in &ca_files {
+            let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            extra_root_certificates.push(oci_client::client::Certificate {
+                encoding: oci_client::client::CertificateEncoding::Pem,
+                data,
+            });
+        }
+        let registry = Registry(Box::new(Inner {
+            clients: Clients {
+                extra_root_certificates,
+                https: OnceLock::new(),
+                unverified: OnceLock::new(),
+                plain: OnceLock::new(),
+                http: OnceLock::new(),
+                http_unverified: OnceLock::new(),
+            },
+            plain_capable,
+            insecure,
+            schemes: Mutex::default(),
+            challenges: Mutex::default(),
+            tokens: Mutex::default(),
+            manifests: Mutex::default(),
+            auths: Mutex::default(),
+            cli_credentials: options.credentials.clone(),
+            retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
+            known: Mutex::default(),
+            uploads: Mutex::default(),
+        }));
+        for host in registries {
+            registry.auth_for(host)?;
+        }
+        Ok(registry)
+    }
+
+    /// The auth for a registry, resolved on first use and then kept.
+    fn auth_for(&self, registry: &str) -> Result<RegistryAuth> {
+        if let Some(auth) = self.auths.lock().expect("auth lock").get(registry) {
+            return Ok(auth.clone());
+        }
+        let auth = match credentials::resolve(registry, self.cli_credentials.as_ref())? {
+            Some(Credential::Basic { username, password }) => {
+                RegistryAuth::Basic(username, password)
+            }
+            // oci-client has no refresh-token grant: the token is presented as a bearer.
+            Some(Credential::IdentityToken(token)) => RegistryAuth::Bearer(token),
+            None => RegistryAuth::Anonymous,
+        };
+        self.auths
+            .lock()
+            .expect("auth lock")
+            .insert(registry.to_string(), auth.clone());
+        Ok(auth)
+    }
+
+    /// The client speaking the right scheme to the reference's registry. Like Docker,
+    /// loopback and insecure registries are tried over HTTPS first and fall back to plain
+    /// HTTP when the server does not speak TLS.
+    async fn client_for<'a>(&'a self, reference: &Reference) -> Result<&'a Client> {
+        let host = reference.registry().to_string();
+        let resolved = reference.resolve_registry().to_string();
+        let client = if !self.plain_capable.contains(&host) {
+            self.clients.https()
+        } else {
+            match self.scheme(&host, reference).await {
+                Scheme::Plain { open, .. } => {
+                    if open {
+                        self.send_empty_bearer(&host)?;
+                    }
+                    self.clients.plain()
+                }
+                Scheme::Tls if self.insecure.contains(&host) => self.clients.unverified(),
+                Scheme::Tls => self.clients.https(),
+            }
+        };
+        if self.challenge(reference).await.is_none() {
+            client
+                .store_auth_if_needed(&resolved, &self.auth_for(&host)?)
+                .await;
+        }
+        Ok(client)
+    }
+
+    /// oci-client asks a registry's `/v2/` before every request it sends anonymously until
+    /// it gets a token, and a registry that wants none never gives one: each request would
+    /// cost two round trips. Requests to such a registry carry an empty bearer instead,
+    /// which oci-client sends without asking and the registry ignores.
+    fn send_empty_bearer(&self, host: &str) -> Result<()> {
+        if matches!(self.auth_for(host)?, RegistryAuth::Anonymous) {
+            self.auths
+                .lock()
+                .expect("auth lock")
+                .insert(host.to_string(), RegistryAuth::Bearer(String::new()));
+        }
+        Ok(())
+    }
+
+    /// Whether a loopback or insecure registry answers plain HTTP rather than TLS, asked
+    /// once per registry with an anonymous request, so no credential meets a server whose
+    /// certificate is not checked. With a port, one plain `GET /v2/` on it answers (a
+    /// registry's 200 or 401 proves plain HTTP, and says whether it wants a token);
+    /// otherwise, as Docker, HTTPS on 443 is tried and plain HTTP is the fallback.
+    async fn scheme(&self, host: &str, reference: &Reference) -> Scheme {
+        let cell = self
+            .schemes
+            .lock()
+            .expect("scheme lock")
+            .entry(host.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_init(|| async {
+            let resolved = reference.resolve_registry();
+            if has_port(resolved) {
+                if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
+                    return Scheme::Plain {
+                        open: answer.is_open(),
+                        bearer: answer.bearer(),
+                    };
+                }
+            }
+            let absent = format!("sha256:{}", "0".repeat(64));
+            let probe = self
+                .clients
+                .unverified()
+                .blob_exists(reference, &absent)
+                .await;
+            match probe {
+                // No HTTP answer, and not for a certificate problem (which means the
+                // server does speak TLS).
+                Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
+                    match classify(&OciDistributionError::RequestError(e)) {
+                        Failure::Tls => Scheme::Tls,
+                        _ => Scheme::Plain {
+                            open: false,
+                            bearer: None,
+                        },
+                    }
+                }
+                _ => Scheme::Tls,
+            }
+        })
+        .await
+        .clone()
+    }
+
+    /// Runs one registry call with bounded, jittered retries of transient failures, with
+    /// the run's token where the registry wants one (fetched again once when refused).
+    /// Every oci-client call goes through here.
+    async fn call<'a, T, F, Fut>(
+        &'a self,
+        reference: &Reference,
+        what: &str,
+        mut op: F,
+    ) -> Result<T>
+    where
+        F: FnMut(&'a Client, RegistryAuth) -> Fut,
+        Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
+    {
+        let client = self.client_for(reference).await?;
+        let mut renewed = false;
+        loop {
+            let (auth, token) = match self.challenge(reference).await {
+                Some(challenge) => {
+                    let token = self.token(reference, &challenge, false).await?;
+                    let auth = RegistryAuth::Bearer(token.clone());
+                    // oci-client keeps a token per repository and operation and fetches its
+                    // own on a miss; handed the run's token for both, it never does. With
+                    // a bearer it only stores it: nothing can fail.
+                    for operation in [RegistryOperation::Pull, RegistryOperation::Push] {
+                        let _ = client.auth(reference, &auth, operation).await;
+                    }
+                    (auth, Some(token))
+                }
+                None => (self.auth_for(reference.registry())?, None),
+            };
+            let attempt = || {
+                let call = op(client, auth.clone());
+                async move { call.await.map_err(Attempt::from) }
+            };
+            match self.retrying(attempt).await {
+                Ok(value) => return Ok(value),
+                // A registry refuses a token that lapsed early or lacks a scope it now
+                // wants: one new token, asked with every scope, then the call again.
+                Err((failed, _)) if failed.status == Some(401) && !renewed && token.is_some() => {
+                    renewed = true;
+                    let state = self.token_state(reference.registry());
+                    state
+                        .lock()
+                        .await
+                        .reject(token.as_deref().unwrap_or_default());
+                }
+                Err((failed, attempts)) => {
+                    return Err(registry_error(reference, what, failed, attempts))
+                }
+            }
+        }
+    }
+
+    /// Bounded, jittered retries of transient failures; the last failure and the number
+    /// of attempts when it gives up.
+    async fn retrying<T, F, Fut>(&self, mut attempt: F) -> std::result::Result<T, (Attempt, u32)>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<T, Attempt>>,
+    {
+        let mut waited = Duration::ZERO;
+        let mut count = 1;
+        loop {
+            let failed = match attempt().await {
+                Ok(value) => return Ok(value),
+                Err(failed) => failed,
+            };
+            let Failure::Transient(min) = failed.failure else {
+                return Err((failed, count));
+            };
+            let delay = self.retry.delay(count).max(min);
+            if count >= self.retry.attempts || waited + delay > self.retry.total {
+                return Err((failed, count));
+            }
+            tokio::time::sleep(delay).await;
+            waited += delay;
+            count += 1;
+        }
+    }
+
+    async fn authenticate(
+        &self,
+        reference: &Reference,
+        operation: RegistryOperation,
+    ) -> Result<()> {
+        if let Some(challenge) = self.challenge(reference).await {
+            let push = operation == RegistryOperation::Push;
+            return self.token(reference, &challenge, push).await.map(drop);
+        }
+        self.call(reference, "authenticate", |c, auth| async move {
+            c.auth(reference, &auth, operation).await.map(|_| ())
+        })
+        .await
+    }
+
+    /// Fails early (before any build) when the registry is unreachable or refuses us.
+    pub async fn probe(&self, reference: &Reference, push: bool) -> Result<()> {
+        let operation = if push {
+            RegistryOperation::Push
+        } else {
+            RegistryOperation::Pull
+        };
+        self.authenticate(reference, operation).await?;
+        let absent = format!("sha256:{}", "0".repeat(64));
+        self.call(reference, "check access", |c, _| {
+            let absent = absent.clone();
+            async move { c.blob_exists(reference, &absent).await.map(|_| ()) }
+        })
+        .await
+    }
+
+    pub async fn blob_exists(&self, reference: &Reference, digest: &str) -> Result<bool> {
+        self.call(reference, &format!("check blob {digest}"), |c, _| {
+            c.blob_exists(reference, digest)
+        })
+        .await
+    }
+
+    /// Reads a manifest; oci-client checks the body against the requested digest or the
+    /// registry's Docker-Content-Digest. Returns the bytes and their digest.
+    /// The digest a tag resolves to now, by a HEAD request: no manifest is downloaded,
+    /// which Docker Hub would count as a pull.
+    pub async fn manifest_digest(&self, reference: &Reference) -> Result<String> {
+        self.call(reference, "resolve manifest", |c, auth| async move {
+            c.fetch_manifest_digest(reference, &auth).await
+        })
+        .await
+    }
+
+    pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+        let Some(by_digest) = reference.digest() else {
+            return self.read_manifest(reference).await;
+        };
+        let key = format!(
+            "{}/{}@{by_digest}",
+            reference.registry(),
+            reference.repository()
+        );
+        if let Some(read) = self.manifests.lock().expect("manifest lock").get(&key) {
+            return Ok((read.0.clone(), read.1.clone()));
+        }
+        let read = self.read_manifest(reference).await?;
+        self.manifests
+            .lock()
+            .expect("manifest lock")
+            .insert(key, Arc::new(read.clone()));
+        Ok(read)
+    }
+
+    async fn read_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+        let (bytes, digest) = self
+            .call(reference, "read manifest", |c, auth| async move {
+                c.pull_manifest_raw(reference, &auth, oci::ACCEPTED_MANIFESTS)
+                    .await
+            })
+            .await?;
+        if bytes.len() > MAX_JSON_BLOB {
+            return Err(Error::Registry {
+                registry: reference.registry().to_string(),
+                message: format!("manifest of {reference} is {} bytes; refusing to read more than {MAX_JSON_BLOB}", bytes.len()),
+            });
+        }
+        let computed = oci::sha256_digest(&bytes);
+        if computed != digest {
+            return Err(digest_mismatch(reference, &digest, &computed));
+        }
+        Ok((bytes.to_vec(), digest))
+    }
+
+    async fn open_blob(
+        &self,
+        reference: &Reference,
+        digest: &str,
+    ) -> Result<oci_client::client::SizedStream> {
+        let layer = oci_client::manifest::OciDescriptor {
+            digest: digest.to_string(),
+            ..Default::default()
+        };
+        self.call(reference, &format!("read blob {digest}"), |c, _| {
+            c.pull_blob_stream(reference, &layer)
+        })
+        .await
+    }
+
+    /// Reads a small JSON blob (an image config) and checks its digest. The body is read
+    /// inside the retried call, so an answer cut short is asked for again.
+    pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
+        let layer = oci_client::manifest::OciDescriptor {
+            digest: digest.to_string(),
+            ..Default::default()
+        };
+        let layer = &layer;
+        let out = self
+            .call(
+                reference,
+                &format!("read blob {digest}"),
+                |c, _| async move {
+                    let mut stream = c.pull_blob_stream(reference, layer).await?;
+                    let mut out = Vec::new();
+                    while let Some(chunk) = stream
+                        .try_next()
+                        .await
+                        .map_err(OciDistributionError::from)?
+                    {
+                        out.extend_from_slice(&chunk);
+                        if out.len() > MAX_JSON_BLOB {
+                            break;
+                        }
+                    }
+                    Ok(out)
+                },
+            )
+            .await?;
+        if out.len() > MAX_JSON_BLOB {
+            return Err(Error::Registry {
+                registry: reference.registry().to_string(),
+                message: format!(
+                    "blob {digest} is larger than {MAX_JSON_BLOB} bytes; it is not an image config"
+                ),
+            });
+        }
+        let computed = oci::sha256_digest(&out);
+        if computed != digest {
+            return Err(digest_mismatch(reference, digest, &computed));
+        }
+        Ok(out)
+    }
+
+    /// Streams a blob (a layer) for deep checks; the digest is verified as it streams.
+    pub async fn blob_stream(
+        &self,
+        reference: &Reference,
+        digest: &str,
+    ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
+        Ok(self.open_blob(reference, digest).await?.stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_within_bounds() {
+        let p = RetryPolicy::default();
+        for attempt in 1..10 {
+            let d = p.delay(attempt);
+            assert!(d <= p.max_delay.mul_f64(1.5), "{attempt}: {d:?}");
+        }
+        assert!(p.delay(1) >= p.base / 2 && p.delay(1) < p.base * 3 / 2);
+    }
+}

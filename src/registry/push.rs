@@ -1,0 +1,219 @@
+//! Pushing: blobs (HEAD first, a cross-repository mount when the run holds the blob in
+//! another repository, then a streamed upload) and manifests, with progress.
+
+use super::{parse_reference, Registry};
+use crate::oci::ManifestBlob;
+use crate::progress::{Event, Phase, Reporter};
+use crate::{Platform, Result};
+use futures_util::TryStreamExt;
+use oci_client::errors::OciDistributionError;
+use oci_client::{Reference, RegistryOperation};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// What a blob upload sends: a spooled file (restartable) or bytes in memory.
+enum Body<'a> {
+    File { path: &'a Path, size: u64 },
+    Bytes(&'a [u8]),
+}
+
+impl Registry {
+    /// Uploads a spooled blob unless the registry already has it; returns whether it uploaded.
+    pub async fn push_blob_file(
+        &self,
+        reference: &Reference,
+        path: &Path,
+        digest: &str,
+        size: u64,
+        progress: &BlobProgress<'_>,
+    ) -> Result<bool> {
+        self.push_blob(reference, digest, Body::File { path, size }, Some(progress))
+            .await
+    }
+
+    pub async fn push_blob_bytes(
+        &self,
+        reference: &Reference,
+        bytes: &[u8],
+        digest: &str,
+    ) -> Result<bool> {
+        self.push_blob(reference, digest, Body::Bytes(bytes), None)
+            .await
+    }
+
+    /// HEAD, then a cross-repository mount when this run put the blob in another
+    /// repository of the same registry, then an upload. Concurrent pushes of one digest
+    /// to one registry wait for each other, so a shared layer is uploaded once.
+    async fn push_blob(
+        &self,
+        reference: &Reference,
+        digest: &str,
+        body: Body<'_>,
+        progress: Option<&BlobProgress<'_>>,
+    ) -> Result<bool> {
+        let key = (reference.registry().to_string(), digest.to_string());
+        let repository = reference.repository().to_string();
+        let size = match &body {
+            Body::File { size, .. } => *size,
+            Body::Bytes(b) => b.len() as u64,
+        };
+        let skipped = |progress: Option<&BlobProgress<'_>>| {
+            if let Some(p) = progress {
+                p.add(size);
+            }
+        };
+        let lock = self
+            .uploads
+            .lock()
+            .expect("upload lock")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let _guard = lock.lock().await;
+        let elsewhere: Vec<String> = {
+            let known = self.known.lock().expect("known lock");
+            match known.get(&key) {
+                Some(repos) if repos.contains(&repository) => {
+                    drop(known);
+                    skipped(progress);
+                    return Ok(false);
+                }
+                Some(repos) => repos.iter().cloned().collect(),
+                None => Vec::new(),
+            }
+        };
+        let remember = || {
+            self.known
+                .lock()
+                .expect("known lock")
+                .entry(key.clone())
+                .or_default()
+                .insert(repository.clone());
+        };
+        if self.blob_exists(reference, digest).await? {
+            remember();
+            skipped(progress);
+            return Ok(false);
+        }
+        self.authenticate(reference, RegistryOperation::Push)
+            .await?;
+        for source_repo in elsewhere {
+            let Ok(source) =
+                parse_reference(&format!("{}/{source_repo}:latest", reference.registry()))
+            else {
+                continue;
+            };
+            let mounted = self
+                .call(reference, &format!("mount blob {digest}"), |c, _| {
+                    c.mount_blob(reference, &source, digest)
+                })
+                .await;
+            // A registry that declines the mount answers 202 and we upload instead.
+            if mounted.is_ok() && self.blob_exists(reference, digest).await? {
+                remember();
+                skipped(progress);
+                return Ok(false);
+            }
+        }
+        let what = format!("upload blob {digest}");
+        match body {
+            Body::File { path, size } => {
+                let counter = progress.map(|p| p.counter());
+                self.call(reference, &what, |c, _| {
+                    let counter = counter.clone();
+                    async move {
+                        let file = tokio::fs::File::open(path).await?;
+                        // Bytes sent by a failed attempt are taken back before the retry.
+                        let sent = Arc::new(AtomicU64::new(0));
+                        let sent_here = sent.clone();
+                        let counted = counter.clone();
+                        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
+                            .inspect_ok(move |chunk| {
+                                sent_here.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                if let Some(c) = &counted {
+                                    c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                }
+                            })
+                            .map_err(OciDistributionError::IoError);
+                        let result = c
+                            .push_blob_stream(reference, stream, digest, Some(size))
+                            .await;
+                        if result.is_err() {
+                            if let Some(c) = &counter {
+                                c.fetch_sub(sent.load(Ordering::Relaxed), Ordering::Relaxed);
+                            }
+                        }
+                        result
+                    }
+                })
+                .await?;
+                if let Some(p) = progress {
+                    p.report();
+                }
+            }
+            Body::Bytes(bytes) => {
+                let bytes = bytes::Bytes::copy_from_slice(bytes);
+                self.call(reference, &what, |c, _| {
+                    let bytes = bytes.clone();
+                    async move { c.push_blob(reference, bytes, digest).await }
+                })
+                .await?;
+            }
+        }
+        remember();
+        Ok(true)
+    }
+
+    /// Pushes a manifest under `reference` (a tag, or its own digest).
+    pub async fn push_manifest(
+        &self,
+        reference: &Reference,
+        manifest: &ManifestBlob,
+    ) -> Result<()> {
+        self.authenticate(reference, RegistryOperation::Push)
+            .await?;
+        self.call(reference, "push manifest", |c, _| async move {
+            {
+                let content_type = manifest
+                    .media_type
+                    .parse()
+                    .expect("media types are valid header values");
+                c.push_manifest_raw(reference, manifest.bytes.clone(), content_type)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await
+    }
+}
+
+/// Counts pushed bytes for one image × platform and reports them.
+pub struct BlobProgress<'a> {
+    pub image: &'a str,
+    pub platform: Option<&'a Platform>,
+    pub total: Option<u64>,
+    pub reporter: &'a dyn Reporter,
+    pub done: Arc<AtomicU64>,
+}
+
+impl BlobProgress<'_> {
+    fn counter(&self) -> Arc<AtomicU64> {
+        self.done.clone()
+    }
+
+    fn add(&self, bytes: u64) {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+        self.report();
+    }
+
+    pub fn report(&self) {
+        self.reporter.report(Event::Bytes {
+            image: self.image.to_string(),
+            platform: self.platform.cloned(),
+            phase: Phase::Push,
+            done: self.done.load(Ordering::Relaxed),
+            total: self.total,
+        });
+    }
+}
