@@ -1,0 +1,274 @@
+//! Reading a `docker save` stream (the classic `manifest.json` layout or an OCI layout),
+//! spooling its layers as it goes.
+
+use super::*;
+
+/// One entry of the save stream that may matter once the manifest is known.
+#[derive(Debug)]
+pub(super) enum Item {
+    /// A small JSON-looking file, kept in memory.
+    Small(Vec<u8>),
+    /// A large blob that did not look like a layer, spooled as is.
+    Raw(PathBuf),
+    /// A layer, already compressed and digested.
+    Layer(ExportedLayer),
+    /// A blob in a compression polyarch cannot re-export.
+    Unsupported(&'static str),
+    /// A symlink or hardlink to another entry (archive-root-relative path).
+    Link(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum Kind {
+    Gzip,
+    Zstd,
+    Json,
+    Tar,
+}
+
+pub(super) fn sniff(head: &[u8]) -> Kind {
+    if head.starts_with(&[0x1f, 0x8b]) {
+        Kind::Gzip
+    } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        Kind::Zstd
+    } else if head
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'{' || *b == b'[')
+    {
+        Kind::Json
+    } else {
+        Kind::Tar
+    }
+}
+
+/// Parses a `docker save` stream (either layout) from `reader`, spooling compressed
+/// layers into `spool`. `image` is used in error messages; `platform` picks the
+/// manifest when an OCI index lists several.
+///
+/// Memory stays bounded: layer data only passes through fixed-size buffers.
+pub fn read_save_stream(
+    reader: impl Read,
+    spool: &Path,
+    image: &str,
+    platform: Option<&Platform>,
+) -> Result<SaveContents> {
+    let err = |message: String| Error::Export {
+        image: image.to_string(),
+        message,
+    };
+    let mut archive = tar::Archive::new(Tracked {
+        inner: reader,
+        pos: 0,
+        eof: false,
+    });
+    let mut items: HashMap<String, Item> = HashMap::new();
+    let mut spooled = 0usize;
+    let mut buf = vec![0u8; COPY_BUF];
+    {
+        let entries = archive
+            .entries()
+            .map_err(|e| err(format!("the save stream is not a tar archive: {e}")))?;
+        for entry in entries {
+            let mut entry =
+                entry.map_err(|e| err(format!("the save stream is not a readable tar: {e}")))?;
+            let raw_path = entry
+                .path()
+                .map_err(|e| err(format!("a tar entry has an unreadable path: {e}")))?
+                .to_string_lossy()
+                .into_owned();
+            let Some(path) = image_path::normalize(&raw_path) else {
+                return Err(err(format!(
+                    "tar entry `{raw_path}` points outside the archive"
+                )));
+            };
+            let entry_type = entry.header().entry_type();
+            if entry_type.is_symlink() || entry_type.is_hard_link() {
+                let target = entry
+                    .link_name()
+                    .map_err(|e| err(format!("link `{path}` has an unreadable target: {e}")))?
+                    .map(|t| t.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                let resolved = if entry_type.is_symlink() {
+                    image_path::link_target(&path, &target)
+                } else {
+                    image_path::normalize(&target)
+                };
+                let Some(resolved) = resolved else {
+                    return Err(err(format!(
+                        "link `{path}` -> `{target}` points outside the archive"
+                    )));
+                };
+                items.insert(path, Item::Link(resolved));
+                continue;
+            }
+            if !entry_type.is_file() {
+                continue;
+            }
+            let size = entry.size();
+            let is_layer_tar = path.ends_with("/layer.tar");
+            let is_blob = path.starts_with("blobs/");
+            let is_top_json = !path.contains('/') && path.ends_with(".json");
+            if !(is_layer_tar || is_blob || is_top_json) {
+                // VERSION, <id>/json, repositories, oci-layout: not needed.
+                continue;
+            }
+            let mut counted = CountingReader {
+                inner: &mut entry,
+                n: 0,
+            };
+            let truncated = |got: u64| {
+                err(format!(
+                    "the save stream ends inside `{path}` ({got} of {size} bytes): truncated export"
+                ))
+            };
+            let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
+
+            // Peek at the first bytes to tell layers from metadata.
+            let mut head = Vec::with_capacity(512);
+            (&mut counted)
+                .take(512)
+                .read_to_end(&mut head)
+                .map_err(io_err)?;
+            let kind = if is_layer_tar {
+                Kind::Tar
+            } else {
+                sniff(&head)
+            };
+
+            let item: Result<Item> = (|| {
+                Ok(match kind {
+                    Kind::Json if size < SMALL_BLOB => {
+                        let mut data = head;
+                        counted.read_to_end(&mut data).map_err(io_err)?;
+                        Item::Small(data)
+                    }
+                    Kind::Zstd => {
+                        io::copy(&mut counted, &mut io::sink()).map_err(io_err)?;
+                        Item::Unsupported("zstd")
+                    }
+                    Kind::Json => {
+                        spooled += 1;
+                        let file = spool.join(format!("raw-{spooled}"));
+                        let mut out = File::create(&file).map_err(|e| {
+                            err(format!("cannot write the spool {}: {e}", file.display()))
+                        })?;
+                        out.write_all(&head).map_err(io_err)?;
+                        io::copy(&mut counted, &mut out).map_err(io_err)?;
+                        Item::Raw(file)
+                    }
+                    Kind::Gzip | Kind::Tar => {
+                        spooled += 1;
+                        let file = spool.join(format!("layer-{spooled}.tar.gz"));
+                        let src = Read::chain(io::Cursor::new(head), &mut counted);
+                        let layer = if kind == Kind::Gzip {
+                            spool_gzip_layer(src, &file, &mut buf)
+                        } else {
+                            spool_tar_layer(src, &file, &mut buf)
+                        }
+                        .map_err(|e| match e {
+                            SpoolError::Read(e) => io_err(e),
+                            SpoolError::Write(e) => {
+                                err(format!("cannot write the spool {}: {e}", file.display()))
+                            }
+                            SpoolError::Gzip(e) => {
+                                err(format!("`{path}` is not a valid gzip stream: {e}"))
+                            }
+                        })?;
+                        Item::Layer(layer)
+                    }
+                })
+            })();
+            // A short entry explains any error it caused (e.g. a cut gzip stream).
+            let got = counted.n;
+            if got != size {
+                return Err(truncated(got));
+            }
+            let item = item?;
+            items.insert(path, item);
+        }
+    }
+    let mut tracked = archive.into_inner();
+    // tar stops at the first zero block of the end-of-archive marker; the second must
+    // follow (the engine writes both), then nothing but padding. Drain it so that a
+    // stream cut right after the first block is caught too.
+    let mut trailer = [0u8; BLOCK];
+    let mut filled = 0;
+    while filled < BLOCK && !tracked.eof {
+        filled += tracked
+            .read(&mut trailer[filled..])
+            .map_err(|e| err(format!("reading the end of the save stream: {e}")))?;
+    }
+    if filled == BLOCK {
+        io::copy(&mut tracked, &mut io::sink())
+            .map_err(|e| err(format!("reading the end of the save stream: {e}")))?;
+    }
+    if filled < BLOCK {
+        return Err(err(format!(
+            "the save stream ends after {} bytes without the tar end-of-archive marker: truncated export",
+            tracked.pos
+        )));
+    }
+    let stream_bytes = tracked.pos;
+
+    let mut resolver = Resolver {
+        items,
+        spool,
+        image,
+        spooled,
+        buf,
+    };
+    let (config_path, layer_paths) = resolver.find_manifest(platform)?;
+    let config = resolver.json(&config_path, "config")?;
+    let config_digest = oci::sha256_digest(&config);
+    if let Some(expected) = name_digest(&config_path) {
+        if expected != config_digest {
+            return Err(err(format!(
+                "config `{config_path}` has sha256 {config_digest}, not the digest its name says"
+            )));
+        }
+    }
+    let mut layers = Vec::with_capacity(layer_paths.len());
+    for path in &layer_paths {
+        layers.push(resolver.layer(path)?);
+    }
+
+    let parsed: ConfigJson = serde_json::from_slice(&config).map_err(|e| {
+        err(format!(
+            "config `{config_path}` is not valid image config JSON: {e}"
+        ))
+    })?;
+    let diff_ids = parsed.rootfs.diff_ids;
+    if diff_ids.len() != layers.len() {
+        return Err(err(format!(
+            "config rootfs.diff_ids lists {} layers but the manifest lists {}",
+            diff_ids.len(),
+            layers.len()
+        )));
+    }
+    for (i, (want, layer)) in diff_ids.iter().zip(&layers).enumerate() {
+        if *want != layer.diff_id {
+            return Err(err(format!(
+                "layer {} (`{}`) has diff_id {} but config rootfs.diff_ids[{i}] is {want}",
+                i + 1,
+                layer_paths[i],
+                layer.diff_id
+            )));
+        }
+    }
+    Ok(SaveContents {
+        config,
+        config_digest,
+        layers,
+        stream_bytes,
+    })
+}
+
+/// `sha256:<hex>` from `<hex>.json` or `blobs/sha256/<hex>`.
+pub(super) fn name_digest(path: &str) -> Option<String> {
+    let hex = path
+        .strip_prefix("blobs/sha256/")
+        .or_else(|| path.strip_suffix(".json"))?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| format!("sha256:{}", hex.to_ascii_lowercase()))
+}

@@ -1,0 +1,123 @@
+//! Spooling a layer to disk: gzip-compressed, digested and diff-id'd in one pass.
+
+use super::*;
+
+pub(super) enum SpoolError {
+    Read(io::Error),
+    Write(io::Error),
+    Gzip(io::Error),
+}
+
+/// Hashes an uncompressed layer tar (diff_id) while gzipping it into `file` and hashing
+/// the compressed output (digest).
+pub(super) fn spool_tar_layer(
+    mut src: impl Read,
+    file: &Path,
+    buf: &mut [u8],
+) -> std::result::Result<ExportedLayer, SpoolError> {
+    let out = File::create(file).map_err(SpoolError::Write)?;
+    let mut gz = GzEncoder::new(
+        HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
+        Compression::new(GZIP_LEVEL),
+    );
+    let mut diff = Sha256::new();
+    loop {
+        let n = match src.read(buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(SpoolError::Read(e)),
+        };
+        diff.update(&buf[..n]);
+        gz.write_all(&buf[..n]).map_err(SpoolError::Write)?;
+    }
+    let hashed = gz.finish().map_err(SpoolError::Write)?;
+    hashed.finish_layer(diff, file)
+}
+
+/// Spools the uncompressed layer tar that `fill` writes: hashed (diff_id), gzipped into
+/// `file` and hashed again (digest), as [`spool_tar_layer`] does with a reader.
+pub(crate) fn spool_written_layer(
+    file: &Path,
+    fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<ExportedLayer> {
+    struct DiffHasher<W> {
+        inner: W,
+        diff: Sha256,
+    }
+    impl<W: Write> Write for DiffHasher<W> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.diff.update(&buf[..n]);
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let out = File::create(file)?;
+    let mut writer = DiffHasher {
+        inner: GzEncoder::new(
+            HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
+            Compression::new(GZIP_LEVEL),
+        ),
+        diff: Sha256::new(),
+    };
+    fill(&mut writer)?;
+    let hashed = writer.inner.finish()?;
+    hashed.finish_layer(writer.diff, file).map_err(|e| match e {
+        SpoolError::Read(e) | SpoolError::Write(e) | SpoolError::Gzip(e) => e,
+    })
+}
+
+/// Copies an already-gzipped layer into `file` as is (digest = sha256 of those bytes)
+/// while decompressing it to compute the diff_id.
+pub(super) fn spool_gzip_layer(
+    src: impl Read,
+    file: &Path,
+    buf: &mut [u8],
+) -> std::result::Result<ExportedLayer, SpoolError> {
+    let out = File::create(file).map_err(SpoolError::Write)?;
+    let mut hashed = HashWriter::new(BufWriter::with_capacity(COPY_BUF, out));
+    let mut diff = Sha256::new();
+    // Read errors from the tar stream and write errors to the spool both surface
+    // through the decoder as io errors; tag them so they are told apart.
+    let mut src = ErrTag { inner: src };
+    {
+        let tee = TeeReader {
+            inner: &mut src,
+            out: &mut hashed,
+        };
+        let mut decoder = flate2::read::MultiGzDecoder::new(tee);
+        loop {
+            let n = match decoder.read(buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(classify(e)),
+            };
+            diff.update(&buf[..n]);
+        }
+    }
+    // Whatever follows the gzip members is still part of the blob.
+    io::copy(&mut src, &mut hashed).map_err(classify)?;
+    hashed.finish_layer(diff, file)
+}
+
+pub(super) fn classify(e: io::Error) -> SpoolError {
+    if e.get_ref().is_some_and(|inner| inner.is::<SourceError>()) {
+        let kind = e.kind();
+        let inner = e
+            .into_inner()
+            .and_then(|b| b.downcast::<SourceError>().ok())
+            .map(|s| s.0)
+            .unwrap_or_else(|| io::Error::from(kind));
+        return SpoolError::Read(inner);
+    }
+    match e.kind() {
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput | io::ErrorKind::UnexpectedEof => {
+            SpoolError::Gzip(e)
+        }
+        _ => SpoolError::Write(e),
+    }
+}
