@@ -1,4 +1,3 @@
-
 use super::*;
 use flate2::read::GzDecoder;
 

@@ -1,0 +1,228 @@
+//! The classic builder (engines without BuildKit): the context as a tar through the
+//! REST `/build`, `.dockerignore` applied here.
+
+use super::*;
+
+/// The build through the classic builder (`POST /build`, the context uploaded as a tar),
+/// for engines without BuildKit; the error message when it failed.
+pub(super) async fn build_classic(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+    log: &mut BuildLog<'_>,
+) -> Result<Option<String>> {
+    let needs_buildkit = [
+        (!spec.secrets.is_empty(), "secrets"),
+        (!spec.ssh.is_empty(), "ssh"),
+        (
+            !spec.cache_from.is_empty() || spec.cache_to.is_some(),
+            "cache",
+        ),
+    ];
+    if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
+        return Err(Error::Build {
+            image: spec.name.clone(),
+            platform: platform.to_string(),
+            message: format!(
+                "`{what}` needs BuildKit, and the engine at {} (API {}) has none; upgrade it to Docker 18.09+ or build on another engine",
+                engine.endpoint, engine.api_version
+            ),
+        });
+    }
+    let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
+    // The classic builder defines none of the platform args BuildKit does.
+    for (key, value) in platform_build_args(platform, &engine.native) {
+        buildargs.entry(key).or_insert(value);
+    }
+    let options = BuildImageOptions {
+        dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
+        t: Some(tag.to_string()),
+        platform: platform.to_string(),
+        target: spec.target.clone().unwrap_or_default(),
+        buildargs: Some(buildargs),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        networkmode: Some(
+            match spec.network {
+                Network::Default => "default",
+                Network::Host => "host",
+                Network::None => "none",
+            }
+            .to_string(),
+        ),
+        rm: true,
+        forcerm: true,
+        // The classic builder's cache ignores the platform: a layer cached for amd64 would
+        // be reused for arm64.
+        nocache: true,
+        version: BuilderVersion::BuilderV1,
+        ..Default::default()
+    };
+    let context = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let mut stream = engine
+        .docker
+        .build_image(options, None, Some(bollard::body_stream(context)));
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(info) => log.consume(info),
+            Err(e) => return Ok(Some(e.to_string())),
+        }
+    }
+    Ok(None)
+}
+
+/// Streams the build context as a tar from a blocking thread, so a large context is
+/// never held in memory.
+pub(super) fn stream_context(
+    context: PathBuf,
+    dockerfile: PathBuf,
+) -> Result<impl futures_util::Stream<Item = Bytes> + Send + 'static> {
+    let files = ContextFilter::load(&context, &dockerfile)?.files(&context)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    tokio::task::spawn_blocking(move || {
+        let mut tar = tar::Builder::new(ChannelWriter {
+            tx,
+            buf: Vec::new(),
+        });
+        tar.follow_symlinks(false);
+        for relative in files {
+            // A send error means the engine hung up; the build stream reports why.
+            if tar
+                .append_path_with_name(context.join(&relative), &relative)
+                .is_err()
+            {
+                return;
+            }
+        }
+        if let Ok(mut writer) = tar.into_inner() {
+            let _ = writer.flush();
+        }
+    });
+    Ok(tokio_stream_from(rx))
+}
+
+pub(super) fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+pub(super) struct ChannelWriter {
+    pub(super) tx: tokio::sync::mpsc::Sender<Bytes>,
+    pub(super) buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 256 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx.blocking_send(chunk).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "engine closed the build")
+        })
+    }
+}
+
+/// What of a context the engine is sent, as BuildKit decides it: the ignore file's
+/// patterns, and the files that are always sent (the Dockerfile and that ignore file).
+pub(super) struct ContextFilter {
+    pub(super) ignore: Gitignore,
+    /// Relative to the context: `<Dockerfile>.dockerignore` beside the Dockerfile when it
+    /// exists (BuildKit then reads it instead of the context's), else `.dockerignore`.
+    pub(super) ignore_file: PathBuf,
+    pub(super) dockerfile: PathBuf,
+}
+
+impl ContextFilter {
+    /// `.dockerignore` patterns are relative to the context root, so each is anchored;
+    /// gitignore matching then gives Docker's semantics (`*` within a segment, `**`, `!`).
+    pub(super) fn load(context: &Path, dockerfile: &Path) -> Result<ContextFilter> {
+        let mut specific = dockerfile.as_os_str().to_owned();
+        specific.push(".dockerignore");
+        let specific = PathBuf::from(specific);
+        let ignore_file = if context.join(&specific).is_file() {
+            specific
+        } else {
+            PathBuf::from(".dockerignore")
+        };
+        let path = context.join(&ignore_file);
+        let bad = |message: String| Error::Build {
+            image: context.display().to_string(),
+            platform: "any".into(),
+            message,
+        };
+        let mut builder = GitignoreBuilder::new(context);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for raw in text.lines() {
+                let line = raw.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (negated, pattern) = match line.strip_prefix('!') {
+                    Some(rest) => (true, rest.trim()),
+                    None => (false, line),
+                };
+                let pattern = pattern.trim_start_matches("./").trim_start_matches('/');
+                let anchored = format!("{}/{}", if negated { "!" } else { "" }, pattern);
+                builder
+                    .add_line(None, &anchored)
+                    .map_err(|e| bad(format!("{}: bad pattern `{line}`: {e}", path.display())))?;
+            }
+        }
+        let ignore = builder
+            .build()
+            .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        Ok(ContextFilter {
+            ignore,
+            ignore_file,
+            dockerfile: dockerfile.to_path_buf(),
+        })
+    }
+
+    /// The Dockerfile and the ignore file are always sent, as the Docker CLI does.
+    pub(super) fn always_sent(&self, relative: &Path) -> bool {
+        relative == self.dockerfile || relative == self.ignore_file
+    }
+
+    /// Files of the context in a stable order.
+    pub(super) fn files(&self, context: &Path) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(dir) = stack.pop() {
+            let full = context.join(&dir);
+            let mut entries: Vec<_> = std::fs::read_dir(&full)
+                .map_err(|e| Error::io(&full, e))?
+                .filter_map(|e| e.ok())
+                .collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let relative = dir.join(entry.file_name());
+                let file_type = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+                let is_dir = file_type.is_dir();
+                let ignored = self
+                    .ignore
+                    .matched_path_or_any_parents(&relative, is_dir)
+                    .is_ignore();
+                if is_dir {
+                    // Walk ignored directories too: an exception (`!dir/keep`) may re-include a child.
+                    if !ignored {
+                        out.push(relative.clone());
+                    }
+                    stack.push(relative);
+                } else if !ignored || self.always_sent(&relative) {
+                    out.push(relative);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,469 @@
+//! One build per image × platform on the Docker Engine: through BuildKit's own protocol
+//! (see [`crate::buildkit`]: BuildKit reads the context by file sync and applies the
+//! ignore files itself), or the classic builder where the engine has no BuildKit (the
+//! context streamed as a tar honouring the ignore file).
+
+use crate::buildkit::{self, filesync::Transfer};
+use crate::engine::Engine;
+use crate::error::one_line;
+use crate::oci::ConfigPlatform;
+use crate::progress::{Event, Reporter};
+use crate::project::{ImageSpec, Network};
+use crate::{Error, Platform, Result};
+use bollard::models::{BuildInfo, BuildInfoAux};
+use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
+use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use std::collections::{HashMap, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+mod classic;
+mod log;
+mod platforms;
+
+use classic::*;
+use log::*;
+pub use platforms::{build_platforms, BuiltIndex};
+
+/// Log lines kept per build: a failing platform's log is shown in full up to this many
+/// lines (the others stay in their reporter's last lines).
+const LOG_TAIL: usize = 2000;
+
+#[derive(Debug, Clone)]
+pub struct BuiltImage {
+    /// The engine's image ID (`sha256:…`), the digest of its config.
+    pub id: String,
+    /// The temporary local tag the build wrote; removed by the caller after export.
+    pub tag: String,
+    pub seconds: f64,
+    /// What BuildKit read of the context (empty for the classic builder).
+    pub transfers: Vec<Transfer>,
+    /// The manifest the engine pushed itself ([`Output::Registry`]); `id` is its digest
+    /// then, and nothing was written to the engine.
+    pub pushed: Option<PushedManifest>,
+}
+
+/// Where a build's image goes.
+#[derive(Debug, Clone, Copy)]
+pub enum Output<'a> {
+    /// Into the engine under a temporary tag, to be exported from there.
+    Engine,
+    /// Pushed by digest to this repository by the engine's BuildKit, compressed once and
+    /// never stored in the engine: what containerd's image store can do.
+    Registry(&'a str),
+}
+
+/// A platform manifest the engine pushed.
+#[derive(Debug, Clone)]
+pub struct PushedManifest {
+    pub digest: String,
+    pub size: u64,
+    pub platform: ConfigPlatform,
+}
+
+/// The build args buildx defines for every build; injected for the classic builder,
+/// which knows none of them.
+pub fn platform_build_args(target: &Platform, build: &Platform) -> Vec<(String, String)> {
+    let mut args = Vec::new();
+    for (prefix, platform) in [("TARGET", target), ("BUILD", build)] {
+        let variant = platform.build_variant().unwrap_or("");
+        let full = match platform.build_variant() {
+            Some(v) => format!("{}/{}/{}", platform.os, platform.architecture, v),
+            None => platform.to_string(),
+        };
+        args.push((format!("{prefix}PLATFORM"), full));
+        args.push((format!("{prefix}OS"), platform.os.clone()));
+        args.push((format!("{prefix}ARCH"), platform.architecture.clone()));
+        args.push((format!("{prefix}VARIANT"), variant.to_string()));
+    }
+    args
+}
+
+/// A local tag unique to this run, so parallel runs never collide.
+pub fn temporary_tag(image: &str, platform: &Platform, run_id: &str) -> String {
+    let slug = platform.to_string().replace('/', "-");
+    format!("polyarch-build/{image}:{slug}-{run_id}")
+}
+
+/// Attempts per build when the engine loses an image another client deleted mid-build.
+const BUILD_ATTEMPTS: usize = 3;
+
+/// How one build attempt ended when it did not fail outright.
+enum Attempt {
+    Built(BuiltImage),
+    /// Identical content gives identical image IDs: when a concurrent run removes its copy
+    /// while the engine is exporting or tagging ours, the engine loses the image record
+    /// (BuildKit: "failed to get digest … no such file"; or the tag is simply absent after
+    /// a successful build). Building again recreates it.
+    Lost(String),
+}
+
+/// Builds `spec` for `platform` into the temporary tag; `export_started` is set once the
+/// engine begins writing the image (from then on it may appear even if the build is cut off).
+pub async fn build(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    run_id: &str,
+    output: Output<'_>,
+    export_started: &AtomicBool,
+    reporter: &dyn Reporter,
+) -> Result<BuiltImage> {
+    let mut attempt = 1;
+    loop {
+        match build_once(
+            engine,
+            spec,
+            platform,
+            run_id,
+            output,
+            export_started,
+            reporter,
+        )
+        .await?
+        {
+            Attempt::Built(image) => return Ok(image),
+            Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
+                return Err(Error::Build {
+                    image: spec.name.clone(),
+                    platform: platform.to_string(),
+                    message,
+                })
+            }
+            Attempt::Lost(_) => {
+                attempt += 1;
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "{} {platform}: the engine lost the image while exporting it (a concurrent removal); building again",
+                        spec.name
+                    ),
+                });
+            }
+        }
+    }
+}
+
+async fn build_once(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    run_id: &str,
+    output: Output<'_>,
+    export_started: &AtomicBool,
+    reporter: &dyn Reporter,
+) -> Result<Attempt> {
+    let started = Instant::now();
+    let tag = temporary_tag(&spec.name, platform, run_id);
+    let failed = |message: String| Error::Build {
+        image: spec.name.clone(),
+        platform: platform.to_string(),
+        message,
+    };
+
+    let foreign = platform.os_arch() != engine.native.os_arch();
+    let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
+    let exporter = match output {
+        Output::Engine => buildkit::Exporter {
+            kind: "moby".into(),
+            attrs: HashMap::from([("name".to_string(), tag.clone())]),
+        },
+        Output::Registry(repository) => registry_exporter(repository, spec),
+    };
+    let (error, solved) = if engine.buildkit {
+        let mut on_status = |status| {
+            log.consume(BuildInfo {
+                aux: Some(BuildInfoAux::BuildKit(status)),
+                ..Default::default()
+            })
+        };
+        let platforms = std::slice::from_ref(platform);
+        match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
+            Ok(solved) => (None, Some(solved)),
+            Err(message) => (Some(message), None),
+        }
+    } else {
+        (
+            build_classic(engine, spec, platform, &tag, &mut log).await?,
+            None,
+        )
+    };
+    if let Some(message) = error.or_else(|| log.vertex_error.take()) {
+        let with_tail = log.with_tail(&message);
+        if with_tail.contains("failed to get digest") && with_tail.contains("no such file") {
+            return Ok(Attempt::Lost(message));
+        }
+        let exporting = log
+            .current_step
+            .as_deref()
+            .is_some_and(|step| step.starts_with("exporting to"));
+        if let (Output::Registry(repository), true) = (output, exporting) {
+            return Err(push_failure(
+                spec,
+                &platform.to_string(),
+                repository,
+                &message,
+            ));
+        }
+        return Err(log.failure(&message, failed));
+    }
+    let (transfers, exporter_response) = solved
+        .map(|s| (s.transfers, s.exporter_response))
+        .unwrap_or_default();
+    if let Output::Registry(repository) = output {
+        let pushed = pushed_manifest(&exporter_response).ok_or_else(|| {
+            failed(format!(
+                "the engine pushed to {repository} but did not say which manifest ({exporter_response:?})"
+            ))
+        })?;
+        return Ok(Attempt::Built(BuiltImage {
+            id: pushed.digest.clone(),
+            tag,
+            seconds: started.elapsed().as_secs_f64(),
+            transfers,
+            pushed: Some(pushed),
+        }));
+    }
+
+    let inspected = match engine.docker.inspect_image(&tag).await {
+        Ok(inspected) => inspected,
+        Err(e) => {
+            return Ok(Attempt::Lost(format!(
+                "the engine reported success but the image {tag} is missing: {e}"
+            )))
+        }
+    };
+    let id = inspected
+        .id
+        .ok_or_else(|| failed(format!("the engine returned no ID for {tag}")))?;
+    Ok(Attempt::Built(BuiltImage {
+        id,
+        tag,
+        seconds: started.elapsed().as_secs_f64(),
+        transfers,
+        pushed: None,
+    }))
+}
+
+/// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
+/// stored in the engine; each platform manifest gets the image's annotations, and with
+/// `SOURCE_DATE_EPOCH` the exporter clamps the layers' file times to it.
+fn registry_exporter(repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
+    let mut attrs: HashMap<String, String> = [
+        ("name", repository),
+        ("push", "true"),
+        ("push-by-digest", "true"),
+        ("store", "false"),
+        ("unpack", "false"),
+        ("oci-mediatypes", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    for (key, value) in &spec.annotations.manifest {
+        attrs.insert(format!("annotation-manifest.{key}"), value.clone());
+    }
+    if spec.source_date_epoch.is_some() {
+        attrs.insert("rewrite-timestamp".into(), "true".into());
+    }
+    buildkit::Exporter {
+        kind: "image".into(),
+        attrs,
+    }
+}
+
+/// BuildKit's own push failed (after its own retries): a registry failure, named by the
+/// registry as polyarch's uploads are, without the upload URLs' long session queries.
+fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &str) -> Error {
+    let registry = crate::registry::parse_reference(repository)
+        .map(|r| r.registry().to_string())
+        .unwrap_or_else(|_| repository.to_string());
+    let words: Vec<&str> = message
+        .split_whitespace()
+        .map(|word| match word.split_once('?') {
+            Some((url, _)) if word.contains("://") => url,
+            _ => word,
+        })
+        .collect();
+    Error::Registry {
+        registry,
+        message: format!(
+            "the engine could not push {} {platform} to {repository}: {}; check that the engine reaches the registry (its insecure-registries and certs.d apply) and that the registry accepts uploads",
+            spec.name,
+            words.join(" ")
+        ),
+    }
+}
+
+/// The digest of what BuildKit's image exporter pushed (a multi-platform solve's index).
+fn pushed_manifest_digest(exporter_response: &HashMap<String, String>) -> Option<String> {
+    exporter_response
+        .get("containerimage.digest")
+        .filter(|digest| digest.starts_with("sha256:"))
+        .cloned()
+}
+
+/// The manifest BuildKit's image exporter pushed: its descriptor, base64 JSON.
+fn pushed_manifest(exporter_response: &HashMap<String, String>) -> Option<PushedManifest> {
+    #[derive(serde::Deserialize)]
+    struct Descriptor {
+        digest: String,
+        size: u64,
+        platform: ConfigPlatform,
+    }
+    use base64::Engine as _;
+    let encoded = exporter_response.get("containerimage.descriptor")?;
+    let json = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let descriptor: Descriptor = serde_json::from_slice(&json).ok()?;
+    Some(PushedManifest {
+        digest: descriptor.digest,
+        size: descriptor.size,
+        platform: descriptor.platform,
+    })
+}
+
+/// The build through BuildKit's session protocol, the image going where `exporter` says;
+/// the error message when it failed.
+async fn solve_in_session(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platforms: &[Platform],
+    exporter: buildkit::Exporter,
+    reporter: &dyn Reporter,
+    on_status: &mut (dyn FnMut(StatusResponse) + Send),
+) -> std::result::Result<buildkit::Solved, String> {
+    let list: Vec<String> = platforms.iter().map(Platform::to_string).collect();
+    let platform_names = list.join(",");
+    let mut attrs: HashMap<String, String> =
+        HashMap::from([("platform".into(), platform_names.clone())]);
+    if let Some(target) = &spec.target {
+        attrs.insert("target".into(), target.clone());
+    }
+    if let Some(epoch) = spec.source_date_epoch {
+        // BuildKit 0.11+ sets the config's and history's times from it.
+        attrs.insert("build-arg:SOURCE_DATE_EPOCH".into(), epoch.to_string());
+    }
+    for (key, value) in &spec.build_args {
+        attrs.insert(format!("build-arg:{key}"), value.clone());
+    }
+    for (key, value) in &spec.labels {
+        attrs.insert(format!("label:{key}"), value.clone());
+    }
+    let mut entitlements = Vec::new();
+    match spec.network {
+        Network::Default => {}
+        Network::Host => {
+            attrs.insert("force-network-mode".into(), "host".into());
+            entitlements.push("network.host".to_string());
+        }
+        Network::None => {
+            attrs.insert("force-network-mode".into(), "none".into());
+        }
+    }
+    if spec.pull {
+        attrs.insert("image-resolve-mode".into(), "pull".into());
+    }
+    if spec.no_cache {
+        // Empty: no step may come from the cache (a list would name stages).
+        attrs.insert("no-cache".into(), String::new());
+    }
+    let secrets = spec
+        .secrets
+        .iter()
+        .map(|(id, secret)| (id.clone(), secret.source.clone()))
+        .collect();
+    let mut sockets = std::collections::BTreeMap::new();
+    for (id, agent) in &spec.ssh {
+        let socket = agent
+            .socket
+            .resolve()
+            .map_err(|e| format!("SSH agent `{id}`: {e}"))?;
+        sockets.insert(id.clone(), socket);
+    }
+    // Only BuildKit on containerd's image store has the registry cache exporter (Docker's
+    // classic store offers `inline` alone, and refuses the solve for any other). Said
+    // once per engine and run, not per platform.
+    static TOLD: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let cache_to = match &spec.cache_to {
+        Some(to) if !engine.containerd_store => {
+            let first = TOLD
+                .lock()
+                .map(|mut told| told.insert(engine.endpoint.clone()))
+                .unwrap_or(false);
+            if first {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "the engine at {} (Docker {}) keeps images in the classic store, whose BuildKit cannot export a registry cache: building without exporting to {to}; use an engine with the containerd image store to export",
+                        engine.endpoint, engine.server_version
+                    ),
+                });
+            }
+            None
+        }
+        // Per-platform caches need one solve per platform: the caller solves several
+        // platforms together only for images without registry cache.
+        Some(to) => platforms.first().map(|platform| to.for_platform(platform)),
+        None => None,
+    };
+    let build = buildkit::DockerfileBuild {
+        context: &spec.context,
+        dockerfile: &spec.dockerfile,
+        frontend_attrs: attrs,
+        entitlements,
+        exporter,
+        secrets: buildkit::secrets::SecretStore::new(secrets),
+        ssh: buildkit::ssh::SshAgents::new(sockets),
+        cache_from: spec
+            .cache_from
+            .iter()
+            .flat_map(|from| {
+                platforms
+                    .first()
+                    .map(|platform| from.for_platform(platform))
+            })
+            .collect(),
+        cache_to,
+    };
+    // The command line's credentials go to the image's own registry only, as the push
+    // does with them.
+    let auth = buildkit::SessionAuth {
+        push: spec.login.clone().and_then(|login| {
+            let repository = crate::registry::parse_reference(&spec.repository).ok()?;
+            Some((repository.registry().to_string(), login))
+        }),
+    };
+    // A cache BuildKit cannot import (on a first run it is not pushed yet) only costs the
+    // build its cached steps: BuildKit goes on without it, and so does polyarch, saying so
+    // once, instead of taking the import's failed step for the build's failure.
+    const IMPORTING: &str = "importing cache manifest from ";
+    let mut not_imported = std::collections::BTreeSet::new();
+    let solved = buildkit::solve(&engine.location, build, auth, |mut status| {
+        for vertex in &mut status.vertexes {
+            if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
+                let error = std::mem::take(&mut vertex.error);
+                if !error.is_empty() && not_imported.insert(reference.to_string()) {
+                    reporter.report(Event::Warning {
+                        message: format!(
+                            "{} {platform_names}: the cache {reference} could not be imported ({}); building without it",
+                            spec.name,
+                            crate::error::one_line(&error)
+                        ),
+                    });
+                }
+            }
+        }
+        on_status(status)
+    })
+    .await;
+    solved.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests;

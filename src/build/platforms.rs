@@ -1,0 +1,240 @@
+//! Several platforms of one image in one solve: BuildKit pushes each platform manifest
+//! by digest, and the status stream is told apart per platform.
+
+use super::*;
+
+/// What one solve for several platforms pushed: an index of their manifests, by digest.
+#[derive(Debug, Clone)]
+pub struct BuiltIndex {
+    /// The index BuildKit pushed; polyarch reads its platform manifests and publishes its
+    /// own index of them.
+    pub digest: String,
+    pub seconds: f64,
+    /// What BuildKit read of the context, for all the platforms.
+    pub transfers: Vec<Transfer>,
+}
+
+/// Builds `spec` for every one of `platforms` in one solve whose image exporter pushes
+/// them by digest to `repository` (an engine on containerd's image store): one session,
+/// one context transfer and one exporter run for the image instead of one per platform.
+/// Each platform's steps and logs are reported as its own build's would be.
+pub async fn build_platforms(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platforms: &[Platform],
+    repository: &str,
+    reporter: &dyn Reporter,
+) -> Result<BuiltIndex> {
+    let started = Instant::now();
+    // Nothing is written to the engine, so nothing waits on the exporter having started.
+    let export_started = AtomicBool::new(false);
+    let mut logs = PlatformLogs::new(
+        &spec.name,
+        platforms,
+        &engine.native,
+        &export_started,
+        reporter,
+    );
+    let solved = {
+        let mut on_status = |status| logs.route(status);
+        let exporter = registry_exporter(repository, spec);
+        solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
+    };
+    let (message, failed) = match solved {
+        Ok(solved) => match logs.failed() {
+            None => {
+                let digest =
+                    pushed_manifest_digest(&solved.exporter_response).ok_or_else(|| {
+                        Error::Build {
+                            image: spec.name.clone(),
+                            platform: platform_list(platforms),
+                            message: format!(
+                            "the engine pushed to {repository} but did not say which index ({:?})",
+                            solved.exporter_response
+                        ),
+                        }
+                    })?;
+                return Ok(BuiltIndex {
+                    digest,
+                    seconds: started.elapsed().as_secs_f64(),
+                    transfers: solved.transfers,
+                });
+            }
+            Some(index) => (
+                logs.logs[index].vertex_error.clone().unwrap_or_default(),
+                index,
+            ),
+        },
+        Err(message) => (message, logs.failed().unwrap_or(0)),
+    };
+    let log = &mut logs.logs[failed];
+    let platform = log.platform;
+    let shared = log.shared_failure;
+    let names = if shared {
+        platform_list(platforms)
+    } else {
+        platform.to_string()
+    };
+    let exporting = log
+        .current_step
+        .as_deref()
+        .is_some_and(|step| step.starts_with("exporting to"));
+    if exporting {
+        return Err(push_failure(spec, &names, repository, &message));
+    }
+    Err(log.failure(&message, |message| Error::Build {
+        image: spec.name.clone(),
+        platform: names.clone(),
+        message,
+    }))
+}
+
+pub(super) fn platform_list(platforms: &[Platform]) -> String {
+    platforms
+        .iter()
+        .map(Platform::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One [`BuildLog`] per platform of a multi-platform solve. BuildKit names a platform's
+/// vertices `[linux/arm64 2/4] RUN …`: each goes to its platform's log without the
+/// platform (as a single-platform build names it), a vertex of no platform (the context
+/// transfer, the exporter) to every log.
+pub(super) struct PlatformLogs<'a> {
+    pub(super) logs: Vec<BuildLog<'a>>,
+    /// Which log each vertex went to (`None`: all), for the logs that name it.
+    pub(super) vertices: HashMap<String, Option<usize>>,
+}
+
+impl<'a> PlatformLogs<'a> {
+    pub(super) fn new(
+        image: &'a str,
+        platforms: &'a [Platform],
+        native: &Platform,
+        export_started: &'a AtomicBool,
+        reporter: &'a dyn Reporter,
+    ) -> Self {
+        let logs = platforms
+            .iter()
+            .map(|platform| {
+                let foreign = platform.os_arch() != native.os_arch();
+                BuildLog::new(image, platform, foreign, export_started, reporter)
+            })
+            .collect();
+        PlatformLogs {
+            logs,
+            vertices: HashMap::new(),
+        }
+    }
+
+    pub(super) fn route(&mut self, status: StatusResponse) {
+        let mut parts: Vec<StatusResponse> = vec![StatusResponse::default(); self.logs.len()];
+        let mut vertexes = status.vertexes;
+        for vertex in &mut vertexes {
+            if let Some((index, name)) = self.split_platform(&vertex.name) {
+                vertex.name = name;
+                self.vertices.insert(vertex.digest.clone(), Some(index));
+            }
+        }
+        // Some steps carry no platform in their name (an exec-form RUN is `[2/2] RUN [...]`
+        // for every platform): such a step belongs to the platform of the steps it builds
+        // on, which a status lists in no particular order.
+        loop {
+            let mut found = false;
+            for vertex in &vertexes {
+                if self
+                    .vertices
+                    .get(&vertex.digest)
+                    .copied()
+                    .flatten()
+                    .is_none()
+                {
+                    if let Some(index) = self.platform_of_inputs(&vertex.inputs) {
+                        self.vertices.insert(vertex.digest.clone(), Some(index));
+                        found = true;
+                    }
+                }
+            }
+            if !found {
+                break;
+            }
+        }
+        for vertex in vertexes {
+            let target = self.vertices.get(&vertex.digest).copied().flatten();
+            self.vertices.insert(vertex.digest.clone(), target);
+            match target {
+                Some(index) => parts[index].vertexes.push(vertex),
+                None => {
+                    for part in &mut parts {
+                        part.vertexes.push(vertex.clone());
+                    }
+                }
+            }
+        }
+        for log in status.logs {
+            match self.vertices.get(&log.vertex).copied().flatten() {
+                Some(index) => parts[index].logs.push(log),
+                None => {
+                    for part in &mut parts {
+                        part.logs.push(log.clone());
+                    }
+                }
+            }
+        }
+        for (log, part) in self.logs.iter_mut().zip(parts) {
+            if part.vertexes.is_empty() && part.logs.is_empty() {
+                continue;
+            }
+            let shared_error = part
+                .vertexes
+                .iter()
+                .any(|v| !v.error.is_empty() && self.vertices[&v.digest].is_none());
+            if shared_error && log.vertex_error.is_none() {
+                log.shared_failure = true;
+            }
+            log.consume(BuildInfo {
+                aux: Some(BuildInfoAux::BuildKit(part)),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// The one platform the `inputs` vertices were routed to, if they agree on one.
+    pub(super) fn platform_of_inputs(&self, inputs: &[String]) -> Option<usize> {
+        let mut routed = inputs
+            .iter()
+            .filter_map(|input| self.vertices.get(input).copied().flatten());
+        let first = routed.next()?;
+        routed.all(|index| index == first).then_some(first)
+    }
+
+    /// The log of the platform whose vertex named in `[PLATFORM …]` is one of ours, and the
+    /// name without it.
+    pub(super) fn split_platform(&self, name: &str) -> Option<(usize, String)> {
+        let inner = name.strip_prefix('[')?;
+        let end = inner.find([' ', ']'])?;
+        let platform: Platform = inner[..end].parse().ok()?;
+        let index = self.logs.iter().position(|log| *log.platform == platform)?;
+        let rest = &inner[end..];
+        let name = match rest.strip_prefix(' ') {
+            Some(rest) => format!("[{rest}"),
+            None => rest.trim_start_matches(']').trim_start().to_string(),
+        };
+        Some((index, name))
+    }
+
+    /// The log that explains the failure: a platform whose own step failed first, rather
+    /// than one cancelled because another failed.
+    pub(super) fn failed(&self) -> Option<usize> {
+        let cancelled = |log: &BuildLog<'_>| {
+            log.vertex_error
+                .as_deref()
+                .is_some_and(|e| e.contains("context canceled"))
+        };
+        self.logs
+            .iter()
+            .position(|log| log.vertex_error.is_some() && !cancelled(log))
+            .or_else(|| self.logs.iter().position(|log| log.vertex_error.is_some()))
+    }
+}
