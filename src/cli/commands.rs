@@ -321,7 +321,7 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     }
     match output.output_format {
         OutputFormat::Json => println!("{}", record.to_json()),
-        OutputFormat::Text => print!("{}", record.render_text()),
+        OutputFormat::Text => print!("{}", super::render::coverage_text(record)),
     }
     Ok(if record.covered {
         exit::COVERED

@@ -1,0 +1,166 @@
+//! Text for the terminal: the library hands back data, the CLI words it.
+
+use polyarch::record::CoverageRecord;
+
+fn human_size(bytes: u64) -> String {
+    if bytes >= 1_000_000 {
+        format!("{:.1} MB", bytes as f64 / 1_000_000.0)
+    } else {
+        format!("{:.1} kB", bytes as f64 / 1_000.0)
+    }
+}
+
+/// The human summary of a coverage record, printed in text mode.
+pub fn coverage_text(record: &CoverageRecord) -> String {
+    let mut out = String::new();
+    for image in &record.images {
+        let verdict = if image.covered {
+            "covered"
+        } else {
+            "NOT covered"
+        };
+        out += &format!(
+            "{} {} -> {} ({})\n",
+            image.name,
+            image.reference,
+            polyarch::oci::short_digest(&image.digest),
+            verdict
+        );
+        for p in &image.platforms {
+            let status = serde_json::to_value(&p.status)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let digest = p
+                .digest
+                .as_deref()
+                .map(polyarch::oci::short_digest)
+                .unwrap_or("-");
+            let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
+            let build = p.build.as_ref().map_or(String::new(), |b| {
+                let fallback = if b.fallback.is_some() {
+                    ", its builder unreachable (fallback: emulate)"
+                } else {
+                    ""
+                };
+                if b.reused {
+                    format!("  inputs unchanged, not rebuilt{fallback}")
+                } else {
+                    let emulated = if b.emulated { " (emulated)" } else { "" };
+                    format!("  built in {:.1}s{emulated}{fallback}", b.seconds)
+                }
+            });
+            out += &format!(
+                "  {:<16} {:<15} {:<12} {:>9}{build}\n",
+                p.platform.to_string(),
+                status,
+                digest,
+                size
+            );
+            if let Some(detail) = &p.detail {
+                out += &format!("    {detail}\n");
+            }
+        }
+        for digest in &image.attestations {
+            out += &format!(
+                "  attestation entry {digest}: older containerd fails on it with \"unknown media type\"; push without provenance/SBOM (buildx --provenance=false --sbom=false)\n"
+            );
+        }
+        for warning in &image.warnings {
+            out += &format!("  warning: {warning}\n");
+        }
+        let native = image
+            .platforms
+            .iter()
+            .filter_map(|p| p.build.as_ref())
+            .find(|b| !b.emulated && b.seconds > 0.0);
+        for p in &image.platforms {
+            if let (Some(build), Some(native)) = (&p.build, native) {
+                if build.emulated && !build.reused {
+                    out += &format!(
+                        "  {} built under QEMU emulation: {:.1}x the native build time\n",
+                        p.platform,
+                        build.seconds / native.seconds
+                    );
+                }
+            }
+        }
+        out += &format!("  pin: {}\n", image.pinned);
+        if !image.tags.is_empty() {
+            out += "  note: tags are mutable; nodes with imagePullPolicy: IfNotPresent keep a re-pushed tag's old image (possibly a stale architecture): deploy the pinned digest\n";
+        }
+    }
+    out += if record.covered {
+        "every declared platform is covered\n"
+    } else {
+        "coverage gap: see above\n"
+    };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polyarch::record::{BuildInfo, ImageCoverage, PlatformCoverage, PlatformStatus};
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn the_summary_tells_reused_builds_from_emulated_ones() {
+        let platform = |name: &str, build: BuildInfo| PlatformCoverage {
+            platform: name.parse().unwrap(),
+            digest: Some(format!("sha256:{}", "a".repeat(64))),
+            config_platform: Some(name.parse().unwrap()),
+            size: Some(900),
+            status: PlatformStatus::Ok,
+            annotations: BTreeMap::new(),
+            detail: None,
+            deep: None,
+            build: Some(build),
+        };
+        let image = ImageCoverage {
+            name: "x".into(),
+            reference: "r.io/x:t".into(),
+            tags: vec!["t".into()],
+            digest: format!("sha256:{}", "b".repeat(64)),
+            pinned: "r.io/x@sha256:…".into(),
+            media_type: "application/vnd.oci.image.index.v1+json".into(),
+            annotations: BTreeMap::new(),
+            declared: vec![
+                "linux/amd64".parse().unwrap(),
+                "linux/arm64".parse().unwrap(),
+            ],
+            platforms: vec![
+                platform(
+                    "linux/amd64",
+                    BuildInfo {
+                        emulated: false,
+                        seconds: 1.0,
+                        reused: false,
+                        builder: None,
+                        fallback: None,
+                    },
+                ),
+                platform(
+                    "linux/arm64",
+                    BuildInfo {
+                        emulated: true,
+                        seconds: 0.0,
+                        reused: true,
+                        builder: None,
+                        fallback: None,
+                    },
+                ),
+            ],
+            missing: vec![],
+            unexpected: vec![],
+            attestations: vec![],
+            warnings: vec![],
+            covered: true,
+        };
+        let text = coverage_text(&CoverageRecord::new(vec![image]));
+        assert!(text.contains("built in 1.0s"), "{text}");
+        assert!(text.contains("inputs unchanged, not rebuilt"), "{text}");
+        // Nothing ran under QEMU in this run, so no emulation cost is claimed.
+        assert!(!text.contains("QEMU"), "{text}");
+    }
+}
