@@ -273,6 +273,16 @@ mod tests {
         publish(store, image, &refs, interrupt, &crate::progress::Silent).await
     }
 
+    /// A store `units` were published to once, its calls forgotten.
+    async fn published(image: &ImageSpec, units: &[Pushed]) -> FakeStore {
+        let store = FakeStore::default();
+        run(&store, image, units, &CancellationToken::new())
+            .await
+            .unwrap();
+        store.calls.lock().unwrap().clear();
+        store
+    }
+
     #[tokio::test]
     async fn the_index_goes_in_by_digest_before_any_tag_moves_then_it_is_read_back() {
         let (store, image) = (FakeStore::default(), image("v1, latest"));
@@ -311,17 +321,7 @@ mod tests {
     async fn tags_already_at_the_index_are_left_alone() {
         let image = image("v1, latest");
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
-        let first = FakeStore::default();
-        let digest = run(&first, &image, &units, &CancellationToken::new())
-            .await
-            .unwrap()
-            .digest;
-        let store = FakeStore::with_tags(&[("v1", &digest), ("latest", &digest)]);
-        store
-            .manifests
-            .lock()
-            .unwrap()
-            .extend(first.manifests.lock().unwrap().clone());
+        let store = published(&image, &units).await;
         run(&store, &image, &units, &CancellationToken::new())
             .await
             .unwrap();
@@ -332,13 +332,9 @@ mod tests {
     async fn only_the_tags_elsewhere_move() {
         let image = image("v1, latest");
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
-        let first = FakeStore::default();
-        let digest = run(&first, &image, &units, &CancellationToken::new())
-            .await
-            .unwrap()
-            .digest;
+        let store = published(&image, &units).await;
         let old = format!("sha256:{}", "0".repeat(64));
-        let store = FakeStore::with_tags(&[("v1", &digest), ("latest", &old)]);
+        store.tags.lock().unwrap().insert("latest".into(), old);
         run(&store, &image, &units, &CancellationToken::new())
             .await
             .unwrap();
