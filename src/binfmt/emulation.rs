@@ -15,12 +15,12 @@ pub(super) struct RunOutcome {
 /// it without does a best-effort cleanup in the background).
 pub struct Emulation {
     pub(super) engine: Engine,
-    pub(super) run_id: String,
-    pub(super) cache: Mutex<HashMap<Platform, Runnable>>,
-    pub(super) details: Mutex<HashMap<Platform, String>>,
+    run_id: String,
+    cache: Mutex<HashMap<Platform, Runnable>>,
+    details: Mutex<HashMap<Platform, String>>,
     /// Probe image tags built for this run.
     pub(super) images: tokio::sync::Mutex<HashMap<Platform, String>>,
-    pub(super) serial: std::sync::atomic::AtomicU32,
+    serial: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Emulation {
@@ -32,7 +32,7 @@ impl std::fmt::Debug for Emulation {
     }
 }
 
-pub(super) fn slug(platform: &Platform) -> String {
+fn slug(platform: &Platform) -> String {
     platform.to_string().replace('/', "-")
 }
 
@@ -74,7 +74,7 @@ impl Emulation {
         &self.run_id
     }
 
-    pub(super) fn container_name(&self, what: &str) -> String {
+    fn container_name(&self, what: &str) -> String {
         let n = self
             .serial
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -189,7 +189,7 @@ impl Emulation {
         })
     }
 
-    pub(super) async fn start_and_wait(
+    async fn start_and_wait(
         &self,
         name: &str,
         timeout: Duration,
@@ -265,7 +265,7 @@ impl Emulation {
     }
 
     /// Runs the probe: `None` when it exits with [`PROBE_EXIT`], else why it did not.
-    pub(super) async fn run_probe(&self, platform: &Platform) -> Result<Option<String>> {
+    async fn run_probe(&self, platform: &Platform) -> Result<Option<String>> {
         let image = self.probe_image(platform).await?;
         let outcome = self
             .run(

@@ -73,7 +73,7 @@ pub(super) async fn build_classic(
 
 /// Streams the build context as a tar from a blocking thread, so a large context is
 /// never held in memory.
-pub(super) fn stream_context(
+fn stream_context(
     context: PathBuf,
     dockerfile: PathBuf,
 ) -> Result<impl futures_util::Stream<Item = Bytes> + Send + 'static> {
@@ -101,15 +101,15 @@ pub(super) fn stream_context(
     Ok(tokio_stream_from(rx))
 }
 
-pub(super) fn tokio_stream_from(
+fn tokio_stream_from(
     mut rx: tokio::sync::mpsc::Receiver<Bytes>,
 ) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
     futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-pub(super) struct ChannelWriter {
-    pub(super) tx: tokio::sync::mpsc::Sender<Bytes>,
-    pub(super) buf: Vec<u8>,
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    buf: Vec<u8>,
 }
 
 impl Write for ChannelWriter {
@@ -138,7 +138,7 @@ pub(super) struct ContextFilter {
     pub(super) ignore: Gitignore,
     /// Relative to the context: `<Dockerfile>.dockerignore` beside the Dockerfile when it
     /// exists (BuildKit then reads it instead of the context's), else `.dockerignore`.
-    pub(super) ignore_file: PathBuf,
+    ignore_file: PathBuf,
     pub(super) dockerfile: PathBuf,
 }
 
@@ -189,7 +189,7 @@ impl ContextFilter {
     }
 
     /// The Dockerfile and the ignore file are always sent, as the Docker CLI does.
-    pub(super) fn always_sent(&self, relative: &Path) -> bool {
+    fn always_sent(&self, relative: &Path) -> bool {
         relative == self.dockerfile || relative == self.ignore_file
     }
 

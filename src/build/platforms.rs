@@ -89,7 +89,7 @@ pub async fn build_platforms(
     }))
 }
 
-pub(super) fn platform_list(platforms: &[Platform]) -> String {
+fn platform_list(platforms: &[Platform]) -> String {
     platforms
         .iter()
         .map(Platform::to_string)
@@ -104,7 +104,7 @@ pub(super) fn platform_list(platforms: &[Platform]) -> String {
 pub(super) struct PlatformLogs<'a> {
     pub(super) logs: Vec<BuildLog<'a>>,
     /// Which log each vertex went to (`None`: all), for the logs that name it.
-    pub(super) vertices: HashMap<String, Option<usize>>,
+    vertices: HashMap<String, Option<usize>>,
 }
 
 impl<'a> PlatformLogs<'a> {
@@ -201,7 +201,7 @@ impl<'a> PlatformLogs<'a> {
     }
 
     /// The one platform the `inputs` vertices were routed to, if they agree on one.
-    pub(super) fn platform_of_inputs(&self, inputs: &[String]) -> Option<usize> {
+    fn platform_of_inputs(&self, inputs: &[String]) -> Option<usize> {
         let mut routed = inputs
             .iter()
             .filter_map(|input| self.vertices.get(input).copied().flatten());
@@ -211,7 +211,7 @@ impl<'a> PlatformLogs<'a> {
 
     /// The log of the platform whose vertex named in `[PLATFORM …]` is one of ours, and the
     /// name without it.
-    pub(super) fn split_platform(&self, name: &str) -> Option<(usize, String)> {
+    fn split_platform(&self, name: &str) -> Option<(usize, String)> {
         let inner = name.strip_prefix('[')?;
         let end = inner.find([' ', ']'])?;
         let platform: Platform = inner[..end].parse().ok()?;

@@ -17,7 +17,7 @@ pub(super) enum Node {
     Other(&'static str),
 }
 
-pub(super) static IMPLICIT_DIR: Node = Node::Dir;
+static IMPLICIT_DIR: Node = Node::Dir;
 
 pub(super) struct Fs {
     /// Cap on retained prefixes ([`MAX_RETAINED`] outside tests).
@@ -28,7 +28,7 @@ pub(super) struct Fs {
 }
 
 /// An entry name in a layer, cleaned; `None` for the root itself or a name climbing out.
-pub(super) fn normalize(path: &str) -> Option<String> {
+fn normalize(path: &str) -> Option<String> {
     image_path::normalize(path).filter(|p| !p.is_empty())
 }
 
@@ -61,7 +61,7 @@ impl ResolveError {
 }
 
 impl Fs {
-    pub(super) fn take_prefix(&mut self, limit: u64) -> bool {
+    fn take_prefix(&mut self, limit: u64) -> bool {
         let limit = limit as usize;
         if self.retained.saturating_add(limit) > self.cap {
             return false;
@@ -70,7 +70,7 @@ impl Fs {
         true
     }
 
-    pub(super) fn has_children(&self, dir: &str) -> bool {
+    fn has_children(&self, dir: &str) -> bool {
         let prefix = format!("{dir}/");
         self.nodes
             .range(prefix.clone()..)
@@ -78,7 +78,7 @@ impl Fs {
             .is_some_and(|(k, _)| k.starts_with(&prefix))
     }
 
-    pub(super) fn remove_subtree(&mut self, path: &str, include_self: bool) {
+    fn remove_subtree(&mut self, path: &str, include_self: bool) {
         if include_self {
             self.nodes.remove(path);
         }

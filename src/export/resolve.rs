@@ -16,7 +16,7 @@ pub(super) struct RootFs {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub(super) struct LegacyManifest {
+struct LegacyManifest {
     pub(super) config: String,
     #[serde(default)]
     pub(super) layers: Vec<String>,
@@ -24,30 +24,30 @@ pub(super) struct LegacyManifest {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct OciDescriptor {
+struct OciDescriptor {
     #[serde(default)]
     pub(super) media_type: Option<String>,
     pub(super) digest: String,
     #[serde(default)]
     pub(super) platform: Option<OciPlatform>,
     #[serde(default)]
-    pub(super) annotations: HashMap<String, String>,
+    annotations: HashMap<String, String>,
 }
 
 #[derive(Deserialize)]
-pub(super) struct OciPlatform {
+struct OciPlatform {
     #[serde(default)]
     pub(super) os: String,
     #[serde(default)]
     pub(super) architecture: String,
     #[serde(default)]
-    pub(super) variant: Option<String>,
+    variant: Option<String>,
 }
 
 /// An OCI image index or image manifest (told apart by which fields are present).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub(super) struct OciDocument {
+struct OciDocument {
     #[serde(default)]
     pub(super) media_type: Option<String>,
     #[serde(default)]
@@ -198,12 +198,12 @@ impl Resolver<'_> {
     }
 }
 
-pub(super) enum Source {
+enum Source {
     Memory(Vec<u8>),
     File(PathBuf),
 }
 
-pub(super) fn blob_path(digest: &str) -> Option<String> {
+fn blob_path(digest: &str) -> Option<String> {
     let (algorithm, hex) = digest.split_once(':')?;
     (!algorithm.is_empty()
         && !hex.is_empty()
@@ -212,7 +212,7 @@ pub(super) fn blob_path(digest: &str) -> Option<String> {
     .then(|| format!("blobs/{algorithm}/{hex}"))
 }
 
-pub(super) fn choose_manifest<'a>(
+fn choose_manifest<'a>(
     manifests: &'a [OciDescriptor],
     platform: Option<&Platform>,
 ) -> Option<&'a OciDescriptor> {

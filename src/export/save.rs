@@ -26,7 +26,7 @@ pub(super) enum Kind {
     Tar,
 }
 
-pub(super) fn sniff(head: &[u8]) -> Kind {
+fn sniff(head: &[u8]) -> Kind {
     if head.starts_with(&[0x1f, 0x8b]) {
         Kind::Gzip
     } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {

@@ -104,7 +104,7 @@ pub(super) fn spool_gzip_layer(
     hashed.finish_layer(diff, file)
 }
 
-pub(super) fn classify(e: io::Error) -> SpoolError {
+fn classify(e: io::Error) -> SpoolError {
     if e.get_ref().is_some_and(|inner| inner.is::<SourceError>()) {
         let kind = e.kind();
         let inner = e

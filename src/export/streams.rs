@@ -58,7 +58,7 @@ impl<R: Read> Read for Tracked<R> {
 /// Writes through to `inner` while hashing and counting.
 pub(super) struct HashWriter<W> {
     pub(super) inner: W,
-    pub(super) hasher: Sha256,
+    hasher: Sha256,
     pub(super) len: u64,
 }
 

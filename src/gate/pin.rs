@@ -41,7 +41,7 @@ pub(super) fn check_pin_dir(dir: &Path, files: &[ManifestFile]) -> Result<()> {
 }
 
 /// `image@digest`, or the image as written when it already names a digest.
-pub(super) fn pinned_reference(image: &str, digest: &str) -> String {
+fn pinned_reference(image: &str, digest: &str) -> String {
     if image.contains('@') {
         image.to_string()
     } else {
@@ -124,12 +124,12 @@ pub(super) fn pin_file(
     Ok((serialise(&file.path, &expected)?, pinned, true))
 }
 
-pub(super) fn is_json(path: &Path) -> bool {
+fn is_json(path: &Path) -> bool {
     path.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
-pub(super) fn untag_mut(v: &mut Value) -> &mut Value {
+fn untag_mut(v: &mut Value) -> &mut Value {
     match v {
         Value::Tagged(t) => untag_mut(&mut t.value),
         other => other,
@@ -137,7 +137,7 @@ pub(super) fn untag_mut(v: &mut Value) -> &mut Value {
 }
 
 /// Sets the container's `image` in its parsed document.
-pub(super) fn set_image(doc: &mut Value, w: &Workload, c: &Container, to: &str) -> Option<()> {
+fn set_image(doc: &mut Value, w: &Workload, c: &Container, to: &str) -> Option<()> {
     let mut v = untag_mut(doc);
     if let Some(item) = w.item {
         v = untag_mut(v.get_mut("items")?.get_mut(item)?);
@@ -155,7 +155,7 @@ pub(super) fn set_image(doc: &mut Value, w: &Workload, c: &Container, to: &str) 
     Some(())
 }
 
-pub(super) fn serialise(file: &Path, docs: &[(usize, Value)]) -> Result<String> {
+fn serialise(file: &Path, docs: &[(usize, Value)]) -> Result<String> {
     let failed = |e: String| Error::io(file, std::io::Error::other(e));
     let mut out = String::new();
     for (_, doc) in docs {
@@ -198,11 +198,7 @@ pub(super) fn yaml_document_spans(text: &str) -> Vec<Range<usize>> {
         .collect()
 }
 
-pub(super) fn replace_in_spans(
-    text: &str,
-    spans: &[Range<usize>],
-    pins: &BTreeMap<&str, String>,
-) -> String {
+fn replace_in_spans(text: &str, spans: &[Range<usize>], pins: &BTreeMap<&str, String>) -> String {
     let mut out = String::with_capacity(text.len() + 80 * pins.len());
     let mut copied = 0;
     for span in spans {
@@ -237,7 +233,7 @@ pub(super) fn replace_image_values(text: &str, pins: &BTreeMap<&str, String>) ->
 /// The byte range of the value of the `image` key whose name starts at `at`: `image: v`,
 /// `- image: v`, `{…, image: v}`, `"image": "v"`, plain or quoted (quotes excluded). `None`
 /// for anything else (`imagePullPolicy`, `baseimage`, a quoted value with escapes).
-pub(super) fn image_value(text: &str, at: usize) -> Option<Range<usize>> {
+fn image_value(text: &str, at: usize) -> Option<Range<usize>> {
     let bytes = text.as_bytes();
     let (key_start, mut i) = match at.checked_sub(1).map(|b| bytes[b]) {
         Some(q @ (b'"' | b'\'')) if bytes.get(at + 5) == Some(&q) => (at - 1, at + 6),

@@ -125,7 +125,7 @@ pub(super) fn opt_string(at: &At, parent: &Value, base: &str, key: &str) -> Resu
     }
 }
 
-pub(super) fn opt_mapping<'a>(
+fn opt_mapping<'a>(
     at: &At,
     parent: &'a Value,
     base: &str,

@@ -13,11 +13,7 @@ use crate::{Error, Platform, Result};
 use std::collections::{HashMap, HashSet};
 
 /// The binfmt mode in force for an image: CLI, then the image's own, then the project's.
-pub(super) fn binfmt_mode(
-    project: &Project,
-    image: &ImageSpec,
-    options: &BuildOptions,
-) -> BinfmtMode {
+fn binfmt_mode(project: &Project, image: &ImageSpec, options: &BuildOptions) -> BinfmtMode {
     options.binfmt.or(image.binfmt).unwrap_or(project.binfmt)
 }
 

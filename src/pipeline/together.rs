@@ -87,7 +87,7 @@ pub(super) async fn build_and_push_image(
     Ok(pushed)
 }
 
-pub(super) async fn build_together(
+async fn build_together(
     engine: &Engine,
     registry: &Registry,
     units: &[(&Unit<'_>, Option<String>, bool)],

@@ -49,7 +49,7 @@ pub(super) fn pushed_key(image: &ImageSpec, id: &str) -> String {
 }
 
 /// A unit whose manifest an earlier run pushed.
-pub(super) fn pushed_before(unit: &Unit<'_>, cached: &CachedManifest, build: BuildInfo) -> Pushed {
+fn pushed_before(unit: &Unit<'_>, cached: &CachedManifest, build: BuildInfo) -> Pushed {
     Pushed {
         image: unit.image.name.clone(),
         platform: unit.platform.clone(),

@@ -19,7 +19,7 @@ pub(super) fn follow_links(
     Ok(dedupe_paths(&resolved))
 }
 
-pub(super) struct LinkResolver<'a> {
+struct LinkResolver<'a> {
     pub(super) root: &'a Path,
     pub(super) resolved: BTreeSet<String>,
 }
@@ -56,11 +56,7 @@ impl LinkResolver<'_> {
 
     /// The targets of the symlink at `path` (several when its last component is a
     /// wildcard), each as an absolute path within the root; empty if it is not a symlink.
-    pub(super) fn read_symlink(
-        &self,
-        path: &str,
-        wildcards: bool,
-    ) -> Result<Vec<String>, SyncError> {
+    fn read_symlink(&self, path: &str, wildcards: bool) -> Result<Vec<String>, SyncError> {
         let (dir, base) = split_dir_base(path);
         if wildcards && contains_wildcards(base) {
             let mut targets = Vec::new();
@@ -115,7 +111,7 @@ impl LinkResolver<'_> {
     }
 
     /// Names in a root-relative directory, sorted; empty if it is not a directory.
-    pub(super) fn list_dir(&self, dir: &str) -> Result<Vec<String>, SyncError> {
+    fn list_dir(&self, dir: &str) -> Result<Vec<String>, SyncError> {
         let abs = if dir == "." {
             self.root.to_path_buf()
         } else {
@@ -136,7 +132,7 @@ impl LinkResolver<'_> {
 }
 
 /// fsutil's containsWildcards: `*`, `?` or `[` not escaped by a backslash.
-pub(super) fn contains_wildcards(name: &str) -> bool {
+fn contains_wildcards(name: &str) -> bool {
     let mut chars = name.chars();
     while let Some(c) = chars.next() {
         match c {
@@ -152,7 +148,7 @@ pub(super) fn contains_wildcards(name: &str) -> bool {
 
 /// A single path component's glob as Go's filepath.Match reads it; `None` when malformed,
 /// which filepath.Match reports as no match.
-pub(super) fn glob_tokens(pattern: &str) -> Option<Vec<Token>> {
+fn glob_tokens(pattern: &str) -> Option<Vec<Token>> {
     let chars: Vec<char> = pattern.chars().collect();
     let mut tokens = Vec::new();
     let mut pos = 0;

@@ -142,7 +142,7 @@ impl Pattern {
 
 /// Translates a cleaned pattern as patternmatcher's compile does, including which fast
 /// path it takes. Syntax errors are those Go's filepath.Match reports.
-pub(super) fn compile(pattern: &str) -> Result<Kind, &'static str> {
+fn compile(pattern: &str) -> Result<Kind, &'static str> {
     #[derive(PartialEq)]
     enum Detected {
         Exact,

@@ -111,16 +111,16 @@ where
 }
 
 /// A requested file's id and the hex sha256 of the bytes sent for it.
-pub(super) type FileSent = Result<(u32, String), SyncError>;
+type FileSent = Result<(u32, String), SyncError>;
 
 /// One REQ to answer.
-pub(super) struct FileJob {
+struct FileJob {
     pub(super) path: PathBuf,
     /// Listed by the walk but refused by the filter's open check: sent empty.
-    pub(super) withheld: bool,
+    withheld: bool,
     pub(super) id: u32,
     pub(super) out: mpsc::Sender<Result<Packet, Status>>,
-    pub(super) stop: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
 }
 
 impl FileJob {
@@ -199,7 +199,7 @@ pub fn replay(root: &Path, filter: &Filter) -> Result<Vec<SentEntry>, SyncError>
     Ok(entries)
 }
 
-pub(super) struct StopOnDrop(Arc<AtomicBool>);
+struct StopOnDrop(Arc<AtomicBool>);
 
 impl Drop for StopOnDrop {
     fn drop(&mut self) {
@@ -225,10 +225,7 @@ pub(super) async fn emit(
 }
 
 /// Tells the receiver why the transfer stops, then hands the error back.
-pub(super) async fn fail(
-    outgoing: &mpsc::Sender<Result<Packet, Status>>,
-    error: SyncError,
-) -> SyncError {
+async fn fail(outgoing: &mpsc::Sender<Result<Packet, Status>>, error: SyncError) -> SyncError {
     let message = Packet {
         data: error.to_string().into_bytes(),
         ..packet(PacketType::PacketErr)
@@ -237,7 +234,7 @@ pub(super) async fn fail(
     error
 }
 
-pub(super) async fn finish_job(
+async fn finish_job(
     entries: &mut [SentEntry],
     done: Result<FileSent, tokio::task::JoinError>,
     outgoing: &mpsc::Sender<Result<Packet, Status>>,
@@ -256,7 +253,7 @@ pub(super) async fn finish_job(
 
 /// Opens `path` only while it is a regular file, so a socket (which fsutil sends with a
 /// plain-file mode) or a file swapped for a FIFO or a link since the walk is never read.
-pub(super) fn open_regular(path: &Path) -> Option<fs::File> {
+fn open_regular(path: &Path) -> Option<fs::File> {
     let before = fs::symlink_metadata(path)
         .ok()
         .filter(|m| m.file_type().is_file())?;

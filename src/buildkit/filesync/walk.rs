@@ -10,9 +10,9 @@ pub struct Filter {
     pub(super) exclude: Option<Matcher>,
     /// No include pattern has wildcards before a trailing `/**` or `/*`, so an unmatched
     /// directory that no pattern names a prefix of can be skipped whole.
-    pub(super) only_prefix_includes: bool,
+    only_prefix_includes: bool,
     /// The same for the `!` exceptions among the exclude patterns.
-    pub(super) only_prefix_exclude_exceptions: bool,
+    only_prefix_exclude_exceptions: bool,
 }
 
 impl Filter {
@@ -77,7 +77,7 @@ impl Filter {
 }
 
 /// Characters that make fsutil treat a pattern as more than a path prefix.
-pub(super) const PATTERN_CHARS: &[char] = &['*', '[', ']', '?', '^', '\\'];
+const PATTERN_CHARS: &[char] = &['*', '[', ']', '?', '^', '\\'];
 
 pub(super) fn without_trailing_glob(pattern: &str) -> &str {
     let pattern = pattern.strip_suffix("/**").unwrap_or(pattern);
@@ -120,18 +120,18 @@ pub(super) fn walk_tree(
     .walk_dir(&[], None, None, false)
 }
 
-pub(super) struct Walker<'a> {
+struct Walker<'a> {
     pub(super) root: &'a Path,
     pub(super) filter: &'a Filter,
     pub(super) emit: &'a mut dyn FnMut(Stat) -> Result<(), SyncError>,
     /// First path sent for each multiply-linked inode; later links name it as linkname.
-    pub(super) hardlinks: HashMap<(u64, u64), String>,
+    hardlinks: HashMap<(u64, u64), String>,
     /// The directories above the current entry; filtered-out ones are sent just before
     /// their first sent descendant, so the receiver always sees parents first.
     pub(super) pending: Vec<PendingDir>,
 }
 
-pub(super) struct PendingDir {
+struct PendingDir {
     pub(super) rel: Vec<u8>,
     pub(super) meta: Metadata,
     pub(super) sent: bool,
@@ -142,7 +142,7 @@ impl Walker<'_> {
         self.root.join(OsStr::from_bytes(rel))
     }
 
-    pub(super) fn walk_dir(
+    fn walk_dir(
         &mut self,
         dir: &[u8],
         include_parent: Option<&[bool]>,
@@ -226,7 +226,7 @@ impl Walker<'_> {
         Ok(())
     }
 
-    pub(super) fn send_pending(&mut self) -> Result<(), SyncError> {
+    fn send_pending(&mut self) -> Result<(), SyncError> {
         for dir in self.pending.iter_mut().filter(|d| !d.sent) {
             let stat = make_stat(self.root, &dir.rel, &dir.meta, &mut self.hardlinks)?;
             (self.emit)(stat)?;
@@ -258,7 +258,7 @@ pub(super) fn read_sorted(dir: &Path) -> io::Result<Vec<(Vec<u8>, fs::FileType)>
     Ok(entries)
 }
 
-pub(super) fn utf8(bytes: &[u8]) -> Result<String, SyncError> {
+fn utf8(bytes: &[u8]) -> Result<String, SyncError> {
     String::from_utf8(bytes.to_vec())
         .map_err(|e| SyncError::NotUtf8(PathBuf::from(OsStr::from_bytes(e.as_bytes()))))
 }
@@ -309,7 +309,7 @@ pub(super) fn make_stat(
 }
 
 /// Go's os.FileMode for an lstat: permission bits plus Go's own type and special bits.
-pub(super) fn go_mode(meta: &Metadata) -> u32 {
+fn go_mode(meta: &Metadata) -> u32 {
     let unix = meta.mode();
     let file_type = meta.file_type();
     let mut mode = unix & 0o777;
@@ -338,7 +338,7 @@ pub(super) fn go_mode(meta: &Metadata) -> u32 {
 }
 
 /// fsutil's major/minor split of st_rdev (Linux's traditional encoding).
-pub(super) fn dev_major_minor(rdev: u64) -> (i64, i64) {
+fn dev_major_minor(rdev: u64) -> (i64, i64) {
     let major = (rdev >> 8) & 0xfff;
     let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
     (major as i64, minor as i64)
