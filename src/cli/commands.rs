@@ -84,6 +84,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         no_cache,
         annotation,
         source_date_epoch,
+        provenance,
+        require_provenance,
         push_by_digest,
         output: destination,
         output_args: output,
@@ -115,6 +117,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         no_cache,
         annotations: annotation,
         source_date_epoch,
+        provenance,
+        require_provenance,
     };
     project.prepare_build(&images, &flags, login)?;
     let options = BuildOptions {
@@ -179,6 +183,10 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
 
 async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     let options = registry_options(&args.registry)?;
+    let checks = polyarch::verify::Checks {
+        deep: args.deep,
+        require_provenance: args.require_provenance,
+    };
     let reporter = reporter(&args.output);
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
@@ -186,22 +194,16 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 reference,
                 &args.platform,
                 &options,
-                args.deep,
+                checks,
                 reporter.as_ref(),
             )
             .await
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::verify::verify_project(
-                &project,
-                images,
-                &options,
-                args.deep,
-                reporter.as_ref(),
-            )
-            .await
-            .map(|record| record.with_values(&project))
+            polyarch::verify::verify_project(&project, images, &options, checks, reporter.as_ref())
+                .await
+                .map(|record| record.with_values(&project))
         }
         _ => Err(Error::Usage(
             "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),

@@ -265,6 +265,7 @@ pub(super) fn each_string<E>(
             cache,
             pull,
             no_cache,
+            provenance,
             annotations,
         } = image;
         one(f, &at("repository"), repository)?;
@@ -290,6 +291,7 @@ pub(super) fn each_string<E>(
         }
         one(f, &at("pull"), pull)?;
         one(f, &at("no_cache"), no_cache)?;
+        one(f, &at("provenance"), provenance)?;
     }
     Ok(())
 }
