@@ -37,15 +37,15 @@ pub async fn publish(
             registry: image.repository.clone(),
             message: m,
         })?;
+    if image.provenance {
+        attach_provenance(destination, image, &mine, reporter).await?;
+    }
     reporter.report(Event::Phase {
         image: image.name.clone(),
         platform: None,
         phase: Phase::Publish,
         message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
     });
-    if image.provenance {
-        attach_provenance(destination, image, &mine, reporter).await?;
-    }
     let first = first_tag(image)?;
     let mut moved = Vec::new();
     for tag in &image.tags {
