@@ -4,8 +4,11 @@
 //! exactly the platform manifests, and `verify --require-provenance`; on whichever engine
 //! `DOCKER_HOST` names.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
+use proxy::{Fault, Proxy, Rule};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -260,4 +263,134 @@ fn an_oci_layout_output_refuses_provenance_before_building() {
         "{err}"
     );
     assert!(!layout.exists());
+}
+
+/// A registry with the referrers API, played by a proxy answering
+/// `GET /v2/NAME/referrers/DIGEST` with what the registry behind it holds under the tag
+/// schema, and hiding those tags: verify reads through the API, and a rerun finds the
+/// provenance there and writes no tag.
+#[test]
+fn a_registry_with_the_referrers_api_is_read_through_it_and_gets_no_tag() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = unique_name("demo/api");
+    let file = project(dir.path(), &registry.repo(&repo), true);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for entry in platform_entries(&format!("{}:v1", registry.repo(&repo))) {
+        let subject = entry["digest"].as_str().unwrap();
+        let tag = subject.replacen(':', "-", 1);
+        let listing = curl(&[
+            "-H",
+            "Accept: application/vnd.oci.image.index.v1+json",
+            &format!("{}/v2/{repo}/manifests/{tag}", registry.url()),
+        ]);
+        let index = "application/vnd.oci.image.index.v1+json";
+        proxy.add(
+            Rule::new(
+                "GET",
+                &format!("/referrers/{subject}"),
+                Fault::respond(200, index, listing),
+            )
+            .always(),
+        );
+        proxy.add(
+            Rule::new(
+                "GET",
+                &format!("/manifests/{tag}"),
+                Fault::respond(404, "text/plain", ""),
+            )
+            .always(),
+        );
+        proxy.add(
+            Rule::new(
+                "HEAD",
+                &format!("/manifests/{tag}"),
+                Fault::respond(404, "text/plain", ""),
+            )
+            .always(),
+        );
+    }
+
+    let reference = format!("{}:v1", proxy.repo(&repo));
+    let out = verify(&reference, &["--require-provenance"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text.matches(&format!("attached: {SLSA}")).count(),
+        2,
+        "{text}"
+    );
+
+    let file = project(dir.path(), &proxy.repo(&repo), true);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("already has SLSA provenance attached; kept"),
+        "{}",
+        stderr(&out)
+    );
+    let log = proxy.log();
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("GET") && l.contains("/referrers/")),
+        "{log:#?}"
+    );
+    assert!(
+        !log.iter()
+            .any(|l| l.starts_with("PUT") && l.contains("/manifests/sha256-")),
+        "{log:#?}"
+    );
+}
+
+/// A registry whose referrers endpoint answers something that is not a listing: one line
+/// naming the reference, exit 3 where provenance is needed, a warning where it is not.
+#[test]
+fn a_garbled_referrers_answer_is_one_line_and_never_a_panic() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = unique_name("demo/garbled");
+    proxy.add(
+        Rule::new(
+            "GET",
+            "/referrers/",
+            Fault::respond(200, "application/json", "{not json"),
+        )
+        .always(),
+    );
+    let file = project(dir.path(), &proxy.repo(&repo), false);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings = record["images"][0]["warnings"].to_string();
+    assert!(
+        warnings.contains("cannot list what is attached"),
+        "{record}"
+    );
+
+    let reference = format!("{}:v1", proxy.repo(&repo));
+    let out = verify(&reference, &["--require-provenance"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let error: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(error.len(), 1, "{err}");
+    assert!(
+        error[0].contains("referrers listing is not an OCI image index")
+            && error[0].contains(&reference),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+
+    let file = project(dir.path(), &proxy.repo(&repo), true);
+    let out = build(&file, &[]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("referrers") && !err.contains("panicked"),
+        "{err}"
+    );
 }

@@ -4,6 +4,7 @@
 
 use super::Registry;
 use crate::Result;
+use oci_client::errors::OciDistributionError;
 use oci_client::Reference;
 use serde_json::Value;
 
@@ -17,7 +18,16 @@ impl Registry {
             .call(
                 reference,
                 &format!("list referrers of {subject}"),
-                |c, _| async move { c.pull_referrers(by_digest, None).await },
+                |c, _| async move {
+                    c.pull_referrers(by_digest, None).await.map_err(|e| match e {
+                        OciDistributionError::ManifestParsingError(why) => {
+                            OciDistributionError::SpecViolationError(format!(
+                                "the referrers listing is not an OCI image index ({why}); check the registry's referrers API, or a proxy in front of it"
+                            ))
+                        }
+                        other => other,
+                    })
+                },
             )
             .await?;
         Ok(index
