@@ -394,3 +394,36 @@ fn a_garbled_referrers_answer_is_one_line_and_never_a_panic() {
         "{err}"
     );
 }
+
+/// Split runners: parts pushed by digest carry no provenance; `assemble` attaches it before
+/// the tag moves, from what the parts record (no build times: they ran elsewhere).
+#[test]
+fn assemble_attaches_provenance_to_the_parts_before_tagging() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = unique_name("demo/assembled");
+    let file = project(dir.path(), &registry.repo(&repo), true);
+    let part = dir.path().join("part.json");
+    let out = run(polyarch()
+        .args(["build", "--push-by-digest", "-f"])
+        .arg(&file)
+        .arg("--record")
+        .arg(&part));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let recorded: Value = serde_json::from_slice(&fs::read(&part).unwrap()).unwrap();
+    for platform in recorded["images"][0]["platforms"].as_array().unwrap() {
+        let tag = platform["digest"].as_str().unwrap().replacen(':', "-", 1);
+        let path = format!("/v2/{repo}/manifests/{tag}");
+        assert_eq!(http_status(registry.port, &path), Some(404), "{tag}");
+    }
+
+    let out = run(polyarch()
+        .args(["assemble", "--output-format", "json", "-f"])
+        .arg(&file)
+        .arg(&part));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for entry in platform_entries(&format!("{}:v1", registry.repo(&repo))) {
+        check_referrer(&registry, &repo, entry["digest"].as_str().unwrap());
+    }
+}
