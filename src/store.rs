@@ -217,7 +217,8 @@ async fn attach_in_registry(
     let by_digest = reference.clone_with_digest(referrer.manifest.digest.clone());
     registry
         .push_manifest(&by_digest, &referrer.manifest)
-        .await?;
+        .await
+        .map_err(|e| refused(e, referrer))?;
     let listed = registry.referrers(&reference, &referrer.subject).await?;
     if listed
         .iter()
@@ -229,8 +230,24 @@ async fn attach_in_registry(
     let index = provenance::tag_schema_index(listed, referrer.descriptor());
     registry
         .push_manifest(&repository_reference(&image.repository, &tag)?, &index)
-        .await?;
+        .await
+        .map_err(|e| refused(e, referrer))?;
     Ok(Attachment::TagSchema(tag))
+}
+
+/// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
+/// cannot hold provenance: say so, and what to do.
+fn refused(error: Error, referrer: &Referrer) -> Error {
+    match error {
+        Error::Registry { registry, message } => Error::Registry {
+            registry,
+            message: format!(
+                "{message}; the provenance of {} was not attached and no tag moved: the registry must accept OCI 1.1 artifact manifests (distribution 2.8+, or any registry with the referrers API); otherwise build without provenance",
+                referrer.subject
+            ),
+        },
+        other => other,
+    }
 }
 
 /// Every tag of `image` in the layout, checked; all must resolve to `expected`.

@@ -427,3 +427,49 @@ fn assemble_attaches_provenance_to_the_parts_before_tagging() {
         check_referrer(&registry, &repo, entry["digest"].as_str().unwrap());
     }
 }
+
+/// A registry that refuses the referrer manifest: exit 3 naming why and what to do, and
+/// the tag does not move.
+#[test]
+fn a_refused_referrer_moves_no_tag() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = unique_name("demo/refused");
+    let file = project(dir.path(), &proxy.repo(&repo), false);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let before = polyarch::oci::sha256_digest(&curl(&[
+        "-H",
+        "Accept: application/vnd.oci.image.index.v1+json",
+        &format!("{}/v2/{repo}/manifests/v1", registry.url()),
+    ]));
+
+    // The platform manifests are in already, so the first manifest put by digest is the
+    // referrer's.
+    let invalid = r#"{"errors":[{"code":"MANIFEST_INVALID","message":"manifest invalid"}]}"#;
+    proxy.add(Rule::new(
+        "PUT",
+        "/manifests/sha256:",
+        Fault::respond(400, "application/json", invalid),
+    ));
+    let file = project(dir.path(), &proxy.repo(&repo), true);
+    let out = run(polyarch()
+        .args(["build", "--annotation", "index:org.example.run=2", "-f"])
+        .arg(&file));
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    let error: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(error.len(), 1, "{err}");
+    assert!(
+        error[0].contains("provenance") && error[0].contains("no tag moved"),
+        "{err}"
+    );
+    let now = polyarch::oci::sha256_digest(&curl(&[
+        "-H",
+        "Accept: application/vnd.oci.image.index.v1+json",
+        &format!("{}/v2/{repo}/manifests/v1", registry.url()),
+    ]));
+    assert_eq!(now, before, "the tag moved");
+}
