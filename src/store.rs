@@ -201,7 +201,8 @@ impl ImageStore for Destination {
 
 /// Pushes a referrer, then lists it for its subject: a registry with the referrers API
 /// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
-/// keeping what that index held.
+/// keeping what that index held. The listing after the push stands in for the spec's
+/// `OCI-Subject` response header, which oci-client does not hand back.
 async fn attach_in_registry(
     registry: &Registry,
     image: &ImageSpec,
