@@ -114,15 +114,24 @@ fn dependencies(image: &ImageSpec, platform: &Platform) -> Vec<Value> {
     let images = dockerfile::external_images(&text, &args).unwrap_or_default();
     let mut seen = BTreeMap::new();
     for (name, wanted) in images {
-        let (name, digest) = match name.split_once('@') {
-            Some((n, d)) => (
-                n.to_string(),
-                Some(d.trim_start_matches("sha256:").to_string()),
-            ),
-            None => (name, None),
+        let platform = wanted
+            .parse::<Platform>()
+            .map_or(wanted, |p| p.to_string())
+            .replace('/', "%2F");
+        let (uri, digest) = match crate::registry::parse_reference(&name) {
+            Ok(r) => {
+                let tag = r.tag().map(|t| format!("@{t}")).unwrap_or_default();
+                let name = format!("{}/{}{tag}", r.registry(), r.repository());
+                (
+                    name,
+                    r.digest()
+                        .map(|d| d.trim_start_matches("sha256:").to_string()),
+                )
+            }
+            Err(_) => (name, None),
         };
-        let uri = format!("pkg:docker/{name}?platform={}", wanted.replace('/', "%2F"));
-        seen.entry(uri).or_insert(digest);
+        seen.entry(format!("pkg:docker/{uri}?platform={platform}"))
+            .or_insert(digest);
     }
     seen.into_iter()
         .map(|(uri, digest)| match digest {

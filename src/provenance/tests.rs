@@ -139,3 +139,34 @@ fn the_tag_schema_keeps_other_referrers_and_replaces_one_of_the_same_digest() {
     assert!(referrer.already_in(&listed));
     assert!(!referrer.already_in(&listed[..1]));
 }
+
+#[test]
+fn base_images_the_dockerfile_names_are_the_resolved_dependencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let pinned = format!("sha256:{}", "e".repeat(64));
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        format!(
+            "FROM golang:1.22 AS build\nRUN true\nFROM registry.example.com/base@{pinned}\nCOPY --from=build /x /x\nCOPY --from=build /y /y\n"
+        ),
+    )
+    .unwrap();
+    let text = "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [v1]\n    platforms: [linux/arm64]\n";
+    let project = Project::parse(
+        &dir.path().join("polyarch.yaml"),
+        text,
+        &LoadOptions::default(),
+    )
+    .expect("test project parses");
+    let built = statement(&project.images[0], &pushed(None), "run");
+    let dependencies = &built["predicate"]["buildDefinition"]["resolvedDependencies"];
+    assert_eq!(
+        dependencies,
+        &json!([
+            {"uri": "pkg:docker/docker.io/library/golang@1.22?platform=linux%2Farm64"},
+            {"uri": "pkg:docker/registry.example.com/base?platform=linux%2Farm64",
+             "digest": {"sha256": "e".repeat(64)}},
+        ]),
+        "{built}"
+    );
+}
