@@ -99,7 +99,7 @@ pub fn statement(image: &ImageSpec, pushed: &Pushed, invocation_id: &str) -> Val
 }
 
 /// The base images the Dockerfile names for `platform`, as SLSA resource descriptors
-/// (`pkg:docker/NAME?platform=…`, with the digest where the Dockerfile pins one). Empty
+/// (`pkg:docker/REGISTRY/REPOSITORY@TAG?platform=…`, with the digest where the Dockerfile pins one). Empty
 /// when the Dockerfile is not here (assemble in a deploy checkout) or names an image
 /// only the engine could resolve (`$BUILDPLATFORM`).
 fn dependencies(image: &ImageSpec, platform: &Platform) -> Vec<Value> {
