@@ -99,9 +99,9 @@ pub fn statement(image: &ImageSpec, pushed: &Pushed, invocation_id: &str) -> Val
 }
 
 /// The base images the Dockerfile names for `platform`, as SLSA resource descriptors
-/// (`pkg:docker/REGISTRY/REPOSITORY@TAG?platform=…`, with the digest where the Dockerfile pins one). Empty
-/// when the Dockerfile is not here (assemble in a deploy checkout) or names an image
-/// only the engine could resolve (`$BUILDPLATFORM`).
+/// (`pkg:docker/REGISTRY/REPOSITORY@TAG?platform=…`, with the digest where the
+/// Dockerfile pins one). Empty when the Dockerfile is not here (assemble in a deploy
+/// checkout) or names an image only the engine could resolve (`$BUILDPLATFORM`).
 fn dependencies(image: &ImageSpec, platform: &Platform) -> Vec<Value> {
     let Ok(text) = std::fs::read_to_string(image.context.join(&image.dockerfile)) else {
         return Vec::new();
