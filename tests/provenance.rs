@@ -428,7 +428,7 @@ fn assemble_attaches_provenance_to_the_parts_before_tagging() {
     }
 }
 
-/// A registry that refuses the referrer manifest: exit 3 naming why and what to do, and
+/// A registry that refuses what the referrer needs: exit 3 naming why and what to do, and
 /// the tag does not move.
 #[test]
 fn a_refused_referrer_moves_no_tag() {
@@ -446,12 +446,12 @@ fn a_refused_referrer_moves_no_tag() {
         &format!("{}/v2/{repo}/manifests/v1", registry.url()),
     ]));
 
-    // The platform manifests are in already, so the first manifest put by digest is the
-    // referrer's.
+    // The referrers tag schema's index is refused (only polyarch puts `sha256-…` tags; an
+    // engine pushing platform manifests puts them by digest).
     let invalid = r#"{"errors":[{"code":"MANIFEST_INVALID","message":"manifest invalid"}]}"#;
     proxy.add(Rule::new(
         "PUT",
-        "/manifests/sha256:",
+        "/manifests/sha256-",
         Fault::respond(400, "application/json", invalid),
     ));
     let file = project(dir.path(), &proxy.repo(&repo), true);
