@@ -41,6 +41,7 @@ fn contents(entries: Vec<PlatformCoverage>, attestations: &[char]) -> Result<Con
         entries,
         attestations: attestations.iter().map(|c| digest(*c)).collect(),
         warnings: Vec::new(),
+        attached: Default::default(),
     })
 }
 

@@ -127,6 +127,8 @@ pub struct Contents {
     /// Digests of attestation entries (`unknown/unknown`).
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
+    /// What is attached to each entry, by the entry's digest.
+    pub(crate) attached: BTreeMap<String, referrers::Listing>,
 }
 
 /// Reads the reference and checks every entry; `target.declared` is not looked at.
@@ -182,13 +184,19 @@ pub async fn read_contents<S: ContentSource>(
         }
     };
 
-    // Entries are independent: read their manifests and configs concurrently.
-    let checked = futures_util::future::try_join_all(
-        entries
-            .iter()
-            .map(|entry| check_entry(source, target, entry)),
+    // Entries are independent: read their manifests and configs, and list what is
+    // attached to them, all concurrently.
+    let digests: Vec<&str> = entries.iter().map(|e| e.digest.as_str()).collect();
+    let (checked, attached) = futures_util::future::join(
+        futures_util::future::try_join_all(
+            entries
+                .iter()
+                .map(|entry| check_entry(source, target, entry)),
+        ),
+        referrers::list(source, &digests),
     )
-    .await?;
+    .await;
+    let checked = checked?;
     let mut found = Vec::new();
     for (coverage, entry_warnings) in checked {
         found.push(coverage);
@@ -201,6 +209,7 @@ pub async fn read_contents<S: ContentSource>(
         entries: found,
         attestations,
         warnings,
+        attached,
     })
 }
 
@@ -216,6 +225,7 @@ pub async fn verify<S: ContentSource>(
         entries: found,
         attestations,
         mut warnings,
+        attached,
     } = read_contents(source, target, reporter).await?;
 
     let mut platforms = Vec::new();
@@ -261,7 +271,7 @@ pub async fn verify<S: ContentSource>(
             target.reference
         ));
     }
-    referrers::read_attached(source, target, &mut platforms, &mut warnings).await?;
+    referrers::apply(target, &mut platforms, attached, &mut warnings)?;
     let duplicated = target
         .declared
         .iter()

@@ -6,27 +6,42 @@ use super::{ContentSource, Target};
 use crate::provenance;
 use crate::record::{Attached, PlatformCoverage, PlatformStatus};
 use crate::Result;
+use std::collections::BTreeMap;
 
-/// Fills each entry's `attached`, the entries read concurrently. When provenance is
-/// required, an entry without it becomes a gap and a listing that cannot be read is an
-/// error; otherwise that is a warning.
-pub(super) async fn read_attached<S: ContentSource>(
+/// What is attached to one entry, or why it could not be listed.
+pub(crate) type Listing = Result<(Vec<Attached>, Vec<String>)>;
+
+/// Lists what is attached to each of `digests`, concurrently.
+pub(super) async fn list<S: ContentSource>(
     source: &S,
+    digests: &[&str],
+) -> BTreeMap<String, Listing> {
+    let listings =
+        futures_util::future::join_all(digests.iter().map(|d| attached_to(source, d))).await;
+    digests
+        .iter()
+        .map(|d| d.to_string())
+        .zip(listings)
+        .collect()
+}
+
+/// Fills each entry's `attached` from its listing. When provenance is required, an entry
+/// without it becomes a gap and a listing that cannot be read is an error; otherwise that
+/// is a warning.
+pub(super) fn apply(
     target: &Target,
     platforms: &mut [PlatformCoverage],
+    mut listings: BTreeMap<String, Listing>,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
-    let listings = futures_util::future::join_all(
-        platforms
-            .iter()
-            .map(|p| attached_to(source, p.digest.as_deref())),
-    )
-    .await;
-    for (platform, listing) in platforms.iter_mut().zip(listings) {
+    for platform in platforms.iter_mut() {
         let Some(digest) = platform.digest.clone() else {
             continue;
         };
-        match listing {
+        match listings
+            .remove(&digest)
+            .unwrap_or_else(|| Ok(Default::default()))
+        {
             Ok((attached, ignored)) => {
                 platform.attached = attached;
                 warnings.extend(ignored.into_iter().map(|why| {
@@ -57,13 +72,7 @@ pub(super) async fn read_attached<S: ContentSource>(
 }
 
 /// The referrers of one entry that check out, and why each other one listed does not.
-async fn attached_to<S: ContentSource>(
-    source: &S,
-    digest: Option<&str>,
-) -> Result<(Vec<Attached>, Vec<String>)> {
-    let Some(digest) = digest else {
-        return Ok(Default::default());
-    };
+async fn attached_to<S: ContentSource>(source: &S, digest: &str) -> Listing {
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
     for found in provenance::attached(&source.referrers(digest).await?) {
         match checked(source, &found, digest).await {
@@ -98,7 +107,20 @@ mod tests {
     use crate::deep::DeepReport;
     use crate::{Error, Platform};
     use serde_json::{json, Value};
-    use std::collections::BTreeMap;
+
+    async fn read_attached(
+        source: &Fake,
+        target: &Target,
+        platforms: &mut [PlatformCoverage],
+        warnings: &mut Vec<String>,
+    ) -> Result<()> {
+        let digests: Vec<&str> = platforms
+            .iter()
+            .filter_map(|p| p.digest.as_deref())
+            .collect();
+        let listings = list(source, &digests).await;
+        apply(target, platforms, listings, warnings)
+    }
 
     /// Manifests by digest and referrer listings by subject.
     struct Fake {
