@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod elf;
 pub mod endpoint;
 pub mod engine;
+pub mod epoch;
 pub mod error;
 pub mod export;
 pub mod gate;

@@ -152,6 +152,8 @@ pub struct ImageSpec {
     /// `SOURCE_DATE_EPOCH`: build reproducibly, with every time stamp at most this (seconds
     /// since 1970).
     pub source_date_epoch: Option<u64>,
+    /// `reproducible: true`: without an explicit epoch, the context's last commit time.
+    pub reproducible: bool,
     pub network: Network,
     /// Per-image override of the project's `binfmt`.
     pub binfmt: Option<BinfmtMode>,
@@ -272,8 +274,9 @@ pub struct BuildFlags {
     pub no_cache: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
-    /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image.
-    pub source_date_epoch: Option<u64>,
+    /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
+    /// `reproducible: true`.
+    pub source_date_epoch: Option<(u64, crate::epoch::EpochSource)>,
 }
 
 /// One `--secret` value, parsed (relative paths against the working directory).
@@ -348,6 +351,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "cache",
     "pull",
     "no_cache",
+    "reproducible",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -505,7 +509,12 @@ impl Project {
             for flag in &flags.annotations {
                 image.annotations.insert(flag);
             }
-            image.source_date_epoch = flags.source_date_epoch;
+            self.values
+                .extend(epoch_for(image, flags).map_err(|m| Error::Project {
+                    file: file.clone(),
+                    field: format!("images.{}.reproducible", image.name),
+                    message: one_line(&m),
+                })?);
             for reference in &flags.cache_from {
                 if !image.cache_from.contains(reference) {
                     image.cache_from.push(reference.clone());
@@ -549,6 +558,26 @@ impl Project {
         }
         Ok(())
     }
+}
+
+/// Sets the image's epoch (see [`crate::epoch::choose`]); where a `reproducible: true`
+/// image's epoch came from, for the record.
+fn epoch_for(
+    image: &mut ImageSpec,
+    flags: &BuildFlags,
+) -> std::result::Result<Option<values::Provenance>, String> {
+    let chosen = crate::epoch::choose(
+        flags.source_date_epoch.clone(),
+        image.reproducible,
+        &image.context,
+    )?;
+    image.source_date_epoch = chosen.as_ref().map(|(seconds, _)| *seconds);
+    Ok(chosen
+        .filter(|_| image.reproducible)
+        .map(|(_, source)| values::Provenance {
+            field: format!("images.{}.source_date_epoch", image.name),
+            source: values::Source::Epoch(source.record()),
+        }))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -642,6 +671,7 @@ struct RawImage {
     cache: Option<RawCache>,
     pull: Option<String>,
     no_cache: Option<String>,
+    reproducible: Option<String>,
     annotations: Option<Entries<String>>,
 }
 
@@ -1200,6 +1230,7 @@ impl Cx {
         };
         let pull = flag(raw.pull, "pull")?;
         let no_cache = flag(raw.no_cache, "no_cache")?;
+        let reproducible = flag(raw.reproducible, "reproducible")?;
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
@@ -1216,6 +1247,7 @@ impl Cx {
             labels,
             annotations,
             source_date_epoch: None,
+            reproducible,
             network,
             binfmt,
             secrets,
@@ -1791,6 +1823,7 @@ fn hint(segs: &[Seg]) -> String {
         "cache" => "cache: {from: [registry.example.com/app:buildcache], to: registry.example.com/app:buildcache}",
         "pull" => "pull: true",
         "no_cache" => "no_cache: true",
+        "reproducible" => "reproducible: true",
         "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
         "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",
         "version" => "version: 1",

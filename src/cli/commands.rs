@@ -6,6 +6,7 @@ use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
 use polyarch::engine::Engine;
 use polyarch::error::exit;
+use polyarch::epoch::EpochSource;
 use polyarch::pipeline::{self, BuildOptions};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
 use polyarch::project::{BuildFlags, LoadOptions, Override, Project, Purpose};
@@ -66,6 +67,16 @@ async fn until_interrupted(
     }
 }
 
+/// Whether `--source-date-epoch` or the environment gave the epoch (clap reads both into
+/// one value): the environment's when it holds that very value.
+fn epoch_source(seconds: u64) -> EpochSource {
+    let from_env = std::env::var("SOURCE_DATE_EPOCH").ok();
+    match from_env.and_then(|v| v.trim().parse::<u64>().ok()) {
+        Some(env) if env == seconds => EpochSource::Env,
+        _ => EpochSource::Flag,
+    }
+}
+
 async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
     let BuildArgs {
         file,
@@ -114,7 +125,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         pull,
         no_cache,
         annotations: annotation,
-        source_date_epoch,
+        source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
     };
     project.prepare_build(&images, &flags, login)?;
     let options = BuildOptions {

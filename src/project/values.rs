@@ -20,6 +20,8 @@ pub(super) enum Source {
     Default(String),
     /// `--set`, as given.
     Set(String),
+    /// A build's `SOURCE_DATE_EPOCH`, as [`crate::epoch::EpochSource::record`] names it.
+    Epoch(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +44,7 @@ impl Provenance {
                 Source::Env(name) => format!("env:{name}"),
                 Source::Default(name) => format!("default:{name}"),
                 Source::Set(_) => "set".to_string(),
+                Source::Epoch(source) => source.clone(),
             },
         }
     }
@@ -55,6 +58,7 @@ pub(super) fn note<'a>(sources: impl Iterator<Item = &'a Provenance>) -> String 
             Source::Env(name) => format!("${name}"),
             Source::Default(name) => format!("the default of ${{{name}}} (unset)"),
             Source::Set(text) => format!("--set {text}"),
+            Source::Epoch(source) => source.clone(),
         })
         .collect();
     match from.as_slice() {
@@ -265,6 +269,7 @@ pub(super) fn each_string<E>(
             cache,
             pull,
             no_cache,
+            reproducible,
             annotations,
         } = image;
         one(f, &at("repository"), repository)?;
@@ -290,6 +295,7 @@ pub(super) fn each_string<E>(
         }
         one(f, &at("pull"), pull)?;
         one(f, &at("no_cache"), no_cache)?;
+        one(f, &at("reproducible"), reproducible)?;
     }
     Ok(())
 }
