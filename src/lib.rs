@@ -12,6 +12,7 @@ pub mod cache;
 pub mod cleanup;
 pub mod credentials;
 pub mod deep;
+pub mod dependencies;
 pub mod dockerfile;
 pub mod doctor;
 pub mod elf;

@@ -1,5 +1,6 @@
 //! The build plan: which image × platform units to build, resolved against the engine.
 
+use crate::dependencies::Graph;
 use crate::project::{ImageSpec, Project};
 use crate::{Error, Platform, Result};
 
@@ -13,20 +14,33 @@ pub struct Unit<'a> {
 
 #[derive(Debug, Clone)]
 pub struct Plan<'a> {
+    /// In build order: an image after the images of the project it builds `FROM`.
     pub images: Vec<&'a ImageSpec>,
+    /// Which images build `FROM` which.
+    pub dependencies: Graph,
     pub units: Vec<Unit<'a>>,
     pub native: Platform,
 }
 
-/// Selects the named images (all when none are named) and expands them per platform.
-/// `only` restricts every image to those platforms (split runners build one each).
+/// Selects the named images (all when none are named) and the images of the project they
+/// build `FROM`, and expands them per platform. `only` restricts every image to those
+/// platforms (split runners build one each).
 pub fn plan<'a>(
     project: &'a Project,
     selected: &[String],
     only: &[Platform],
     native: &Platform,
 ) -> Result<Plan<'a>> {
-    let images = select(project, selected)?;
+    let dependencies = Graph::of(project)?;
+    let names: Vec<String> = select(project, selected)?
+        .iter()
+        .map(|i| i.name.clone())
+        .collect();
+    let images: Vec<&ImageSpec> = dependencies
+        .order(&names)
+        .iter()
+        .filter_map(|name| project.image(name))
+        .collect();
     for platform in only {
         if !images.iter().any(|i| i.platforms.contains(platform)) {
             return Err(Error::Usage(format!(
@@ -51,6 +65,7 @@ pub fn plan<'a>(
         .collect();
     Ok(Plan {
         images,
+        dependencies,
         units,
         native: native.clone(),
     })

@@ -4,6 +4,7 @@
 use super::args::*;
 use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
+use polyarch::dependencies::Graph;
 use polyarch::engine::Engine;
 use polyarch::error::exit;
 use polyarch::epoch::EpochSource;
@@ -126,6 +127,13 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         no_cache,
         annotations: annotation,
         source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
+    };
+    // Selecting an image builds the images of the project it builds FROM too, with the
+    // same flags, as bake builds a target's `target:` contexts.
+    polyarch::plan::select(&project, &images)?;
+    let images = match images.is_empty() {
+        true => images,
+        false => Graph::of(&project)?.order(&images),
     };
     project.prepare_build(&images, &flags, login)?;
     let options = BuildOptions {

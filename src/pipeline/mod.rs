@@ -1,6 +1,7 @@
 //! The build command end to end: plan → build → export → push → publish → verify → record.
 //! Tags move only after every platform manifest of an image is in the registry.
 
+mod dependents;
 mod emulation;
 mod together;
 mod unit;
@@ -71,6 +72,7 @@ async fn build_and_push_all<'a>(
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
     let destination = match &options.layout {
         Some(dir) => {
+            dependents::check_layout(&plan, dir)?;
             if plan.images.len() != 1 {
                 return Err(Error::Usage(format!(
                     "--output oci:{} holds one image's tags; name one image ({})",
@@ -104,10 +106,19 @@ async fn build_and_push_all<'a>(
         fallbacks: builders.fallbacks.clone(),
     };
     let run = &run;
+    dependents::check_reachable(&plan, &builders, run)?;
     // `--jobs` bounds the solves running at once: a platform's own, or one for several
     // platforms of an image.
     let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
-    let (jobs, destination_ref, emulation, builders) = (&jobs, &destination, &emulation, &builders);
+    let pins = dependents::Pins::new(&plan);
+    let shared = Shared {
+        destination: &destination,
+        builders: &builders,
+        emulation: &emulation,
+        jobs: &jobs,
+        run,
+    };
+    let (shared, pins, graph) = (&shared, &pins, &plan.dependencies);
     let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
     for unit in &plan.units {
         match images
@@ -120,37 +131,20 @@ async fn build_and_push_all<'a>(
     }
     let pushed: Result<Vec<Pushed>> =
         futures_util::future::try_join_all(images.into_iter().map(|units| async move {
-            let together = match destination_ref {
-                Destination::Registry(registry) => {
-                    solved_together(&units, builders, run).map(|engine| (engine, registry))
-                }
-                Destination::Layout(_) => None,
-            };
-            if let Some((engine, registry)) = together {
-                return build_and_push_image(
-                    engine,
-                    destination_ref,
-                    registry,
-                    &units,
-                    emulation,
-                    jobs,
-                    run,
-                )
-                .await;
-            }
-            futures_util::future::try_join_all(units.iter().map(|unit| async move {
-                let engine = builders.for_unit(unit);
-                let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
-                let emulated = emulation.is_emulated(unit);
-                match build_and_push(engine, destination_ref, unit, emulated, run).await {
-                    Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
-                        let emulated = emulation.recheck(engine, unit, reporter).await?;
-                        build_and_push(engine, destination_ref, unit, emulated, run).await
-                    }
-                    outcome => outcome,
-                }
-            }))
-            .await
+            // A dependent starts once what it builds FROM is pushed.
+            let image = units[0].image;
+            let rebased = dependents::rebased(image, graph, pins, run).await?;
+            let rebased_units: Vec<Unit<'_>> = units
+                .iter()
+                .map(|unit| Unit {
+                    image: rebased.as_ref().unwrap_or(image),
+                    ..(*unit).clone()
+                })
+                .collect();
+            let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
+            let pushed = build_image(&units, shared).await?;
+            pins.pushed(shared.destination, image, &pushed).await?;
+            Ok::<_, Error>(pushed)
         }))
         .await
         .map(|per_image| per_image.into_iter().flatten().collect());
@@ -158,6 +152,50 @@ async fn build_and_push_all<'a>(
     run.cache.save();
     run.builds.save();
     Ok((plan, destination, pushed?))
+}
+
+/// What every image's build of one run shares.
+struct Shared<'r> {
+    destination: &'r Destination,
+    builders: &'r Builders,
+    emulation: &'r EmulationPlan<'r>,
+    jobs: &'r tokio::sync::Semaphore,
+    run: &'r Run<'r>,
+}
+
+/// One image's platforms: in one solve where the engine can (see [`solved_together`]),
+/// else a solve per platform.
+async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
+    let (destination, builders, emulation, jobs, run) = (
+        shared.destination,
+        shared.builders,
+        shared.emulation,
+        shared.jobs,
+        shared.run,
+    );
+    let together = match destination {
+        Destination::Registry(registry) => {
+            solved_together(units, builders, run).map(|engine| (engine, registry))
+        }
+        Destination::Layout(_) => None,
+    };
+    if let Some((engine, registry)) = together {
+        return build_and_push_image(engine, destination, registry, units, emulation, jobs, run)
+            .await;
+    }
+    futures_util::future::try_join_all(units.iter().map(|unit| async move {
+        let engine = builders.for_unit(unit);
+        let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+        let emulated = emulation.is_emulated(unit);
+        match build_and_push(engine, destination, unit, emulated, run).await {
+            Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
+                let emulated = emulation.recheck(engine, unit, run.reporter).await?;
+                build_and_push(engine, destination, unit, emulated, run).await
+            }
+            outcome => outcome,
+        }
+    }))
+    .await
 }
 
 /// `build`: builds, pushes, publishes every tag as one index per image, reads it back.

@@ -1,0 +1,145 @@
+//! Images built from each other: `FROM polyarch:NAME` or `FROM <another image's
+//! repository>` builds after that image, from the index just pushed for it, on either
+//! engine; a rebuilt base rebuilds its dependents; a cycle is refused before any build.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+use support::{polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+
+const PLATFORMS: [&str; 2] = ["amd64", "arm64"];
+
+/// A project of `base` (FROM scratch + a file), `app` (`FROM polyarch:base`) and `tool`
+/// (FROM base's repository and tag), each for linux/amd64 and linux/arm64.
+fn project(dir: &Path, base: &str, app: &str, tool: &str) -> std::path::PathBuf {
+    let write = |name: &str, dockerfile: String, file: &str| {
+        fs::create_dir_all(dir.join(name)).unwrap();
+        fs::write(dir.join(name).join("Dockerfile"), dockerfile).unwrap();
+        fs::write(dir.join(name).join(file), format!("{name}\n")).unwrap();
+    };
+    write("base", "FROM scratch\nCOPY base.txt /base.txt\n".into(), "base.txt");
+    write(
+        "app",
+        "FROM polyarch:base AS runtime\nCOPY app.txt /app.txt\n".into(),
+        "app.txt",
+    );
+    write(
+        "tool",
+        format!("ARG BASE={base}:v1\nFROM ${{BASE}}\nCOPY tool.txt /tool.txt\n"),
+        "tool.txt",
+    );
+    let file = dir.join("polyarch.yaml");
+    let image = |name: &str, repository: &str| {
+        format!("  {name}:\n    repository: {repository}\n    tags: [v1]\n    context: {name}\n    platforms: [linux/amd64, linux/arm64]\n")
+    };
+    // Dependents first: the file's order is not the build order.
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n{}{}{}",
+            image("app", app),
+            image("tool", tool),
+            image("base", base)
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// The layer digests of `reference`'s linux/`arch` entry, read from the registry.
+fn layers(reference: &str, arch: &str) -> Vec<String> {
+    let index = skopeo_inspect_raw(reference);
+    let entry = index["manifests"]
+        .as_array()
+        .expect("an index")
+        .iter()
+        .find(|m| m["platform"]["architecture"] == arch)
+        .unwrap_or_else(|| panic!("{reference} has no {arch} entry: {index}"));
+    let repository = reference.rsplit_once(':').unwrap().0;
+    let digest = entry["digest"].as_str().unwrap();
+    let manifest = skopeo_inspect_raw(&format!("{repository}@{digest}"));
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn build(file: &Path) -> String {
+    let out = run(polyarch().args(["build", "--output-format", "json", "-f"]).arg(file));
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    stderr
+}
+
+/// The base's and each dependent's layers, per platform: a dependent's first layer is
+/// the base's of the same platform.
+fn check_built_from_base(base: &str, dependents: &[&str]) -> Vec<Vec<String>> {
+    let mut seen = Vec::new();
+    for arch in PLATFORMS {
+        let base_layers = layers(&format!("{base}:v1"), arch);
+        assert_eq!(base_layers.len(), 1, "{arch}: {base_layers:?}");
+        for dependent in dependents {
+            let mine = layers(&format!("{dependent}:v1"), arch);
+            assert_eq!(mine.len(), 2, "{dependent} {arch}: {mine:?}");
+            assert_eq!(mine[0], base_layers[0], "{dependent} {arch} is built FROM base");
+            seen.push(mine);
+        }
+    }
+    seen
+}
+
+#[test]
+fn dependents_build_from_the_digest_just_pushed() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let [base, app, tool] = ["base", "app", "tool"]
+        .map(|name| registry.repo(&unique_name(&format!("demo/deps-{name}"))));
+    let file = project(dir.path(), &base, &app, &tool);
+
+    let plan = run(polyarch().args(["plan", "-f"]).arg(&file).arg("app"));
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert_eq!(plan.status.code(), Some(0), "{}", String::from_utf8_lossy(&plan.stderr));
+    assert!(text.starts_with("base "), "base plans first: {text}");
+    assert!(text.contains("after: base"), "{text}");
+
+    let output = build(&file);
+    assert!(output.contains(&format!("app builds FROM base as {base}@sha256:")), "{output}");
+    let first = check_built_from_base(&base, &[&app, &tool]);
+
+    // A changed base file rebuilds the base and, through its new digest, both dependents
+    // (their own inputs are unchanged).
+    fs::write(dir.path().join("base/base.txt"), "base, changed\n").unwrap();
+    build(&file);
+    let second = check_built_from_base(&base, &[&app, &tool]);
+    for (before, after) in first.iter().zip(&second) {
+        assert_ne!(before[0], after[0], "the new base layer");
+        assert_eq!(before[1], after[1], "the dependent's own layer");
+    }
+}
+
+#[test]
+fn a_cycle_is_a_project_error_naming_the_images() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, from) in [("a", "polyarch:b"), ("b", "127.0.0.1:9/demo/a:v1")] {
+        fs::create_dir_all(dir.path().join(name)).unwrap();
+        fs::write(
+            dir.path().join(name).join("Dockerfile"),
+            format!("FROM {from}\nCOPY . /\n"),
+        )
+        .unwrap();
+    }
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        "version: 1\nimages:\n  a:\n    repository: 127.0.0.1:9/demo/a\n    tags: [v1]\n    context: a\n    platforms: [linux/amd64]\n  b:\n    repository: 127.0.0.1:9/demo/b\n    tags: [v1]\n    context: b\n    platforms: [linux/amd64]\n",
+    )
+    .unwrap();
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("images a → b → a build FROM each other"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+}
