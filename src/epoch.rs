@@ -141,13 +141,24 @@ mod tests {
         let repo = tempfile::tempdir().unwrap();
         git(repo.path(), &["init", "-q"]);
         let empty = commit_time(repo.path()).unwrap_err();
-        assert!(empty.contains("not in a git checkout with a commit"), "{empty}");
+        assert!(
+            empty.contains("not in a git checkout with a commit"),
+            "{empty}"
+        );
         std::fs::create_dir(repo.path().join("app")).unwrap();
         std::fs::write(repo.path().join("app/file"), "x").unwrap();
         git(repo.path(), &["add", "."]);
         git(
             repo.path(),
-            &["-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "one"],
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@e",
+                "commit",
+                "-qm",
+                "one",
+            ],
         );
         // A context below the checkout's root reads the same commit.
         let (seconds, source) = commit_time(&repo.path().join("app")).unwrap();

@@ -60,7 +60,12 @@ fn git(dir: &Path, args: &[&str]) {
     let out = run(Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args(["-c", "user.name=polyarch", "-c", "user.email=polyarch@example.org"])
+        .args([
+            "-c",
+            "user.name=polyarch",
+            "-c",
+            "user.email=polyarch@example.org",
+        ])
         .args(args)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_AUTHOR_DATE", "2026-01-02T03:04:05Z")
@@ -116,8 +121,10 @@ fn reproducible_true_takes_the_commit_time_from_git() {
     assert_eq!(one, two, "two builds of the same commit");
     let values = record["values"].as_array().expect("values recorded");
     assert!(
-        values.iter().any(|v| v["field"] == "images.hello.source_date_epoch"
-            && v["source"].as_str().is_some_and(|s| s.starts_with("git:"))),
+        values
+            .iter()
+            .any(|v| v["field"] == "images.hello.source_date_epoch"
+                && v["source"].as_str().is_some_and(|s| s.starts_with("git:"))),
         "{record}"
     );
 

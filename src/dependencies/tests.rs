@@ -69,8 +69,14 @@ fn repositories_match_with_host_port_and_tags() {
         let g = graph(&p, &["FROM scratch\n", "FROM scratch\n", from]).unwrap();
         g.dependencies("app")
     };
-    assert_eq!(edges_of("FROM 127.0.0.1:5000/demo/base\n"), names(&["base"]));
-    assert_eq!(edges_of("FROM 127.0.0.1:5000/demo/base:v1\n"), names(&["base"]));
+    assert_eq!(
+        edges_of("FROM 127.0.0.1:5000/demo/base\n"),
+        names(&["base"])
+    );
+    assert_eq!(
+        edges_of("FROM 127.0.0.1:5000/demo/base:v1\n"),
+        names(&["base"])
+    );
     // Another tag is an earlier release, a digest a pinned image: not this build's.
     assert!(edges_of("FROM 127.0.0.1:5000/demo/base:v0\n").is_empty());
     let digest = format!("sha256:{}", "a".repeat(64));
@@ -98,13 +104,23 @@ fn unknown_names_and_cycles_are_project_errors() {
     let text = error.to_string();
     assert_eq!(error.exit_code(), 2);
     assert!(text.contains("images.b.dockerfile"), "{text}");
-    assert!(text.contains("line 2: FROM polyarch:c names no image"), "{text}");
+    assert!(
+        text.contains("line 2: FROM polyarch:c names no image"),
+        "{text}"
+    );
     assert!(text.contains("it declares a, b"), "{text}");
 
-    let error = graph(&p, &["FROM polyarch:b\n", "FROM 127.0.0.1:5000/demo/a:v1\n"]).unwrap_err();
+    let error = graph(
+        &p,
+        &["FROM polyarch:b\n", "FROM 127.0.0.1:5000/demo/a:v1\n"],
+    )
+    .unwrap_err();
     let text = error.to_string();
     assert_eq!(error.exit_code(), 2);
-    assert!(text.contains("images a → b → a build FROM each other"), "{text}");
+    assert!(
+        text.contains("images a → b → a build FROM each other"),
+        "{text}"
+    );
     assert!(!text.contains('\n'), "{text}");
     let error = graph(&p, &["FROM polyarch:a\n", "FROM scratch\n"]).unwrap_err();
     assert!(error.to_string().contains("images a → a"), "{error}");
@@ -127,5 +143,8 @@ fn rewriting_keeps_flags_stage_names_and_other_lines() {
         rewrite(text, g.edges("app"), &pinned),
         "# syntax=docker/dockerfile:1\r\nFROM --platform=$BUILDPLATFORM 127.0.0.1:5000/demo/base@sha256:1 AS tools\r\nCOPY <<EOF /x\r\nFROM polyarch:base\r\nEOF\r\nfrom \\\r\n  127.0.0.1:5000/demo/base@sha256:1\r\nCOPY --from=tools /a /a\r\n"
     );
-    assert_eq!(replace_word("FROM xpolyarch:base", "polyarch:base", "y"), None);
+    assert_eq!(
+        replace_word("FROM xpolyarch:base", "polyarch:base", "y"),
+        None
+    );
 }
