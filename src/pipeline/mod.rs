@@ -70,26 +70,7 @@ async fn build_and_push_all<'a>(
     reporter: &dyn Reporter,
 ) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
-    let destination = match &options.layout {
-        Some(dir) => {
-            dependents::check_layout(&plan, dir)?;
-            if plan.images.len() != 1 {
-                return Err(Error::Usage(format!(
-                    "--output oci:{} holds one image's tags; name one image ({})",
-                    dir.display(),
-                    plan.images
-                        .iter()
-                        .map(|i| i.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            Destination::Layout(OciLayout::create(dir)?)
-        }
-        None => {
-            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
-        }
-    };
+    let destination = destination(&plan, options).await?;
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
@@ -129,29 +110,41 @@ async fn build_and_push_all<'a>(
             None => images.push(vec![unit]),
         }
     }
-    let pushed: Result<Vec<Pushed>> =
-        futures_util::future::try_join_all(images.into_iter().map(|units| async move {
-            // A dependent starts once what it builds FROM is pushed.
-            let image = units[0].image;
-            let rebased = dependents::rebased(image, graph, pins, run).await?;
-            let rebased_units: Vec<Unit<'_>> = units
-                .iter()
-                .map(|unit| Unit {
-                    image: rebased.as_ref().unwrap_or(image),
-                    ..(*unit).clone()
-                })
-                .collect();
-            let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
-            let pushed = build_image(&units, shared).await?;
-            pins.pushed(shared.destination, image, &pushed).await?;
-            Ok::<_, Error>(pushed)
-        }))
-        .await
-        .map(|per_image| per_image.into_iter().flatten().collect());
+    let pushed: Result<Vec<Pushed>> = futures_util::future::try_join_all(
+        images
+            .into_iter()
+            .map(|units| build_when_ready(units, graph, pins, shared)),
+    )
+    .await
+    .map(|per_image| per_image.into_iter().flatten().collect());
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
     Ok((plan, destination, pushed?))
+}
+
+/// Where the images go: the registry, or with `--output oci:DIR` a layout of one image.
+async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<Destination> {
+    Ok(match &options.layout {
+        Some(dir) => {
+            dependents::check_layout(plan, dir)?;
+            if plan.images.len() != 1 {
+                return Err(Error::Usage(format!(
+                    "--output oci:{} holds one image's tags; name one image ({})",
+                    dir.display(),
+                    plan.images
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            Destination::Layout(OciLayout::create(dir)?)
+        }
+        None => {
+            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
+        }
+    })
 }
 
 /// What every image's build of one run shares.
@@ -161,6 +154,29 @@ struct Shared<'r> {
     emulation: &'r EmulationPlan<'r>,
     jobs: &'r tokio::sync::Semaphore,
     run: &'r Run<'r>,
+}
+
+/// One image's platforms once the images it builds `FROM` are pushed (from a Dockerfile
+/// naming them by digest); then lets its own dependents start.
+async fn build_when_ready(
+    units: Vec<&Unit<'_>>,
+    graph: &crate::dependencies::Graph,
+    pins: &dependents::Pins,
+    shared: &Shared<'_>,
+) -> Result<Vec<Pushed>> {
+    let image = units[0].image;
+    let rebased = dependents::rebased(image, graph, pins, shared.run).await?;
+    let rebased_units: Vec<Unit<'_>> = units
+        .iter()
+        .map(|unit| Unit {
+            image: rebased.as_ref().unwrap_or(image),
+            ..(*unit).clone()
+        })
+        .collect();
+    let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
+    let pushed = build_image(&units, shared).await?;
+    pins.pushed(shared.destination, image, &pushed).await?;
+    Ok(pushed)
 }
 
 /// One image's platforms: in one solve where the engine can (see [`solved_together`]),
