@@ -55,6 +55,22 @@ impl Graph {
             ..Graph::default()
         };
         for (spec, text) in images {
+            let dockerfile = spec.context.join(&spec.dockerfile);
+            if let Some((line, _)) = text
+                .lines()
+                .enumerate()
+                .find(|(_, l)| l.contains(&format!("from={PREFIX}")))
+            {
+                return Err(project_error(
+                    file,
+                    format!("images.{}.dockerfile", spec.name),
+                    format!(
+                        "{} line {}: only FROM may name an image of the project ({PREFIX}NAME), not --from=; write `FROM {PREFIX}NAME AS name` and use --from=name",
+                        dockerfile.display(),
+                        line + 1
+                    ),
+                ));
+            }
             let args: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
             let mut edges = Vec::new();
             for from in dockerfile::from_images(text, &args) {
@@ -63,11 +79,7 @@ impl Graph {
                     project_error(
                         file,
                         format!("images.{}.dockerfile", spec.name),
-                        format!(
-                            "{} line {}: {message}",
-                            spec.context.join(&spec.dockerfile).display(),
-                            from.line + 1
-                        ),
+                        format!("{} line {}: {message}", dockerfile.display(), from.line + 1),
                     )
                 })?;
                 if let Some(target) = target {

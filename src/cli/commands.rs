@@ -129,11 +129,13 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
     };
     // Selecting an image builds the images of the project it builds FROM too, with the
-    // same flags, as bake builds a target's `target:` contexts.
+    // same flags, as bake builds a target's `target:` contexts. A cycle is refused here,
+    // before any engine is asked.
     polyarch::plan::select(&project, &images)?;
+    let graph = Graph::of(&project)?;
     let images = match images.is_empty() {
         true => images,
-        false => Graph::of(&project)?.order(&images),
+        false => graph.order(&images),
     };
     project.prepare_build(&images, &flags, login)?;
     let options = BuildOptions {

@@ -122,6 +122,18 @@ fn unknown_names_and_cycles_are_project_errors() {
         "{text}"
     );
     assert!(!text.contains('\n'), "{text}");
+    let error = graph(
+        &p,
+        &[
+            "FROM scratch\n",
+            "FROM scratch\nCOPY --from=polyarch:a /a /a\n",
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("line 2: only FROM may name"),
+        "{error}"
+    );
     let error = graph(&p, &["FROM polyarch:a\n", "FROM scratch\n"]).unwrap_err();
     assert!(error.to_string().contains("images a → a"), "{error}");
 }
