@@ -164,10 +164,13 @@ pub(super) fn check_reachable(plan: &Plan<'_>, builders: &Builders, run: &Run<'_
                 continue;
             };
             let engine = builders.for_unit(unit);
-            let why = match (engine.buildkit, run.engine_reaches(base, engine)) {
-                (false, _) => "it has no BuildKit",
-                (true, false) => "the registry is on this machine's loopback or needs polyarch's own TLS settings",
-                (true, true) => continue,
+            let loopback = crate::registry::parse_reference(&base.repository)
+                .is_ok_and(|r| crate::registry::is_loopback(r.registry()));
+            let why = match (engine.buildkit, run.engine_reaches(base, engine), loopback) {
+                (false, ..) => "it has no BuildKit",
+                (true, true, _) => continue,
+                (true, false, true) => "it runs on another host, and the registry is on this machine's loopback",
+                (true, false, false) => "the registry needs polyarch's own --insecure-registry or --ca-cert, which the engine does not have",
             };
             return Err(Error::Usage(format!(
                 "{} {} builds FROM {name}, and its builder {} cannot pull {} ({why}); name the registry by an address that builder reaches, or build {} on this machine",
