@@ -55,41 +55,7 @@ impl Graph {
             ..Graph::default()
         };
         for (spec, text) in images {
-            let dockerfile = spec.context.join(&spec.dockerfile);
-            if let Some((line, _)) = text
-                .lines()
-                .enumerate()
-                .find(|(_, l)| l.contains(&format!("from={PREFIX}")))
-            {
-                return Err(project_error(
-                    file,
-                    format!("images.{}.dockerfile", spec.name),
-                    format!(
-                        "{} line {}: only FROM may name an image of the project ({PREFIX}NAME), not --from=; write `FROM {PREFIX}NAME AS name` and use --from=name",
-                        dockerfile.display(),
-                        line + 1
-                    ),
-                ));
-            }
-            let args: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
-            let mut edges = Vec::new();
-            for from in dockerfile::from_images(text, &args) {
-                let Some(written) = from.image else { continue };
-                let target = project_image(&written, &specs).map_err(|message| {
-                    project_error(
-                        file,
-                        format!("images.{}.dockerfile", spec.name),
-                        format!("{} line {}: {message}", dockerfile.display(), from.line + 1),
-                    )
-                })?;
-                if let Some(target) = target {
-                    edges.push(Edge {
-                        line: from.line,
-                        written: from.written,
-                        image: target.name.clone(),
-                    });
-                }
-            }
+            let edges = edges_of(file, spec, text, &specs)?;
             if !edges.is_empty() {
                 graph.edges.insert(spec.name.clone(), edges);
             }
@@ -182,6 +148,64 @@ impl Graph {
             .iter()
             .find_map(|name| visit(self, name, &mut Vec::new(), &mut done))
     }
+}
+
+/// The `FROM`s of `spec`'s Dockerfile `text` naming images of the project (`specs`).
+fn edges_of(file: &Path, spec: &ImageSpec, text: &str, specs: &[&ImageSpec]) -> Result<Vec<Edge>> {
+    let dockerfile = spec.context.join(&spec.dockerfile);
+    if let Some((line, _)) = text
+        .lines()
+        .enumerate()
+        .find(|(_, l)| l.contains(&format!("from={PREFIX}")))
+    {
+        return Err(project_error(
+            file,
+            format!("images.{}.dockerfile", spec.name),
+            format!(
+                "{} line {}: only FROM may name an image of the project ({PREFIX}NAME), not --from=; write `FROM {PREFIX}NAME AS name` and use --from=name",
+                dockerfile.display(),
+                line + 1
+            ),
+        ));
+    }
+    let args: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
+    let mut edges = Vec::new();
+    for from in dockerfile::from_images(text, &args) {
+        let Some(written) = from.image else { continue };
+        let target = project_image(&written, specs).map_err(|message| {
+            project_error(
+                file,
+                format!("images.{}.dockerfile", spec.name),
+                format!("{} line {}: {message}", dockerfile.display(), from.line + 1),
+            )
+        })?;
+        if let Some(target) = target {
+            let missing = spec
+                .platforms
+                .iter()
+                .find(|p| !target.platforms.contains(p));
+            if let (false, Some(platform)) = (from.own_platform, missing) {
+                return Err(project_error(
+                    file,
+                    format!("images.{}.platforms", spec.name),
+                    format!(
+                        "{platform} is not a platform of {}, which {} builds FROM ({} line {}); add it to {}'s platforms, or remove it here",
+                        target.name,
+                        spec.name,
+                        dockerfile.display(),
+                        from.line + 1,
+                        target.name
+                    ),
+                ));
+            }
+            edges.push(Edge {
+                line: from.line,
+                written: from.written,
+                image: target.name.clone(),
+            });
+        }
+    }
+    Ok(edges)
 }
 
 fn project_error(file: &Path, field: String, message: String) -> Error {

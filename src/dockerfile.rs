@@ -414,6 +414,8 @@ pub struct FromImage {
     /// With the global `ARG`s substituted from `args` or their defaults; None when a
     /// variable cannot be resolved here (a platform arg, say).
     pub image: Option<String>,
+    /// Whether it names its own platform (`--platform=`) rather than the target's.
+    pub own_platform: bool,
 }
 
 /// Every `FROM` of every stage that names an image (see [`FromImage`]), in file order.
@@ -422,7 +424,7 @@ pub fn from_images(dockerfile: &str, args: &HashMap<String, String>) -> Vec<From
     let mut stage_names: Vec<String> = Vec::new();
     let mut found = Vec::new();
     for ins in parse(dockerfile).instructions {
-        let (_, words) = flags_and_words(&ins.args);
+        let (flags, words) = flags_and_words(&ins.args);
         match ins.keyword.as_str() {
             "ARG" if stage_names.is_empty() => {
                 for word in &words {
@@ -445,6 +447,7 @@ pub fn from_images(dockerfile: &str, args: &HashMap<String, String>) -> Vec<From
                         line: ins.line,
                         written: written.clone(),
                         image,
+                        own_platform: flags.iter().any(|(k, _)| k == "platform"),
                     });
                 }
                 stage_names.push(match words.as_slice() {

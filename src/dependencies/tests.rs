@@ -95,7 +95,7 @@ fn repositories_match_with_host_port_and_tags() {
 }
 
 #[test]
-fn unknown_names_and_cycles_are_project_errors() {
+fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
     let p = project(&[
         ("a", "127.0.0.1:5000/demo/a", "[v1]"),
         ("b", "127.0.0.1:5000/demo/b", "[v1]"),
@@ -136,6 +136,28 @@ fn unknown_names_and_cycles_are_project_errors() {
     );
     let error = graph(&p, &["FROM polyarch:a\n", "FROM scratch\n"]).unwrap_err();
     assert!(error.to_string().contains("images a → a"), "{error}");
+
+    // A dependent's platform the base does not build, unless the FROM names its own.
+    let text = "version: 1\nimages:\n  base: {repository: r.example/base, tags: [v1], context: base, platforms: [linux/amd64]}\n  app: {repository: r.example/app, tags: [v1], context: app, platforms: [linux/amd64, linux/arm64]}\n";
+    let options = LoadOptions {
+        purpose: Purpose::Verify,
+        ..LoadOptions::default()
+    };
+    let p = Project::parse(Path::new("/tmp/polyarch.yaml"), text, &options).unwrap();
+    let error = graph(&p, &["FROM scratch\n", "FROM polyarch:base\n"]).unwrap_err();
+    assert!(
+        error.to_string().contains(
+            "images.app.platforms: linux/arm64 is not a platform of base, which app builds FROM"
+        ),
+        "{error}"
+    );
+    let own = "FROM --platform=$BUILDPLATFORM polyarch:base AS tools\nFROM scratch\n";
+    assert_eq!(
+        graph(&p, &["FROM scratch\n", own])
+            .unwrap()
+            .dependencies("app"),
+        names(&["base"])
+    );
 }
 
 #[test]
