@@ -40,8 +40,10 @@ impl Graph {
         let mut texts = Vec::new();
         for image in &project.images {
             let path = image.context.join(&image.dockerfile);
-            let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-            texts.push((image, text));
+            // Lossy, as BuildKit's own reading would take the file: a stray byte is no reason
+            // to refuse the graph here.
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            texts.push((image, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Graph::from_texts(&project.file, &texts)
     }
