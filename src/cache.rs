@@ -54,8 +54,6 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
-/// and a file that cannot be written only costs the next run the work it would have saved.
 /// Where polyarch keeps what it remembers: `$POLYARCH_CACHE_DIR`,
 /// `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.
 pub fn dir() -> Option<PathBuf> {
@@ -65,6 +63,8 @@ pub fn dir() -> Option<PathBuf> {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/polyarch")))
 }
 
+/// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
+/// and a file that cannot be written only costs the next run the work it would have saved.
 struct Store<V> {
     path: Option<PathBuf>,
     entries: Mutex<BTreeMap<String, Stamped<V>>>,

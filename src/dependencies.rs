@@ -40,8 +40,7 @@ impl Graph {
         let mut texts = Vec::new();
         for image in &project.images {
             let path = image.context.join(&image.dockerfile);
-            // Lossy, as BuildKit's own reading would take the file: a stray byte is no reason
-            // to refuse the graph here.
+            // Lossy: FROM lines are ASCII, and a stray byte elsewhere is BuildKit's to judge.
             let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
             texts.push((image, String::from_utf8_lossy(&bytes).into_owned()));
         }

@@ -94,8 +94,8 @@ pub(super) async fn rebased(
         });
     }
     let original = image.context.join(&image.dockerfile);
-    let text = std::fs::read_to_string(&original).map_err(|e| Error::io(&original, e))?;
-    let rewritten = dependencies::rewrite(&text, edges, &pinned);
+    let text = std::fs::read(&original).map_err(|e| Error::io(&original, e))?;
+    let rewritten = dependencies::rewrite(&String::from_utf8_lossy(&text), edges, &pinned);
     let dockerfile = write_copy(&original, &rewritten)?;
     Ok(Some(ImageSpec {
         // Absolute: the context stays where it is, the Dockerfile is the copy.
