@@ -62,12 +62,22 @@ impl Graph {
             }
         }
         if let Some(cycle) = graph.cycle() {
+            let lines: Vec<String> = cycle
+                .windows(2)
+                .filter_map(|pair| {
+                    let spec = specs.iter().find(|s| s.name == pair[0])?;
+                    let edge = graph.edges(&pair[0]).iter().find(|e| e.image == pair[1])?;
+                    let path = spec.context.join(&spec.dockerfile);
+                    Some(format!("{} line {}", path.display(), edge.line + 1))
+                })
+                .collect();
             return Err(project_error(
                 file,
                 "images".into(),
                 format!(
-                    "images {} build FROM each other, so none can be built first; remove one of these FROM lines (a Dockerfile may FROM an image of the project only when that image does not need it)",
-                    cycle.join(" → ")
+                    "images {} build FROM each other, so none can be built first; remove one of these FROM lines: {}",
+                    cycle.join(" → "),
+                    lines.join(", ")
                 ),
             ));
         }
