@@ -121,6 +121,10 @@ fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
         text.contains("images a → b → a build FROM each other"),
         "{text}"
     );
+    assert!(
+        text.ends_with("FROM lines: /tmp/a/Dockerfile line 1, /tmp/b/Dockerfile line 1"),
+        "{text}"
+    );
     assert!(!text.contains('\n'), "{text}");
     let error = graph(
         &p,
