@@ -207,6 +207,7 @@ mod tests {
                     reused: false,
                     builder: None,
                     fallback: None,
+                    window: None,
                 },
             })
             .collect();

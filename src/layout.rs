@@ -203,6 +203,11 @@ impl ContentSource for LayoutSource {
         self.layout.read_blob(digest)
     }
 
+    /// polyarch attaches nothing in a layout (see `Destination::attach`).
+    async fn referrers(&self, _digest: &str) -> Result<Vec<Value>> {
+        Ok(Vec::new())
+    }
+
     fn repository(&self) -> String {
         format!("oci:{}", self.layout.dir.display())
     }

@@ -32,6 +32,7 @@ pub mod plan;
 pub mod platform;
 pub mod progress;
 pub mod project;
+pub mod provenance;
 pub mod publish;
 pub mod record;
 pub mod registry;

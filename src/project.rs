@@ -169,6 +169,11 @@ pub struct ImageSpec {
     pub pull: bool,
     /// Run every step, using no cached result.
     pub no_cache: bool,
+    /// Attach SLSA provenance to each platform image (an OCI referrer, not an index entry).
+    pub provenance: bool,
+    /// A platform image without SLSA provenance attached is a coverage gap
+    /// (`--require-provenance`; `provenance: true` implies it for the read-back).
+    pub require_provenance: bool,
     /// `--username/--password-stdin`: offered to BuildKit for the image's own registry
     /// (its pulls from and cache exports to that registry).
     pub login: Option<Credential>,
@@ -272,6 +277,10 @@ pub struct BuildFlags {
     pub cache_to: Option<CacheRef>,
     pub pull: bool,
     pub no_cache: bool,
+    /// `--provenance`: every image built attaches SLSA provenance.
+    pub provenance: bool,
+    /// `--require-provenance`: an image without provenance is a gap.
+    pub require_provenance: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
     /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
@@ -352,6 +361,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "pull",
     "no_cache",
     "reproducible",
+    "provenance",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -534,6 +544,8 @@ impl Project {
             }
             image.pull |= flags.pull;
             image.no_cache |= flags.no_cache;
+            image.provenance |= flags.provenance;
+            image.require_provenance |= flags.require_provenance || image.provenance;
             image.login = login.clone();
             let at = |origin: &Origin, message: String| match origin {
                 Origin::Field(field) => Error::Project {
@@ -672,6 +684,7 @@ struct RawImage {
     pull: Option<String>,
     no_cache: Option<String>,
     reproducible: Option<String>,
+    provenance: Option<String>,
     annotations: Option<Entries<String>>,
 }
 
@@ -1231,6 +1244,7 @@ impl Cx {
         let pull = flag(raw.pull, "pull")?;
         let no_cache = flag(raw.no_cache, "no_cache")?;
         let reproducible = flag(raw.reproducible, "reproducible")?;
+        let provenance = flag(raw.provenance, "provenance")?;
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
@@ -1256,6 +1270,8 @@ impl Cx {
             cache_to,
             pull,
             no_cache,
+            provenance,
+            require_provenance: provenance,
             login: None,
         })
     }
@@ -1824,6 +1840,7 @@ fn hint(segs: &[Seg]) -> String {
         "pull" => "pull: true",
         "no_cache" => "no_cache: true",
         "reproducible" => "reproducible: true",
+        "provenance" => "provenance: true",
         "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
         "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",
         "version" => "version: 1",

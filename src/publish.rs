@@ -1,12 +1,15 @@
-//! Publishing one image: its index of exactly the pushed platform manifests goes in by
-//! digest, then every tag moves, then the image is read back through its tags. Tags move
-//! only after every platform is in, and once the first moves the rest follow.
+//! Publishing one image: with `provenance: true` each platform manifest gets its SLSA
+//! provenance attached first, then its index of exactly the pushed platform manifests goes
+//! in by digest, then every tag moves, then the image is read back through its tags. Tags
+//! move only after every platform (and its provenance) is in, and once the first moves the
+//! rest follow.
 
 use crate::oci::{self, IndexEntry};
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
+use crate::provenance;
 use crate::record::{BuildInfo, ImageCoverage};
-use crate::store::{first_tag, ImageStore};
+use crate::store::{first_tag, Attachment, ImageStore};
 use crate::{Error, Platform, Result};
 
 /// One platform's pushed manifest plus how it was built.
@@ -39,6 +42,9 @@ pub async fn publish(
 ) -> Result<ImageCoverage> {
     let mut mine = pushed.to_vec();
     let index = index_of(image, &mut mine)?;
+    if image.provenance {
+        attach_provenance(destination, image, &mine, reporter).await?;
+    }
     reporter.report(Event::Phase {
         image: image.name.clone(),
         platform: None,
@@ -82,12 +88,49 @@ pub async fn publish(
     Ok(checked)
 }
 
+/// Attaches a provenance statement to every platform manifest of the image, before any
+/// tag moves, so a tag never points at an index whose provenance is missing.
+async fn attach_provenance(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let invocation = uuid::Uuid::new_v4().to_string();
+    for p in pushed {
+        let statement = provenance::statement(image, p, &invocation);
+        let referrer = provenance::referrer(p, &statement);
+        let how = match destination.attach(image, &referrer).await? {
+            Attachment::Kept => format!(
+                "{} already has SLSA provenance attached; kept",
+                p.entry.digest
+            ),
+            Attachment::Registry => format!(
+                "attached SLSA provenance {} (listed by the registry's referrers API)",
+                referrer.manifest.digest
+            ),
+            Attachment::TagSchema(tag) => format!(
+                "attached SLSA provenance {} (listed in the referrers tag {tag})",
+                referrer.manifest.digest
+            ),
+        };
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: Some(p.platform.clone()),
+            phase: Phase::Publish,
+            message: how,
+        });
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::export::{ExportedImage, ExportedLayer};
     use crate::oci::{ConfigPlatform, ManifestBlob};
     use crate::project::{LoadOptions, Project, Purpose};
+    use crate::provenance::Referrer;
     use crate::record::{PlatformCoverage, PlatformStatus};
     use crate::registry::BlobProgress;
     use oci_client::Reference;
@@ -103,6 +146,8 @@ mod tests {
         calls: Mutex<Vec<String>>,
         /// `tag` fails for this tag.
         refuse_tag: Option<String>,
+        /// `attach` fails.
+        refuse_attach: bool,
     }
 
     impl FakeStore {
@@ -184,6 +229,22 @@ mod tests {
             Ok(())
         }
 
+        async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+            if self.refuse_attach {
+                return Err(Error::Registry {
+                    registry: image.repository.clone(),
+                    message: "referrer refused".into(),
+                });
+            }
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("attach {}", referrer.subject));
+            Ok(Attachment::TagSchema(provenance::referrers_tag(
+                &referrer.subject,
+            )))
+        }
+
         async fn read_back(
             &self,
             image: &ImageSpec,
@@ -210,6 +271,7 @@ mod tests {
                         detail: None,
                         deep: None,
                         build: None,
+                        attached: Vec::new(),
                     }
                 })
                 .collect();
@@ -245,6 +307,14 @@ mod tests {
         project.images[0].clone()
     }
 
+    fn with_provenance(tags: &str) -> ImageSpec {
+        ImageSpec {
+            provenance: true,
+            require_provenance: true,
+            ..image(tags)
+        }
+    }
+
     fn pushed(arch: &str, digest_char: char) -> Pushed {
         Pushed {
             image: "api".into(),
@@ -264,6 +334,7 @@ mod tests {
                 reused: false,
                 builder: None,
                 fallback: None,
+                window: None,
             },
         }
     }
@@ -375,5 +446,64 @@ mod tests {
             "{outcome:?}"
         );
         assert!(!store.calls().contains(&"read back".to_string()));
+    }
+
+    #[tokio::test]
+    async fn provenance_is_attached_to_every_platform_before_the_index_and_any_tag() {
+        let (store, image) = (FakeStore::default(), with_provenance("v1, latest"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(
+            calls,
+            [
+                format!("attach {}", units[0].entry.digest),
+                format!("attach {}", units[1].entry.digest),
+                format!("manifest {}", coverage.digest),
+                "tag v1".into(),
+                "tag latest".into(),
+                "read back".into(),
+            ]
+        );
+        // The index still lists exactly the platform manifests.
+        let index: serde_json::Value =
+            serde_json::from_slice(&store.manifests.lock().unwrap()[&coverage.digest]).unwrap();
+        let digests: Vec<&str> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["digest"].as_str().unwrap())
+            .collect();
+        assert_eq!(digests, [&units[0].entry.digest, &units[1].entry.digest]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_referrer_moves_no_tag_and_puts_no_index() {
+        let old = format!("sha256:{}", "0".repeat(64));
+        let store = FakeStore {
+            refuse_attach: true,
+            ..FakeStore::with_tags(&[("v1", &old)])
+        };
+        let image = with_provenance("v1");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
+        assert!(
+            matches!(outcome, Err(Error::Registry { .. })),
+            "{outcome:?}"
+        );
+        assert_eq!(store.tag_of("v1"), Some(old));
+        assert!(store.calls().is_empty(), "{:?}", store.calls());
+    }
+
+    #[tokio::test]
+    async fn without_provenance_nothing_is_attached() {
+        let (store, image) = (FakeStore::default(), image("v1"));
+        let units = [pushed("amd64", 'a')];
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(store.calls().iter().all(|c| !c.starts_with("attach")));
     }
 }

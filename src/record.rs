@@ -43,6 +43,8 @@ pub enum PlatformStatus {
     Missing,
     ConfigMismatch,
     BinaryMismatch,
+    /// `--require-provenance` (or `provenance: true`): no SLSA provenance is attached.
+    ProvenanceMissing,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,6 +89,25 @@ pub struct PlatformCoverage {
     pub deep: Option<DeepCheck>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<BuildInfo>,
+    /// What the registry lists as attached to the platform manifest (OCI referrers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attached: Vec<Attached>,
+}
+
+/// One referrer of a platform manifest: a provenance statement, a signature, an SBOM, …
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attached {
+    pub artifact_type: Option<String>,
+    pub digest: String,
+    /// The in-toto predicate type, for statements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicate_type: Option<String>,
+}
+
+impl Attached {
+    pub fn is_provenance(&self) -> bool {
+        self.predicate_type.as_deref() == Some(crate::provenance::SLSA_PROVENANCE)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,6 +151,9 @@ pub struct BuildInfo {
     /// (`fallback: emulate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallback: Option<String>,
+    /// When the build ran, for its provenance (not recorded: the record has `seconds`).
+    #[serde(skip)]
+    pub window: Option<crate::provenance::BuildWindow>,
 }
 
 impl CoverageRecord {
@@ -250,6 +274,7 @@ mod tests {
             reused: false,
             builder: None,
             fallback: None,
+            window: None,
         })
         .unwrap();
         assert!(!built.contains("reused"), "absent unless true: {built}");

@@ -6,10 +6,11 @@ use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
+use crate::provenance::{self, Referrer};
 use crate::record::ImageCoverage;
 use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
 use crate::verify::{self, Target};
-use crate::Result;
+use crate::{Error, Result};
 use oci_client::Reference;
 use std::future::Future;
 
@@ -46,6 +47,14 @@ pub trait ImageStore {
         tag: &str,
         index: &ManifestBlob,
     ) -> impl Future<Output = Result<()>>;
+    /// Attaches `referrer` to its subject, a platform manifest of `image`: its blobs and
+    /// manifest by digest, then listed among the subject's referrers. No tag of the
+    /// image moves.
+    fn attach(
+        &self,
+        image: &ImageSpec,
+        referrer: &Referrer,
+    ) -> impl Future<Output = Result<Attachment>>;
     /// Reads the image back through its tags and checks it against its declared platforms
     /// and `expected`, the index just published.
     fn read_back(
@@ -54,6 +63,17 @@ pub trait ImageStore {
         expected: &str,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ImageCoverage>>;
+}
+
+/// How a referrer came to be listed for its subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    /// The subject already had a statement of that predicate type; nothing was pushed.
+    Kept,
+    /// The registry lists it by itself (it has the referrers API).
+    Registry,
+    /// Added to the referrers tag schema's index under this tag.
+    TagSchema(String),
 }
 
 /// The destination of one run: a registry, or an OCI layout directory for air-gapped
@@ -145,6 +165,18 @@ impl ImageStore for Destination {
         }
     }
 
+    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+        match self {
+            Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
+            // Layout readers (skopeo, containerd) have no referrers convention to follow.
+            Destination::Layout(l) => Err(Error::Usage(format!(
+                "--output oci:{}: provenance is attached in a registry only; push to the registry, or build {} without provenance",
+                l.dir.display(),
+                image.name
+            ))),
+        }
+    }
+
     async fn read_back(
         &self,
         image: &ImageSpec,
@@ -153,10 +185,69 @@ impl ImageStore for Destination {
     ) -> Result<ImageCoverage> {
         match self {
             Destination::Registry(r) => {
-                verify::verify_image(r, image, Some(expected), false, reporter).await
+                verify::verify_image(
+                    r,
+                    image,
+                    Some(expected),
+                    verify::Checks::default(),
+                    reporter,
+                )
+                .await
             }
             Destination::Layout(l) => read_back_layout(l, image, expected, reporter).await,
         }
+    }
+}
+
+/// Pushes a referrer, then lists it for its subject: a registry with the referrers API
+/// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
+/// keeping what that index held. The listing after the push stands in for the spec's
+/// `OCI-Subject` response header, which oci-client does not hand back.
+async fn attach_in_registry(
+    registry: &Registry,
+    image: &ImageSpec,
+    referrer: &Referrer,
+) -> Result<Attachment> {
+    let reference = first_tag(image)?;
+    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
+        return Ok(Attachment::Kept);
+    }
+    for (bytes, digest) in &referrer.blobs {
+        registry.push_blob_bytes(&reference, bytes, digest).await?;
+    }
+    let by_digest = reference.clone_with_digest(referrer.manifest.digest.clone());
+    registry
+        .push_manifest(&by_digest, &referrer.manifest)
+        .await
+        .map_err(|e| refused(e, referrer))?;
+    let listed = registry.referrers(&reference, &referrer.subject).await?;
+    if listed
+        .iter()
+        .any(|d| d["digest"] == referrer.manifest.digest.as_str())
+    {
+        return Ok(Attachment::Registry);
+    }
+    let tag = provenance::referrers_tag(&referrer.subject);
+    let index = provenance::tag_schema_index(listed, referrer.descriptor());
+    registry
+        .push_manifest(&repository_reference(&image.repository, &tag)?, &index)
+        .await
+        .map_err(|e| refused(e, referrer))?;
+    Ok(Attachment::TagSchema(tag))
+}
+
+/// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
+/// cannot hold provenance: say so, and what to do.
+fn refused(error: Error, referrer: &Referrer) -> Error {
+    match error {
+        Error::Registry { registry, message } => Error::Registry {
+            registry,
+            message: format!(
+                "{message}; the provenance of {} was not attached and no tag moved: the registry must accept OCI 1.1 artifact manifests (distribution 2.8+, or any registry with the referrers API); otherwise build without provenance",
+                referrer.subject
+            ),
+        },
+        other => other,
     }
 }
 
@@ -173,6 +264,7 @@ async fn read_back_layout(
         tags: image.tags.clone(),
         declared: image.platforms.clone(),
         deep: false,
+        require_provenance: image.require_provenance,
     };
     let mut coverage = Vec::new();
     for tag in &image.tags {

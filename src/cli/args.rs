@@ -7,7 +7,7 @@ use polyarch::Platform;
 use std::path::PathBuf;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
-const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
 #[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
@@ -175,6 +175,13 @@ pub struct BuildArgs {
     /// (`git log -1 --format=%ct`); the same inputs then push the same digests.
     #[arg(long, value_name = "SECONDS", env = "SOURCE_DATE_EPOCH")]
     pub source_date_epoch: Option<u64>,
+    /// Attach SLSA provenance to every platform image built (as each image's
+    /// `provenance: true`): an OCI referrer of its manifest, never an index entry.
+    #[arg(long)]
+    pub provenance: bool,
+    /// A platform image without SLSA provenance attached is a coverage gap (exit 1).
+    #[arg(long)]
+    pub require_provenance: bool,
     /// Split runners: push this runner's platforms by digest and record them as a part
     /// (--record FILE) for `polyarch assemble`; no tag moves.
     #[arg(long)]
@@ -214,6 +221,11 @@ pub struct VerifyArgs {
     /// for that platform (ELF machine, class, endianness).
     #[arg(long)]
     pub deep: bool,
+    /// A platform entry without SLSA provenance attached (an OCI referrer with predicate
+    /// type https://slsa.dev/provenance/v1) is a coverage gap (exit 1). With -f, images
+    /// with `provenance: true` require it anyway.
+    #[arg(long)]
+    pub require_provenance: bool,
     #[command(flatten)]
     pub output: Output,
     #[command(flatten)]

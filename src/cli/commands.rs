@@ -96,6 +96,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         no_cache,
         annotation,
         source_date_epoch,
+        provenance,
+        require_provenance,
         push_by_digest,
         output: destination,
         output_args: output,
@@ -127,6 +129,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         no_cache,
         annotations: annotation,
         source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
+        provenance,
+        require_provenance,
     };
     // Selecting an image builds the images of the project it builds FROM too, with the
     // same flags, as bake builds a target's `target:` contexts. A cycle is refused here,
@@ -200,6 +204,10 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
 
 async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     let options = registry_options(&args.registry)?;
+    let checks = polyarch::verify::Checks {
+        deep: args.deep,
+        require_provenance: args.require_provenance,
+    };
     let reporter = reporter(&args.output);
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
@@ -207,22 +215,16 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 reference,
                 &args.platform,
                 &options,
-                args.deep,
+                checks,
                 reporter.as_ref(),
             )
             .await
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::verify::verify_project(
-                &project,
-                images,
-                &options,
-                args.deep,
-                reporter.as_ref(),
-            )
-            .await
-            .map(|record| record.with_values(&project))
+            polyarch::verify::verify_project(&project, images, &options, checks, reporter.as_ref())
+                .await
+                .map(|record| record.with_values(&project))
         }
         _ => Err(Error::Usage(
             "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),

@@ -60,6 +60,17 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
             if let Some(detail) = &p.detail {
                 out += &format!("    {detail}\n");
             }
+            for attached in &p.attached {
+                let kind = match (&attached.predicate_type, &attached.artifact_type) {
+                    (Some(predicate), _) => predicate.as_str(),
+                    (None, Some(artifact)) => artifact.as_str(),
+                    (None, None) => "an artifact",
+                };
+                out += &format!(
+                    "    attached: {kind} ({})\n",
+                    polyarch::oci::short_digest(&attached.digest)
+                );
+            }
         }
         for digest in &image.attestations {
             out += &format!(
@@ -116,6 +127,7 @@ mod tests {
             detail: None,
             deep: None,
             build: Some(build),
+            attached: Vec::new(),
         };
         let image = ImageCoverage {
             name: "x".into(),
@@ -138,6 +150,7 @@ mod tests {
                         reused: false,
                         builder: None,
                         fallback: None,
+                        window: None,
                     },
                 ),
                 platform(
@@ -148,6 +161,7 @@ mod tests {
                         reused: true,
                         builder: None,
                         fallback: None,
+                        window: None,
                     },
                 ),
             ],

@@ -270,6 +270,7 @@ async fn read_images(
             tags: Vec::new(),
             declared: Vec::new(),
             deep,
+            require_provenance: false,
         };
         let source = RegistrySource {
             registry,

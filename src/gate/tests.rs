@@ -29,6 +29,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         },
         deep: None,
         build: None,
+        attached: Vec::new(),
     }
 }
 

@@ -139,6 +139,13 @@ async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<De
                         .join(", ")
                 )));
             }
+            if let Some(image) = plan.images.iter().find(|i| i.provenance) {
+                return Err(Error::Usage(format!(
+                    "--output oci:{}: image {} asks for provenance, which polyarch attaches in a registry only; push to a registry, or drop provenance: true / --provenance",
+                    dir.display(),
+                    image.name
+                )));
+            }
             Destination::Layout(OciLayout::create(dir)?)
         }
         None => {

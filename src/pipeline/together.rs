@@ -12,6 +12,7 @@ use crate::engine::{Builders, Engine};
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::{Event, Phase};
+use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
 use crate::registry::{self, Registry};
@@ -168,6 +169,7 @@ async fn build_together(
                 reused: false,
                 builder: Some(engine.endpoint.clone()),
                 fallback: run.fallbacks.get(&unit.platform).cloned(),
+                window: Some(BuildWindow::ending_now(built.seconds)),
             },
         });
     }

@@ -11,6 +11,7 @@ use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
+use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
 use crate::registry::BlobProgress;
@@ -120,6 +121,7 @@ pub(super) async fn reuse(
                     reused: true,
                     builder: Some(engine.endpoint.clone()),
                     fallback: run.fallbacks.get(&unit.platform).cloned(),
+                    window: None,
                 },
             ))));
         }
@@ -243,6 +245,7 @@ pub(super) async fn build_unit(
         reused: false,
         builder: Some(engine.endpoint.clone()),
         fallback: run.fallbacks.get(&unit.platform).cloned(),
+        window: Some(BuildWindow::ending_now(built.seconds)),
     };
     let reference = first_tag(image)?;
 

@@ -270,6 +270,7 @@ pub(super) fn each_string<E>(
             pull,
             no_cache,
             reproducible,
+            provenance,
             annotations,
         } = image;
         one(f, &at("repository"), repository)?;
@@ -296,6 +297,7 @@ pub(super) fn each_string<E>(
         one(f, &at("pull"), pull)?;
         one(f, &at("no_cache"), no_cache)?;
         one(f, &at("reproducible"), reproducible)?;
+        one(f, &at("provenance"), provenance)?;
     }
     Ok(())
 }

@@ -7,6 +7,7 @@ mod failure;
 mod probe;
 mod push;
 mod reference;
+mod referrers;
 
 pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;

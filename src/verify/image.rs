@@ -1,6 +1,6 @@
 //! Verifying images by name: a project's images through their tags, or any reference.
 
-use super::{verify, RegistrySource, Target};
+use super::{verify, Checks, RegistrySource, Target};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::plan;
 use crate::progress::Reporter;
@@ -17,7 +17,7 @@ pub async fn verify_image(
     registry: &Registry,
     image: &ImageSpec,
     expected: Option<&str>,
-    deep: bool,
+    checks: Checks,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let first = first_tag(image)?;
@@ -26,7 +26,8 @@ pub async fn verify_image(
         reference: format!("{}:{}", image.repository, image.tags[0]),
         tags: image.tags.clone(),
         declared: image.platforms.clone(),
-        deep,
+        deep: checks.deep,
+        require_provenance: checks.require_provenance || image.require_provenance,
     };
     let source = RegistrySource {
         registry,
@@ -91,14 +92,14 @@ pub async fn verify_project(
     project: &Project,
     selected: &[String],
     options: &RegistryOptions,
-    deep: bool,
+    checks: Checks,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let images = plan::select(project, selected)?;
     let registry = connect_registry(&images, options, false).await?;
     let mut coverage = Vec::new();
     for image in &images {
-        coverage.push(verify_image(&registry, image, None, deep, reporter).await?);
+        coverage.push(verify_image(&registry, image, None, checks, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -108,9 +109,13 @@ pub async fn verify_reference(
     reference: &str,
     declared: &[Platform],
     options: &RegistryOptions,
-    deep: bool,
+    checks: Checks,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
+    let Checks {
+        deep,
+        require_provenance,
+    } = checks;
     if let Some((dir, tag)) = crate::layout::parse_layout_reference(reference) {
         let target = Target {
             name: dir
@@ -120,6 +125,7 @@ pub async fn verify_reference(
             tags: tag.iter().cloned().collect(),
             declared: declared.to_vec(),
             deep,
+            require_provenance,
         };
         let source = LayoutSource {
             layout: OciLayout::open(&dir)?,
@@ -147,6 +153,7 @@ pub async fn verify_reference(
         },
         declared: declared.to_vec(),
         deep,
+        require_provenance,
     };
     let source = RegistrySource {
         registry: &registry,

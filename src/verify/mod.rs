@@ -12,6 +12,7 @@ use oci_client::Reference;
 use std::collections::BTreeMap;
 
 mod image;
+mod referrers;
 
 pub use image::{verify_image, verify_project, verify_reference};
 
@@ -26,6 +27,11 @@ pub trait ContentSource {
     fn manifest(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// A small JSON blob (a config) by digest, checked against the digest.
     fn json_blob(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    /// The descriptors listed as referrers of the manifest `digest` (empty: none).
+    fn referrers(
+        &self,
+        digest: &str,
+    ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
     /// `--deep`: streams the layers and checks the entrypoint's binary against `platform`.
@@ -57,6 +63,10 @@ impl ContentSource for RegistrySource<'_> {
         self.registry.get_json_blob(&self.reference, digest).await
     }
 
+    async fn referrers(&self, digest: &str) -> Result<Vec<serde_json::Value>> {
+        self.registry.referrers(&self.reference, digest).await
+    }
+
     fn repository(&self) -> String {
         format!(
             "{}/{}",
@@ -85,6 +95,15 @@ pub struct Target {
     pub declared: Vec<Platform>,
     /// Also check each platform's entrypoint binary (`--deep`).
     pub deep: bool,
+    /// A platform entry without SLSA provenance attached is a gap.
+    pub require_provenance: bool,
+}
+
+/// What verify checks beyond the platforms: `--deep`, `--require-provenance`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Checks {
+    pub deep: bool,
+    pub require_provenance: bool,
 }
 
 /// A platform manifest found under the reference.
@@ -217,6 +236,7 @@ pub async fn verify<S: ContentSource>(
                     detail: Some(format!("{} has no entry for {declared}", target.reference)),
                     deep: None,
                     build: None,
+                    attached: Vec::new(),
                 });
             }
             [one] => platforms.push((*one).clone()),
@@ -241,6 +261,7 @@ pub async fn verify<S: ContentSource>(
             target.reference
         ));
     }
+    referrers::read_attached(source, target, &mut platforms, &mut warnings).await?;
     let duplicated = target
         .declared
         .iter()
@@ -411,6 +432,7 @@ async fn check_entry<S: ContentSource>(
                 .collect(),
             detail,
             deep,
+            attached: Vec::new(),
             build: None,
         },
         warnings,

@@ -1,0 +1,247 @@
+//! What is attached to each platform entry (OCI referrers: provenance, signatures, SBOMs),
+//! each referrer read and checked to name the entry as its subject, and whether provenance
+//! the target requires is there.
+
+use super::{ContentSource, Target};
+use crate::provenance;
+use crate::record::{Attached, PlatformCoverage, PlatformStatus};
+use crate::Result;
+
+/// Fills each entry's `attached`, the entries read concurrently. When provenance is
+/// required, an entry without it becomes a gap and a listing that cannot be read is an
+/// error; otherwise that is a warning.
+pub(super) async fn read_attached<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    platforms: &mut [PlatformCoverage],
+    warnings: &mut Vec<String>,
+) -> Result<()> {
+    let listings = futures_util::future::join_all(
+        platforms
+            .iter()
+            .map(|p| attached_to(source, p.digest.as_deref())),
+    )
+    .await;
+    for (platform, listing) in platforms.iter_mut().zip(listings) {
+        let Some(digest) = platform.digest.clone() else {
+            continue;
+        };
+        match listing {
+            Ok((attached, ignored)) => {
+                platform.attached = attached;
+                warnings.extend(ignored.into_iter().map(|why| {
+                    format!(
+                        "{} ({digest}) lists referrer {why}; ignored",
+                        platform.platform
+                    )
+                }));
+            }
+            Err(e) if !target.require_provenance => {
+                warnings.push(format!(
+                    "cannot list what is attached to {} ({digest}): {e}",
+                    platform.platform
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+        let has_provenance = platform.attached.iter().any(Attached::is_provenance);
+        if target.require_provenance && !has_provenance && platform.status == PlatformStatus::Ok {
+            platform.status = PlatformStatus::ProvenanceMissing;
+            platform.detail = Some(format!(
+                "{} {} ({digest}) has no SLSA provenance attached; build image {} with `provenance: true` in polyarch.yaml (or `polyarch build --provenance`)",
+                target.reference, platform.platform, target.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The referrers of one entry that check out, and why each other one listed does not.
+async fn attached_to<S: ContentSource>(
+    source: &S,
+    digest: Option<&str>,
+) -> Result<(Vec<Attached>, Vec<String>)> {
+    let Some(digest) = digest else {
+        return Ok(Default::default());
+    };
+    let (mut attached, mut ignored) = (Vec::new(), Vec::new());
+    for found in provenance::attached(&source.referrers(digest).await?) {
+        match checked(source, &found, digest).await {
+            Ok(one) => attached.push(one),
+            Err(why) => ignored.push(format!("{} which {why}", found.digest)),
+        }
+    }
+    Ok((attached, ignored))
+}
+
+/// A listed referrer as its manifest says: it must name `subject`; its predicate type
+/// is its in-toto layer's.
+async fn checked<S: ContentSource>(
+    source: &S,
+    found: &Attached,
+    subject: &str,
+) -> std::result::Result<Attached, String> {
+    let bytes = source
+        .manifest(&found.digest)
+        .await
+        .map_err(|e| format!("cannot be read ({e})"))?;
+    let predicate_type = provenance::check_referrer(&bytes, subject)?;
+    Ok(Attached {
+        predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
+        ..found.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deep::DeepReport;
+    use crate::{Error, Platform};
+    use serde_json::{json, Value};
+    use std::collections::BTreeMap;
+
+    /// Manifests by digest and referrer listings by subject.
+    struct Fake {
+        manifests: BTreeMap<String, Vec<u8>>,
+        listings: BTreeMap<String, Vec<Value>>,
+    }
+
+    impl ContentSource for Fake {
+        async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+            unreachable!("not resolved here")
+        }
+        async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+            self.manifests
+                .get(digest)
+                .cloned()
+                .ok_or_else(|| Error::Usage(format!("{digest} not found")))
+        }
+        async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+            self.manifest(digest).await
+        }
+        async fn referrers(&self, digest: &str) -> Result<Vec<Value>> {
+            self.listings
+                .get(digest)
+                .cloned()
+                .ok_or_else(|| Error::Registry {
+                    registry: "fake".into(),
+                    message: "listing refused".into(),
+                })
+        }
+        fn repository(&self) -> String {
+            "fake".into()
+        }
+        async fn inspect(
+            &self,
+            _: &[u8],
+            _: &[(String, String)],
+            _: &Platform,
+        ) -> Result<DeepReport> {
+            unreachable!("no deep checks here")
+        }
+    }
+
+    fn digest(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    fn entry(arch: &str, c: char) -> PlatformCoverage {
+        PlatformCoverage {
+            platform: Platform::linux(arch, None),
+            digest: Some(digest(c)),
+            config_platform: Some(Platform::linux(arch, None)),
+            size: Some(400),
+            status: PlatformStatus::Ok,
+            annotations: BTreeMap::new(),
+            detail: None,
+            deep: None,
+            build: None,
+            attached: Vec::new(),
+        }
+    }
+
+    /// A referrer manifest naming `subject`, with an in-toto SLSA layer.
+    fn statement_manifest(subject: &str) -> Vec<u8> {
+        json!({
+            "schemaVersion": 2,
+            "artifactType": provenance::IN_TOTO,
+            "layers": [{"mediaType": provenance::IN_TOTO, "digest": digest('9'), "size": 1,
+                        "annotations": {provenance::PREDICATE_TYPE: provenance::SLSA_PROVENANCE}}],
+            "subject": {"digest": subject, "size": 400},
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn listed(c: char) -> Value {
+        json!({"mediaType": crate::oci::OCI_MANIFEST, "digest": digest(c), "size": 1,
+               "artifactType": provenance::IN_TOTO})
+    }
+
+    fn target(require_provenance: bool) -> Target {
+        Target {
+            name: "api".into(),
+            reference: "r.io/api:v1".into(),
+            tags: vec!["v1".into()],
+            declared: vec![],
+            deep: false,
+            require_provenance,
+        }
+    }
+
+    fn fake() -> Fake {
+        // amd64 (a): a good statement (1), one naming another subject (2), one missing (3).
+        // arm64 (b): nothing attached.
+        Fake {
+            manifests: BTreeMap::from([
+                (digest('1'), statement_manifest(&digest('a'))),
+                (digest('2'), statement_manifest(&digest('b'))),
+            ]),
+            listings: BTreeMap::from([
+                (digest('a'), vec![listed('1'), listed('2'), listed('3')]),
+                (digest('b'), vec![]),
+            ]),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_referrers_naming_the_entry_count_and_missing_provenance_is_a_gap() {
+        let mut platforms = [entry("amd64", 'a'), entry("arm64", 'b')];
+        let mut warnings = Vec::new();
+        read_attached(&fake(), &target(true), &mut platforms, &mut warnings)
+            .await
+            .unwrap();
+        assert_eq!(platforms[0].attached.len(), 1, "{warnings:?}");
+        assert!(platforms[0].attached[0].is_provenance());
+        assert_eq!(platforms[0].status, PlatformStatus::Ok);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("names subject"), "{warnings:?}");
+        assert!(warnings[1].contains("cannot be read"), "{warnings:?}");
+        assert_eq!(platforms[1].status, PlatformStatus::ProvenanceMissing);
+        let detail = platforms[1].detail.as_deref().unwrap();
+        assert!(
+            detail.contains("r.io/api:v1 linux/arm64") && detail.contains("provenance: true"),
+            "{detail}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_listing_is_an_error_only_where_provenance_is_required() {
+        let source = Fake {
+            listings: BTreeMap::new(),
+            ..fake()
+        };
+        let mut platforms = [entry("amd64", 'a')];
+        let mut warnings = Vec::new();
+        read_attached(&source, &target(false), &mut platforms, &mut warnings)
+            .await
+            .unwrap();
+        assert_eq!(platforms[0].status, PlatformStatus::Ok);
+        assert!(warnings[0].contains("listing refused"), "{warnings:?}");
+        let outcome = read_attached(&source, &target(true), &mut platforms, &mut warnings).await;
+        assert!(
+            matches!(outcome, Err(Error::Registry { .. })),
+            "{outcome:?}"
+        );
+    }
+}
