@@ -8,7 +8,9 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use support::{polyarch, run, skopeo_inspect_raw_creds, unique_name, Registry};
+use support::{
+    curl, polyarch, run, skopeo_digest, skopeo_inspect_raw_creds, unique_name, Registry,
+};
 
 const PLATFORMS: [&str; 2] = ["amd64", "arm64"];
 
@@ -92,11 +94,12 @@ fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
 
 /// `polyarch build` of the whole project (with `--username/--password-stdin` and an
 /// empty Docker config when `creds` are given): its progress and its record.
-fn build(file: &Path, creds: Creds) -> (String, serde_json::Value) {
+fn build(file: &Path, creds: Creds, extra: &[&str]) -> (String, serde_json::Value) {
     let mut cmd = polyarch();
     // Its own caches: concurrent tests' runs would overwrite what this one remembers.
     cmd.args(["build", "--output-format", "json", "-f"])
         .arg(file)
+        .args(extra)
         .env("POLYARCH_CACHE_DIR", file.parent().unwrap().join("cache"));
     let out = match creds {
         Some((user, password)) => {
@@ -122,6 +125,29 @@ fn all_reused(record: &serde_json::Value) -> bool {
             .iter()
             .all(|p| p["build"]["reused"] == true)
     })
+}
+
+/// The SLSA statement attached to `repository:v1`'s linux/`arch` image (through the
+/// referrers tag schema, as this registry has no referrers API).
+fn provenance(registry: &Registry, repository: &str, arch: &str) -> String {
+    let index = skopeo_inspect_raw_creds(&format!("{repository}:v1"), None);
+    let entry = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["platform"]["architecture"] == arch)
+        .unwrap();
+    let tag = entry["digest"].as_str().unwrap().replacen(':', "-", 1);
+    let listing = skopeo_inspect_raw_creds(&format!("{repository}:{tag}"), None);
+    let referrer = listing["manifests"][0]["digest"].as_str().unwrap();
+    let manifest = skopeo_inspect_raw_creds(&format!("{repository}@{referrer}"), None);
+    let blob = manifest["layers"][0]["digest"].as_str().unwrap();
+    let path = repository.split_once('/').unwrap().1;
+    String::from_utf8(curl(&[&format!(
+        "{}/v2/{path}/blobs/{blob}",
+        registry.url()
+    )]))
+    .unwrap()
 }
 
 /// The base's and each dependent's layers, per platform: a dependent's first layer is
@@ -163,22 +189,28 @@ fn dependents_build_from_the_digest_just_pushed() {
     assert!(text.starts_with("base "), "base plans first: {text}");
     assert!(text.contains("after: base"), "{text}");
 
-    let (output, record) = build(&file, None);
+    let (output, record) = build(&file, None, &["--provenance"]);
     assert!(
         output.contains(&format!("app builds FROM base as {base}@sha256:")),
         "{output}"
     );
     assert!(!all_reused(&record), "{record}");
     let first = check_built_from_base(&base, &[&app, &tool], None);
+    let statement = provenance(&registry, &app, "arm64");
+    let base_index = skopeo_digest(&format!("{base}:v1"), None);
+    assert!(
+        statement.contains(base_index.trim_start_matches("sha256:")),
+        "app's provenance names the base it was built FROM ({base_index}): {statement}"
+    );
     // Nothing changed: the dependents' copies of their Dockerfiles are the same, so the
     // warm path reuses everything.
-    let (_, record) = build(&file, None);
+    let (_, record) = build(&file, None, &[]);
     assert!(all_reused(&record), "{record}");
 
     // A changed base file rebuilds the base and, through its new digest, both dependents
     // (their own inputs are unchanged).
     fs::write(dir.path().join("base/base.txt"), "base, changed\n").unwrap();
-    let (_, record) = build(&file, None);
+    let (_, record) = build(&file, None, &[]);
     let rebuilt = |name: &str| {
         let image = record["images"]
             .as_array()
@@ -211,7 +243,7 @@ fn the_engine_pulls_the_base_with_the_registry_credentials() {
     let [base, app, tool] = ["base", "app", "tool"]
         .map(|name| registry.repo(&unique_name(&format!("demo/auth-deps-{name}"))));
     let file = project(dir.path(), &base, &app, &tool);
-    build(&file, Some((USER, PASS)));
+    build(&file, Some((USER, PASS)), &[]);
     check_built_from_base(&base, &[&app, &tool], Some((USER, PASS)));
 }
 

@@ -47,6 +47,16 @@ pub struct BuildOptions {
     pub interrupt: tokio_util::sync::CancellationToken,
 }
 
+/// What the builds of a run leave for publishing.
+struct Built<'a> {
+    plan: plan::Plan<'a>,
+    destination: Destination,
+    pushed: Vec<Pushed>,
+    /// The dependents as built, from Dockerfiles naming what they build FROM by digest:
+    /// what their provenance names.
+    rebased: BTreeMap<String, ImageSpec>,
+}
+
 /// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
 /// before any tag moves.
 async fn build_units<'a>(
@@ -55,7 +65,7 @@ async fn build_units<'a>(
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
-) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+) -> Result<Built<'a>> {
     tokio::select! {
         built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
         _ = options.interrupt.cancelled() => Err(Error::Interrupted),
@@ -68,7 +78,7 @@ async fn build_and_push_all<'a>(
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
-) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+) -> Result<Built<'a>> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
     let destination = destination(&plan, options).await?;
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
@@ -110,17 +120,28 @@ async fn build_and_push_all<'a>(
             None => images.push(vec![unit]),
         }
     }
-    let pushed: Result<Vec<Pushed>> = futures_util::future::try_join_all(
+    let per_image = futures_util::future::try_join_all(
         images
             .into_iter()
             .map(|units| build_when_ready(units, graph, pins, shared)),
     )
-    .await
-    .map(|per_image| per_image.into_iter().flatten().collect());
+    .await;
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
-    Ok((plan, destination, pushed?))
+    let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
+    for (image, spec) in per_image? {
+        pushed.extend(image);
+        if let Some(spec) = spec {
+            rebased.insert(spec.name.clone(), spec);
+        }
+    }
+    Ok(Built {
+        plan,
+        destination,
+        pushed,
+        rebased,
+    })
 }
 
 /// Where the images go: the registry, or with `--output oci:DIR` a layout of one image.
@@ -170,7 +191,7 @@ async fn build_when_ready(
     graph: &crate::dependencies::Graph,
     pins: &dependents::Pins,
     shared: &Shared<'_>,
-) -> Result<Vec<Pushed>> {
+) -> Result<(Vec<Pushed>, Option<ImageSpec>)> {
     let image = units[0].image;
     let rebased = dependents::rebased(image, graph, pins, shared.run).await?;
     let rebased_units: Vec<Unit<'_>> = units
@@ -183,7 +204,7 @@ async fn build_when_ready(
     let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
     let pushed = build_image(&units, shared).await?;
     pins.pushed(shared.destination, image, &pushed).await?;
-    Ok(pushed)
+    Ok((pushed, rebased))
 }
 
 /// One image's platforms: in one solve where the engine can (see [`solved_together`]),
@@ -229,12 +250,23 @@ pub async fn build(
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
-    let (plan, destination, pushed) =
-        build_units(project, engine, options, cleanup, reporter).await?;
+    let built = build_units(project, engine, options, cleanup, reporter).await?;
     let mut coverage = Vec::new();
-    for image in &plan.images {
-        let mine: Vec<&Pushed> = pushed.iter().filter(|p| p.image == image.name).collect();
-        coverage.push(publish(&destination, image, &mine, &options.interrupt, reporter).await?);
+    for image in &built.plan.images {
+        let mine: Vec<&Pushed> = built
+            .pushed
+            .iter()
+            .filter(|p| p.image == image.name)
+            .collect();
+        let image = built.rebased.get(&image.name).unwrap_or(image);
+        let published = publish(
+            &built.destination,
+            image,
+            &mine,
+            &options.interrupt,
+            reporter,
+        );
+        coverage.push(published.await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -253,7 +285,8 @@ pub async fn build_part(
             "--push-by-digest pushes to the registry; drop --output".into(),
         ));
     }
-    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
+    let Built { plan, pushed, .. } =
+        build_units(project, engine, options, cleanup, reporter).await?;
     let images = plan
         .images
         .iter()
