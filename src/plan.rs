@@ -62,7 +62,19 @@ pub fn plan<'a>(
                     foreign: platform.os_arch() != native.os_arch(),
                 })
         })
-        .collect();
+        .collect::<Vec<Unit<'a>>>();
+    // A dependent waits for what it builds FROM: that must be built in this run.
+    for unit in &units {
+        for base in dependencies.dependencies(&unit.image.name) {
+            if !units.iter().any(|u| u.image.name == base) {
+                return Err(Error::Usage(format!(
+                    "{} builds FROM {base}, which this run builds for no platform (--platform {}); add a platform of {base} to --platform",
+                    unit.image.name,
+                    only.iter().map(Platform::to_string).collect::<Vec<_>>().join(",")
+                )));
+            }
+        }
+    }
     Ok(Plan {
         images,
         dependencies,

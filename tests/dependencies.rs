@@ -286,8 +286,26 @@ fn cycles_unknown_names_and_layouts_are_refused_before_any_build() {
         "line 2: FROM polyarch:c names no image of this project (it declares a, b)",
     );
 
+    // A base this run builds for no platform would leave its dependent waiting.
+    fs::write(
+        dir.path().join("a/Dockerfile"),
+        "FROM --platform=$BUILDPLATFORM polyarch:b AS tools\nFROM scratch\n",
+    )
+    .unwrap();
+    let arm64_only = fs::read_to_string(&file).unwrap().replacen(
+        "platforms: [linux/amd64]",
+        "platforms: [linux/arm64]",
+        1,
+    );
+    fs::write(&file, &arm64_only).unwrap();
+    refused(
+        &["build", "--platform", "linux/arm64"],
+        "a builds FROM b, which this run builds for no platform (--platform linux/arm64)",
+    );
+
     // An OCI layout cannot serve the base to the engine.
     fs::write(dir.path().join("a/Dockerfile"), "FROM polyarch:b\n").unwrap();
+    fs::write(&file, arm64_only.replace("linux/arm64", "linux/amd64")).unwrap();
     let layout = dir.path().join("layout");
     refused(
         &[
