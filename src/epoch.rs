@@ -61,8 +61,16 @@ pub fn commit_time(dir: &Path) -> Result<(u64, EpochSource), String> {
     if !output.status.success() {
         let said = String::from_utf8_lossy(&output.stderr);
         let said = said.lines().next().unwrap_or("").trim();
+        // git says why in words of its own; the common two get ours.
+        let why = if said.contains("not a git repository") {
+            "is not in a git checkout"
+        } else if said.contains("does not have any commits") {
+            "is in a git checkout without a commit yet"
+        } else {
+            "has no last commit git can read"
+        };
         return Err(format!(
-            "the context {} is not in a git checkout with a commit (git: {said}); {fix}",
+            "the context {} {why} (git: {said}); {fix}",
             dir.display()
         ));
     }
@@ -142,7 +150,7 @@ mod tests {
         git(repo.path(), &["init", "-q"]);
         let empty = commit_time(repo.path()).unwrap_err();
         assert!(
-            empty.contains("not in a git checkout with a commit"),
+            empty.contains("is in a git checkout without a commit yet"),
             "{empty}"
         );
         std::fs::create_dir(repo.path().join("app")).unwrap();
