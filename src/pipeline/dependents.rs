@@ -96,7 +96,8 @@ pub(super) async fn rebased(
     let original = image.context.join(&image.dockerfile);
     let text = std::fs::read(&original).map_err(|e| Error::io(&original, e))?;
     let rewritten = dependencies::rewrite(&String::from_utf8_lossy(&text), edges, &pinned);
-    let dockerfile = write_copy(&original, &rewritten)?;
+    let root = crate::cache::dir().unwrap_or_else(std::env::temp_dir);
+    let dockerfile = write_copy(&root.join("dockerfiles"), &original, &rewritten)?;
     Ok(Some(ImageSpec {
         // Absolute: the context stays where it is, the Dockerfile is the copy.
         dockerfile,
@@ -105,10 +106,10 @@ pub(super) async fn rebased(
 }
 
 /// Writes `text` as a Dockerfile named as `original` is, with its own ignore file
-/// (`<name>.dockerignore`) beside it when it has one, into a directory named by their
-/// content under the cache directory: the same text gets the same path in every run
-/// (a key of the warm path), and concurrent runs write the same bytes.
-fn write_copy(original: &Path, text: &str) -> Result<PathBuf> {
+/// (`<name>.dockerignore`) beside it when it has one, into a directory of `root` named by
+/// their content: the same text gets the same path in every run (a key of the warm path),
+/// and concurrent runs write the same bytes.
+fn write_copy(root: &Path, original: &Path, text: &str) -> Result<PathBuf> {
     let name = original
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -117,10 +118,7 @@ fn write_copy(original: &Path, text: &str) -> Result<PathBuf> {
     let ignore = std::fs::read(original.with_file_name(&ignore_name)).ok();
     let mut content = format!("{name}\n{text}").into_bytes();
     content.extend(ignore.iter().flatten());
-    let dir = crate::cache::dir()
-        .unwrap_or_else(std::env::temp_dir)
-        .join("dockerfiles")
-        .join(&sha256_digest(&content)[7..23]);
+    let dir = root.join(&sha256_digest(&content)[7..23]);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let write = |file: &str, bytes: &[u8]| {
         let path = dir.join(file);
@@ -179,4 +177,48 @@ pub(super) fn check_reachable(plan: &Plan<'_>, builders: &Builders, run: &Run<'_
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_copy;
+
+    #[test]
+    fn copies_are_named_by_content_and_keep_their_ignore_file() {
+        let root = tempfile::tempdir().unwrap();
+        let context = tempfile::tempdir().unwrap();
+        let original = context.path().join("app.Dockerfile");
+        std::fs::write(
+            context.path().join("app.Dockerfile.dockerignore"),
+            "secret\n",
+        )
+        .unwrap();
+        let first = write_copy(root.path(), &original, "FROM r/base@sha256:1\n").unwrap();
+        assert_eq!(first.file_name().unwrap(), "app.Dockerfile");
+        assert_eq!(
+            std::fs::read_to_string(&first).unwrap(),
+            "FROM r/base@sha256:1\n"
+        );
+        let ignore = first.with_file_name("app.Dockerfile.dockerignore");
+        assert_eq!(std::fs::read_to_string(ignore).unwrap(), "secret\n");
+        // The same text again: the same path, for the warm path's keys.
+        let again = write_copy(root.path(), &original, "FROM r/base@sha256:1\n").unwrap();
+        assert_eq!(first, again);
+        // A new base digest, or a changed ignore file: another copy.
+        let rebuilt = write_copy(root.path(), &original, "FROM r/base@sha256:2\n").unwrap();
+        assert_ne!(first.parent(), rebuilt.parent());
+        std::fs::write(
+            context.path().join("app.Dockerfile.dockerignore"),
+            "other\n",
+        )
+        .unwrap();
+        let ignored = write_copy(root.path(), &original, "FROM r/base@sha256:1\n").unwrap();
+        assert_ne!(first.parent(), ignored.parent());
+        // No partial files are left behind.
+        let names: Vec<_> = std::fs::read_dir(first.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
 }
