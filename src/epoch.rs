@@ -145,6 +145,31 @@ mod tests {
     }
 
     #[test]
+    fn the_top_level_reproducible_is_every_images_default() {
+        use crate::project::{LoadOptions, Project, Purpose};
+        let text = "version: 1\nreproducible: true\nimages:\n  a: {repository: r.example/a, tags: [v1], context: a, platforms: [linux/amd64]}\n  b: {repository: r.example/b, tags: [v1], context: b, platforms: [linux/amd64], reproducible: false}\n";
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            ..LoadOptions::default()
+        };
+        let file = Path::new("/tmp/polyarch.yaml");
+        let project = Project::parse(file, text, &options).unwrap();
+        assert!(project.image("a").unwrap().reproducible);
+        assert!(!project.image("b").unwrap().reproducible, "its own wins");
+        let plain = text.replace("reproducible: true\n", "");
+        let project = Project::parse(file, &plain, &options).unwrap();
+        assert!(!project.image("a").unwrap().reproducible);
+        let wrong = text.replace("reproducible: true", "reproducible: yes");
+        let error = Project::parse(file, &wrong, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("reproducible: `yes` is not a boolean"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn the_commit_time_of_the_checkout() {
         let repo = tempfile::tempdir().unwrap();
         git(repo.path(), &["init", "-q"]);

@@ -340,7 +340,14 @@ impl ImageSpec {
 }
 
 /// Top-level keys the parser accepts (kept in sync with the schema by a test).
-pub const PROJECT_FIELDS: &[&str] = &["version", "binfmt", "binfmt_image", "builders", "images"];
+pub const PROJECT_FIELDS: &[&str] = &[
+    "version",
+    "binfmt",
+    "binfmt_image",
+    "reproducible",
+    "builders",
+    "images",
+];
 
 /// Per-image keys the parser accepts (kept in sync with serde and the schema by tests).
 pub const IMAGE_FIELDS: &[&str] = &[
@@ -603,6 +610,7 @@ struct RawProject {
     version: Option<serde_norway::Value>,
     binfmt: Option<String>,
     binfmt_image: Option<String>,
+    reproducible: Option<String>,
     builders: Option<Entries<RawBuilder>>,
     images: Option<Entries<RawImage>>,
 }
@@ -1028,15 +1036,31 @@ impl Cx {
                 "no images declared; add at least one, e.g. `images: {hello: {repository: registry.example.com/hello, tags: [v1], context: ., platforms: [linux/amd64]}}`",
             ));
         }
+        // The default of every image's own `reproducible:`.
+        let reproducible = match raw.reproducible {
+            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
+                self.err(
+                    "reproducible",
+                    format!(
+                        "{} is not a boolean; write `reproducible: true` or `reproducible: false`",
+                        q(&s)
+                    ),
+                )
+            })?,
+            None => false,
+        };
         let mut images: Vec<ImageSpec> = Vec::with_capacity(entries.len());
         for (name, img) in entries {
+            let inherits = img.reproducible.is_none();
             if images.iter().any(|i| i.name == name) {
                 return Err(self.err(
                     format!("images.{name}"),
                     "is declared twice; image names must be unique, rename or merge one",
                 ));
             }
-            images.push(self.image(name, img)?);
+            let mut image = self.image(name, img)?;
+            image.reproducible |= inherits && reproducible;
+            images.push(image);
         }
         Ok(Project {
             file: self.file.clone(),

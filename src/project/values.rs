@@ -243,11 +243,13 @@ pub(super) fn each_string<E>(
         version: _,
         binfmt,
         binfmt_image,
+        reproducible,
         builders,
         images,
     } = raw;
     one(f, "binfmt", binfmt)?;
     one(f, "binfmt_image", binfmt_image)?;
+    one(f, "reproducible", reproducible)?;
     for (key, builder) in builders.iter_mut().flat_map(|e| e.0.iter_mut()) {
         builder_strings(f, &format!("builders.{key}"), builder)?;
     }
