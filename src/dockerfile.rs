@@ -10,6 +10,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 struct Instruction {
     keyword: String,
     args: String,
+    /// The (0-based) line it starts on.
+    line: usize,
 }
 
 #[derive(Debug, Default)]
@@ -52,9 +54,9 @@ impl Parsed {
 fn parse(dockerfile: &str) -> Parsed {
     let mut escape = '\\';
     let mut syntax = None;
-    let mut lines = dockerfile.lines().peekable();
+    let mut lines = dockerfile.lines().enumerate().peekable();
     // Parser directives: `# key=value` lines at the very top.
-    while let Some(line) = lines.peek() {
+    while let Some((_, line)) = lines.peek() {
         let t = line.trim();
         let Some(rest) = t.strip_prefix('#') else {
             break;
@@ -81,13 +83,17 @@ fn parse(dockerfile: &str) -> Parsed {
     let mut out = vec![];
     let mut current = String::new();
     let mut complete = true;
-    while let Some(line) = lines.next() {
+    let mut start = 0;
+    while let Some((number, line)) = lines.next() {
         let trimmed = line.trim_start();
         if trimmed.starts_with('#') {
             continue; // comments, also inside continuations
         }
         if current.is_empty() && trimmed.trim().is_empty() {
             continue;
+        }
+        if current.is_empty() {
+            start = number;
         }
         let body = line.trim_end();
         match body.strip_suffix(escape) {
@@ -98,7 +104,7 @@ fn parse(dockerfile: &str) -> Parsed {
             None => {
                 current.push_str(body);
                 for (word, strip_tabs) in heredoc_words(&current) {
-                    let ended = lines.by_ref().any(|l| {
+                    let ended = lines.by_ref().any(|(_, l)| {
                         (if strip_tabs {
                             l.trim_start_matches('\t')
                         } else {
@@ -107,13 +113,13 @@ fn parse(dockerfile: &str) -> Parsed {
                     });
                     complete &= ended;
                 }
-                push_instruction(&mut out, &current);
+                push_instruction(&mut out, &current, start);
                 current.clear();
             }
         }
     }
     if !current.trim().is_empty() {
-        push_instruction(&mut out, &current);
+        push_instruction(&mut out, &current, start);
     }
     Parsed {
         instructions: out,
@@ -151,7 +157,7 @@ fn heredoc_words(instruction: &str) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn push_instruction(out: &mut Vec<Instruction>, text: &str) {
+fn push_instruction(out: &mut Vec<Instruction>, text: &str, line: usize) {
     let text = text.trim();
     if text.is_empty() {
         return;
@@ -160,6 +166,7 @@ fn push_instruction(out: &mut Vec<Instruction>, text: &str) {
     out.push(Instruction {
         keyword: keyword.to_ascii_uppercase(),
         args: args.trim().to_string(),
+        line,
     });
 }
 
@@ -395,6 +402,65 @@ pub fn external_images(
         }
     }
     Some(images.into_iter().collect())
+}
+
+/// A `FROM` naming an image rather than a stage or `scratch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FromImage {
+    /// The (0-based) line the instruction starts on.
+    pub line: usize,
+    /// The image word as written (`polyarch:base`, `${BASE}`).
+    pub written: String,
+    /// With the global `ARG`s substituted from `args` or their defaults; None when a
+    /// variable cannot be resolved here (a platform arg, say).
+    pub image: Option<String>,
+    /// Whether it names its own platform (`--platform=`) rather than the target's.
+    pub own_platform: bool,
+}
+
+/// Every `FROM` of every stage that names an image (see [`FromImage`]), in file order.
+pub fn from_images(dockerfile: &str, args: &HashMap<String, String>) -> Vec<FromImage> {
+    let mut vars = HashMap::new();
+    let mut stage_names: Vec<String> = Vec::new();
+    let mut found = Vec::new();
+    for ins in parse(dockerfile).instructions {
+        let (flags, words) = flags_and_words(&ins.args);
+        match ins.keyword.as_str() {
+            "ARG" if stage_names.is_empty() => {
+                for word in &words {
+                    let (name, default) = word.split_once('=').unwrap_or((word, ""));
+                    let value = args.get(name).map(String::as_str).unwrap_or(default);
+                    vars.insert(name.to_string(), value.trim_matches('"').to_string());
+                }
+            }
+            "FROM" => {
+                let Some(written) = words.first() else {
+                    continue;
+                };
+                let image = substitute(written, &vars);
+                let stage = image.as_deref().is_some_and(|i| {
+                    i.eq_ignore_ascii_case("scratch")
+                        || stage_names.contains(&i.to_ascii_lowercase())
+                });
+                if !stage {
+                    found.push(FromImage {
+                        line: ins.line,
+                        written: written.clone(),
+                        image,
+                        own_platform: flags.iter().any(|(k, _)| k == "platform"),
+                    });
+                }
+                stage_names.push(match words.as_slice() {
+                    [_, as_kw, name, ..] if as_kw.eq_ignore_ascii_case("as") => {
+                        name.to_ascii_lowercase()
+                    }
+                    _ => String::new(),
+                });
+            }
+            _ => {}
+        }
+    }
+    found
 }
 
 /// `$NAME`, `${NAME}`, `${NAME:-word}` and `${NAME:+word}` from `vars`; None for anything

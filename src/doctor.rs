@@ -41,6 +41,9 @@ pub struct PlanLine {
     pub execution: Execution,
     pub builder: String,
     pub binfmt: BinfmtMode,
+    /// The images of the project this one builds `FROM`: it builds after them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
 }
@@ -113,6 +116,7 @@ async fn plan_lines(
             execution,
             builder,
             binfmt: mode,
+            after: plan.dependencies.dependencies(&unit.image.name),
             warning,
         });
     }
@@ -129,6 +133,12 @@ pub fn render_plan(lines: &[PlanLine]) -> String {
             line.execution.describe(),
             line.builder
         );
+        if !line.after.is_empty() {
+            out += &format!(
+                "  after: {} (builds FROM it, by the digest just pushed)\n",
+                line.after.join(", ")
+            );
+        }
         if let Some(w) = &line.warning {
             out += &format!("  warning: {w}\n");
         }

@@ -1,5 +1,6 @@
 //! The build plan: which image × platform units to build, resolved against the engine.
 
+use crate::dependencies::Graph;
 use crate::project::{ImageSpec, Project};
 use crate::{Error, Platform, Result};
 
@@ -13,20 +14,33 @@ pub struct Unit<'a> {
 
 #[derive(Debug, Clone)]
 pub struct Plan<'a> {
+    /// In build order: an image after the images of the project it builds `FROM`.
     pub images: Vec<&'a ImageSpec>,
+    /// Which images build `FROM` which.
+    pub dependencies: Graph,
     pub units: Vec<Unit<'a>>,
     pub native: Platform,
 }
 
-/// Selects the named images (all when none are named) and expands them per platform.
-/// `only` restricts every image to those platforms (split runners build one each).
+/// Selects the named images (all when none are named) and the images of the project they
+/// build `FROM`, and expands them per platform. `only` restricts every image to those
+/// platforms (split runners build one each).
 pub fn plan<'a>(
     project: &'a Project,
     selected: &[String],
     only: &[Platform],
     native: &Platform,
 ) -> Result<Plan<'a>> {
-    let images = select(project, selected)?;
+    let dependencies = Graph::of(project)?;
+    let names: Vec<String> = select(project, selected)?
+        .iter()
+        .map(|i| i.name.clone())
+        .collect();
+    let images: Vec<&ImageSpec> = dependencies
+        .order(&names)
+        .iter()
+        .filter_map(|name| project.image(name))
+        .collect();
     for platform in only {
         if !images.iter().any(|i| i.platforms.contains(platform)) {
             return Err(Error::Usage(format!(
@@ -48,9 +62,22 @@ pub fn plan<'a>(
                     foreign: platform.os_arch() != native.os_arch(),
                 })
         })
-        .collect();
+        .collect::<Vec<Unit<'a>>>();
+    // A dependent waits for what it builds FROM: that must be built in this run.
+    for unit in &units {
+        for base in dependencies.dependencies(&unit.image.name) {
+            if !units.iter().any(|u| u.image.name == base) {
+                return Err(Error::Usage(format!(
+                    "{} builds FROM {base}, which this run builds for no platform (--platform {}); add a platform of {base} to --platform",
+                    unit.image.name,
+                    only.iter().map(Platform::to_string).collect::<Vec<_>>().join(",")
+                )));
+            }
+        }
+    }
     Ok(Plan {
         images,
+        dependencies,
         units,
         native: native.clone(),
     })

@@ -152,6 +152,8 @@ pub struct ImageSpec {
     /// `SOURCE_DATE_EPOCH`: build reproducibly, with every time stamp at most this (seconds
     /// since 1970).
     pub source_date_epoch: Option<u64>,
+    /// `reproducible: true`: without an explicit epoch, the context's last commit time.
+    pub reproducible: bool,
     pub network: Network,
     /// Per-image override of the project's `binfmt`.
     pub binfmt: Option<BinfmtMode>,
@@ -281,8 +283,9 @@ pub struct BuildFlags {
     pub require_provenance: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
-    /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image.
-    pub source_date_epoch: Option<u64>,
+    /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
+    /// `reproducible: true`.
+    pub source_date_epoch: Option<(u64, crate::epoch::EpochSource)>,
 }
 
 /// One `--secret` value, parsed (relative paths against the working directory).
@@ -337,7 +340,14 @@ impl ImageSpec {
 }
 
 /// Top-level keys the parser accepts (kept in sync with the schema by a test).
-pub const PROJECT_FIELDS: &[&str] = &["version", "binfmt", "binfmt_image", "builders", "images"];
+pub const PROJECT_FIELDS: &[&str] = &[
+    "version",
+    "binfmt",
+    "binfmt_image",
+    "reproducible",
+    "builders",
+    "images",
+];
 
 /// Per-image keys the parser accepts (kept in sync with serde and the schema by tests).
 pub const IMAGE_FIELDS: &[&str] = &[
@@ -357,6 +367,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "cache",
     "pull",
     "no_cache",
+    "reproducible",
     "provenance",
 ];
 
@@ -515,7 +526,12 @@ impl Project {
             for flag in &flags.annotations {
                 image.annotations.insert(flag);
             }
-            image.source_date_epoch = flags.source_date_epoch;
+            self.values
+                .extend(epoch_for(image, flags).map_err(|m| Error::Project {
+                    file: file.clone(),
+                    field: format!("images.{}.reproducible", image.name),
+                    message: one_line(&m),
+                })?);
             for reference in &flags.cache_from {
                 if !image.cache_from.contains(reference) {
                     image.cache_from.push(reference.clone());
@@ -563,6 +579,26 @@ impl Project {
     }
 }
 
+/// Sets the image's epoch (see [`crate::epoch::choose`]); where a `reproducible: true`
+/// image's epoch came from, for the record.
+fn epoch_for(
+    image: &mut ImageSpec,
+    flags: &BuildFlags,
+) -> std::result::Result<Option<values::Provenance>, String> {
+    let chosen = crate::epoch::choose(
+        flags.source_date_epoch.clone(),
+        image.reproducible,
+        &image.context,
+    )?;
+    image.source_date_epoch = chosen.as_ref().map(|(seconds, _)| *seconds);
+    Ok(chosen
+        .filter(|_| image.reproducible)
+        .map(|(_, source)| values::Provenance {
+            field: format!("images.{}.source_date_epoch", image.name),
+            source: values::Source::Epoch(source.record()),
+        }))
+}
+
 // ---------------------------------------------------------------------------------------
 // Raw, loosely typed shape of the file.
 
@@ -574,6 +610,7 @@ struct RawProject {
     version: Option<serde_norway::Value>,
     binfmt: Option<String>,
     binfmt_image: Option<String>,
+    reproducible: Option<String>,
     builders: Option<Entries<RawBuilder>>,
     images: Option<Entries<RawImage>>,
 }
@@ -654,6 +691,7 @@ struct RawImage {
     cache: Option<RawCache>,
     pull: Option<String>,
     no_cache: Option<String>,
+    reproducible: Option<String>,
     provenance: Option<String>,
     annotations: Option<Entries<String>>,
 }
@@ -998,15 +1036,31 @@ impl Cx {
                 "no images declared; add at least one, e.g. `images: {hello: {repository: registry.example.com/hello, tags: [v1], context: ., platforms: [linux/amd64]}}`",
             ));
         }
+        // The default of every image's own `reproducible:`.
+        let reproducible = match raw.reproducible {
+            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
+                self.err(
+                    "reproducible",
+                    format!(
+                        "{} is not a boolean; write `reproducible: true` or `reproducible: false`",
+                        q(&s)
+                    ),
+                )
+            })?,
+            None => false,
+        };
         let mut images: Vec<ImageSpec> = Vec::with_capacity(entries.len());
         for (name, img) in entries {
+            let inherits = img.reproducible.is_none();
             if images.iter().any(|i| i.name == name) {
                 return Err(self.err(
                     format!("images.{name}"),
                     "is declared twice; image names must be unique, rename or merge one",
                 ));
             }
-            images.push(self.image(name, img)?);
+            let mut image = self.image(name, img)?;
+            image.reproducible |= inherits && reproducible;
+            images.push(image);
         }
         Ok(Project {
             file: self.file.clone(),
@@ -1213,6 +1267,7 @@ impl Cx {
         };
         let pull = flag(raw.pull, "pull")?;
         let no_cache = flag(raw.no_cache, "no_cache")?;
+        let reproducible = flag(raw.reproducible, "reproducible")?;
         let provenance = flag(raw.provenance, "provenance")?;
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
@@ -1230,6 +1285,7 @@ impl Cx {
             labels,
             annotations,
             source_date_epoch: None,
+            reproducible,
             network,
             binfmt,
             secrets,
@@ -1807,6 +1863,7 @@ fn hint(segs: &[Seg]) -> String {
         "cache" => "cache: {from: [registry.example.com/app:buildcache], to: registry.example.com/app:buildcache}",
         "pull" => "pull: true",
         "no_cache" => "no_cache: true",
+        "reproducible" => "reproducible: true",
         "provenance" => "provenance: true",
         "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
         "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",

@@ -20,6 +20,18 @@ pub struct Pushed {
     pub build: BuildInfo,
 }
 
+/// The index of exactly the pushed platform manifests, in the project file's platform
+/// order (`pushed` is sorted so), not build completion order: the same pushes always
+/// make the same index.
+pub fn index_of(image: &ImageSpec, pushed: &mut [&Pushed]) -> Result<oci::ManifestBlob> {
+    pushed.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
+    let entries: Vec<IndexEntry> = pushed.iter().map(|p| p.entry.clone()).collect();
+    oci::image_index(&entries, &image.annotations.index).map_err(|m| Error::Registry {
+        registry: image.repository.clone(),
+        message: m,
+    })
+}
+
 /// Publishes one image: the index by digest, then every tag, then reads it back.
 pub async fn publish(
     destination: &impl ImageStore,
@@ -29,14 +41,7 @@ pub async fn publish(
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let mut mine = pushed.to_vec();
-    // Index order follows the project file, not build completion order.
-    mine.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
-    let entries: Vec<IndexEntry> = mine.iter().map(|p| p.entry.clone()).collect();
-    let index =
-        oci::image_index(&entries, &image.annotations.index).map_err(|m| Error::Registry {
-            registry: image.repository.clone(),
-            message: m,
-        })?;
+    let index = index_of(image, &mut mine)?;
     if image.provenance {
         attach_provenance(destination, image, &mine, reporter).await?;
     }

@@ -25,7 +25,8 @@ pub struct ValueSource {
     /// The field path, e.g. `images.api.tags[0]`.
     pub field: String,
     /// `env:NAME` (the variable's value), `default:NAME` (`${NAME:-…}`'s default, NAME being
-    /// unset) or `set` (`--set`).
+    /// unset) or `set` (`--set`); for a `reproducible: true` image's epoch also
+    /// `flag:--source-date-epoch` or `git:COMMIT`.
     pub source: String,
 }
 

@@ -737,6 +737,46 @@ fn netns_down_untrusted_and_refused_builders_fail_before_building_or_fall_back()
     let file = project(dir.path(), &repo, &format!("ssh://root@{}:2222", host.addr));
     refused(&file, &registry, &["Connection refused", "docker version"]);
 
+    // A builder on another host cannot pull what a dependent builds FROM from this
+    // machine's loopback registry: refused before anything is built (exit 2).
+    let deps = tempfile::tempdir().unwrap();
+    fs::create_dir_all(deps.path().join("app")).unwrap();
+    fs::write(deps.path().join("app/Dockerfile"), "FROM polyarch:hello\n").unwrap();
+    let file = project(
+        deps.path(),
+        &repo,
+        &tls(ENGINE_PORT, "ca.pem", "cert.pem", "key.pem"),
+    );
+    certs_into(
+        deps.path(),
+        &host,
+        &[
+            ("ca.pem", "ca.pem"),
+            ("client.pem", "cert.pem"),
+            ("client-key.pem", "key.pem"),
+        ],
+    );
+    let app = format!(
+        "  app:\n    repository: {}\n    tags: [v1]\n    context: app\n    platforms: [linux/amd64, linux/arm64]\n",
+        registry.repo(&unique_name("remote/app"))
+    );
+    fs::write(&file, fs::read_to_string(&file).unwrap() + &app).unwrap();
+    let out = run(polyarch_in(&[]).args(["build", "-f"]).arg(&file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert!(
+        errors.len() == 1
+            && errors[0].contains("app linux/arm64 builds FROM hello")
+            && errors[0].contains("cannot pull")
+            && errors[0].contains("this machine's loopback"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("[build"), "a build started:\n{stderr}");
+
     // The down builder with `fallback: emulate`: arm64 builds on the default engine, and
     // the output and the record say so.
     let down = format!("tcp://{}:{}", host.addr, ENGINE_PORT + 1);

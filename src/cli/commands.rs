@@ -4,7 +4,9 @@
 use super::args::*;
 use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
+use polyarch::dependencies::Graph;
 use polyarch::engine::Engine;
+use polyarch::epoch::EpochSource;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions};
 use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
@@ -66,6 +68,16 @@ async fn until_interrupted(
     }
 }
 
+/// Whether `--source-date-epoch` or the environment gave the epoch (clap reads both into
+/// one value): the environment's when it holds that very value.
+fn epoch_source(seconds: u64) -> EpochSource {
+    let from_env = std::env::var("SOURCE_DATE_EPOCH").ok();
+    match from_env.and_then(|v| v.trim().parse::<u64>().ok()) {
+        Some(env) if env == seconds => EpochSource::Env,
+        _ => EpochSource::Flag,
+    }
+}
+
 async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
     let BuildArgs {
         file,
@@ -116,9 +128,18 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         pull,
         no_cache,
         annotations: annotation,
-        source_date_epoch,
+        source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
         provenance,
         require_provenance,
+    };
+    // Selecting an image builds the images of the project it builds FROM too, with the
+    // same flags, as bake builds a target's `target:` contexts. A cycle is refused here,
+    // before any engine is asked.
+    polyarch::plan::select(&project, &images)?;
+    let graph = Graph::of(&project)?;
+    let images = match images.is_empty() {
+        true => images,
+        false => graph.order(&images),
     };
     project.prepare_build(&images, &flags, login)?;
     let options = BuildOptions {

@@ -1,6 +1,7 @@
 //! The build command end to end: plan → build → export → push → publish → verify → record.
 //! Tags move only after every platform manifest of an image is in the registry.
 
+mod dependents;
 mod emulation;
 mod together;
 mod unit;
@@ -46,6 +47,16 @@ pub struct BuildOptions {
     pub interrupt: tokio_util::sync::CancellationToken,
 }
 
+/// What the builds of a run leave for publishing.
+struct Built<'a> {
+    plan: plan::Plan<'a>,
+    destination: Destination,
+    pushed: Vec<Pushed>,
+    /// The dependents as built, from Dockerfiles naming what they build FROM by digest:
+    /// what their provenance names.
+    rebased: BTreeMap<String, ImageSpec>,
+}
+
 /// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
 /// before any tag moves.
 async fn build_units<'a>(
@@ -54,7 +65,7 @@ async fn build_units<'a>(
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
-) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+) -> Result<Built<'a>> {
     tokio::select! {
         built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
         _ = options.interrupt.cancelled() => Err(Error::Interrupted),
@@ -67,10 +78,77 @@ async fn build_and_push_all<'a>(
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
-) -> Result<(plan::Plan<'a>, Destination, Vec<Pushed>)> {
+) -> Result<Built<'a>> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
-    let destination = match &options.layout {
+    let destination = destination(&plan, options).await?;
+    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
+    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
+
+    let run = Run {
+        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        cleanup,
+        cache: PushCache::open(),
+        builds: BuildMemory::open(),
+        trust_inputs: !options.rebuild,
+        registry: options.registry.clone(),
+        replays: Default::default(),
+        bases: inputs::RemoteBases::new(&options.registry),
+        reporter,
+        fallbacks: builders.fallbacks.clone(),
+    };
+    let run = &run;
+    dependents::check_reachable(&plan, &builders, run)?;
+    // `--jobs` bounds the solves running at once: a platform's own, or one for several
+    // platforms of an image.
+    let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
+    let pins = dependents::Pins::new(&plan);
+    let shared = Shared {
+        destination: &destination,
+        builders: &builders,
+        emulation: &emulation,
+        jobs: &jobs,
+        run,
+    };
+    let (shared, pins, graph) = (&shared, &pins, &plan.dependencies);
+    let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
+    for unit in &plan.units {
+        match images
+            .iter_mut()
+            .find(|units| units[0].image.name == unit.image.name)
+        {
+            Some(units) => units.push(unit),
+            None => images.push(vec![unit]),
+        }
+    }
+    let per_image = futures_util::future::try_join_all(
+        images
+            .into_iter()
+            .map(|units| build_when_ready(units, graph, pins, shared)),
+    )
+    .await;
+    // What did get pushed is remembered even when another unit failed.
+    run.cache.save();
+    run.builds.save();
+    let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
+    for (image, spec) in per_image? {
+        pushed.extend(image);
+        if let Some(spec) = spec {
+            rebased.insert(spec.name.clone(), spec);
+        }
+    }
+    Ok(Built {
+        plan,
+        destination,
+        pushed,
+        rebased,
+    })
+}
+
+/// Where the images go: the registry, or with `--output oci:DIR` a layout of one image.
+async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<Destination> {
+    Ok(match &options.layout {
         Some(dir) => {
+            dependents::check_layout(plan, dir)?;
             if plan.images.len() != 1 {
                 return Err(Error::Usage(format!(
                     "--output oci:{} holds one image's tags; name one image ({})",
@@ -94,77 +172,74 @@ async fn build_and_push_all<'a>(
         None => {
             Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
         }
-    };
-    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
-    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
+    })
+}
 
-    let run = Run {
-        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
-        cleanup,
-        cache: PushCache::open(),
-        builds: BuildMemory::open(),
-        trust_inputs: !options.rebuild,
-        registry: options.registry.clone(),
-        replays: Default::default(),
-        bases: inputs::RemoteBases::new(&options.registry),
-        reporter,
-        fallbacks: builders.fallbacks.clone(),
-    };
-    let run = &run;
-    // `--jobs` bounds the solves running at once: a platform's own, or one for several
-    // platforms of an image.
-    let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
-    let (jobs, destination_ref, emulation, builders) = (&jobs, &destination, &emulation, &builders);
-    let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
-    for unit in &plan.units {
-        match images
-            .iter_mut()
-            .find(|units| units[0].image.name == unit.image.name)
-        {
-            Some(units) => units.push(unit),
-            None => images.push(vec![unit]),
+/// What every image's build of one run shares.
+struct Shared<'r> {
+    destination: &'r Destination,
+    builders: &'r Builders,
+    emulation: &'r EmulationPlan<'r>,
+    jobs: &'r tokio::sync::Semaphore,
+    run: &'r Run<'r>,
+}
+
+/// One image's platforms once the images it builds `FROM` are pushed (from a Dockerfile
+/// naming them by digest); then lets its own dependents start.
+async fn build_when_ready(
+    units: Vec<&Unit<'_>>,
+    graph: &crate::dependencies::Graph,
+    pins: &dependents::Pins,
+    shared: &Shared<'_>,
+) -> Result<(Vec<Pushed>, Option<ImageSpec>)> {
+    let image = units[0].image;
+    let rebased = dependents::rebased(image, graph, pins, shared.run).await?;
+    let rebased_units: Vec<Unit<'_>> = units
+        .iter()
+        .map(|unit| Unit {
+            image: rebased.as_ref().unwrap_or(image),
+            ..(*unit).clone()
+        })
+        .collect();
+    let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
+    let pushed = build_image(&units, shared).await?;
+    pins.pushed(shared.destination, image, &pushed).await?;
+    Ok((pushed, rebased))
+}
+
+/// One image's platforms: in one solve where the engine can (see [`solved_together`]),
+/// else a solve per platform.
+async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
+    let (destination, builders, emulation, jobs, run) = (
+        shared.destination,
+        shared.builders,
+        shared.emulation,
+        shared.jobs,
+        shared.run,
+    );
+    let together = match destination {
+        Destination::Registry(registry) => {
+            solved_together(units, builders, run).map(|engine| (engine, registry))
         }
+        Destination::Layout(_) => None,
+    };
+    if let Some((engine, registry)) = together {
+        return build_and_push_image(engine, destination, registry, units, emulation, jobs, run)
+            .await;
     }
-    let pushed: Result<Vec<Pushed>> =
-        futures_util::future::try_join_all(images.into_iter().map(|units| async move {
-            let together = match destination_ref {
-                Destination::Registry(registry) => {
-                    solved_together(&units, builders, run).map(|engine| (engine, registry))
-                }
-                Destination::Layout(_) => None,
-            };
-            if let Some((engine, registry)) = together {
-                return build_and_push_image(
-                    engine,
-                    destination_ref,
-                    registry,
-                    &units,
-                    emulation,
-                    jobs,
-                    run,
-                )
-                .await;
+    futures_util::future::try_join_all(units.iter().map(|unit| async move {
+        let engine = builders.for_unit(unit);
+        let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+        let emulated = emulation.is_emulated(unit);
+        match build_and_push(engine, destination, unit, emulated, run).await {
+            Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
+                let emulated = emulation.recheck(engine, unit, run.reporter).await?;
+                build_and_push(engine, destination, unit, emulated, run).await
             }
-            futures_util::future::try_join_all(units.iter().map(|unit| async move {
-                let engine = builders.for_unit(unit);
-                let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
-                let emulated = emulation.is_emulated(unit);
-                match build_and_push(engine, destination_ref, unit, emulated, run).await {
-                    Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
-                        let emulated = emulation.recheck(engine, unit, reporter).await?;
-                        build_and_push(engine, destination_ref, unit, emulated, run).await
-                    }
-                    outcome => outcome,
-                }
-            }))
-            .await
-        }))
-        .await
-        .map(|per_image| per_image.into_iter().flatten().collect());
-    // What did get pushed is remembered even when another unit failed.
-    run.cache.save();
-    run.builds.save();
-    Ok((plan, destination, pushed?))
+            outcome => outcome,
+        }
+    }))
+    .await
 }
 
 /// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
@@ -175,12 +250,23 @@ pub async fn build(
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
-    let (plan, destination, pushed) =
-        build_units(project, engine, options, cleanup, reporter).await?;
+    let built = build_units(project, engine, options, cleanup, reporter).await?;
     let mut coverage = Vec::new();
-    for image in &plan.images {
-        let mine: Vec<&Pushed> = pushed.iter().filter(|p| p.image == image.name).collect();
-        coverage.push(publish(&destination, image, &mine, &options.interrupt, reporter).await?);
+    for image in &built.plan.images {
+        let mine: Vec<&Pushed> = built
+            .pushed
+            .iter()
+            .filter(|p| p.image == image.name)
+            .collect();
+        let image = built.rebased.get(&image.name).unwrap_or(image);
+        let published = publish(
+            &built.destination,
+            image,
+            &mine,
+            &options.interrupt,
+            reporter,
+        );
+        coverage.push(published.await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -199,7 +285,8 @@ pub async fn build_part(
             "--push-by-digest pushes to the registry; drop --output".into(),
         ));
     }
-    let (plan, _, pushed) = build_units(project, engine, options, cleanup, reporter).await?;
+    let Built { plan, pushed, .. } =
+        build_units(project, engine, options, cleanup, reporter).await?;
     let images = plan
         .images
         .iter()

@@ -20,6 +20,8 @@ pub(super) enum Source {
     Default(String),
     /// `--set`, as given.
     Set(String),
+    /// A build's `SOURCE_DATE_EPOCH`, as [`crate::epoch::EpochSource::record`] names it.
+    Epoch(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +44,7 @@ impl Provenance {
                 Source::Env(name) => format!("env:{name}"),
                 Source::Default(name) => format!("default:{name}"),
                 Source::Set(_) => "set".to_string(),
+                Source::Epoch(source) => source.clone(),
             },
         }
     }
@@ -55,6 +58,7 @@ pub(super) fn note<'a>(sources: impl Iterator<Item = &'a Provenance>) -> String 
             Source::Env(name) => format!("${name}"),
             Source::Default(name) => format!("the default of ${{{name}}} (unset)"),
             Source::Set(text) => format!("--set {text}"),
+            Source::Epoch(source) => source.clone(),
         })
         .collect();
     match from.as_slice() {
@@ -239,11 +243,13 @@ pub(super) fn each_string<E>(
         version: _,
         binfmt,
         binfmt_image,
+        reproducible,
         builders,
         images,
     } = raw;
     one(f, "binfmt", binfmt)?;
     one(f, "binfmt_image", binfmt_image)?;
+    one(f, "reproducible", reproducible)?;
     for (key, builder) in builders.iter_mut().flat_map(|e| e.0.iter_mut()) {
         builder_strings(f, &format!("builders.{key}"), builder)?;
     }
@@ -265,6 +271,7 @@ pub(super) fn each_string<E>(
             cache,
             pull,
             no_cache,
+            reproducible,
             provenance,
             annotations,
         } = image;
@@ -291,6 +298,7 @@ pub(super) fn each_string<E>(
         }
         one(f, &at("pull"), pull)?;
         one(f, &at("no_cache"), no_cache)?;
+        one(f, &at("reproducible"), reproducible)?;
         one(f, &at("provenance"), provenance)?;
     }
     Ok(())
