@@ -100,7 +100,7 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
         logs.logs[failed].failure("exit code: 255", |m| Error::Build {
             image: "api".into(),
             platform: "linux/arm64".into(),
-            message: m,
+            source: BuildError::StepFailed(m),
         }),
         Error::Emulation(_)
     ));
@@ -128,7 +128,7 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
             Error::Build {
                 image: "api".into(),
                 platform: platform.to_string(),
-                message,
+                source: BuildError::StepFailed(message),
             }
         })
     };
@@ -136,7 +136,10 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
     // A program of another architecture copied into the image, run on the engine's own
     // platform: the build's failure, with the step and the log line that says why.
     match failure(false) {
-        Error::Build { message, .. } => {
+        Error::Build {
+            source: BuildError::StepFailed(message),
+            ..
+        } => {
             assert!(message.contains("at step `RUN /app`"), "{message}");
             assert!(message.contains("exec format error"), "{message}");
         }

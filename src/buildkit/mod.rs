@@ -34,6 +34,11 @@ pub enum SolveError {
         #[source]
         source: std::io::Error,
     },
+    /// The connection to the engine failed or closed under the build (the engine was
+    /// stopped, the network dropped): gRPC `Unavailable` or `Cancelled`, or a transport
+    /// error from the client's side.
+    #[error("{0}")]
+    Lost(String),
     /// BuildKit ran the build and it failed (its message, e.g. a RUN step's exit code).
     #[error("{0}")]
     Failed(String),
@@ -44,6 +49,23 @@ pub enum SolveError {
 }
 
 impl SolveError {
+    /// A failed solve: the engine's own answer carries no source, while a connection that
+    /// broke does (hyper, h2 or I/O), and a dead engine ends streams `Unavailable` or
+    /// `Cancelled`.
+    fn from_status(status: tonic::Status) -> SolveError {
+        use std::error::Error as _;
+        let message = status.message().to_string();
+        let lost = |message: String| match status.source() {
+            Some(source) => SolveError::Lost(format!("{message}: {source}")),
+            None => SolveError::Lost(message),
+        };
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::Cancelled => lost(message),
+            _ if status.source().is_some() => lost(message),
+            _ => SolveError::failed(message),
+        }
+    }
+
     /// BuildKit's failure, with the fix when a registry refused it credentials. BuildKit
     /// 0.8 says "pulling from host HOST failed … 401 Unauthorized", 0.13 "… request to
     /// http://HOST/v2/…: 401 Unauthorized".
@@ -186,7 +208,7 @@ pub async fn solve(
             exporter_response: response.into_inner().exporter_response,
             transfers: dirs.transfers(),
         }),
-        Err(status) => Err(SolveError::failed(status.message().to_string())),
+        Err(status) => Err(SolveError::from_status(status)),
     }
 }
 
