@@ -55,9 +55,18 @@ impl SolveError {
     fn from_status(status: tonic::Status) -> SolveError {
         use std::error::Error as _;
         let message = status.message().to_string();
-        let lost = |message: String| match status.source() {
-            Some(source) => SolveError::Lost(format!("{message}: {source}")),
-            None => SolveError::Lost(message),
+        // The transport's causes, each once: tonic's "transport error" wraps hyper's.
+        let lost = |message: String| {
+            let mut said = vec![message];
+            let mut cause = status.source();
+            while let Some(error) = cause {
+                let text = error.to_string();
+                if !said.contains(&text) {
+                    said.push(text);
+                }
+                cause = error.source();
+            }
+            SolveError::Lost(said.join(": "))
         };
         match status.code() {
             tonic::Code::Unavailable | tonic::Code::Cancelled => lost(message),

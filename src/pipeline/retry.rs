@@ -53,9 +53,13 @@ pub(super) async fn build_on_builders(unit: &Unit<'_>, shared: &Shared<'_>) -> R
         if candidate.location.probe().await.is_err() {
             continue;
         }
+        let why = match &error {
+            Error::Build { source, .. } => source.to_string(),
+            other => other.to_string(),
+        };
         shared.run.reporter.report(Event::Warning {
             message: format!(
-                "{} {}: builder {} was lost during the build ({error}); building again on {}",
+                "{} {}: builder {} was lost during the build ({why}); building again on {}",
                 unit.image.name, unit.platform, lost.endpoint, candidate.endpoint
             ),
         });
