@@ -194,25 +194,7 @@ async fn build_once(
         (failed.map(Stopped::Failed), None)
     };
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
-        match log.classify(&stopped) {
-            Some(BuildError::ImageLost(message)) => return Ok(Attempt::Lost(message)),
-            Some(kind) => return Err(failed(kind)),
-            None => {}
-        }
-        let message = stopped.message();
-        let exporting = log
-            .current_step
-            .as_deref()
-            .is_some_and(|step| step.starts_with("exporting to"));
-        if let (Output::Registry(repository), true) = (output, exporting) {
-            return Err(push_failure(
-                spec,
-                &platform.to_string(),
-                repository,
-                message,
-            ));
-        }
-        return Err(log.failure(message, |m| failed(BuildError::StepFailed(m))));
+        return stopped_build(&mut log, &stopped, spec, platform, output);
     }
     let (transfers, exporter_response) = solved
         .map(|s| (s.transfers, s.exporter_response))
@@ -252,6 +234,41 @@ async fn build_once(
         transfers,
         pushed: None,
     }))
+}
+
+/// A build the engine ended without an image: built again when the engine lost the image,
+/// else the failure of its kind (a push the engine made, a lost builder, a failing step).
+fn stopped_build(
+    log: &mut BuildLog<'_>,
+    stopped: &Stopped,
+    spec: &ImageSpec,
+    platform: &Platform,
+    output: Output<'_>,
+) -> Result<Attempt> {
+    let failed = |source: BuildError| Error::Build {
+        image: spec.name.clone(),
+        platform: platform.to_string(),
+        source,
+    };
+    match log.classify(stopped) {
+        Some(BuildError::ImageLost(message)) => return Ok(Attempt::Lost(message)),
+        Some(kind) => return Err(failed(kind)),
+        None => {}
+    }
+    let message = stopped.message();
+    let exporting = log
+        .current_step
+        .as_deref()
+        .is_some_and(|step| step.starts_with("exporting to"));
+    if let (Output::Registry(repository), true) = (output, exporting) {
+        return Err(push_failure(
+            spec,
+            &platform.to_string(),
+            repository,
+            message,
+        ));
+    }
+    Err(log.failure(message, |m| failed(BuildError::StepFailed(m))))
 }
 
 /// BuildKit's image exporter pushing by digest to `repository`: compressed once, never

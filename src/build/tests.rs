@@ -259,3 +259,29 @@ fn dockerignore_is_anchored_with_exceptions() {
         );
     }
 }
+
+#[test]
+fn the_engines_message_is_classified_in_one_place() {
+    let platform: Platform = "linux/amd64".parse().unwrap();
+    let started = AtomicBool::new(false);
+    let mut log = BuildLog::new("api", &platform, false, &started, &crate::progress::Silent);
+    log.step("[2/2] RUN make", 2, Some(2));
+    log.line("compiling");
+    match log.classify(&Stopped::Lost("transport error: connection closed".into())) {
+        Some(BuildError::BuilderLost(message)) => {
+            assert!(message.starts_with("transport error"), "{message}");
+            assert!(message.contains("at step `[2/2] RUN make`"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let digest =
+        "failed to get digest sha256:abc: open /var/lib/docker/image: no such file or directory";
+    assert!(matches!(
+        log.classify(&Stopped::Failed(digest.into())),
+        Some(BuildError::ImageLost(_))
+    ));
+    // A failing step is the build's own failure, explained with its log by the caller.
+    assert!(log
+        .classify(&Stopped::Failed("exit code: 2".into()))
+        .is_none());
+}

@@ -302,4 +302,35 @@ mod tests {
         let other = SolveError::failed("process exited with 1".into()).to_string();
         assert_eq!(other, "process exited with 1");
     }
+
+    #[test]
+    fn a_broken_connection_is_lost_and_buildkits_own_answer_a_failure() {
+        let lost =
+            |status: tonic::Status| matches!(SolveError::from_status(status), SolveError::Lost(_));
+        assert!(lost(tonic::Status::unavailable("connection refused")));
+        assert!(lost(tonic::Status::cancelled("context canceled")));
+        // A client-side transport error keeps its cause, said once.
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed connection",
+        )));
+        match SolveError::from_status(broken) {
+            SolveError::Lost(message) => {
+                assert_eq!(
+                    message.matches("peer closed connection").count(),
+                    1,
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A failing step, as BuildKit answers it: no transport cause.
+        let step = tonic::Status::unknown(
+            "process \"/bin/sh -c false\" did not complete successfully: exit code: 1",
+        );
+        assert!(matches!(
+            SolveError::from_status(step),
+            SolveError::Failed(_)
+        ));
+    }
 }
