@@ -175,6 +175,28 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
             return checks;
         }
     };
+    checks.extend(host_checks(&engine));
+    let Some(project) = project else {
+        return checks;
+    };
+    for (platform, list) in &project.builders {
+        for (i, spec) in list.iter().enumerate() {
+            let name = if list.len() > 1 {
+                format!("builder {platform} [{i}]")
+            } else {
+                format!("builder {platform}")
+            };
+            checks.push(builder_check(name, spec, list.len() > 1).await);
+        }
+    }
+    checks.extend(platform_checks(project, &engine, options).await);
+    checks.extend(registry_checks(project, options).await);
+    checks
+}
+
+/// BuildKit on the engine, and binfmt_misc where the engine is this host.
+fn host_checks(engine: &Engine) -> Vec<Check> {
+    let mut checks = Vec::new();
     checks.push(if engine.buildkit {
         check(
             "buildkit",
@@ -213,20 +235,13 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
             )
         });
     }
-    let Some(project) = project else {
-        return checks;
-    };
-    for (platform, list) in &project.builders {
-        for (i, spec) in list.iter().enumerate() {
-            let name = if list.len() > 1 {
-                format!("builder {platform} [{i}]")
-            } else {
-                format!("builder {platform}")
-            };
-            checks.push(builder_check(name, spec, list.len() > 1).await);
-        }
-    }
-    match plan_report(project, &engine, options).await {
+    checks
+}
+
+/// One line per image × platform: how it will build.
+async fn platform_checks(project: &Project, engine: &Engine, options: &BuildOptions) -> Vec<Check> {
+    let mut checks = Vec::new();
+    match plan_report(project, engine, options).await {
         Ok(lines) => {
             for line in lines {
                 let verdict = match line.execution {
@@ -246,6 +261,12 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
         }
         Err(e) => checks.push(check("platforms", Verdict::Fail, e.to_string(), None)),
     }
+    checks
+}
+
+/// Each image's registry: reachable, and accepting pushes with the credentials given.
+async fn registry_checks(project: &Project, options: &BuildOptions) -> Vec<Check> {
+    let mut checks = Vec::new();
     for image in &project.images {
         let outcome = async {
             let reference = first_tag(image)?;
