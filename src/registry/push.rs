@@ -98,6 +98,24 @@ impl Registry {
         }
         self.authenticate(reference, RegistryOperation::Push)
             .await?;
+        if self.mounted(reference, digest, elsewhere).await? {
+            remember();
+            skipped(progress);
+            return Ok(false);
+        }
+        self.upload(reference, digest, body, progress).await?;
+        remember();
+        Ok(true)
+    }
+
+    /// Mounts the blob from one of the repositories this run put it in; false when none
+    /// could (a registry that declines answers 202 and the blob is uploaded instead).
+    async fn mounted(
+        &self,
+        reference: &Reference,
+        digest: &str,
+        elsewhere: Vec<String>,
+    ) -> Result<bool> {
         for source_repo in elsewhere {
             let Ok(source) =
                 parse_reference(&format!("{}/{source_repo}:latest", reference.registry()))
@@ -111,11 +129,20 @@ impl Registry {
                 .await;
             // A registry that declines the mount answers 202 and we upload instead.
             if mounted.is_ok() && self.blob_exists(reference, digest).await? {
-                remember();
-                skipped(progress);
-                return Ok(false);
+                return Ok(true);
             }
         }
+        Ok(false)
+    }
+
+    /// Uploads the blob, streamed from its spool file or from memory.
+    async fn upload(
+        &self,
+        reference: &Reference,
+        digest: &str,
+        body: Body<'_>,
+        progress: Option<&BlobProgress<'_>>,
+    ) -> Result<()> {
         let what = format!("upload blob {digest}");
         match body {
             Body::File { path, size } => {
@@ -161,8 +188,7 @@ impl Registry {
                 .await?;
             }
         }
-        remember();
-        Ok(true)
+        Ok(())
     }
 
     /// Pushes a manifest under `reference` (a tag, or its own digest).
