@@ -1,6 +1,7 @@
 //! The gate's report as text for the terminal.
 
 use polyarch::gate::{Finding, FindingKind, GateReport, Severity};
+use polyarch::k8s::{ContainerGate, WorkloadGate};
 
 /// The report for the terminal: each gap with why and its fixes, images that could not be
 /// read, refusals, warnings, the pinned files, and a summary line.
@@ -26,66 +27,7 @@ pub fn render_text(report: &GateReport) -> String {
             if c.missing.is_empty() {
                 continue;
             }
-            let init = if c.init {
-                "init container"
-            } else {
-                "container"
-            };
-            let digest = c
-                .digest
-                .as_deref()
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default();
-            s.push_str(&format!(
-                "GAP {} {name} {init} `{}` ({}): image {}{digest} lacks {}, needed by pool(s) {}\n",
-                w.kind,
-                c.container,
-                w.source,
-                c.image,
-                c.missing.join(", "),
-                c.missing_pools.join(", "),
-            ));
-            for f in report.findings.iter().filter(|f| {
-                f.kind == FindingKind::EntryMismatch
-                    && f.source == w.source
-                    && f.container == c.container
-            }) {
-                let platform = f.platform.as_deref().unwrap_or_default();
-                let detail = report
-                    .images
-                    .iter()
-                    .filter(|i| i.image == c.image)
-                    .flat_map(|i| &i.entries)
-                    // Two entries may name one manifest (that is how an index lies).
-                    .find(|e| e.digest == f.entry && e.platform.to_string() == platform)
-                    .and_then(|e| e.detail.as_deref())
-                    .unwrap_or("another platform");
-                s.push_str(&format!(
-                    "  its {platform} entry is not a {platform} image: {detail}\n"
-                ));
-            }
-            if let Some(f) = &c.fixes {
-                s.push_str(&format!(
-                    "  fix: if polyarch builds this image, set in its polyarch.yaml entry: {}\n",
-                    f.polyarch_platforms
-                ));
-                match &f.node_affinity {
-                    Some(snippet) => {
-                        s.push_str(&format!(
-                            "  or keep the workload off those pools; under {}:\n",
-                            f.node_affinity_path
-                        ));
-                        for line in snippet.lines() {
-                            s.push_str("    ");
-                            s.push_str(line);
-                            s.push('\n');
-                        }
-                    }
-                    None => s.push_str(
-                        "  (no node affinity helps: no pool it can reach runs an arch all its images provide)\n",
-                    ),
-                }
-            }
+            gap(&mut s, report, w, c, &name);
         }
     }
     // Refusals and failures first, then warnings: what stops the deploy stays on top.
@@ -138,6 +80,68 @@ pub fn render_text(report: &GateReport) -> String {
         s.push('\n');
     }
     s
+}
+
+/// One container's gap: what it lacks, entries that are not what they claim, the fixes.
+fn gap(s: &mut String, report: &GateReport, w: &WorkloadGate, c: &ContainerGate, name: &str) {
+    let init = if c.init {
+        "init container"
+    } else {
+        "container"
+    };
+    let digest = c
+        .digest
+        .as_deref()
+        .map(|d| format!(" ({d})"))
+        .unwrap_or_default();
+    s.push_str(&format!(
+        "GAP {} {name} {init} `{}` ({}): image {}{digest} lacks {}, needed by pool(s) {}\n",
+        w.kind,
+        c.container,
+        w.source,
+        c.image,
+        c.missing.join(", "),
+        c.missing_pools.join(", "),
+    ));
+    for f in report.findings.iter().filter(|f| {
+        f.kind == FindingKind::EntryMismatch && f.source == w.source && f.container == c.container
+    }) {
+        let platform = f.platform.as_deref().unwrap_or_default();
+        let detail = report
+            .images
+            .iter()
+            .filter(|i| i.image == c.image)
+            .flat_map(|i| &i.entries)
+            // Two entries may name one manifest (that is how an index lies).
+            .find(|e| e.digest == f.entry && e.platform.to_string() == platform)
+            .and_then(|e| e.detail.as_deref())
+            .unwrap_or("another platform");
+        s.push_str(&format!(
+            "  its {platform} entry is not a {platform} image: {detail}\n"
+        ));
+    }
+    if let Some(f) = &c.fixes {
+        s.push_str(&format!(
+            "  fix: if polyarch builds this image, set in its polyarch.yaml entry: {}\n",
+            f.polyarch_platforms
+        ));
+        match &f.node_affinity {
+            Some(snippet) => {
+                s.push_str(&format!(
+                    "  or keep the workload off those pools; under {}:\n",
+                    f.node_affinity_path
+                ));
+                for line in snippet.lines() {
+                    s.push_str("    ");
+                    s.push_str(line);
+                    s.push('\n');
+                }
+            }
+            None => s.push_str(
+                "  (no node affinity helps: no pool it can reach runs an arch all its images provide)\n",
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
