@@ -1,6 +1,7 @@
 //! Validation of one entry under `images:`.
 
 use super::*;
+use crate::reference::is_tag;
 
 impl Cx {
     pub(super) fn image(&self, name: String, raw: RawImage) -> Result<ImageSpec> {
@@ -41,7 +42,7 @@ impl Cx {
         }
         for (i, tag) in tags.iter().enumerate() {
             let field = format!("images.{name}.tags[{i}]");
-            if !valid_tag(tag) {
+            if !is_tag(tag) {
                 return Err(self.err(
                     field,
                     format!(

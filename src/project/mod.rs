@@ -31,7 +31,7 @@ mod raw;
 
 use checks::{pick, Cx};
 use diagnostics::{clip, closest, q};
-use names::{check_repository, valid_image_name, valid_tag};
+use names::{check_repository, valid_image_name};
 use raw::{Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTls};
 mod values;
 pub use values::Override;

@@ -1,6 +1,9 @@
 //! Image names, repositories and tags, as distribution's `reference` grammar spells them.
 
 use super::*;
+use crate::reference::{
+    check_host, is_path_component, normalise, split_host, HostError, MAX_PATH_LENGTH,
+};
 
 /// `[a-z0-9][a-z0-9._-]*`: names are typed on the command line and used in file names.
 pub(super) fn valid_image_name(s: &str) -> bool {
@@ -8,16 +11,6 @@ pub(super) fn valid_image_name(s: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
         && chars
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))
-}
-
-/// Distribution's tag grammar `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
-pub(super) fn valid_tag(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
 }
 
 /// A distribution reference *name* (no tag, no digest); `Err` is the one-line message.
@@ -49,14 +42,22 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
             clip(name)
         ));
     }
-    if repo.len() > 255 {
+    let (host, path) = split_host(repo);
+    let pushed = normalise(host, path).1;
+    if pushed.len() > MAX_PATH_LENGTH && repo.len() > MAX_PATH_LENGTH {
         return Err(format!(
             "is {} characters long; repository names are at most 255, shorten it",
             repo.len()
         ));
     }
+    if pushed.len() > MAX_PATH_LENGTH {
+        return Err(format!(
+            "is {} characters long as Docker Hub's `{}`; repository paths are at most 255, shorten it",
+            pushed.len(),
+            clip(&pushed)
+        ));
+    }
     let comps: Vec<&str> = repo.split('/').collect();
-    let first_is_domain = |c: &str| c.contains('.') || c.contains(':') || c == "localhost";
     if comps.len() == 1 && repo.contains(':') && check_domain(repo).is_ok() {
         return Err(format!(
             "{} is only a registry host; add the repository path, e.g. `{}/team/app`",
@@ -74,19 +75,17 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
             clip(without)
         ));
     }
-    let path: &[&str] = if comps.len() > 1 && first_is_domain(comps[0]) {
-        check_domain(comps[0]).map_err(|m| format!("registry host {} {m}", q(comps[0])))?;
-        &comps[1..]
-    } else {
-        &comps[..]
-    };
+    if let Some(host) = host {
+        check_domain(host).map_err(|m| format!("registry host {} {m}", q(host)))?;
+    }
+    let path: Vec<&str> = path.split('/').collect();
     if path
         .iter()
         .any(|c| c.chars().any(|ch| ch.is_ascii_uppercase()))
     {
         let lowered: Vec<String> = path.iter().map(|c| c.to_ascii_lowercase()).collect();
-        let fixed = if path.len() < comps.len() {
-            format!("{}/{}", comps[0], lowered.join("/"))
+        let fixed = if let Some(host) = host {
+            format!("{host}/{}", lowered.join("/"))
         } else {
             lowered.join("/")
         };
@@ -96,67 +95,35 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
             clip(&fixed)
         ));
     }
-    for c in path {
+    for c in &path {
         check_path_component(c).map_err(|m| format!("{}: {m}", q(repo)))?;
     }
     Ok(())
 }
 
-/// `host[:port]`: a DNS name, IPv4 or `[IPv6]`.
+/// `host[:port]`: a DNS name, IPv4 or `[IPv6]`, in the shared grammar's terms.
 fn check_domain(d: &str) -> std::result::Result<(), String> {
-    let (host, port) = if let Some(rest) = d.strip_prefix('[') {
-        let Some(end) = rest.find(']') else {
-            return Err("has `[` without `]`; write IPv6 hosts as `[::1]:5000`".into());
-        };
-        let ip = &rest[..end];
-        if ip.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!(
-                "has {} which is not an IPv6 address; fix it, e.g. `[::1]:5000`",
-                q(ip)
-            ));
-        }
-        let after = &rest[end + 1..];
-        match after.strip_prefix(':') {
-            Some(p) => (None, Some(p)),
-            None if after.is_empty() => (None, None),
-            None => return Err("has text after `]`; write `[ADDRESS]:PORT`".into()),
-        }
-    } else {
-        match d.split_once(':') {
-            Some((h, p)) => (Some(h), Some(p)),
-            None => (Some(d), None),
-        }
-    };
-    if let Some(host) = host {
-        let ok_label = |l: &str| {
-            !l.is_empty()
-                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        };
-        if !host.split('.').all(ok_label) {
-            return Err(
-                "is not a valid host name; use letters, digits, `-` and `.` (e.g. registry.example.com:5000)"
-                    .into(),
-            );
-        }
-    }
-    if let Some(port) = port {
-        if port.is_empty()
-            || !port.bytes().all(|b| b.is_ascii_digit())
-            || port.parse::<u16>().is_err()
-        {
-            return Err(format!(
-                "has port {} which is not a number from 0 to 65535; fix it, e.g. `localhost:5000`",
-                q(port)
-            ));
-        }
-    }
-    Ok(())
+    check_host(d).map_err(|e| match e {
+        HostError::Unclosed => "has `[` without `]`; write IPv6 hosts as `[::1]:5000`".into(),
+        HostError::NotIpv6(ip) => format!(
+            "has {} which is not an IPv6 address; fix it, e.g. `[::1]:5000`",
+            q(ip)
+        ),
+        HostError::AfterBracket => "has text after `]`; write `[ADDRESS]:PORT`".into(),
+        HostError::Name => "is not a valid host name; use letters, digits, `-` and `.` (e.g. registry.example.com:5000)"
+            .into(),
+        HostError::Port(port) => format!(
+            "has port {} which is not a number from 0 to 65535; fix it, e.g. `localhost:5000`",
+            q(port)
+        ),
+    })
 }
 
 /// `[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*`.
 fn check_path_component(c: &str) -> std::result::Result<(), String> {
+    if is_path_component(c) {
+        return Ok(());
+    }
     if c.is_empty() {
         return Err("has an empty path component (`//`, or a leading or trailing `/`); remove the extra `/`".into());
     }
@@ -169,31 +136,8 @@ fn check_path_component(c: &str) -> std::result::Result<(), String> {
             q(&bad.to_string())
         ));
     }
-    let alnum = |ch: char| ch.is_ascii_lowercase() || ch.is_ascii_digit();
-    let bad_sep = || {
-        format!(
+    Err(format!(
             "{} has a misplaced separator; components start and end with a letter or digit and separate words with one `.`, one `_`, `__`, or dashes",
             q(c)
-        )
-    };
-    let mut sep = String::new();
-    let mut seen_alnum = false;
-    for ch in c.chars() {
-        if alnum(ch) {
-            if !sep.is_empty() {
-                let ok = sep == "." || sep == "_" || sep == "__" || sep.chars().all(|s| s == '-');
-                if !ok || !seen_alnum {
-                    return Err(bad_sep());
-                }
-                sep.clear();
-            }
-            seen_alnum = true;
-        } else {
-            sep.push(ch);
-        }
-    }
-    if !sep.is_empty() || !seen_alnum {
-        return Err(bad_sep());
-    }
-    Ok(())
+        ))
 }

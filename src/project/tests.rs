@@ -1463,3 +1463,88 @@ fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
     assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
     assert!(!arm.endpoint().unwrap().is_local());
 }
+
+/// The project file and the registry client judge names by one grammar: over many
+/// generated repositories (hosts good and bad, components of every separator, lengths
+/// around the limit), `repository:` is accepted exactly when the registry would parse it.
+#[test]
+fn repository_check_agrees_with_the_registry_parser() {
+    let hosts = [
+        "r.io",
+        "localhost",
+        "localhost:5000",
+        "127.0.0.1:5000",
+        "[::1]:5000",
+        "[::1]",
+        "Registry.Example.com:443",
+        "index.docker.io",
+        "docker.io",
+        "x.y:0",
+        "r.io:65535",
+        "r.io:65536",
+        "r.io:99999",
+        "r.io:",
+        ":5000",
+        "bad_host.io",
+        "-a.io",
+        "a-.io",
+        "a..b",
+        "[::1",
+        "[zz::1]:5000",
+        "[::1]x",
+        "[::1]:x",
+    ];
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |below: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % below as u64) as usize
+    };
+    let mut accepted = 0;
+    for _ in 0..20_000 {
+        let mut repo = String::new();
+        match next(4) {
+            0 => {}
+            1 => {
+                let alphabet = b"ab1.-:[]_";
+                for _ in 0..1 + next(6) {
+                    repo.push(alphabet[next(alphabet.len())] as char);
+                }
+                repo.push('/');
+            }
+            _ => repo.push_str(&format!("{}/", hosts[next(hosts.len())])),
+        }
+        for i in 0..1 + next(4) {
+            if i > 0 {
+                repo.push('/');
+            }
+            if next(20) == 0 {
+                repo.push_str(&"a".repeat(240 + next(25)));
+                continue;
+            }
+            let words = ["a", "b1", "0", "a.b", "a_b", "a__b", "a---b", "demo"];
+            if next(3) > 0 {
+                repo.push_str(words[next(words.len())]);
+                continue;
+            }
+            let alphabet = b"aaab09.._--_A! ";
+            for _ in 0..next(7) {
+                repo.push(alphabet[next(alphabet.len())] as char);
+            }
+        }
+        let ours = check_repository(&repo);
+        let registry = crate::registry::parse_reference(&repo);
+        assert_eq!(
+            ours.is_ok(),
+            registry.is_ok(),
+            "{repo:?}: project {ours:?}, registry {:?}",
+            registry.err().map(|e| e.to_string())
+        );
+        accepted += usize::from(ours.is_ok());
+    }
+    assert!(
+        (2_000..18_000).contains(&accepted),
+        "{accepted} of 20000 accepted"
+    );
+}

@@ -6,12 +6,11 @@ mod clients;
 mod failure;
 mod probe;
 mod push;
-mod reference;
 mod referrers;
 
+pub use crate::reference::parse_reference;
 pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
-pub use reference::parse_reference;
 
 use crate::credentials::{self, Credential};
 use crate::oci;
