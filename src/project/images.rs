@@ -6,21 +6,7 @@ use crate::reference::is_tag;
 impl Cx {
     pub(super) fn image(&self, name: String, raw: RawImage) -> Result<ImageSpec> {
         let at = |f: &str| format!("images.{name}.{f}");
-        if !valid_image_name(&name) {
-            let lower = name.to_ascii_lowercase();
-            let hint = if valid_image_name(&lower) {
-                format!(" (e.g. `{lower}`)")
-            } else {
-                String::new()
-            };
-            return Err(self.err(
-                format!("images.{name}"),
-                format!(
-                    "{} is not a valid image name; use lowercase letters, digits, `.`, `_` and `-`, starting with a letter or digit{hint}",
-                    q(&name)
-                ),
-            ));
-        }
+        self.image_name(&name)?;
         let missing =
             |f: &str, example: &str| self.err(at(f), format!("missing; add it, e.g. `{example}`"));
 
@@ -30,34 +16,7 @@ impl Cx {
             .ok_or_else(|| missing("repository", "repository: registry.example.com/team/app"))?;
         check_repository(&repository).map_err(|m| self.err(at("repository"), m))?;
 
-        // tags
-        let tags = raw
-            .tags
-            .ok_or_else(|| missing("tags", "tags: [v1, latest]"))?;
-        if tags.is_empty() {
-            return Err(self.err(
-                at("tags"),
-                "is empty; list at least one tag, e.g. `tags: [v1, latest]`",
-            ));
-        }
-        for (i, tag) in tags.iter().enumerate() {
-            let field = format!("images.{name}.tags[{i}]");
-            if !is_tag(tag) {
-                return Err(self.err(
-                    field,
-                    format!(
-                        "{} is not a valid tag; use 1 to 128 letters, digits, `_`, `.` or `-`, not starting with `.` or `-`",
-                        q(tag)
-                    ),
-                ));
-            }
-            if let Some(j) = tags[..i].iter().position(|t| t == tag) {
-                return Err(self.err(
-                    field,
-                    format!("{} repeats tags[{j}]; remove the duplicate", q(tag)),
-                ));
-            }
-        }
+        let tags = self.tags(&name, raw.tags)?;
 
         // context
         let context_raw = raw
@@ -81,71 +40,11 @@ impl Cx {
             (looked, PathBuf::from(dockerfile_raw))
         };
 
-        // platforms
-        // platforms
-        let platform_strs = raw
-            .platforms
-            .ok_or_else(|| missing("platforms", "platforms: [linux/amd64, linux/arm64]"))?;
-        if platform_strs.is_empty() {
-            return Err(self.err(
-                at("platforms"),
-                "is empty; list at least one platform, e.g. `platforms: [linux/amd64, linux/arm64]`",
-            ));
-        }
-        let mut platforms: Vec<Platform> = Vec::with_capacity(platform_strs.len());
-        for (i, s) in platform_strs.iter().enumerate() {
-            let field = format!("images.{name}.platforms[{i}]");
-            let p: Platform = s.parse().map_err(|e| self.err(&field, format!("{e}")))?;
-            if p.os != "linux" {
-                return Err(self.err(
-                    field,
-                    format!(
-                        "{}: polyarch builds Linux images (its builders are Linux Docker engines); use linux/{}",
-                        q(s),
-                        p.architecture
-                    ),
-                ));
-            }
-            if let Some(j) = platforms.iter().position(|x| *x == p) {
-                return Err(self.err(
-                    field,
-                    format!(
-                        "{} is the same platform as platforms[{j}] ({}) once normalised to {p}; remove one",
-                        q(s),
-                        q(&platform_strs[j])
-                    ),
-                ));
-            }
-            platforms.push(p);
-        }
+        let platforms = self.platforms(&name, raw.platforms)?;
 
         // build args, labels
-        let mut build_args = BTreeMap::new();
-        for (k, v) in raw.build_args.map(|e| e.0).unwrap_or_default() {
-            let field = format!("images.{name}.build_args.{k}");
-            if k.is_empty() || k.contains('=') || k.contains(char::is_whitespace) {
-                return Err(self.err(
-                    field,
-                    format!("{} is not a build argument name; use a name without `=` or spaces, e.g. GREETING", q(&k)),
-                ));
-            }
-            if build_args.insert(k, v).is_some() {
-                return Err(self.err(field, "is given twice; keep one"));
-            }
-        }
-        let mut labels = BTreeMap::new();
-        for (k, v) in raw.labels.map(|e| e.0).unwrap_or_default() {
-            let field = format!("images.{name}.labels.{k}");
-            if k.trim().is_empty() {
-                return Err(self.err(
-                    field,
-                    "has an empty label key; use a key such as org.opencontainers.image.source",
-                ));
-            }
-            if labels.insert(k, v).is_some() {
-                return Err(self.err(field, "is given twice; keep one"));
-            }
-        }
+        let build_args = self.build_args(&name, raw.build_args)?;
+        let labels = self.labels(&name, raw.labels)?;
 
         let mut annotations = Annotations::default();
         for (k, v) in raw.annotations.map(|e| e.0).unwrap_or_default() {
@@ -230,6 +129,148 @@ impl Cx {
             require_provenance: provenance,
             login: None,
         })
+    }
+
+    /// `[a-z0-9][a-z0-9._-]*`, with the lowercase spelling offered when it would do.
+    fn image_name(&self, name: &str) -> Result<()> {
+        if !valid_image_name(&name) {
+            let lower = name.to_ascii_lowercase();
+            let hint = if valid_image_name(&lower) {
+                format!(" (e.g. `{lower}`)")
+            } else {
+                String::new()
+            };
+            return Err(self.err(
+                format!("images.{name}"),
+                format!(
+                    "{} is not a valid image name; use lowercase letters, digits, `.`, `_` and `-`, starting with a letter or digit{hint}",
+                    q(name)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A list that must be there and hold something: `tags:`, `platforms:`.
+    fn required_list(
+        &self,
+        name: &str,
+        field: &str,
+        list: Option<Vec<String>>,
+        what: &str,
+        example: &str,
+    ) -> Result<Vec<String>> {
+        let at = format!("images.{name}.{field}");
+        let list = list
+            .ok_or_else(|| self.err(&at, format!("missing; add it, e.g. `{field}: {example}`")))?;
+        if list.is_empty() {
+            return Err(self.err(
+                at,
+                format!("is empty; list at least one {what}, e.g. `{field}: {example}`"),
+            ));
+        }
+        Ok(list)
+    }
+
+    fn tags(&self, name: &str, tags: Option<Vec<String>>) -> Result<Vec<String>> {
+        let tags = self.required_list(name, "tags", tags, "tag", "[v1, latest]")?;
+        for (i, tag) in tags.iter().enumerate() {
+            let field = format!("images.{name}.tags[{i}]");
+            if !is_tag(tag) {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{} is not a valid tag; use 1 to 128 letters, digits, `_`, `.` or `-`, not starting with `.` or `-`",
+                        q(tag)
+                    ),
+                ));
+            }
+            if let Some(j) = tags[..i].iter().position(|t| t == tag) {
+                return Err(self.err(
+                    field,
+                    format!("{} repeats tags[{j}]; remove the duplicate", q(tag)),
+                ));
+            }
+        }
+
+        Ok(tags)
+    }
+
+    fn platforms(&self, name: &str, platforms: Option<Vec<String>>) -> Result<Vec<Platform>> {
+        let platform_strs = self.required_list(
+            name,
+            "platforms",
+            platforms,
+            "platform",
+            "[linux/amd64, linux/arm64]",
+        )?;
+        let mut platforms: Vec<Platform> = Vec::with_capacity(platform_strs.len());
+        for (i, s) in platform_strs.iter().enumerate() {
+            let field = format!("images.{name}.platforms[{i}]");
+            let p: Platform = s.parse().map_err(|e| self.err(&field, format!("{e}")))?;
+            if p.os != "linux" {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{}: polyarch builds Linux images (its builders are Linux Docker engines); use linux/{}",
+                        q(s),
+                        p.architecture
+                    ),
+                ));
+            }
+            if let Some(j) = platforms.iter().position(|x| *x == p) {
+                return Err(self.err(
+                    field,
+                    format!(
+                        "{} is the same platform as platforms[{j}] ({}) once normalised to {p}; remove one",
+                        q(s),
+                        q(&platform_strs[j])
+                    ),
+                ));
+            }
+            platforms.push(p);
+        }
+
+        Ok(platforms)
+    }
+
+    fn build_args(
+        &self,
+        name: &str,
+        raw: Option<Entries<String>>,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut build_args = BTreeMap::new();
+        for (k, v) in raw.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{name}.build_args.{k}");
+            if k.is_empty() || k.contains('=') || k.contains(char::is_whitespace) {
+                return Err(self.err(
+                    field,
+                    format!("{} is not a build argument name; use a name without `=` or spaces, e.g. GREETING", q(&k)),
+                ));
+            }
+            if build_args.insert(k, v).is_some() {
+                return Err(self.err(field, "is given twice; keep one"));
+            }
+        }
+        Ok(build_args)
+    }
+
+    fn labels(&self, name: &str, raw: Option<Entries<String>>) -> Result<BTreeMap<String, String>> {
+        let mut labels = BTreeMap::new();
+        for (k, v) in raw.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{name}.labels.{k}");
+            if k.trim().is_empty() {
+                return Err(self.err(
+                    field,
+                    "has an empty label key; use a key such as org.opencontainers.image.source",
+                ));
+            }
+            if labels.insert(k, v).is_some() {
+                return Err(self.err(field, "is given twice; keep one"));
+            }
+        }
+
+        Ok(labels)
     }
 
     /// `secrets: {ID: {file: PATH} | {env: NAME}}`; files relative to the project file.
