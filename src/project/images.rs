@@ -7,39 +7,21 @@ impl Cx {
     pub(super) fn image(&self, name: String, raw: RawImage) -> Result<ImageSpec> {
         let at = |f: &str| format!("images.{name}.{f}");
         self.image_name(&name)?;
-        let missing =
-            |f: &str, example: &str| self.err(at(f), format!("missing; add it, e.g. `{example}`"));
 
         // repository
-        let repository = raw
-            .repository
-            .ok_or_else(|| missing("repository", "repository: registry.example.com/team/app"))?;
+        let repository = raw.repository.ok_or_else(|| {
+            self.missing(
+                &name,
+                "repository",
+                "repository: registry.example.com/team/app",
+            )
+        })?;
         check_repository(&repository).map_err(|m| self.err(at("repository"), m))?;
 
         let tags = self.tags(&name, raw.tags)?;
 
-        // context
-        let context_raw = raw
-            .context
-            .ok_or_else(|| missing("context", "context: ."))?;
-        if context_raw.trim().is_empty() {
-            return Err(self.err(
-                at("context"),
-                "is empty; give the build directory relative to the project file, e.g. `context: .`",
-            ));
-        }
-        let looked = self.base.join(&context_raw);
-        // Commands that build nothing never open the context or Dockerfile.
-        let dockerfile_raw = raw.dockerfile.unwrap_or_else(|| "Dockerfile".to_string());
-        let (context, dockerfile) = if self.purpose == Purpose::Build {
-            let context = self.context(&at("context"), &looked)?;
-            let dockerfile = self.dockerfile(&at("dockerfile"), &context, &dockerfile_raw)?;
-            (context, dockerfile)
-        } else {
-            self.dockerfile_written(&at("dockerfile"), &looked, &dockerfile_raw)?;
-            (looked, PathBuf::from(dockerfile_raw))
-        };
-
+        let (context, dockerfile) =
+            self.context_and_dockerfile(&name, raw.context, raw.dockerfile)?;
         let platforms = self.platforms(&name, raw.platforms)?;
 
         // build args, labels
@@ -53,23 +35,7 @@ impl Cx {
                 .map_err(|e| self.err(format!("images.{name}.annotations.{k}"), e.to_string()))?;
         }
 
-        // target
-        let target = match raw.target {
-            Some(t) if t.trim().is_empty() => return Err(self.err(
-                at("target"),
-                "is empty; name a stage of the Dockerfile (`FROM … AS NAME`) or remove `target:`",
-            )),
-            Some(t) if t.contains(char::is_whitespace) => {
-                return Err(self.err(
-                    at("target"),
-                    format!(
-                        "{} contains whitespace; name a single stage of the Dockerfile",
-                        q(&t)
-                    ),
-                ))
-            }
-            other => other,
-        };
+        let target = self.target(&name, raw.target)?;
 
         let network = match raw.network {
             Some(s) => {
@@ -131,9 +97,56 @@ impl Cx {
         })
     }
 
+    /// The build directory and the Dockerfile in it; only a build opens them.
+    fn context_and_dockerfile(
+        &self,
+        name: &str,
+        context: Option<String>,
+        dockerfile: Option<String>,
+    ) -> Result<(PathBuf, PathBuf)> {
+        let at = |f: &str| format!("images.{name}.{f}");
+        let context_raw = context.ok_or_else(|| self.missing(name, "context", "context: ."))?;
+        if context_raw.trim().is_empty() {
+            return Err(self.err(
+                at("context"),
+                "is empty; give the build directory relative to the project file, e.g. `context: .`",
+            ));
+        }
+        let looked = self.base.join(&context_raw);
+        // Commands that build nothing never open the context or Dockerfile.
+        let dockerfile_raw = dockerfile.unwrap_or_else(|| "Dockerfile".to_string());
+        Ok(if self.purpose == Purpose::Build {
+            let context = self.context(&at("context"), &looked)?;
+            let dockerfile = self.dockerfile(&at("dockerfile"), &context, &dockerfile_raw)?;
+            (context, dockerfile)
+        } else {
+            self.dockerfile_written(&at("dockerfile"), &looked, &dockerfile_raw)?;
+            (looked, PathBuf::from(dockerfile_raw))
+        })
+    }
+
+    /// A single stage name, if any.
+    fn target(&self, name: &str, target: Option<String>) -> Result<Option<String>> {
+        let at = |f: &str| format!("images.{name}.{f}");
+        match target {
+            Some(t) if t.trim().is_empty() => Err(self.err(
+                at("target"),
+                "is empty; name a stage of the Dockerfile (`FROM … AS NAME`) or remove `target:`",
+            )),
+            Some(t) if t.contains(char::is_whitespace) => Err(self.err(
+                at("target"),
+                format!(
+                    "{} contains whitespace; name a single stage of the Dockerfile",
+                    q(&t)
+                ),
+            )),
+            other => Ok(other),
+        }
+    }
+
     /// `[a-z0-9][a-z0-9._-]*`, with the lowercase spelling offered when it would do.
     fn image_name(&self, name: &str) -> Result<()> {
-        if !valid_image_name(&name) {
+        if !valid_image_name(name) {
             let lower = name.to_ascii_lowercase();
             let hint = if valid_image_name(&lower) {
                 format!(" (e.g. `{lower}`)")
@@ -151,6 +164,14 @@ impl Cx {
         Ok(())
     }
 
+    /// A required field that is absent, with an example to copy.
+    fn missing(&self, name: &str, field: &str, example: &str) -> Error {
+        self.err(
+            format!("images.{name}.{field}"),
+            format!("missing; add it, e.g. `{example}`"),
+        )
+    }
+
     /// A list that must be there and hold something: `tags:`, `platforms:`.
     fn required_list(
         &self,
@@ -161,8 +182,7 @@ impl Cx {
         example: &str,
     ) -> Result<Vec<String>> {
         let at = format!("images.{name}.{field}");
-        let list = list
-            .ok_or_else(|| self.err(&at, format!("missing; add it, e.g. `{field}: {example}`")))?;
+        let list = list.ok_or_else(|| self.missing(name, field, &format!("{field}: {example}")))?;
         if list.is_empty() {
             return Err(self.err(
                 at,
