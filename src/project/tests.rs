@@ -1415,27 +1415,40 @@ fn verify_reads_no_build_inputs() {
     assert_eq!(f, "images.hello.context");
 }
 
-/// The CI example's project file takes its registry and version from the job.
-#[test]
-fn the_ci_example_reads_its_release_from_the_environment() {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch.yaml");
-    let env = |name: &str| match name {
+/// The CI job's environment, as the examples under examples/ci/ expect it.
+fn ci_job(name: &str) -> Option<String> {
+    match name {
         "REGISTRY" => Some("ghcr.io".to_string()),
         "VERSION" => Some("v1.4.3".to_string()),
+        "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
         _ => None,
-    };
+    }
+}
+
+/// A project file of examples/ci/ and the options to read it in the CI job.
+fn ci_example(file: &str) -> (PathBuf, LoadOptions<'static>) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/ci")
+        .join(file);
     let options = LoadOptions {
         purpose: Purpose::Verify,
         overrides: &[],
-        env: &env,
+        env: &ci_job,
     };
+    (file, options)
+}
+
+/// The CI example's project file takes its registry and version from the job.
+#[test]
+fn the_ci_example_reads_its_release_from_the_environment() {
+    let (file, options) = ci_example("polyarch.yaml");
     let p = Project::load(&file, &options).unwrap();
     let api = p.image("api").unwrap();
     assert_eq!(api.repository, "ghcr.io/acme/api");
     assert_eq!(api.tags, ["v1.4.3", "latest"]);
     assert_eq!(api.labels["org.opencontainers.image.revision"], "unknown");
     let without = LoadOptions {
-        env: &|name: &str| env(name).filter(|_| name != "VERSION"),
+        env: &|name: &str| ci_job(name).filter(|_| name != "VERSION"),
         ..options
     };
     let (f, m, _) = project_err(Project::load(&file, &without));
@@ -1446,18 +1459,7 @@ fn the_ci_example_reads_its_release_from_the_environment() {
 /// The ssh builder example names its builder from the job too.
 #[test]
 fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/ci/polyarch-ssh.yaml");
-    let env = |name: &str| match name {
-        "REGISTRY" => Some("ghcr.io".to_string()),
-        "VERSION" => Some("v1.4.3".to_string()),
-        "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
-        _ => None,
-    };
-    let options = LoadOptions {
-        purpose: Purpose::Verify,
-        overrides: &[],
-        env: &env,
-    };
+    let (file, options) = ci_example("polyarch-ssh.yaml");
     let p = Project::load(&file, &options).unwrap();
     let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0];
     assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
