@@ -123,29 +123,6 @@ async fn plan_lines(
     Ok(lines)
 }
 
-pub fn render_plan(lines: &[PlanLine]) -> String {
-    let mut out = String::new();
-    for line in lines {
-        out += &format!(
-            "{:<12} {:<16} {:<52} builder {}\n",
-            line.image,
-            line.platform.to_string(),
-            line.execution.describe(),
-            line.builder
-        );
-        if !line.after.is_empty() {
-            out += &format!(
-                "  after: {} (builds FROM it, by the digest just pushed)\n",
-                line.after.join(", ")
-            );
-        }
-        if let Some(w) = &line.warning {
-            out += &format!("  warning: {w}\n");
-        }
-    }
-    out
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
@@ -341,20 +318,4 @@ async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check
             Some("check the engine's BuildKit (dockerd's features.buildkit) and what sits between polyarch and the engine"),
         ),
     }
-}
-
-pub fn render_checks(checks: &[Check]) -> String {
-    let mut out = String::new();
-    for c in checks {
-        let tag = match c.verdict {
-            Verdict::Ok => "ok  ",
-            Verdict::Warn => "warn",
-            Verdict::Fail => "FAIL",
-        };
-        out += &format!("{tag} {:<32} {}\n", c.name, c.detail);
-        if let (Some(fix), false) = (&c.fix, c.verdict == Verdict::Ok) {
-            out += &format!("     fix: {fix}\n");
-        }
-    }
-    out
 }

@@ -251,7 +251,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     }
     match args.output.output_format {
         OutputFormat::Json => println!("{}", report.to_json()),
-        OutputFormat::Text => print!("{}", polyarch::gate::render_text(&report)),
+        OutputFormat::Text => print!("{}", super::render::gate::render_text(&report)),
     }
     Ok(report.exit_code())
 }
@@ -270,7 +270,7 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&lines).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", polyarch::doctor::render_plan(&lines)),
+        OutputFormat::Text => print!("{}", super::render::doctor::render_plan(&lines)),
     }
     Ok(exit::COVERED)
 }
@@ -291,7 +291,7 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&checks).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", polyarch::doctor::render_checks(&checks)),
+        OutputFormat::Text => print!("{}", super::render::doctor::render_checks(&checks)),
     }
     let failed = checks
         .iter()

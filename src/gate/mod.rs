@@ -31,10 +31,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 mod pin;
-mod render;
 
 use pin::{check_pin_dir, pin};
-pub use render::render_text;
 
 /// The gate record's JSON Schema, shipped as `schema/gate.schema.json`.
 pub const SCHEMA_JSON: &str = include_str!("../../schema/gate.schema.json");

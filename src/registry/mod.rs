@@ -6,6 +6,7 @@ mod clients;
 mod failure;
 mod probe;
 mod push;
+mod read;
 mod referrers;
 
 pub use crate::reference::parse_reference;
@@ -23,6 +24,7 @@ use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use probe::{ask_plain_v2, certs_d_files, has_port};
+use read::read_limited;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
@@ -314,12 +316,11 @@ impl Registry {
         .clone()
     }
 
-    /// Runs one registry call with bounded, jittered retries of transient failures, with
-    /// the run's token where the registry wants one (fetched again once when refused).
-    /// Every oci-client call goes through here.
+    /// Runs one oci-client call with the run's auth, retried as [`Registry::authorized`]
+    /// says. Every oci-client call goes through here.
     async fn call<'a, T, F, Fut>(
         &'a self,
-        reference: &Reference,
+        reference: &'a Reference,
         what: &str,
         mut op: F,
     ) -> Result<T>
@@ -328,27 +329,41 @@ impl Registry {
         Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
     {
         let client = self.client_for(reference).await?;
+        self.authorized(reference, what, |auth, token| {
+            let call = op(client, auth.clone());
+            async move {
+                // oci-client keeps a token per repository and operation and fetches its
+                // own on a miss; handed the run's token for both, it never does. With a
+                // bearer it only stores it: nothing can fail.
+                if token {
+                    for operation in [RegistryOperation::Pull, RegistryOperation::Push] {
+                        let _ = client.auth(reference, &auth, operation).await;
+                    }
+                }
+                call.await.map_err(Attempt::from)
+            }
+        })
+        .await
+    }
+
+    /// Runs one registry request with bounded, jittered retries of transient failures,
+    /// with the run's token where the registry wants one (fetched again once when
+    /// refused); `op` is told whether its auth is that token.
+    async fn authorized<T, F, Fut>(&self, reference: &Reference, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(RegistryAuth, bool) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Attempt>>,
+    {
         let mut renewed = false;
         loop {
             let (auth, token) = match self.challenge(reference).await {
                 Some(challenge) => {
                     let token = self.token(reference, &challenge, false).await?;
-                    let auth = RegistryAuth::Bearer(token.clone());
-                    // oci-client keeps a token per repository and operation and fetches its
-                    // own on a miss; handed the run's token for both, it never does. With
-                    // a bearer it only stores it: nothing can fail.
-                    for operation in [RegistryOperation::Pull, RegistryOperation::Push] {
-                        let _ = client.auth(reference, &auth, operation).await;
-                    }
-                    (auth, Some(token))
+                    (RegistryAuth::Bearer(token.clone()), Some(token))
                 }
                 None => (self.auth_for(reference.registry())?, None),
             };
-            let attempt = || {
-                let call = op(client, auth.clone());
-                async move { call.await.map_err(Attempt::from) }
-            };
-            match self.retrying(attempt).await {
+            match self.retrying(|| op(auth.clone(), token.is_some())).await {
                 Ok(value) => return Ok(value),
                 // A registry refuses a token that lapsed early or lacks a scope it now
                 // wants: one new token, asked with every scope, then the call again.
@@ -432,8 +447,6 @@ impl Registry {
         .await
     }
 
-    /// Reads a manifest; oci-client checks the body against the requested digest or the
-    /// registry's Docker-Content-Digest. Returns the bytes and their digest.
     /// The digest a tag resolves to now, by a HEAD request: no manifest is downloaded,
     /// which Docker Hub would count as a pull.
     pub async fn manifest_digest(&self, reference: &Reference) -> Result<String> {
@@ -443,6 +456,8 @@ impl Registry {
         .await
     }
 
+    /// Reads a manifest, checked against the requested digest or the registry's
+    /// Docker-Content-Digest. Returns the bytes and their digest.
     pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
         let Some(by_digest) = reference.digest() else {
             return self.read_manifest(reference).await;
@@ -464,67 +479,49 @@ impl Registry {
     }
 
     async fn read_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
-        let (bytes, digest) = self
-            .call(reference, "read manifest", |c, auth| async move {
-                c.pull_manifest_raw(reference, &auth, oci::ACCEPTED_MANIFESTS)
-                    .await
-            })
+        let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
+        let (bytes, announced) = self
+            .get(
+                reference,
+                "read manifest",
+                &format!("manifests/{wanted}"),
+                &oci::ACCEPTED_MANIFESTS.join(", "),
+                |response| async move {
+                    let announced = response
+                        .headers()
+                        .get("Docker-Content-Digest")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    Ok((read_limited(response).await?, announced))
+                },
+            )
             .await?;
         if bytes.len() > MAX_JSON_BLOB {
             return Err(Error::Registry {
                 registry: reference.registry().to_string(),
-                message: format!("manifest of {reference} is {} bytes; refusing to read more than {MAX_JSON_BLOB}", bytes.len()),
+                message: format!("manifest of {reference} is larger than {MAX_JSON_BLOB} bytes; refusing to read more"),
             });
         }
         let computed = oci::sha256_digest(&bytes);
-        if computed != digest {
-            return Err(digest_mismatch(reference, &digest, &computed));
+        // Checked against the digest asked for, else the one the registry announced.
+        if let Some(expected) = reference.digest().map(str::to_string).or(announced) {
+            if computed != expected {
+                return Err(digest_mismatch(reference, &expected, &computed));
+            }
         }
-        Ok((bytes.to_vec(), digest))
-    }
-
-    async fn open_blob(
-        &self,
-        reference: &Reference,
-        digest: &str,
-    ) -> Result<oci_client::client::SizedStream> {
-        let layer = oci_client::manifest::OciDescriptor {
-            digest: digest.to_string(),
-            ..Default::default()
-        };
-        self.call(reference, &format!("read blob {digest}"), |c, _| {
-            c.pull_blob_stream(reference, &layer)
-        })
-        .await
+        Ok((bytes, computed))
     }
 
     /// Reads a small JSON blob (an image config) and checks its digest. The body is read
-    /// inside the retried call, so an answer cut short is asked for again.
+    /// inside the retried request, so an answer cut short is asked for again.
     pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
-        let layer = oci_client::manifest::OciDescriptor {
-            digest: digest.to_string(),
-            ..Default::default()
-        };
-        let layer = &layer;
         let out = self
-            .call(
+            .get(
                 reference,
                 &format!("read blob {digest}"),
-                |c, _| async move {
-                    let mut stream = c.pull_blob_stream(reference, layer).await?;
-                    let mut out = Vec::new();
-                    while let Some(chunk) = stream
-                        .try_next()
-                        .await
-                        .map_err(OciDistributionError::from)?
-                    {
-                        out.extend_from_slice(&chunk);
-                        if out.len() > MAX_JSON_BLOB {
-                            break;
-                        }
-                    }
-                    Ok(out)
-                },
+                &format!("blobs/{digest}"),
+                "*/*",
+                read_limited,
             )
             .await?;
         if out.len() > MAX_JSON_BLOB {
@@ -542,13 +539,23 @@ impl Registry {
         Ok(out)
     }
 
-    /// Streams a blob (a layer) for deep checks; the digest is verified as it streams.
+    /// Streams a blob (a layer) for deep checks; the caller verifies the digest as it
+    /// streams.
     pub async fn blob_stream(
         &self,
         reference: &Reference,
         digest: &str,
     ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
-        Ok(self.open_blob(reference, digest).await?.stream)
+        let response = self
+            .get(
+                reference,
+                &format!("read blob {digest}"),
+                &format!("blobs/{digest}"),
+                "*/*",
+                |response| async move { Ok(response) },
+            )
+            .await?;
+        Ok(response.bytes_stream().map_err(std::io::Error::other))
     }
 }
 

@@ -2,9 +2,9 @@
 //! has none (a 404, as the distribution registry 2.8 answers), the referrers tag schema
 //! (`sha256-<hex>`), as the OCI distribution spec v1.1 has clients do.
 
+use super::read::read_limited;
 use super::Registry;
-use crate::Result;
-use oci_client::errors::OciDistributionError;
+use crate::{oci, Error, Result};
 use oci_client::Reference;
 use serde_json::Value;
 
@@ -12,28 +12,44 @@ impl Registry {
     /// The descriptors listed as referrers of `subject` in the reference's repository; an
     /// empty list when nothing is attached.
     pub async fn referrers(&self, reference: &Reference, subject: &str) -> Result<Vec<Value>> {
-        let by_digest = reference.clone_with_digest(subject.to_string());
-        let by_digest = &by_digest;
-        let index = self
-            .call(
-                reference,
-                &format!("list referrers of {subject}"),
-                |c, _| async move {
-                    c.pull_referrers(by_digest, None).await.map_err(|e| match e {
-                        OciDistributionError::ManifestParsingError(why) => {
-                            OciDistributionError::SpecViolationError(format!(
-                                "the referrers listing is not an OCI image index ({why}); check the registry's referrers API, or a proxy in front of it"
-                            ))
-                        }
-                        other => other,
-                    })
-                },
-            )
-            .await?;
+        let what = format!("list referrers of {subject}");
+        let path = format!("referrers/{subject}");
+        let api = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_limited, true);
+        // Both asked at once: a registry without the API costs no extra round trip.
+        let (api, by_tag) =
+            futures_util::future::join(api, self.referrers_by_tag(reference, subject)).await;
+        let Some(listing) = api? else {
+            return by_tag;
+        };
+        listed(&listing).map_err(|why| Error::Registry {
+            registry: reference.registry().to_string(),
+            message: format!(
+                "cannot {what} for {reference}: the referrers listing is not an OCI image index ({why}); check the registry's referrers API, or a proxy in front of it"
+            ),
+        })
+    }
+
+    /// The referrers tag schema's index; none, or not an index, lists nothing.
+    async fn referrers_by_tag(&self, reference: &Reference, subject: &str) -> Result<Vec<Value>> {
+        let tag = subject.replace(':', "-");
+        let (what, path) = (
+            format!("read the referrers tag {tag}"),
+            format!("manifests/{tag}"),
+        );
+        let index = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_limited, true);
         Ok(index
-            .manifests
-            .iter()
-            .filter_map(|d| serde_json::to_value(d).ok())
-            .collect())
+            .await?
+            .and_then(|bytes| listed(&bytes).ok())
+            .unwrap_or_default())
+    }
+}
+
+/// The descriptors an image index lists.
+fn listed(bytes: &[u8]) -> std::result::Result<Vec<Value>, String> {
+    let index: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    match index.get("manifests") {
+        Some(Value::Array(manifests)) => Ok(manifests.clone()),
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(_) => Err("`manifests` is not a list".into()),
     }
 }

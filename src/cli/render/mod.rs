@@ -2,6 +2,9 @@
 
 use polyarch::record::CoverageRecord;
 
+pub mod doctor;
+pub mod gate;
+
 fn human_size(bytes: u64) -> String {
     if bytes >= 1_000_000 {
         format!("{:.1} MB", bytes as f64 / 1_000_000.0)

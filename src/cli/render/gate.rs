@@ -1,6 +1,6 @@
 //! The gate's report as text for the terminal.
 
-use super::*;
+use polyarch::gate::{Finding, FindingKind, GateReport, Severity};
 
 /// The report for the terminal: each gap with why and its fixes, images that could not be
 /// read, refusals, warnings, the pinned files, and a summary line.
@@ -138,4 +138,34 @@ pub fn render_text(report: &GateReport) -> String {
         s.push('\n');
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gate's report for two workloads: one image that cannot be read, one gap, and
+    /// re-tag warnings (written by the gate's unit test of an unreadable image).
+    const UNREADABLE: &str = include_str!("../../../fixtures/gate/unreadable-report.json");
+
+    #[test]
+    fn what_stops_the_deploy_comes_first_and_the_summary_counts_what_was_not_checked() {
+        let report: GateReport = serde_json::from_str(UNREADABLE).unwrap();
+        let text = render_text(&report);
+        assert!(
+            text.contains("UNREADABLE Deployment a container `a` (apps.yaml#1): image r.io/gone:v1 could not be read"),
+            "{text}"
+        );
+        assert!(
+            text.contains("GAP Deployment b container `b` (apps.yaml#2)"),
+            "{text}"
+        );
+        assert!(text.find("UNREADABLE") < text.find("warning:"), "{text}");
+        assert!(
+            text.contains(
+                "not covered: 1 gap(s) in 2 container(s) of 2 workload(s); 1 container(s) not checked"
+            ),
+            "{text}"
+        );
+    }
 }

@@ -1,0 +1,140 @@
+//! Reads over the registry's HTTP API with reqwest itself: manifests, blobs and referrer
+//! listings. Each oci-client client also builds a throw-away HTTP client, and with it a
+//! certificate verifier that reads the system's CA store: most of a `polyarch verify`'s
+//! start-up, for reads that need none of oci-client's state.
+
+use super::failure::Attempt;
+use super::{Registry, Scheme, MAX_JSON_BLOB};
+use crate::error::one_line;
+use crate::Result;
+use futures_util::TryStreamExt;
+use oci_client::secrets::RegistryAuth;
+use oci_client::Reference;
+use std::future::Future;
+
+impl Registry {
+    /// The scheme and host to reach the reference's registry at, and the client for it.
+    async fn base(&self, reference: &Reference) -> (String, &reqwest::Client) {
+        let host = reference.registry().to_string();
+        let resolved = reference.resolve_registry();
+        if !self.plain_capable.contains(&host) {
+            return (format!("https://{resolved}"), self.clients.http(true));
+        }
+        match self.scheme(&host, reference).await {
+            // Unverified as Docker's insecure registries: see `Clients::plain`.
+            Scheme::Plain { .. } => (format!("http://{resolved}"), self.clients.http(false)),
+            Scheme::Tls if self.insecure.contains(&host) => {
+                (format!("https://{resolved}"), self.clients.http(false))
+            }
+            Scheme::Tls => (format!("https://{resolved}"), self.clients.http(true)),
+        }
+    }
+
+    /// GET `path` under the reference's repository (`/v2/<name>/<path>`) with the run's
+    /// auth, retried as every call; `read` takes a successful answer inside the retry, so
+    /// a body cut short is asked for again.
+    pub(super) async fn get<T, F, Fut>(
+        &self,
+        reference: &Reference,
+        what: &str,
+        path: &str,
+        accept: &str,
+        read: F,
+    ) -> Result<T>
+    where
+        F: Fn(reqwest::Response) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Attempt>>,
+    {
+        let found = self.get_if_there(reference, what, path, accept, read, false);
+        Ok(found.await?.expect("a 404 is an error here"))
+    }
+
+    /// As [`Registry::get`], with `absent_ok` a 404 answer is `None`.
+    pub(super) async fn get_if_there<T, F, Fut>(
+        &self,
+        reference: &Reference,
+        what: &str,
+        path: &str,
+        accept: &str,
+        read: F,
+        absent_ok: bool,
+    ) -> Result<Option<T>>
+    where
+        F: Fn(reqwest::Response) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Attempt>>,
+    {
+        let (base, client) = self.base(reference).await;
+        let url = format!("{base}/v2/{}/{path}", reference.repository());
+        let (url, read) = (&url, &read);
+        self.authorized(reference, what, |auth, _| async move {
+            let request = client.get(url).header(reqwest::header::ACCEPT, accept);
+            let request = match &auth {
+                RegistryAuth::Basic(user, password) => request.basic_auth(user, Some(password)),
+                RegistryAuth::Bearer(token) if !token.is_empty() => request.bearer_auth(token),
+                _ => request,
+            };
+            let response = request.send().await?;
+            let status = response.status();
+            if absent_ok && status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(None);
+            }
+            if !status.is_success() {
+                let body = response.text().await.unwrap_or_default();
+                return Err(Attempt::answered(status.as_u16(), url, refusal(&body)));
+            }
+            read(response).await.map(Some)
+        })
+        .await
+    }
+}
+
+/// The body, or its first bytes past [`MAX_JSON_BLOB`] (the caller refuses those).
+pub(super) async fn read_limited(
+    response: reqwest::Response,
+) -> std::result::Result<Vec<u8>, Attempt> {
+    let mut stream = response.bytes_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.try_next().await? {
+        out.extend_from_slice(&chunk);
+        if out.len() > MAX_JSON_BLOB {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// What a registry said when it refused: the OCI error envelope's codes and messages
+/// (`MANIFEST_UNKNOWN: manifest unknown`), else the start of its body.
+fn refusal(body: &str) -> String {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        errors: Vec<OciError>,
+    }
+    #[derive(serde::Deserialize)]
+    struct OciError {
+        code: String,
+        #[serde(default)]
+        message: String,
+    }
+    match serde_json::from_str::<Envelope>(body) {
+        Ok(envelope) if !envelope.errors.is_empty() => envelope
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.code, e.message))
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => one_line(&body.chars().take(200).collect::<String>()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_worded_from_the_error_envelope() {
+        let body = r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown","detail":{"Tag":"v9"}}]}"#;
+        assert_eq!(refusal(body), "MANIFEST_UNKNOWN: manifest unknown");
+        assert_eq!(refusal("404 page not found\n"), "404 page not found");
+    }
+}
