@@ -1,7 +1,16 @@
 //! Validation of the file as a whole: syntax, version, top-level fields, builders.
 
-use super::diagnostics::{clip_long, humanize, seg_path, strip_marks, Seg, Shallow};
-use super::*;
+use super::diagnostics::{clip, clip_long, humanize, q, seg_path, strip_marks, Seg, Shallow};
+use super::raw::{RawBuilder, RawProject};
+use super::{
+    values, BinfmtMode, BuilderSpec, Fallback, ImageSpec, Project, Purpose, BINFMT_MODES, BOOLEANS,
+    FALLBACKS, SUPPORTED_VERSION,
+};
+use crate::endpoint::{self, TlsFiles};
+use crate::error::{one_line, Error, Result};
+use crate::platform::Platform;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// Where messages point and where relative paths start.
 pub(super) struct Cx {

@@ -1,6 +1,8 @@
 //! Message shaping: serde's errors turned into the file's field paths and a fix.
 
-use super::*;
+use super::SUPPORTED_VERSION;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use std::fmt;
 
 pub(super) enum Seg {
     Key(String),

@@ -1,7 +1,21 @@
 //! Validation of one entry under `images:`.
 
-use super::*;
+use super::checks::{pick, Cx};
+use super::diagnostics::q;
+use super::names::{check_repository, valid_image_name};
+use super::raw::{Entries, RawCache, RawImage, RawSecret};
+use super::{
+    CacheRef, ImageSpec, Network, Origin, Purpose, Secret, SshAgent, BINFMT_MODES, BOOLEANS,
+    NETWORKS,
+};
+use crate::annotations::Annotations;
+use crate::buildkit::secrets::{self, SecretSource};
+use crate::buildkit::ssh;
+use crate::error::{Error, Result};
+use crate::platform::Platform;
 use crate::reference::is_tag;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 impl Cx {
     pub(super) fn image(&self, name: String, raw: RawImage) -> Result<ImageSpec> {

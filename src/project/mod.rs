@@ -13,14 +13,11 @@ use crate::annotations::{AnnotationFlag, Annotations};
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
-use crate::endpoint::{self, Endpoint, EndpointError, TlsFiles};
+use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
 use crate::error::{one_line, Error, Result};
 use crate::platform::Platform;
-use serde::de::{Deserializer, MapAccess, Visitor};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 mod checks;
@@ -28,12 +25,11 @@ mod diagnostics;
 mod images;
 mod names;
 mod raw;
-
-use checks::{pick, Cx};
-use diagnostics::{clip, closest, q};
-use names::{check_repository, valid_image_name};
-use raw::{Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTls};
 mod values;
+
+use checks::Cx;
+use diagnostics::q;
+use raw::RawProject;
 pub use values::Override;
 
 pub const SUPPORTED_VERSION: u32 = 1;

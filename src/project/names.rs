@@ -1,6 +1,7 @@
 //! Image names, repositories and tags, as distribution's `reference` grammar spells them.
 
-use super::*;
+use super::diagnostics::{clip, q};
+
 use crate::reference::{
     check_host, is_path_component, normalise, split_host, HostError, MAX_PATH_LENGTH,
 };
@@ -44,13 +45,13 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
     }
     let (host, path) = split_host(repo);
     let pushed = normalise(host, path).1;
+    // The limit is on the path as pushed; only Docker Hub's `library/` makes it longer.
     if pushed.len() > MAX_PATH_LENGTH && repo.len() > MAX_PATH_LENGTH {
         return Err(format!(
             "is {} characters long; repository names are at most 255, shorten it",
             repo.len()
         ));
-    }
-    if pushed.len() > MAX_PATH_LENGTH {
+    } else if pushed.len() > MAX_PATH_LENGTH {
         return Err(format!(
             "is {} characters long as Docker Hub's `{}`; repository paths are at most 255, shorten it",
             pushed.len(),

@@ -1,6 +1,9 @@
 //! The raw, loosely typed shape of the file: every field optional, every scalar a string.
 
-use super::*;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,3 +1,4 @@
+use super::names::check_repository;
 use super::*;
 use std::fs;
 use tempfile::TempDir;

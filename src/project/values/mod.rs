@@ -4,9 +4,9 @@
 //! like any other, and both leave a [`Provenance`] so the record can say where a value
 //! came from.
 
-use super::{
-    closest, q, Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret,
-    RawTls,
+use super::diagnostics::{closest, q};
+use super::raw::{
+    Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTls,
 };
 use crate::record::ValueSource;
 use std::collections::BTreeSet;
