@@ -32,6 +32,22 @@ impl Cx {
         }
     }
 
+    /// `true` or `false`, absent being false; `key` is the field as written in the file.
+    pub(super) fn flag(&self, field: &str, key: &str, value: Option<String>) -> Result<bool> {
+        match value {
+            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
+                self.err(
+                    field,
+                    format!(
+                        "{} is not a boolean; write `{key}: true` or `{key}: false`",
+                        q(&s)
+                    ),
+                )
+            }),
+            None => Ok(false),
+        }
+    }
+
     /// Syntax, top-level shape and version, before any version-specific typing.
     pub(super) fn precheck(&self, text: &str) -> Result<()> {
         let top = match Shallow::deserialize_top(serde_norway::Deserializer::from_str(text)) {
@@ -308,18 +324,7 @@ impl Cx {
             ));
         }
         // The default of every image's own `reproducible:`.
-        let reproducible = match raw.reproducible {
-            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
-                self.err(
-                    "reproducible",
-                    format!(
-                        "{} is not a boolean; write `reproducible: true` or `reproducible: false`",
-                        q(&s)
-                    ),
-                )
-            })?,
-            None => false,
-        };
+        let reproducible = self.flag("reproducible", "reproducible", raw.reproducible)?;
         let mut images: Vec<ImageSpec> = Vec::with_capacity(entries.len());
         for (name, img) in entries {
             let inherits = img.reproducible.is_none();

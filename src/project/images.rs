@@ -5,8 +5,7 @@ use super::diagnostics::q;
 use super::names::{check_repository, valid_image_name};
 use super::raw::{Entries, RawCache, RawImage, RawSecret};
 use super::{
-    CacheRef, ImageSpec, Network, Origin, Purpose, Secret, SshAgent, BINFMT_MODES, BOOLEANS,
-    NETWORKS,
+    CacheRef, ImageSpec, Network, Origin, Purpose, Secret, SshAgent, BINFMT_MODES, NETWORKS,
 };
 use crate::annotations::Annotations;
 use crate::buildkit::secrets::{self, SecretSource};
@@ -64,18 +63,7 @@ impl Cx {
             None => None,
         };
 
-        let flag = |value: Option<String>, field: &str| match value {
-            Some(s) => pick(&s, BOOLEANS, "boolean").map_err(|_| {
-                self.err(
-                    at(field),
-                    format!(
-                        "{} is not a boolean; write `{field}: true` or `{field}: false`",
-                        q(&s)
-                    ),
-                )
-            }),
-            None => Ok(false),
-        };
+        let flag = |value: Option<String>, field: &str| self.flag(&at(field), field, value);
         let pull = flag(raw.pull, "pull")?;
         let no_cache = flag(raw.no_cache, "no_cache")?;
         let reproducible = flag(raw.reproducible, "reproducible")?;
