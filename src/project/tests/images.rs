@@ -466,6 +466,18 @@ fn enum_errors() {
         "images.hello.labels.",
         "org.opencontainers",
     );
+    expect(
+        &d,
+        &with_image("    no_cache: yes\n"),
+        "images.hello.no_cache",
+        "write `no_cache: true` or `no_cache: false`",
+    );
+    expect(
+        &d,
+        &format!("reproducible: \"1\"\n{}", with_image("")),
+        "reproducible",
+        "`1` is not a boolean; write `reproducible: true` or `reproducible: false`",
+    );
 }
 
 #[test]
