@@ -34,12 +34,14 @@ pub enum Error {
         source: crate::endpoint::EndpointError,
     },
 
-    /// A platform build failed; `detail` carries the failing step and its last log lines.
-    #[error("build of {image} for {platform} failed: {message}")]
+    /// A platform build failed; `source` says what kind of failure (a lost builder, a
+    /// failing step with its last log lines, …) and carries the message.
+    #[error("build of {image} for {platform} failed: {source}")]
     Build {
         image: String,
         platform: String,
-        message: String,
+        #[source]
+        source: crate::build::BuildError,
     },
 
     #[error("emulation: {0}")]

@@ -419,3 +419,77 @@ fn unreachable_builder_fails_before_any_build() {
         .unwrap_or_default();
     assert!(created.is_empty(), "pushed: {created:?}");
 }
+
+/// Writes what the kernel says the machine is, from a RUN step of the target platform.
+const UNAME_ON_TARGET: &str = "\
+FROM scratch
+ARG TARGETARCH
+COPY bin/${TARGETARCH}/busybox /bin/busybox
+COPY nonce /nonce
+RUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]
+";
+
+/// `fallback: emulate` with a RUN step: the arm64 builder is down, so the default engine
+/// builds arm64 under QEMU (registered by `--binfmt auto`, the host's binfmt_misc put
+/// back as found afterwards), and the pushed arm64 image holds what that step wrote.
+#[test]
+fn a_down_builder_falls_back_to_a_run_step_under_qemu() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), UNAME_ON_TARGET);
+    fs::write(dir.path().join("nonce"), unique_name("nonce")).unwrap();
+    let repo = registry.repo(&unique_name("demo/fallback-qemu"));
+    let down = "unix:///nonexistent-polyarch-fallback.sock";
+    let file = project_with_builders(
+        dir.path(),
+        &repo,
+        &format!("{{host: \"{down}\", fallback: emulate}}"),
+    );
+    let out = run(polyarch()
+        .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(&file)
+        // Nothing remembered about this engine's emulators from other runs.
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("\"warning\"")
+            && l.contains(down)
+            && l.contains("fallback: emulate")),
+        "no fallback warning:\n{stderr}"
+    );
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+    let arm = record["images"][0]["platforms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["platform"] == "linux/arm64")
+        .unwrap_or_else(|| panic!("no arm64 entry: {record:#}"));
+    assert_eq!(arm["build"]["emulated"], true, "{arm:#}");
+    assert!(
+        arm["build"]["fallback"]
+            .as_str()
+            .is_some_and(|f| f.contains(down)),
+        "{arm:#}"
+    );
+    assert_eq!(
+        skopeo_config(&format!("{repo}:v1"), "arm64", None)["architecture"],
+        "arm64"
+    );
+    // The RUN step ran as arm64 code: under QEMU, `uname -m` says aarch64.
+    let copy = tempfile::tempdir().unwrap();
+    let script = format!(
+        "skopeo --override-os linux --override-arch arm64 copy -q --src-tls-verify=false docker://{repo}:v1 dir:{out}
+         for blob in {out}/*; do tar -xzOf \"$blob\" arch 2>/dev/null || true; done",
+        out = copy.path().display()
+    );
+    let read = run(Command::new("bash").args(["-c", &script]));
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout).trim(),
+        "aarch64",
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+}

@@ -342,6 +342,15 @@ impl Drop for TestHost {
                     .status();
             }
         }
+        // What a killed dockerd leaves in its namespace (containerd's shims).
+        if let Ok(out) = Command::new("ip")
+            .args(["netns", "pids", &self.netns])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-KILL", pid]).status();
+            }
+        }
         // Removes the namespace's end of the veth pair, and with it this machine's.
         let _ = Command::new("ip")
             .args(["netns", "del", &self.netns])
@@ -816,4 +825,159 @@ fn netns_down_untrusted_and_refused_builders_fail_before_building_or_fall_back()
         "{arm:#}"
     );
     assert_eq!(record["covered"], true, "{record:#}");
+}
+
+/// The builder map entry for `host` over TLS, its files copied into `dir/certs` under
+/// `name`-prefixed names.
+fn tls_builder(dir: &Path, host: &TestHost, name: &str) -> String {
+    let (ca, cert, key) = (
+        format!("{name}-ca.pem"),
+        format!("{name}-cert.pem"),
+        format!("{name}-key.pem"),
+    );
+    certs_into(
+        dir,
+        host,
+        &[
+            ("ca.pem", &ca),
+            ("client.pem", &cert),
+            ("client-key.pem", &key),
+        ],
+    );
+    format!(
+        "{{host: \"tcp://{}:{ENGINE_PORT}\", tls: {{ca: certs/{ca}, cert: certs/{cert}, key: certs/{key}}}}}",
+        host.addr
+    )
+}
+
+/// Kills every process whose command line holds `nonce` (the test's own RUN step, left
+/// running by a killed engine).
+fn kill_holding(nonce: &str) {
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(nonce) {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[test]
+fn netns_a_build_whose_builder_is_lost_is_built_again_on_the_next_one() {
+    let mut lost = TestHost::new();
+    lost.start_dockerd();
+    let mut next = TestHost::new();
+    next.start_dockerd();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("remote/retried"));
+    let nonce = unique_name("retried");
+    // The RUN step waits as many seconds as `wait` says: long on the first builder, which
+    // the test kills meanwhile, none on the next (the context is sent again). The nonce
+    // is the shell's $0, so the step left running on the killed engine can be found.
+    hello_context(
+        dir.path(),
+        &format!(
+            "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nCOPY wait /wait\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"i=0; while [ $i -lt $(/bin/busybox cat /wait) ]; do /bin/busybox sleep 1; i=$((i+1)); done; /bin/busybox echo built > /built\", \"{nonce}\"]\n"
+        ),
+    );
+    fs::write(dir.path().join("wait"), "120\n").unwrap();
+    let builders = [
+        tls_builder(dir.path(), &lost, "lost"),
+        tls_builder(dir.path(), &next, "next"),
+    ];
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nbuilders:\n  linux/amd64: [{}]\nimages:\n  retried:\n    repository: {repo}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n    network: none\n",
+            builders.join(", ")
+        ),
+    )
+    .unwrap();
+
+    let mut child = polyarch_in(&[])
+        .args(["build", "--output-format", "json", "-f"])
+        .arg(&file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn polyarch");
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line.clone());
+            all.push(line);
+        }
+        all
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let record = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    // The RUN step started on the first builder: then it is lost.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = lines.recv_timeout(left).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("the RUN step never started:\n{}", lost.log("dockerd.log"))
+        });
+        if line.contains("\"event\":\"step\"") && line.contains("RUN") {
+            break;
+        }
+    }
+    fs::write(dir.path().join("wait"), "0\n").unwrap();
+    lost.dockerd.as_mut().unwrap().kill().unwrap();
+    let status = child.wait().unwrap();
+    kill_holding(&nonce);
+    let stderr = reader.join().unwrap().join("\n");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("\"warning\"")
+            && l.contains("was lost during the build")
+            && l.contains(&format!("builder tcp://{}:", lost.addr))
+            && l.contains(&format!("building again on tcp://{}:", next.addr))),
+        "no retry warning:\n{stderr}"
+    );
+    let record: Value = serde_json::from_str(&record.join().unwrap()).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+    let amd = &record["images"][0]["platforms"][0];
+    assert_eq!(amd["platform"], "linux/amd64", "{record:#}");
+    assert!(
+        amd["build"]["builder"]
+            .as_str()
+            .is_some_and(|b| b.contains(&next.addr)),
+        "{amd:#}"
+    );
+    let verify = run(polyarch()
+        .args(["verify", &format!("{repo}:v1")])
+        .args(["--platform", "linux/amd64"]));
+    assert_eq!(
+        verify.status.code(),
+        Some(0),
+        "verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    // The pushed image holds what the RUN step wrote on the next builder.
+    let copy = tempfile::tempdir().unwrap();
+    let built = sh(&format!(
+        "skopeo copy -q --src-tls-verify=false docker://{repo}:v1 dir:{out}
+         for blob in {out}/*; do tar -xzOf \"$blob\" built 2>/dev/null || true; done",
+        out = copy.path().display()
+    ));
+    assert_eq!(built.trim(), "built", "{stderr}");
 }

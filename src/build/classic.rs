@@ -24,10 +24,10 @@ pub(super) async fn build_classic(
         return Err(Error::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
-            message: format!(
+            source: BuildError::Request(format!(
                 "`{what}` needs BuildKit, and the engine at {} (API {}) has none; upgrade it to Docker 18.09+ or build on another engine",
                 engine.endpoint, engine.api_version
-            ),
+            )),
         });
     }
     let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
@@ -158,7 +158,7 @@ impl ContextFilter {
         let bad = |message: String| Error::Build {
             image: context.display().to_string(),
             platform: "any".into(),
-            message,
+            source: BuildError::Request(message),
         };
         let mut builder = GitignoreBuilder::new(context);
         if let Ok(text) = std::fs::read_to_string(&path) {

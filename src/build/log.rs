@@ -134,6 +134,11 @@ impl<'a> BuildLog<'a> {
             platform: self.platform.clone(),
             lines: self.tail.iter().cloned().collect(),
         });
+        failed(self.summary(message))
+    }
+
+    /// The message in one line with the step it stopped at and the last lines of output.
+    pub(super) fn summary(&self, message: &str) -> String {
         let step = self
             .current_step
             .as_deref()
@@ -145,7 +150,7 @@ impl<'a> BuildLog<'a> {
         } else {
             format!("; last output: {}", tail.join(" | "))
         };
-        failed(format!("{}{step}{tail}", one_line(message)))
+        format!("{}{step}{tail}", one_line(message))
     }
 }
 

@@ -23,10 +23,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod classic;
+mod error;
 mod log;
 mod platforms;
 
 use classic::*;
+pub use error::BuildError;
+use error::Stopped;
 use log::*;
 pub use platforms::{build_platforms, BuiltIndex};
 
@@ -132,7 +135,7 @@ pub async fn build(
                 return Err(Error::Build {
                     image: spec.name.clone(),
                     platform: platform.to_string(),
-                    message,
+                    source: BuildError::ImageLost(message),
                 })
             }
             Attempt::Lost(_) => {
@@ -159,10 +162,10 @@ async fn build_once(
 ) -> Result<Attempt> {
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
-    let failed = |message: String| Error::Build {
+    let failed = |source: BuildError| Error::Build {
         image: spec.name.clone(),
         platform: platform.to_string(),
-        message,
+        source,
     };
 
     let foreign = platform.os_arch() != engine.native.os_arch();
@@ -184,41 +187,23 @@ async fn build_once(
         let platforms = std::slice::from_ref(platform);
         match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
             Ok(solved) => (None, Some(solved)),
-            Err(message) => (Some(message), None),
+            Err(error) => (Some(Stopped::from(error)), None),
         }
     } else {
-        (
-            build_classic(engine, spec, platform, &tag, &mut log).await?,
-            None,
-        )
+        let failed = build_classic(engine, spec, platform, &tag, &mut log).await?;
+        (failed.map(Stopped::Failed), None)
     };
-    if let Some(message) = error.or_else(|| log.vertex_error.take()) {
-        let with_tail = log.with_tail(&message);
-        if with_tail.contains("failed to get digest") && with_tail.contains("no such file") {
-            return Ok(Attempt::Lost(message));
-        }
-        let exporting = log
-            .current_step
-            .as_deref()
-            .is_some_and(|step| step.starts_with("exporting to"));
-        if let (Output::Registry(repository), true) = (output, exporting) {
-            return Err(push_failure(
-                spec,
-                &platform.to_string(),
-                repository,
-                &message,
-            ));
-        }
-        return Err(log.failure(&message, failed));
+    if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
+        return stopped_build(&mut log, &stopped, spec, platform, output);
     }
     let (transfers, exporter_response) = solved
         .map(|s| (s.transfers, s.exporter_response))
         .unwrap_or_default();
     if let Output::Registry(repository) = output {
         let pushed = pushed_manifest(&exporter_response).ok_or_else(|| {
-            failed(format!(
+            failed(BuildError::Answer(format!(
                 "the engine pushed to {repository} but did not say which manifest ({exporter_response:?})"
-            ))
+            )))
         })?;
         return Ok(Attempt::Built(BuiltImage {
             id: pushed.digest.clone(),
@@ -237,9 +222,11 @@ async fn build_once(
             )))
         }
     };
-    let id = inspected
-        .id
-        .ok_or_else(|| failed(format!("the engine returned no ID for {tag}")))?;
+    let id = inspected.id.ok_or_else(|| {
+        failed(BuildError::Answer(format!(
+            "the engine returned no ID for {tag}"
+        )))
+    })?;
     Ok(Attempt::Built(BuiltImage {
         id,
         tag,
@@ -247,6 +234,41 @@ async fn build_once(
         transfers,
         pushed: None,
     }))
+}
+
+/// A build the engine ended without an image: built again when the engine lost the image,
+/// else the failure of its kind (a push the engine made, a lost builder, a failing step).
+fn stopped_build(
+    log: &mut BuildLog<'_>,
+    stopped: &Stopped,
+    spec: &ImageSpec,
+    platform: &Platform,
+    output: Output<'_>,
+) -> Result<Attempt> {
+    let failed = |source: BuildError| Error::Build {
+        image: spec.name.clone(),
+        platform: platform.to_string(),
+        source,
+    };
+    match log.classify(stopped) {
+        Some(BuildError::ImageLost(message)) => return Ok(Attempt::Lost(message)),
+        Some(kind) => return Err(failed(kind)),
+        None => {}
+    }
+    let message = stopped.message();
+    let exporting = log
+        .current_step
+        .as_deref()
+        .is_some_and(|step| step.starts_with("exporting to"));
+    if let (Output::Registry(repository), true) = (output, exporting) {
+        return Err(push_failure(
+            spec,
+            &platform.to_string(),
+            repository,
+            message,
+        ));
+    }
+    Err(log.failure(message, |m| failed(BuildError::StepFailed(m))))
 }
 
 /// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
@@ -328,8 +350,7 @@ fn pushed_manifest(exporter_response: &HashMap<String, String>) -> Option<Pushed
     })
 }
 
-/// The build through BuildKit's session protocol, the image going where `exporter` says;
-/// the error message when it failed.
+/// The build through BuildKit's session protocol, the image going where `exporter` says.
 async fn solve_in_session(
     engine: &Engine,
     spec: &ImageSpec,
@@ -337,7 +358,7 @@ async fn solve_in_session(
     exporter: buildkit::Exporter,
     reporter: &dyn Reporter,
     on_status: &mut (dyn FnMut(StatusResponse) + Send),
-) -> std::result::Result<buildkit::Solved, String> {
+) -> std::result::Result<buildkit::Solved, buildkit::SolveError> {
     let list: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     let platform_names = list.join(",");
     let mut attrs: HashMap<String, String> =
@@ -383,7 +404,7 @@ async fn solve_in_session(
         let socket = agent
             .socket
             .resolve()
-            .map_err(|e| format!("SSH agent `{id}`: {e}"))?;
+            .map_err(|e| buildkit::SolveError::Failed(format!("SSH agent `{id}`: {e}")))?;
         sockets.insert(id.clone(), socket);
     }
     // Only BuildKit on containerd's image store has the registry cache exporter (Docker's
@@ -444,7 +465,7 @@ async fn solve_in_session(
     // once, instead of taking the import's failed step for the build's failure.
     const IMPORTING: &str = "importing cache manifest from ";
     let mut not_imported = std::collections::BTreeSet::new();
-    let solved = buildkit::solve(&engine.location, build, auth, |mut status| {
+    buildkit::solve(&engine.location, build, auth, |mut status| {
         for vertex in &mut status.vertexes {
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);
@@ -461,8 +482,7 @@ async fn solve_in_session(
         }
         on_status(status)
     })
-    .await;
-    solved.map_err(|e| e.to_string())
+    .await
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ pub async fn build_platforms(
         let exporter = registry_exporter(repository, spec);
         solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
     };
-    let (message, failed) = match solved {
+    let (stopped, failed) = match solved {
         Ok(solved) => match logs.failed() {
             None => {
                 let digest =
@@ -48,10 +48,10 @@ pub async fn build_platforms(
                         Error::Build {
                             image: spec.name.clone(),
                             platform: platform_list(platforms),
-                            message: format!(
+                            source: BuildError::Answer(format!(
                             "the engine pushed to {repository} but did not say which index ({:?})",
                             solved.exporter_response
-                        ),
+                        )),
                         }
                     })?;
                 return Ok(BuiltIndex {
@@ -61,11 +61,11 @@ pub async fn build_platforms(
                 });
             }
             Some(index) => (
-                logs.logs[index].vertex_error.clone().unwrap_or_default(),
+                Stopped::Failed(logs.logs[index].vertex_error.clone().unwrap_or_default()),
                 index,
             ),
         },
-        Err(message) => (message, logs.failed().unwrap_or(0)),
+        Err(error) => (Stopped::from(error), logs.failed().unwrap_or(0)),
     };
     let log = &mut logs.logs[failed];
     let platform = log.platform;
@@ -79,14 +79,21 @@ pub async fn build_platforms(
         .current_step
         .as_deref()
         .is_some_and(|step| step.starts_with("exporting to"));
-    if exporting {
-        return Err(push_failure(spec, &names, repository, &message));
-    }
-    Err(log.failure(&message, |message| Error::Build {
+    let failed = |source| Error::Build {
         image: spec.name.clone(),
         platform: names.clone(),
-        message,
-    }))
+        source,
+    };
+    // A lost image is built again by the caller only per platform; here it is the
+    // build's failure as before.
+    if let Some(lost @ BuildError::BuilderLost(_)) = log.classify(&stopped) {
+        return Err(failed(lost));
+    }
+    let message = stopped.message();
+    if exporting {
+        return Err(push_failure(spec, &names, repository, message));
+    }
+    Err(log.failure(message, |m| failed(BuildError::StepFailed(m))))
 }
 
 fn platform_list(platforms: &[Platform]) -> String {

@@ -100,7 +100,7 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
         logs.logs[failed].failure("exit code: 255", |m| Error::Build {
             image: "api".into(),
             platform: "linux/arm64".into(),
-            message: m,
+            source: BuildError::StepFailed(m),
         }),
         Error::Emulation(_)
     ));
@@ -128,7 +128,7 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
             Error::Build {
                 image: "api".into(),
                 platform: platform.to_string(),
-                message,
+                source: BuildError::StepFailed(message),
             }
         })
     };
@@ -136,7 +136,10 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
     // A program of another architecture copied into the image, run on the engine's own
     // platform: the build's failure, with the step and the log line that says why.
     match failure(false) {
-        Error::Build { message, .. } => {
+        Error::Build {
+            source: BuildError::StepFailed(message),
+            ..
+        } => {
             assert!(message.contains("at step `RUN /app`"), "{message}");
             assert!(message.contains("exec format error"), "{message}");
         }
@@ -255,4 +258,30 @@ fn dockerignore_is_anchored_with_exceptions() {
             "{excluded} sent: {files:?}"
         );
     }
+}
+
+#[test]
+fn the_engines_message_is_classified_in_one_place() {
+    let platform: Platform = "linux/amd64".parse().unwrap();
+    let started = AtomicBool::new(false);
+    let mut log = BuildLog::new("api", &platform, false, &started, &crate::progress::Silent);
+    log.step("[2/2] RUN make", 2, Some(2));
+    log.line("compiling");
+    match log.classify(&Stopped::Lost("transport error: connection closed".into())) {
+        Some(BuildError::BuilderLost(message)) => {
+            assert!(message.starts_with("transport error"), "{message}");
+            assert!(message.contains("at step `[2/2] RUN make`"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let digest =
+        "failed to get digest sha256:abc: open /var/lib/docker/image: no such file or directory";
+    assert!(matches!(
+        log.classify(&Stopped::Failed(digest.into())),
+        Some(BuildError::ImageLost(_))
+    ));
+    // A failing step is the build's own failure, explained with its log by the caller.
+    assert!(log
+        .classify(&Stopped::Failed("exit code: 2".into()))
+        .is_none());
 }

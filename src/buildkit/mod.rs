@@ -34,6 +34,11 @@ pub enum SolveError {
         #[source]
         source: std::io::Error,
     },
+    /// The connection to the engine failed or closed under the build (the engine was
+    /// stopped, the network dropped): gRPC `Unavailable` or `Cancelled`, or a transport
+    /// error from the client's side.
+    #[error("{0}")]
+    Lost(String),
     /// BuildKit ran the build and it failed (its message, e.g. a RUN step's exit code).
     #[error("{0}")]
     Failed(String),
@@ -44,6 +49,32 @@ pub enum SolveError {
 }
 
 impl SolveError {
+    /// A failed solve: the engine's own answer carries no source, while a connection that
+    /// broke does (hyper, h2 or I/O), and a dead engine ends streams `Unavailable` or
+    /// `Cancelled`.
+    fn from_status(status: tonic::Status) -> SolveError {
+        use std::error::Error as _;
+        let message = status.message().to_string();
+        // The transport's causes, each once: tonic's "transport error" wraps hyper's.
+        let lost = |message: String| {
+            let mut said = vec![message];
+            let mut cause = status.source();
+            while let Some(error) = cause {
+                let text = error.to_string();
+                if !said.contains(&text) {
+                    said.push(text);
+                }
+                cause = error.source();
+            }
+            SolveError::Lost(said.join(": "))
+        };
+        match status.code() {
+            tonic::Code::Unavailable | tonic::Code::Cancelled => lost(message),
+            _ if status.source().is_some() => lost(message),
+            _ => SolveError::failed(message),
+        }
+    }
+
     /// BuildKit's failure, with the fix when a registry refused it credentials. BuildKit
     /// 0.8 says "pulling from host HOST failed … 401 Unauthorized", 0.13 "… request to
     /// http://HOST/v2/…: 401 Unauthorized".
@@ -186,7 +217,7 @@ pub async fn solve(
             exporter_response: response.into_inner().exporter_response,
             transfers: dirs.transfers(),
         }),
-        Err(status) => Err(SolveError::failed(status.message().to_string())),
+        Err(status) => Err(SolveError::from_status(status)),
     }
 }
 
@@ -270,5 +301,36 @@ mod tests {
         }
         let other = SolveError::failed("process exited with 1".into()).to_string();
         assert_eq!(other, "process exited with 1");
+    }
+
+    #[test]
+    fn a_broken_connection_is_lost_and_buildkits_own_answer_a_failure() {
+        let lost =
+            |status: tonic::Status| matches!(SolveError::from_status(status), SolveError::Lost(_));
+        assert!(lost(tonic::Status::unavailable("connection refused")));
+        assert!(lost(tonic::Status::cancelled("context canceled")));
+        // A client-side transport error keeps its cause, said once.
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "peer closed connection",
+        )));
+        match SolveError::from_status(broken) {
+            SolveError::Lost(message) => {
+                assert_eq!(
+                    message.matches("peer closed connection").count(),
+                    1,
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A failing step, as BuildKit answers it: no transport cause.
+        let step = tonic::Status::unknown(
+            "process \"/bin/sh -c false\" did not complete successfully: exit code: 1",
+        );
+        assert!(matches!(
+            SolveError::from_status(step),
+            SolveError::Failed(_)
+        ));
     }
 }

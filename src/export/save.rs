@@ -53,18 +53,19 @@ pub fn read_save_stream(
     image: &str,
     platform: Option<&Platform>,
 ) -> Result<SaveContents> {
-    let err = |message: String| Error::Export {
-        image: image.to_string(),
-        message,
-    };
+    let err = |message: String| failed(image, message);
     let mut archive = tar::Archive::new(Tracked {
         inner: reader,
         pos: 0,
         eof: false,
     });
+    let mut spooler = Spooler {
+        spool,
+        image,
+        spooled: 0,
+        buf: vec![0u8; COPY_BUF],
+    };
     let mut items: HashMap<String, Item> = HashMap::new();
-    let mut spooled = 0usize;
-    let mut buf = vec![0u8; COPY_BUF];
     {
         let entries = archive
             .entries()
@@ -72,126 +73,179 @@ pub fn read_save_stream(
         for entry in entries {
             let mut entry =
                 entry.map_err(|e| err(format!("the save stream is not a readable tar: {e}")))?;
-            let raw_path = entry
-                .path()
-                .map_err(|e| err(format!("a tar entry has an unreadable path: {e}")))?
-                .to_string_lossy()
-                .into_owned();
-            let Some(path) = image_path::normalize(&raw_path) else {
-                return Err(err(format!(
-                    "tar entry `{raw_path}` points outside the archive"
-                )));
-            };
-            let entry_type = entry.header().entry_type();
-            if entry_type.is_symlink() || entry_type.is_hard_link() {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| err(format!("link `{path}` has an unreadable target: {e}")))?
-                    .map(|t| t.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                let resolved = if entry_type.is_symlink() {
-                    image_path::link_target(&path, &target)
-                } else {
-                    image_path::normalize(&target)
-                };
-                let Some(resolved) = resolved else {
-                    return Err(err(format!(
-                        "link `{path}` -> `{target}` points outside the archive"
-                    )));
-                };
-                items.insert(path, Item::Link(resolved));
-                continue;
+            if let Some((path, item)) = spooler.entry(&mut entry)? {
+                items.insert(path, item);
             }
-            if !entry_type.is_file() {
-                continue;
-            }
-            let size = entry.size();
-            let is_layer_tar = path.ends_with("/layer.tar");
-            let is_blob = path.starts_with("blobs/");
-            let is_top_json = !path.contains('/') && path.ends_with(".json");
-            if !(is_layer_tar || is_blob || is_top_json) {
-                // VERSION, <id>/json, repositories, oci-layout: not needed.
-                continue;
-            }
-            let mut counted = CountingReader {
-                inner: &mut entry,
-                n: 0,
-            };
-            let truncated = |got: u64| {
-                err(format!(
-                    "the save stream ends inside `{path}` ({got} of {size} bytes): truncated export"
-                ))
-            };
-            let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
-
-            // Peek at the first bytes to tell layers from metadata.
-            let mut head = Vec::with_capacity(512);
-            (&mut counted)
-                .take(512)
-                .read_to_end(&mut head)
-                .map_err(io_err)?;
-            let kind = if is_layer_tar {
-                Kind::Tar
-            } else {
-                sniff(&head)
-            };
-
-            let item: Result<Item> = (|| {
-                Ok(match kind {
-                    Kind::Json if size < SMALL_BLOB => {
-                        let mut data = head;
-                        counted.read_to_end(&mut data).map_err(io_err)?;
-                        Item::Small(data)
-                    }
-                    Kind::Zstd => {
-                        io::copy(&mut counted, &mut io::sink()).map_err(io_err)?;
-                        Item::Unsupported("zstd")
-                    }
-                    Kind::Json => {
-                        spooled += 1;
-                        let file = spool.join(format!("raw-{spooled}"));
-                        let mut out = File::create(&file).map_err(|e| {
-                            err(format!("cannot write the spool {}: {e}", file.display()))
-                        })?;
-                        out.write_all(&head).map_err(io_err)?;
-                        io::copy(&mut counted, &mut out).map_err(io_err)?;
-                        Item::Raw(file)
-                    }
-                    Kind::Gzip | Kind::Tar => {
-                        spooled += 1;
-                        let file = spool.join(format!("layer-{spooled}.tar.gz"));
-                        let src = Read::chain(io::Cursor::new(head), &mut counted);
-                        let layer = if kind == Kind::Gzip {
-                            spool_gzip_layer(src, &file, &mut buf)
-                        } else {
-                            spool_tar_layer(src, &file, &mut buf)
-                        }
-                        .map_err(|e| match e {
-                            SpoolError::Read(e) => io_err(e),
-                            SpoolError::Write(e) => {
-                                err(format!("cannot write the spool {}: {e}", file.display()))
-                            }
-                            SpoolError::Gzip(e) => {
-                                err(format!("`{path}` is not a valid gzip stream: {e}"))
-                            }
-                        })?;
-                        Item::Layer(layer)
-                    }
-                })
-            })();
-            // A short entry explains any error it caused (e.g. a cut gzip stream).
-            let got = counted.n;
-            if got != size {
-                return Err(truncated(got));
-            }
-            let item = item?;
-            items.insert(path, item);
         }
     }
-    let mut tracked = archive.into_inner();
-    // tar stops at the first zero block of the end-of-archive marker; the second must
-    // follow (the engine writes both), then nothing but padding. Drain it so that a
-    // stream cut right after the first block is caught too.
+    let stream_bytes = read_end(archive.into_inner(), image)?;
+    let resolver = Resolver {
+        items,
+        spool,
+        image,
+        spooled: spooler.spooled,
+        buf: spooler.buf,
+    };
+    contents(resolver, platform, stream_bytes)
+}
+
+fn failed(image: &str, message: String) -> Error {
+    Error::Export {
+        image: image.to_string(),
+        message,
+    }
+}
+
+/// Reads the save stream's entries, spooling layers and large blobs as they pass.
+struct Spooler<'a> {
+    spool: &'a Path,
+    image: &'a str,
+    spooled: usize,
+    buf: Vec<u8>,
+}
+
+impl Spooler<'_> {
+    /// One entry as an item under its archive path, or None for what is never needed.
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<R>) -> Result<Option<(String, Item)>> {
+        let err = |message: String| failed(self.image, message);
+        let raw_path = entry
+            .path()
+            .map_err(|e| err(format!("a tar entry has an unreadable path: {e}")))?
+            .to_string_lossy()
+            .into_owned();
+        let Some(path) = image_path::normalize(&raw_path) else {
+            return Err(err(format!(
+                "tar entry `{raw_path}` points outside the archive"
+            )));
+        };
+        let entry_type = entry.header().entry_type();
+        if entry_type.is_symlink() || entry_type.is_hard_link() {
+            let target = entry
+                .link_name()
+                .map_err(|e| err(format!("link `{path}` has an unreadable target: {e}")))?
+                .map(|t| t.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let resolved = if entry_type.is_symlink() {
+                image_path::link_target(&path, &target)
+            } else {
+                image_path::normalize(&target)
+            };
+            let Some(resolved) = resolved else {
+                return Err(err(format!(
+                    "link `{path}` -> `{target}` points outside the archive"
+                )));
+            };
+            return Ok(Some((path, Item::Link(resolved))));
+        }
+        if !entry_type.is_file() {
+            return Ok(None);
+        }
+        let is_layer_tar = path.ends_with("/layer.tar");
+        let is_blob = path.starts_with("blobs/");
+        let is_top_json = !path.contains('/') && path.ends_with(".json");
+        if !(is_layer_tar || is_blob || is_top_json) {
+            // VERSION, <id>/json, repositories, oci-layout: not needed.
+            return Ok(None);
+        }
+        let size = entry.size();
+        let item = self.file(entry, &path, size, is_layer_tar)?;
+        Ok(Some((path, item)))
+    }
+
+    /// A file entry: kept in memory when small JSON, else spooled (layers compressed and
+    /// digested on the way).
+    fn file(
+        &mut self,
+        entry: &mut impl Read,
+        path: &str,
+        size: u64,
+        is_layer_tar: bool,
+    ) -> Result<Item> {
+        let image = self.image;
+        let err = |message: String| failed(image, message);
+        let mut counted = CountingReader { inner: entry, n: 0 };
+        let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
+
+        // Peek at the first bytes to tell layers from metadata.
+        let mut head = Vec::with_capacity(512);
+        (&mut counted)
+            .take(512)
+            .read_to_end(&mut head)
+            .map_err(io_err)?;
+        let kind = if is_layer_tar {
+            Kind::Tar
+        } else {
+            sniff(&head)
+        };
+        let item = self.spooled_item(kind, head, &mut counted, size, path);
+        // A short entry explains any error it caused (e.g. a cut gzip stream).
+        let got = counted.n;
+        if got != size {
+            return Err(err(format!(
+                "the save stream ends inside `{path}` ({got} of {size} bytes): truncated export"
+            )));
+        }
+        item
+    }
+
+    /// The item a file entry becomes, by what its first bytes say it is.
+    fn spooled_item(
+        &mut self,
+        kind: Kind,
+        head: Vec<u8>,
+        counted: &mut impl Read,
+        size: u64,
+        path: &str,
+    ) -> Result<Item> {
+        let image = self.image;
+        let err = |message: String| failed(image, message);
+        let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
+        Ok(match kind {
+            Kind::Json if size < SMALL_BLOB => {
+                let mut data = head;
+                counted.read_to_end(&mut data).map_err(io_err)?;
+                Item::Small(data)
+            }
+            Kind::Zstd => {
+                io::copy(counted, &mut io::sink()).map_err(io_err)?;
+                Item::Unsupported("zstd")
+            }
+            Kind::Json => {
+                self.spooled += 1;
+                let file = self.spool.join(format!("raw-{}", self.spooled));
+                let mut out = File::create(&file)
+                    .map_err(|e| err(format!("cannot write the spool {}: {e}", file.display())))?;
+                out.write_all(&head).map_err(io_err)?;
+                io::copy(counted, &mut out).map_err(io_err)?;
+                Item::Raw(file)
+            }
+            Kind::Gzip | Kind::Tar => {
+                self.spooled += 1;
+                let file = self.spool.join(format!("layer-{}.tar.gz", self.spooled));
+                let src = Read::chain(io::Cursor::new(head), counted);
+                let layer = if kind == Kind::Gzip {
+                    spool_gzip_layer(src, &file, &mut self.buf)
+                } else {
+                    spool_tar_layer(src, &file, &mut self.buf)
+                }
+                .map_err(|e| match e {
+                    SpoolError::Read(e) => io_err(e),
+                    SpoolError::Write(e) => {
+                        err(format!("cannot write the spool {}: {e}", file.display()))
+                    }
+                    SpoolError::Gzip(e) => err(format!("`{path}` is not a valid gzip stream: {e}")),
+                })?;
+                Item::Layer(layer)
+            }
+        })
+    }
+}
+
+/// tar stops at the first zero block of the end-of-archive marker; the second must
+/// follow (the engine writes both), then nothing but padding. Draining it catches a stream
+/// cut right after the first block too. Returns the bytes the stream held.
+fn read_end(mut tracked: Tracked<impl Read>, image: &str) -> Result<u64> {
+    let err = |message: String| failed(image, message);
     let mut trailer = [0u8; BLOCK];
     let mut filled = 0;
     while filled < BLOCK && !tracked.eof {
@@ -209,15 +263,17 @@ pub fn read_save_stream(
             tracked.pos
         )));
     }
-    let stream_bytes = tracked.pos;
+    Ok(tracked.pos)
+}
 
-    let mut resolver = Resolver {
-        items,
-        spool,
-        image,
-        spooled,
-        buf,
-    };
+/// The image the stream's manifest names: its config, checked against its name, and its
+/// layers, checked against the config's diff IDs.
+fn contents(
+    mut resolver: Resolver<'_>,
+    platform: Option<&Platform>,
+    stream_bytes: u64,
+) -> Result<SaveContents> {
+    let err = |message: String| failed(resolver.image, message);
     let (config_path, layer_paths) = resolver.find_manifest(platform)?;
     let config = resolver.json(&config_path, "config")?;
     let config_digest = oci::sha256_digest(&config);

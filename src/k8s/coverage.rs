@@ -91,26 +91,9 @@ pub fn evaluate(
         );
     }
     for w in workloads {
-        let label = format!("{} {} ({})", w.kind, w.qualified_name(), w.source);
         let reachable = schedulable_pools(w, pools);
-        if reachable.is_empty() {
-            warnings.push(format!(
-                "{label}: no node pool matches its nodeSelector, node affinity and tolerations; \
-                 it cannot be scheduled, so its images were not checked against any pool"
-            ));
-        }
-        if w.uses_node_names()
-            && reachable
-                .iter()
-                .any(|p| p.nodes.iter().any(|n| n.name.is_none()))
-        {
-            warnings.push(format!(
-                "{label}: selects nodes by name (nodeName or matchFields), which pools from a \
-                 pool file cannot check; those pools were counted as reachable"
-            ));
-        }
+        warnings.extend(reach_warnings(w, &reachable));
         let needed: BTreeSet<String> = reachable.iter().map(|p| p.platform.os_arch()).collect();
-        let pool_names: Vec<String> = reachable.iter().map(|p| p.name.clone()).collect();
 
         // os/arch every image of the pod provides, among the needed ones.
         let mut allowed = needed.clone();
@@ -119,76 +102,18 @@ pub fn evaluate(
             let looked_up = cache
                 .entry(c.image.clone())
                 .or_insert_with(|| provided(&c.image));
-            let p = match looked_up {
-                Ok(p) => p,
-                Err(error) => {
-                    containers.push(ContainerGate {
-                        container: c.name.clone(),
-                        init: c.init,
-                        image: c.image.clone(),
-                        digest: None,
-                        pools: pool_names.clone(),
-                        needed: needed.iter().cloned().collect(),
-                        provided: Vec::new(),
-                        missing: Vec::new(),
-                        missing_pools: Vec::new(),
-                        covered: false,
-                        fixes: None,
-                        error: Some(error.clone()),
-                    });
-                    continue;
-                }
-            };
-            let provided_os_arch: BTreeSet<String> =
-                p.platforms.iter().map(Platform::os_arch).collect();
-            allowed.retain(|a| provided_os_arch.contains(a));
-            let missing: Vec<String> = needed.difference(&provided_os_arch).cloned().collect();
-            let missing_pools = reachable
-                .iter()
-                .filter(|pool| missing.contains(&pool.platform.os_arch()))
-                .map(|pool| pool.name.clone())
-                .collect();
-            let mut provided_list: Vec<String> =
-                p.platforms.iter().map(|p| p.to_string()).collect();
-            provided_list.sort();
-            provided_list.dedup();
-            containers.push(ContainerGate {
-                container: c.name.clone(),
-                init: c.init,
-                image: c.image.clone(),
-                digest: p.digest.clone(),
-                pools: pool_names.clone(),
-                needed: needed.iter().cloned().collect(),
-                provided: provided_list,
-                covered: missing.is_empty(),
-                missing,
-                missing_pools,
-                fixes: None,
-                error: None,
-            });
+            if let Ok(p) = looked_up {
+                let provided_os_arch: BTreeSet<String> =
+                    p.platforms.iter().map(Platform::os_arch).collect();
+                allowed.retain(|a| provided_os_arch.contains(a));
+            }
+            containers.push(container_gate(c, looked_up, &needed, &reachable));
         }
         let snippet = affinity_snippet(w, &allowed, &needed);
         for (c, gate) in w.containers.iter().zip(containers.iter_mut()) {
-            let Ok(provided) = &cache[&c.image] else {
-                continue;
-            };
-            if gate.covered {
-                continue;
+            if let Ok(provided) = &cache[&c.image] {
+                add_fixes(gate, provided, &snippet, w);
             }
-            let mut platforms: Vec<String> = provided
-                .platforms
-                .iter()
-                .filter(|p| p.os != "unknown")
-                .map(|p| p.to_string())
-                .collect();
-            platforms.extend(gate.missing.iter().cloned());
-            platforms.sort();
-            platforms.dedup();
-            gate.fixes = Some(Fixes {
-                polyarch_platforms: format!("platforms: [{}]", platforms.join(", ")),
-                node_affinity: snippet.clone(),
-                node_affinity_path: w.pod_spec_path.clone(),
-            });
         }
         out.push(WorkloadGate {
             kind: w.kind.clone(),
@@ -205,6 +130,101 @@ pub fn evaluate(
         workloads: out,
         warnings,
     }
+}
+
+/// What cannot be judged about where a workload lands.
+fn reach_warnings(w: &Workload, reachable: &[&NodePool]) -> Vec<String> {
+    let label = format!("{} {} ({})", w.kind, w.qualified_name(), w.source);
+    let mut warnings = Vec::new();
+    if reachable.is_empty() {
+        warnings.push(format!(
+            "{label}: no node pool matches its nodeSelector, node affinity and tolerations; \
+             it cannot be scheduled, so its images were not checked against any pool"
+        ));
+    }
+    if w.uses_node_names()
+        && reachable
+            .iter()
+            .any(|p| p.nodes.iter().any(|n| n.name.is_none()))
+    {
+        warnings.push(format!(
+            "{label}: selects nodes by name (nodeName or matchFields), which pools from a \
+             pool file cannot check; those pools were counted as reachable"
+        ));
+    }
+    warnings
+}
+
+/// One container judged against the os/arch its reachable pools need.
+fn container_gate(
+    c: &Container,
+    looked_up: &Result<ProvidedPlatforms, String>,
+    needed: &BTreeSet<String>,
+    reachable: &[&NodePool],
+) -> ContainerGate {
+    let mut gate = ContainerGate {
+        container: c.name.clone(),
+        init: c.init,
+        image: c.image.clone(),
+        digest: None,
+        pools: reachable.iter().map(|p| p.name.clone()).collect(),
+        needed: needed.iter().cloned().collect(),
+        provided: Vec::new(),
+        missing: Vec::new(),
+        missing_pools: Vec::new(),
+        covered: false,
+        fixes: None,
+        error: None,
+    };
+    let p = match looked_up {
+        Ok(p) => p,
+        Err(error) => {
+            gate.error = Some(error.clone());
+            return gate;
+        }
+    };
+    let provided_os_arch: BTreeSet<String> = p.platforms.iter().map(Platform::os_arch).collect();
+    let missing: Vec<String> = needed.difference(&provided_os_arch).cloned().collect();
+    gate.missing_pools = reachable
+        .iter()
+        .filter(|pool| missing.contains(&pool.platform.os_arch()))
+        .map(|pool| pool.name.clone())
+        .collect();
+    let mut provided_list: Vec<String> = p.platforms.iter().map(|p| p.to_string()).collect();
+    provided_list.sort();
+    provided_list.dedup();
+    gate.digest = p.digest.clone();
+    gate.provided = provided_list;
+    gate.covered = missing.is_empty();
+    gate.missing = missing;
+    gate
+}
+
+/// The two fixes for a container with a gap: the platforms to build, or the affinity
+/// keeping the pod where its images run.
+fn add_fixes(
+    gate: &mut ContainerGate,
+    provided: &ProvidedPlatforms,
+    snippet: &Option<String>,
+    w: &Workload,
+) {
+    if gate.covered {
+        return;
+    }
+    let mut platforms: Vec<String> = provided
+        .platforms
+        .iter()
+        .filter(|p| p.os != "unknown")
+        .map(|p| p.to_string())
+        .collect();
+    platforms.extend(gate.missing.iter().cloned());
+    platforms.sort();
+    platforms.dedup();
+    gate.fixes = Some(Fixes {
+        polyarch_platforms: format!("platforms: [{}]", platforms.join(", ")),
+        node_affinity: snippet.clone(),
+        node_affinity_path: w.pod_spec_path.clone(),
+    });
 }
 
 /// The workload's required node affinity with a `kubernetes.io/arch In [...]` expression

@@ -248,111 +248,127 @@ fn parse_pool_file(at: &At, doc: &Value) -> Result<Vec<NodePool>> {
     }
     let mut out = Vec::new();
     for (i, p) in seq(at, doc, "", "pools")?.iter().enumerate() {
-        let path = format!("pools[{i}]");
-        let p = expect_mapping(at, p, &path)?;
-        if let Some(m) = p.as_mapping() {
-            for k in m.keys() {
-                let k = scalar(k).unwrap_or_default();
-                if !["name", "labels", "taints", "count", "platform"].contains(&k.as_str()) {
+        out.push(parse_pool(at, p, &format!("pools[{i}]"))?);
+    }
+    Ok(out)
+}
+
+/// One pool of a pool file at `path` (`pools[N]`).
+fn parse_pool(at: &At, p: &Value, path: &str) -> Result<NodePool> {
+    let p = expect_mapping(at, p, path)?;
+    if let Some(m) = p.as_mapping() {
+        for k in m.keys() {
+            let k = scalar(k).unwrap_or_default();
+            if !["name", "labels", "taints", "count", "platform"].contains(&k.as_str()) {
+                return Err(at.err(
+                    &join(path, &k),
+                    "unknown key; a pool has name, labels, taints, count and platform",
+                ));
+            }
+        }
+    }
+    let name = opt_string(at, p, path, "name")?
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| at.err(&join(path, "name"), "missing; every pool needs a name"))?;
+    let path = format!("{path} (`{name}`)");
+    let mut labels = string_map(at, p, &path, "labels")?;
+    let mut taints = Vec::new();
+    for (j, t) in seq(at, p, &path, "taints")?.iter().enumerate() {
+        taints.push(parse_taint(at, t, &format!("{path}.taints[{j}]"))?);
+    }
+    let count = match field(p, "count") {
+        None => 1,
+        Some(v) => v.as_u64().ok_or_else(|| {
+            at.err(
+                &join(&path, "count"),
+                format!("must be a whole number >= 0, found {}", type_name(v)),
+            )
+        })?,
+    };
+    let declared = match opt_string(at, p, &path, "platform")? {
+        Some(s) => Some(
+            s.parse::<Platform>()
+                .map_err(|e| at.err(&join(&path, "platform"), e))?,
+        ),
+        None => None,
+    };
+    let platform = pool_platform(at, &path, &name, &labels, declared)?;
+    // Both spellings, normalised the way kubelet sets them, so selectors on either match.
+    for key in [ARCH_LABEL, BETA_ARCH_LABEL] {
+        labels.insert(key.to_string(), platform.architecture.clone());
+    }
+    for key in [OS_LABEL, BETA_OS_LABEL] {
+        labels.insert(key.to_string(), platform.os.clone());
+    }
+    Ok(NodePool {
+        name,
+        platform,
+        labels: labels.clone(),
+        taints: taints.clone(),
+        count,
+        nodes: vec![NodeShape {
+            name: None,
+            labels,
+            taints,
+            runtime: None,
+        }],
+    })
+}
+
+/// The pool's platform from its labels (either spelling) and its `platform:`, which
+/// must agree.
+fn pool_platform(
+    at: &At,
+    path: &str,
+    name: &str,
+    labels: &BTreeMap<String, String>,
+    declared: Option<Platform>,
+) -> Result<Platform> {
+    let label = |keys: [&str; 2]| -> Result<Option<String>> {
+        let a = labels.get(keys[0]).filter(|v| !v.is_empty());
+        let b = labels.get(keys[1]).filter(|v| !v.is_empty());
+        match (a, b) {
+            (Some(a), Some(b)) if a != b => Err(at.err(
+                &join(path, "labels"),
+                format!(
+                    "`{}: {a}` and `{}: {b}` disagree; keep one",
+                    keys[0], keys[1]
+                ),
+            )),
+            (a, b) => Ok(a.or(b).cloned()),
+        }
+    };
+    let arch = label([ARCH_LABEL, BETA_ARCH_LABEL])?;
+    let os = label([OS_LABEL, BETA_OS_LABEL])?;
+    Ok(match (arch, declared) {
+        (None, None) => {
+            return Err(at.err(
+                path,
+                format!(
+                    "no `{ARCH_LABEL}` label; add `labels: {{{ARCH_LABEL}: arm64, {OS_LABEL}: linux}}` \
+                     (or `platform: linux/arm64`) to pool `{name}`"
+                ),
+            ))
+        }
+        (None, Some(d)) => {
+            if let Some(os) = &os {
+                if Platform::new(os, "amd64", None).os != d.os {
+                    return Err(at.err(path, format!("`{OS_LABEL}: {os}` disagrees with `platform: {d}`")));
+                }
+            }
+            Platform::new(&d.os, &d.architecture, None)
+        }
+        (Some(arch), declared) => {
+            let p = Platform::new(os.as_deref().unwrap_or("linux"), &arch, None);
+            if let Some(d) = declared {
+                if d.os_arch() != p.os_arch() {
                     return Err(at.err(
-                        &join(&path, &k),
-                        "unknown key; a pool has name, labels, taints, count and platform",
+                        path,
+                        format!("`platform: {d}` disagrees with its labels ({})", p.os_arch()),
                     ));
                 }
             }
+            p
         }
-        let name = opt_string(at, p, &path, "name")?
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| at.err(&join(&path, "name"), "missing; every pool needs a name"))?;
-        let path = format!("{path} (`{name}`)");
-        let mut labels = string_map(at, p, &path, "labels")?;
-        let mut taints = Vec::new();
-        for (j, t) in seq(at, p, &path, "taints")?.iter().enumerate() {
-            taints.push(parse_taint(at, t, &format!("{path}.taints[{j}]"))?);
-        }
-        let count = match field(p, "count") {
-            None => 1,
-            Some(v) => v.as_u64().ok_or_else(|| {
-                at.err(
-                    &join(&path, "count"),
-                    format!("must be a whole number >= 0, found {}", type_name(v)),
-                )
-            })?,
-        };
-        let declared = match opt_string(at, p, &path, "platform")? {
-            Some(s) => Some(
-                s.parse::<Platform>()
-                    .map_err(|e| at.err(&join(&path, "platform"), e))?,
-            ),
-            None => None,
-        };
-        let label = |keys: [&str; 2]| -> Result<Option<String>> {
-            let a = labels.get(keys[0]).filter(|v| !v.is_empty());
-            let b = labels.get(keys[1]).filter(|v| !v.is_empty());
-            match (a, b) {
-                (Some(a), Some(b)) if a != b => Err(at.err(
-                    &join(&path, "labels"),
-                    format!(
-                        "`{}: {a}` and `{}: {b}` disagree; keep one",
-                        keys[0], keys[1]
-                    ),
-                )),
-                (a, b) => Ok(a.or(b).cloned()),
-            }
-        };
-        let arch = label([ARCH_LABEL, BETA_ARCH_LABEL])?;
-        let os = label([OS_LABEL, BETA_OS_LABEL])?;
-        let platform = match (arch, declared) {
-            (None, None) => {
-                return Err(at.err(
-                    &path,
-                    format!(
-                        "no `{ARCH_LABEL}` label; add `labels: {{{ARCH_LABEL}: arm64, {OS_LABEL}: linux}}` \
-                         (or `platform: linux/arm64`) to pool `{name}`"
-                    ),
-                ))
-            }
-            (None, Some(d)) => {
-                if let Some(os) = &os {
-                    if Platform::new(os, "amd64", None).os != d.os {
-                        return Err(at.err(&path, format!("`{OS_LABEL}: {os}` disagrees with `platform: {d}`")));
-                    }
-                }
-                Platform::new(&d.os, &d.architecture, None)
-            }
-            (Some(arch), declared) => {
-                let p = Platform::new(os.as_deref().unwrap_or("linux"), &arch, None);
-                if let Some(d) = declared {
-                    if d.os_arch() != p.os_arch() {
-                        return Err(at.err(
-                            &path,
-                            format!("`platform: {d}` disagrees with its labels ({})", p.os_arch()),
-                        ));
-                    }
-                }
-                p
-            }
-        };
-        // Both spellings, normalised the way kubelet sets them, so selectors on either match.
-        for key in [ARCH_LABEL, BETA_ARCH_LABEL] {
-            labels.insert(key.to_string(), platform.architecture.clone());
-        }
-        for key in [OS_LABEL, BETA_OS_LABEL] {
-            labels.insert(key.to_string(), platform.os.clone());
-        }
-        out.push(NodePool {
-            name,
-            platform,
-            labels: labels.clone(),
-            taints: taints.clone(),
-            count,
-            nodes: vec![NodeShape {
-                name: None,
-                labels,
-                taints,
-                runtime: None,
-            }],
-        });
-    }
-    Ok(out)
+    })
 }

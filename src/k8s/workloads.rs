@@ -170,65 +170,13 @@ fn parse_workload(
     pod_spec_path: &str,
     (document, item): (usize, Option<usize>),
 ) -> Result<Workload> {
-    let metadata = match field(obj, "metadata") {
-        Some(m) => expect_mapping(at, m, "metadata")?,
-        None => &Value::Null,
-    };
-    let name = match opt_string(at, metadata, "metadata", "name")? {
-        Some(n) if !n.is_empty() => n,
-        _ => match opt_string(at, metadata, "metadata", "generateName")? {
-            Some(g) if !g.is_empty() => format!("{g}*"),
-            _ => {
-                return Err(at.err(
-                    "metadata.name",
-                    format!("missing; every {kind} needs a name"),
-                ))
-            }
-        },
-    };
-    let namespace = opt_string(at, metadata, "metadata", "namespace")?.filter(|n| !n.is_empty());
-
-    let mut spec = obj;
-    let mut walked = String::new();
-    for key in pod_spec_path.split('.') {
-        walked = join(&walked, key);
-        spec = match field(spec, key) {
-            Some(v) => expect_mapping(at, v, &walked)?,
-            None => {
-                return Err(at.err(
-                    &walked,
-                    format!("missing; a {kind} needs its pod spec at `{pod_spec_path}`"),
-                ))
-            }
-        };
-    }
+    let (name, namespace) = workload_name(at, kind, obj)?;
+    let spec = pod_spec(at, kind, obj, pod_spec_path)?;
     let base = pod_spec_path;
 
     let node_selector = string_map(at, spec, base, "nodeSelector")?;
     let node_name = opt_string(at, spec, base, "nodeName")?.filter(|n| !n.is_empty());
-
-    let mut required_terms = None;
-    let affinity_path = join(base, "affinity.nodeAffinity");
-    let node_affinity = field(spec, "affinity").and_then(|a| field(a, "nodeAffinity"));
-    if let Some(na) = node_affinity {
-        let na = expect_mapping(at, na, &affinity_path)?;
-        let req_path = join(
-            &affinity_path,
-            "requiredDuringSchedulingIgnoredDuringExecution",
-        );
-        if let Some(req) = field(na, "requiredDuringSchedulingIgnoredDuringExecution") {
-            let req = expect_mapping(at, req, &req_path)?;
-            let mut terms = Vec::new();
-            for (i, t) in seq(at, req, &req_path, "nodeSelectorTerms")?
-                .iter()
-                .enumerate()
-            {
-                let tpath = format!("{req_path}.nodeSelectorTerms[{i}]");
-                terms.push(parse_term(at, t, &tpath)?);
-            }
-            required_terms = Some(terms);
-        }
-    }
+    let required_terms = required_terms(at, spec, base)?;
 
     let mut tolerations = Vec::new();
     for (i, t) in seq(at, spec, base, "tolerations")?.iter().enumerate() {
@@ -242,42 +190,13 @@ fn parse_workload(
     let mut containers = Vec::new();
     for (key, init) in [("containers", false), ("initContainers", true)] {
         for (i, c) in seq(at, spec, base, key)?.iter().enumerate() {
-            let cpath = format!("{base}.{key}[{i}]");
-            let c = expect_mapping(at, c, &cpath)?;
-            let name = opt_string(at, c, &cpath, "name")?
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| {
-                    at.err(
-                        &join(&cpath, "name"),
-                        "missing; every container needs a name",
-                    )
-                })?;
-            let image = opt_string(at, c, &cpath, "image")?
-                .map(|i| i.trim().to_string())
-                .filter(|i| !i.is_empty())
-                .ok_or_else(|| {
-                    at.err(
-                        &join(&cpath, "image"),
-                        format!("missing for container `{name}`; every container needs an image"),
-                    )
-                })?;
-            let pull_policy = match opt_string(at, c, &cpath, "imagePullPolicy")?.as_deref() {
-                None | Some("") => None,
-                Some(p @ ("Always" | "IfNotPresent" | "Never")) => Some(p.to_string()),
-                Some(other) => {
-                    return Err(at.err(
-                        &join(&cpath, "imagePullPolicy"),
-                        format!("`{other}` is not one of Always, IfNotPresent, Never"),
-                    ))
-                }
-            };
-            containers.push(Container {
-                name,
-                image,
+            containers.push(parse_container(
+                at,
+                c,
+                &format!("{base}.{key}[{i}]"),
                 init,
-                index: i,
-                pull_policy,
-            });
+                i,
+            )?);
         }
     }
     if !containers.iter().any(|c| !c.init) {
@@ -300,6 +219,112 @@ fn parse_workload(
         tolerations,
         node_name,
         containers,
+    })
+}
+
+/// `metadata.name` (or `generateName` with a `*`) and `metadata.namespace`.
+fn workload_name(at: &At, kind: &str, obj: &Value) -> Result<(String, Option<String>)> {
+    let metadata = match field(obj, "metadata") {
+        Some(m) => expect_mapping(at, m, "metadata")?,
+        None => &Value::Null,
+    };
+    let name = match opt_string(at, metadata, "metadata", "name")? {
+        Some(n) if !n.is_empty() => n,
+        _ => match opt_string(at, metadata, "metadata", "generateName")? {
+            Some(g) if !g.is_empty() => format!("{g}*"),
+            _ => {
+                return Err(at.err(
+                    "metadata.name",
+                    format!("missing; every {kind} needs a name"),
+                ))
+            }
+        },
+    };
+    let namespace = opt_string(at, metadata, "metadata", "namespace")?.filter(|n| !n.is_empty());
+    Ok((name, namespace))
+}
+
+/// The pod spec at `pod_spec_path` (`spec.template.spec`, …) of the object.
+fn pod_spec<'a>(at: &At, kind: &str, obj: &'a Value, pod_spec_path: &str) -> Result<&'a Value> {
+    let mut spec = obj;
+    let mut walked = String::new();
+    for key in pod_spec_path.split('.') {
+        walked = join(&walked, key);
+        spec = match field(spec, key) {
+            Some(v) => expect_mapping(at, v, &walked)?,
+            None => {
+                return Err(at.err(
+                    &walked,
+                    format!("missing; a {kind} needs its pod spec at `{pod_spec_path}`"),
+                ))
+            }
+        };
+    }
+    Ok(spec)
+}
+
+/// The node affinity's required terms; None when the pod spec has none.
+fn required_terms(at: &At, spec: &Value, base: &str) -> Result<Option<Vec<NodeSelectorTerm>>> {
+    let affinity_path = join(base, "affinity.nodeAffinity");
+    let Some(na) = field(spec, "affinity").and_then(|a| field(a, "nodeAffinity")) else {
+        return Ok(None);
+    };
+    let na = expect_mapping(at, na, &affinity_path)?;
+    let req_path = join(
+        &affinity_path,
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    );
+    let Some(req) = field(na, "requiredDuringSchedulingIgnoredDuringExecution") else {
+        return Ok(None);
+    };
+    let req = expect_mapping(at, req, &req_path)?;
+    let mut terms = Vec::new();
+    for (i, t) in seq(at, req, &req_path, "nodeSelectorTerms")?
+        .iter()
+        .enumerate()
+    {
+        let tpath = format!("{req_path}.nodeSelectorTerms[{i}]");
+        terms.push(parse_term(at, t, &tpath)?);
+    }
+    Ok(Some(terms))
+}
+
+/// One container (or init container) at `cpath`: its name, image and pull policy.
+fn parse_container(at: &At, c: &Value, cpath: &str, init: bool, index: usize) -> Result<Container> {
+    let c = expect_mapping(at, c, cpath)?;
+    let name = opt_string(at, c, cpath, "name")?
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            at.err(
+                &join(cpath, "name"),
+                "missing; every container needs a name",
+            )
+        })?;
+    let image = opt_string(at, c, cpath, "image")?
+        .map(|i| i.trim().to_string())
+        .filter(|i| !i.is_empty())
+        .ok_or_else(|| {
+            at.err(
+                &join(cpath, "image"),
+                format!("missing for container `{name}`; every container needs an image"),
+            )
+        })?;
+    let pull_policy = match opt_string(at, c, cpath, "imagePullPolicy")?.as_deref() {
+        None | Some("") => None,
+        Some(p @ ("Always" | "IfNotPresent" | "Never")) => Some(p.to_string()),
+        Some(other) => {
+            return Err(at.err(
+                &join(cpath, "imagePullPolicy"),
+                format!("`{other}` is not one of Always, IfNotPresent, Never"),
+            ))
+        }
+    };
+    Ok(Container {
+        name,
+        image,
+        init,
+        index,
+        pull_policy,
     })
 }
 

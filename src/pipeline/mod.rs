@@ -3,6 +3,7 @@
 
 mod dependents;
 mod emulation;
+mod retry;
 mod together;
 mod unit;
 
@@ -23,7 +24,6 @@ pub use emulation::image_needs_emulation;
 use emulation::EmulationPlan;
 use std::collections::BTreeMap;
 use together::{build_and_push_image, solved_together};
-use unit::build_and_push;
 
 #[derive(Debug, Clone, Default)]
 pub struct BuildOptions {
@@ -228,16 +228,8 @@ async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pus
             .await;
     }
     futures_util::future::try_join_all(units.iter().map(|unit| async move {
-        let engine = builders.for_unit(unit);
         let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
-        let emulated = emulation.is_emulated(unit);
-        match build_and_push(engine, destination, unit, emulated, run).await {
-            Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
-                let emulated = emulation.recheck(engine, unit, run.reporter).await?;
-                build_and_push(engine, destination, unit, emulated, run).await
-            }
-            outcome => outcome,
-        }
+        retry::build_on_builders(unit, shared).await
     }))
     .await
 }

@@ -2,7 +2,7 @@
 //! pushed, else built, exported (or pushed by the engine) and pushed by digest.
 
 use super::Run;
-use crate::build::{self, BuiltImage};
+use crate::build::{self, BuildError, BuiltImage};
 use crate::cache::{CachedManifest, PushCache};
 use crate::engine::Engine;
 use crate::export;
@@ -30,11 +30,11 @@ pub(super) fn check_platform(
     Err(Error::Build {
         image: image.name.clone(),
         platform: unit.platform.to_string(),
-        message: format!(
+        source: BuildError::WrongPlatform(format!(
             "the engine built an image for {} instead; it cannot build for {} (upgrade the engine or use a native builder)",
             built.normalized(),
             unit.platform
-        ),
+        )),
     })
 }
 

@@ -9,6 +9,7 @@
 //! * [`unique_name`]: collision-free names for repositories, tags, images.
 #![allow(dead_code)]
 
+pub mod binfmt;
 pub mod engines;
 pub mod token;
 

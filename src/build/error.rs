@@ -1,0 +1,73 @@
+//! What kind of failure a build was, so that callers decide by kind (retry elsewhere,
+//! build again, stop) and never by the engine's message text.
+
+use super::log::BuildLog;
+use crate::buildkit::SolveError;
+
+/// Why a platform build failed; its text is the message `Error::Build` shows.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The builder went away or could not be reached (engine stopped, connection dropped):
+    /// the build itself may be fine, so another builder may take it.
+    #[error("{0}")]
+    BuilderLost(String),
+    /// The engine ran the build and a step failed: its message, step and last output.
+    #[error("{0}")]
+    StepFailed(String),
+    /// The engine built for another platform than the one asked.
+    #[error("{0}")]
+    WrongPlatform(String),
+    /// The engine lost the image record while writing it (a concurrent removal).
+    #[error("{0}")]
+    ImageLost(String),
+    /// The build cannot run as asked (a feature the engine lacks, a bad ignore file, an
+    /// SSH agent that is not there).
+    #[error("{0}")]
+    Request(String),
+    /// The engine answered with something polyarch cannot use (no image ID, no manifest).
+    #[error("{0}")]
+    Answer(String),
+}
+
+/// How the engine ended a build that did not succeed, before it is classified.
+pub(super) enum Stopped {
+    /// The connection failed or was closed under the build.
+    Lost(String),
+    /// The engine ran the build and reports a failure.
+    Failed(String),
+}
+
+impl Stopped {
+    pub(super) fn message(&self) -> &str {
+        match self {
+            Stopped::Lost(message) | Stopped::Failed(message) => message,
+        }
+    }
+}
+
+impl From<SolveError> for Stopped {
+    fn from(error: SolveError) -> Self {
+        match error {
+            SolveError::Connect { .. } | SolveError::Lost(_) => Stopped::Lost(error.to_string()),
+            SolveError::Failed(_) | SolveError::Unauthorized { .. } => {
+                Stopped::Failed(error.to_string())
+            }
+        }
+    }
+}
+
+impl BuildLog<'_> {
+    /// The one place the engine's failure message is read for its kind: a lost builder,
+    /// or a lost image (BuildKit: "failed to get digest … no such file"). `None`: a
+    /// failure of the build itself, to explain with its log ([`BuildLog::failure`]).
+    pub(super) fn classify(&self, stopped: &Stopped) -> Option<BuildError> {
+        match stopped {
+            Stopped::Lost(message) => Some(BuildError::BuilderLost(self.summary(message))),
+            Stopped::Failed(message) => {
+                let with_tail = self.with_tail(message);
+                (with_tail.contains("failed to get digest") && with_tail.contains("no such file"))
+                    .then(|| BuildError::ImageLost(message.clone()))
+            }
+        }
+    }
+}
