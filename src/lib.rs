@@ -35,6 +35,7 @@ pub mod project;
 pub mod provenance;
 pub mod publish;
 pub mod record;
+pub mod reference;
 pub mod registry;
 pub mod reproducible;
 pub mod store;

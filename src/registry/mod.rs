@@ -7,12 +7,11 @@ mod failure;
 mod probe;
 mod push;
 mod read;
-mod reference;
 mod referrers;
 
+pub use crate::reference::parse_reference;
 pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
-pub use reference::parse_reference;
 
 use crate::credentials::{self, Credential};
 use crate::oci;

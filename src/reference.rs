@@ -1,8 +1,13 @@
 //! Image references: the grammar and Docker Hub normalisation of distribution's
-//! `reference` package, written out once for the whole crate.
+//! `reference` package, written out once for the whole crate. The registry client parses
+//! references with it and the project file judges `repository:` and `tags:` by it, each
+//! wording its own messages.
 
 use crate::{Error, Result};
 use oci_client::Reference;
+
+/// Repository paths (as normalised: `library/` included) are at most this long.
+pub const MAX_PATH_LENGTH: usize = 255;
 
 /// Parses `[host[:port]/]path[:tag][@digest]` with the grammar and Docker Hub
 /// normalisation of distribution's `reference` package. Written out rather than taken
@@ -28,15 +33,10 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
         }
         _ => (rest, None),
     };
-    let (registry, path) = match name.split_once('/') {
-        Some((first, path))
-            if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') =>
-        {
-            check_host(first).map_err(|why| invalid(format!("registry `{first}` {why}")))?;
-            (first.to_string(), path.to_string())
-        }
-        _ => ("docker.io".to_string(), name.to_string()),
-    };
+    let (host, path) = split_host(name);
+    if let Some(host) = host {
+        check_host(host).map_err(|why| invalid(format!("registry `{host}` {}", why.brief())))?;
+    }
     if path.chars().any(|c| c.is_ascii_uppercase()) {
         return Err(invalid(format!(
             "repository path `{path}` has uppercase letters; paths are lowercase"
@@ -47,37 +47,22 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
             "path component `{component}` is not lowercase letters and digits joined by `.`, `_`, `__` or dashes"
         )));
     }
-    if let Some(tag) = tag {
-        let mut chars = tag.chars();
-        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-        if tag.len() > 128
-            || !chars.next().is_some_and(word)
-            || !chars.all(|c| word(c) || c == '.' || c == '-')
-        {
-            return Err(invalid(format!(
-                "tag `{tag}` is not 1-128 letters, digits, `_`, `.` or `-` (not starting with `.` or `-`)"
-            )));
-        }
+    if let Some(tag) = tag.filter(|tag| !is_tag(tag)) {
+        return Err(invalid(format!(
+            "tag `{tag}` is not 1-128 letters, digits, `_`, `.` or `-` (not starting with `.` or `-`)"
+        )));
     }
     if let Some(digest) = digest {
         check_digest(digest).map_err(|why| invalid(format!("digest `{digest}` {why}")))?;
     }
-    let registry = if registry == "index.docker.io" {
-        "docker.io".to_string()
-    } else {
-        registry
-    };
-    let path = if registry == "docker.io" && !path.contains('/') {
-        format!("library/{path}")
-    } else {
-        path
-    };
+    let (registry, path) = normalise(host, path);
     // Checked as normalised, so what parses prints back as something that parses.
-    if path.len() > 255 {
+    if path.len() > MAX_PATH_LENGTH {
         return Err(invalid(
             "the repository path is longer than 255 characters".into(),
         ));
     }
+    let registry = registry.to_string();
     Ok(match (tag, digest) {
         (Some(tag), Some(digest)) => {
             Reference::with_tag_and_digest(registry, path, tag.into(), digest.into())
@@ -88,30 +73,81 @@ pub fn parse_reference(reference: &str) -> Result<Reference> {
     })
 }
 
-/// `host[:port]`: DNS labels, an IPv4 address or a bracketed IPv6 address.
-fn check_host(host: &str) -> std::result::Result<(), &'static str> {
+/// A name's registry host, if its first component names one (has a `.` or `:`, is
+/// `localhost` or a bracketed address), and the repository path after it.
+pub fn split_host(name: &str) -> (Option<&str>, &str) {
+    match name.split_once('/') {
+        Some((first, path))
+            if first.contains(['.', ':']) || first == "localhost" || first.starts_with('[') =>
+        {
+            (Some(first), path)
+        }
+        _ => (None, name),
+    }
+}
+
+/// Docker Hub's spelling: `docker.io` for no host or `index.docker.io`, and `library/`
+/// before a path of one component there.
+pub fn normalise<'a>(host: Option<&'a str>, path: &str) -> (&'a str, String) {
+    let registry = match host {
+        None | Some("index.docker.io") => "docker.io",
+        Some(host) => host,
+    };
+    if registry == "docker.io" && !path.contains('/') {
+        (registry, format!("library/{path}"))
+    } else {
+        (registry, path.to_string())
+    }
+}
+
+/// What is wrong with a registry host; each caller words it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostError<'a> {
+    /// `[` without `]`.
+    Unclosed,
+    /// Between the brackets: not an IPv6 address.
+    NotIpv6(&'a str),
+    /// Something other than `:PORT` after `]`.
+    AfterBracket,
+    /// Not DNS labels (letters, digits, inner dashes) joined by dots.
+    Name,
+    /// The port: not a number from 0 to 65535.
+    Port(&'a str),
+}
+
+impl HostError<'_> {
+    /// The registry client's wording.
+    fn brief(&self) -> &'static str {
+        match self {
+            HostError::Unclosed => "has no closing `]`",
+            HostError::NotIpv6(_) => "is not an IPv6 address in brackets",
+            HostError::AfterBracket => "has text after `]`",
+            HostError::Name => "is not a host name",
+            HostError::Port(_) => "has a port that is not a number from 0 to 65535",
+        }
+    }
+}
+
+/// `host[:port]`: DNS labels, an IPv4 address or a bracketed IPv6 address; the port a
+/// number a socket can use (distribution takes any digits, but such a host is unreachable).
+pub fn check_host(host: &str) -> std::result::Result<(), HostError<'_>> {
     let (name, port) = match host.strip_prefix('[') {
         Some(rest) => {
-            let (address, after) = rest.split_once(']').ok_or("has no closing `]`")?;
-            address
-                .parse::<std::net::Ipv6Addr>()
-                .map_err(|_| "is not an IPv6 address in brackets")?;
-            if after.is_empty() {
-                return Ok(());
+            let (address, after) = rest.split_once(']').ok_or(HostError::Unclosed)?;
+            if address.parse::<std::net::Ipv6Addr>().is_err() {
+                return Err(HostError::NotIpv6(address));
             }
-            (
-                None,
-                Some(after.strip_prefix(':').ok_or("has text after `]`")?),
-            )
+            match after.strip_prefix(':') {
+                Some(port) => (None, Some(port)),
+                None if after.is_empty() => (None, None),
+                None => return Err(HostError::AfterBracket),
+            }
         }
         None => match host.split_once(':') {
             Some((name, port)) => (Some(name), Some(port)),
             None => (Some(host), None),
         },
     };
-    if port.is_some_and(|p| p.is_empty() || !p.chars().all(|c| c.is_ascii_digit())) {
-        return Err("has a port that is not a number");
-    }
     let label = |l: &str| {
         !l.is_empty()
             && !l.starts_with('-')
@@ -119,13 +155,18 @@ fn check_host(host: &str) -> std::result::Result<(), &'static str> {
             && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
     };
     if name.is_some_and(|n| !n.split('.').all(label)) {
-        return Err("is not a host name");
+        return Err(HostError::Name);
+    }
+    if let Some(port) = port {
+        if !port.bytes().all(|b| b.is_ascii_digit()) || port.parse::<u16>().is_err() {
+            return Err(HostError::Port(port));
+        }
     }
     Ok(())
 }
 
 /// Lowercase letters and digits, joined by `.`, `_`, `__` or any number of dashes.
-fn is_path_component(component: &str) -> bool {
+pub fn is_path_component(component: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     if !component.starts_with(alnum) || !component.ends_with(alnum) {
         return false;
@@ -136,6 +177,15 @@ fn is_path_component(component: &str) -> bool {
         .all(|separator| {
             matches!(separator, "." | "_" | "__") || separator.chars().all(|c| c == '-')
         })
+}
+
+/// `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
+pub fn is_tag(tag: &str) -> bool {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut chars = tag.chars();
+    tag.len() <= 128
+        && chars.next().is_some_and(word)
+        && chars.all(|c| word(c) || c == '.' || c == '-')
 }
 
 /// `algorithm:hex`, with the hex length the algorithm requires.
@@ -198,6 +248,7 @@ mod tests {
             "r.io/a@sha256:abc".into(),
             format!("r.io/a@md5:{}", "a".repeat(32)),
             "r.io:port/a:t".into(),
+            "r.io:65536/a:t".into(),
             "bad_host.io/a:t".into(),
             "[::1/a:t".into(),
         ];

@@ -1,0 +1,142 @@
+//! The raw, loosely typed shape of the file: every field optional, every scalar a string.
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+use std::marker::PhantomData;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawProject {
+    // Checked in the first pass; kept here so `deny_unknown_fields` accepts it.
+    #[allow(dead_code)]
+    pub(super) version: Option<serde_norway::Value>,
+    pub(super) binfmt: Option<String>,
+    pub(super) binfmt_image: Option<String>,
+    pub(super) reproducible: Option<String>,
+    pub(super) builders: Option<Entries<RawBuilder>>,
+    pub(super) images: Option<Entries<RawImage>>,
+}
+
+/// A builder: an address or context name, or `{host, tls, fallback}`; or a list of them.
+pub(super) enum RawBuilder {
+    Address(String),
+    Map(RawBuilderMap),
+    List(Vec<RawBuilder>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBuilderMap {
+    pub(super) host: Option<String>,
+    pub(super) tls: Option<RawTls>,
+    pub(super) fallback: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) ca: Option<String>,
+    pub(super) cert: Option<String>,
+    pub(super) key: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for RawBuilder {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawBuilder;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "an engine address, a context name, a mapping with host and tls, or a list of them",
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                let mut list = Vec::new();
+                while let Some(one) = seq.next_element::<RawBuilder>()? {
+                    list.push(one);
+                }
+                Ok(RawBuilder::List(list))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawBuilder, E> {
+                Ok(RawBuilder::Address(v.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<RawBuilder, A::Error> {
+                RawBuilderMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawBuilder::Map)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawImage {
+    pub(super) repository: Option<String>,
+    pub(super) tags: Option<Vec<String>>,
+    pub(super) context: Option<String>,
+    pub(super) dockerfile: Option<String>,
+    pub(super) platforms: Option<Vec<String>>,
+    pub(super) build_args: Option<Entries<String>>,
+    pub(super) target: Option<String>,
+    pub(super) labels: Option<Entries<String>>,
+    pub(super) network: Option<String>,
+    pub(super) binfmt: Option<String>,
+    pub(super) secrets: Option<Entries<RawSecret>>,
+    pub(super) ssh: Option<Vec<String>>,
+    pub(super) cache: Option<RawCache>,
+    pub(super) pull: Option<String>,
+    pub(super) no_cache: Option<String>,
+    pub(super) reproducible: Option<String>,
+    pub(super) provenance: Option<String>,
+    pub(super) annotations: Option<Entries<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSecret {
+    pub(super) file: Option<String>,
+    pub(super) env: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCache {
+    pub(super) from: Option<Vec<String>>,
+    pub(super) to: Option<String>,
+}
+
+/// A mapping kept in file order (images are built and reported in declaration order).
+/// Scalars deserialize as written, so `GREETING: 1.10` stays `"1.10"`.
+pub(super) struct Entries<T>(pub(super) Vec<(String, T)>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Entries<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Entries<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<Self::Value, A::Error> {
+                let mut out = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let value = map.next_value::<T>()?;
+                    out.push((key, value));
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(V(PhantomData))
+    }
+}

@@ -1,0 +1,154 @@
+//! `builders:` in every form.
+
+use super::*;
+
+#[test]
+fn builder_errors() {
+    let d = fixture();
+    let b = |lines: &str| format!("builders:\n{lines}{}", with_image(""));
+    let s = expect(
+        &d,
+        &b("  plan10/arm64: unix:///x\n"),
+        "builders.plan10/arm64",
+        "e.g. linux/amd64",
+    );
+    assert!(s.contains("unknown operating system"), "{s}");
+    let s = expect(
+        &d,
+        &b("  linux/arm64: unix:///a\n  linux/arm64/v8: unix:///b\n"),
+        "builders.linux/arm64/v8",
+        "keep one",
+    );
+    assert!(s.contains("builders.linux/arm64 "), "{s}");
+    expect(
+        &d,
+        &b("  linux/arm64: \"\"\n"),
+        "builders.linux/arm64",
+        "docker context name",
+    );
+    expect(
+        &d,
+        &b("  linux/arm64: 5\n"),
+        "builders.linux/arm64",
+        "builders: {linux/arm64",
+    );
+    expect(
+        &d,
+        "version: 1\nbuilders: x\n",
+        "builders",
+        "builders: {linux/arm64",
+    );
+}
+
+#[test]
+fn builders_take_every_endpoint_form() {
+    let d = fixture();
+    fs::create_dir(d.path().join("certs")).unwrap();
+    for f in ["ca.pem", "cert.pem", "key.pem"] {
+        fs::write(d.path().join("certs").join(f), "").unwrap();
+    }
+    let text = format!(
+            "builders:\n  linux/arm64: ssh://ci@arm-box:2222\n  linux/arm/v7: {{host: tcp://10.0.0.7:2376, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n  linux/riscv64: riscv-ctx\n{}",
+            with_image("")
+        );
+    let p = parse_in(&d, &text).unwrap();
+    let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()][0].clone();
+    assert_eq!(get("linux/arm64").host, "ssh://ci@arm-box:2222");
+    assert!(get("linux/arm64").tls.is_none());
+    let tls = get("linux/arm/v7").tls.unwrap();
+    assert_eq!(
+        tls.ca,
+        Some(d.path().join("certs/ca.pem")),
+        "relative to the file"
+    );
+    assert_eq!(tls.key, Some(d.path().join("certs/key.pem")));
+    assert_eq!(get("linux/riscv64").to_string(), "riscv-ctx");
+    assert_eq!(get("linux/arm64").fallback, Fallback::None);
+    let text = format!(
+        "builders:\n  linux/arm64: {{host: ssh://arm-box, fallback: emulate}}\n{}",
+        with_image("")
+    );
+    let p = parse_in(&d, &text).unwrap();
+    assert_eq!(
+        p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0].fallback,
+        Fallback::Emulate
+    );
+    let text = format!(
+        "builders:\n  linux/arm64: [ssh://a, {{host: ssh://b, fallback: emulate}}]\n{}",
+        with_image("")
+    );
+    let p = parse_in(&d, &text).unwrap();
+    let list = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()];
+    let hosts: Vec<&str> = list.iter().map(|b| b.host.as_str()).collect();
+    assert_eq!(hosts, ["ssh://a", "ssh://b"]);
+}
+
+#[test]
+fn builder_map_errors() {
+    let d = fixture();
+    let b = |line: &str| format!("builders:\n  linux/arm64: {line}\n{}", with_image(""));
+    expect(
+        &d,
+        &b("{tls: {ca: ca.pem}}"),
+        "builders.linux/arm64.host",
+        "host: tcp://",
+    );
+    expect(
+        &d,
+        &b("ftp://arm-box"),
+        "builders.linux/arm64",
+        "unsupported scheme",
+    );
+    expect(
+        &d,
+        &b("{host: \"tcp://h:port\"}"),
+        "builders.linux/arm64.host",
+        "port is not a number",
+    );
+    expect(
+        &d,
+        &b("{host: \"ssh://arm-box\", tls: {ca: ca.pem}}"),
+        "builders.linux/arm64.tls",
+        "tcp:// hosts only",
+    );
+    expect(
+        &d,
+        &b("{host: \"tcp://h:2376\", tls: {ca: missing.pem}}"),
+        "builders.linux/arm64.tls.ca",
+        "does not exist",
+    );
+    fs::write(d.path().join("cert.pem"), "").unwrap();
+    expect(
+        &d,
+        &b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"),
+        "builders.linux/arm64.tls",
+        "no key",
+    );
+    expect(
+        &d,
+        &b("{host: \"tcp://h:2376\", tls: {}}"),
+        "builders.linux/arm64.tls",
+        "give ca",
+    );
+    expect(&d, &b("[]"), "builders.linux/arm64", "empty list");
+    expect(
+        &d,
+        &b("[ssh://a, {host: \"ftp://b\"}]"),
+        "builders.linux/arm64[1].host",
+        "unsupported scheme",
+    );
+    expect(&d, &b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list");
+    expect(
+        &d,
+        &b("{host: \"tcp://h:2376\", fallback: qemu}"),
+        "builders.linux/arm64.fallback",
+        "use one of none, emulate",
+    );
+    let s = expect(
+        &d,
+        &b("{host: \"tcp://h:2376\", tsl: {}}"),
+        "builders.linux/arm64.tsl",
+        "did you mean tls?",
+    );
+    assert!(s.contains("host, tls"), "{s}");
+}

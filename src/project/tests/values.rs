@@ -1,0 +1,250 @@
+//! The job's values: `${VAR}`, `--set` and the CI examples that use them.
+
+use super::*;
+
+const JOB: &str = "version: 1\nimages:\n  api:\n    repository: ${REGISTRY}/api\n    tags: [\"${VERSION}\", latest]\n    context: .\n    platforms: [linux/amd64]\n    build_args: {VERSION: \"${VERSION:-dev}\", COMMIT: \"${COMMIT:-unknown}\"}\n    labels: {org.opencontainers.image.version: $VERSION}\n  web:\n    repository: 127.0.0.1:5000/demo/web\n    tags: [\"${WEB_TAG:-edge}\"]\n    context: .\n    platforms: [linux/amd64]\n";
+
+#[test]
+fn variables_fill_values_and_are_recorded() {
+    let d = fixture();
+    let p = parse_job(&d, JOB, &[], Purpose::Build).unwrap();
+    let api = p.image("api").unwrap();
+    assert_eq!(api.repository, "127.0.0.1:5000/demo/api");
+    assert_eq!(api.tags, ["v1.4.3", "latest"]);
+    assert_eq!(api.build_args["VERSION"], "v1.4.3");
+    assert_eq!(api.build_args["COMMIT"], "unknown");
+    assert_eq!(api.labels["org.opencontainers.image.version"], "v1.4.3");
+    assert_eq!(p.image("web").unwrap().tags, ["edge"]);
+    let sources: Vec<(String, String)> = p
+        .values_for(&["api".into()])
+        .into_iter()
+        .map(|v| (v.field, v.source))
+        .collect();
+    let pair = |f: &str, s: &str| (f.to_string(), s.to_string());
+    assert_eq!(
+        sources,
+        vec![
+            pair("images.api.repository", "env:REGISTRY"),
+            pair("images.api.tags[0]", "env:VERSION"),
+            pair("images.api.build_args.VERSION", "env:VERSION"),
+            pair("images.api.build_args.COMMIT", "default:COMMIT"),
+            pair(
+                "images.api.labels.org.opencontainers.image.version",
+                "env:VERSION"
+            ),
+        ]
+    );
+    assert_eq!(p.values_for(&[]).len(), 6, "all images");
+    // A file without variables has nothing to record.
+    assert!(parse_in(&d, FULL).unwrap().values_for(&[]).is_empty());
+}
+
+#[test]
+fn an_unset_variable_names_the_field_and_variable() {
+    let d = fixture();
+    let text = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
+    let (f, m, shown) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+    assert_eq!(f, "images.api.tags[0]");
+    assert!(
+        m.contains("variable RELEASE is not set") && m.contains("${RELEASE:-default}"),
+        "{shown}"
+    );
+    assert!(
+        shown.starts_with(&format!(
+            "{}: images.api.tags[0]: ",
+            d.path().join("polyarch.yaml").display()
+        )),
+        "{shown}"
+    );
+    let text = JOB.replace(
+        "${REGISTRY}/api",
+        "\"${REGISTRY_HOST:?the registry to push to}/api\"",
+    );
+    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+    assert_eq!(f, "images.api.repository");
+    assert!(
+        m.contains("REGISTRY_HOST is not set: the registry to push to;"),
+        "{m}"
+    );
+    // Keys are names, not values: left alone.
+    let text = with_image("    build_args: {$NOT_A_VARIABLE: x}\n");
+    assert!(parse_in(&d, &text)
+        .unwrap()
+        .image("hello")
+        .unwrap()
+        .build_args
+        .contains_key("$NOT_A_VARIABLE"));
+    // A value from the job is validated like any other, and traced to its variable.
+    let text = JOB.replace("${VERSION}\", latest", "${BAD_TAG}\", latest");
+    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+    assert_eq!(f, "images.api.tags[0]");
+    assert!(
+        m.contains("is not a valid tag") && m.ends_with("(the value came from $BAD_TAG)"),
+        "{m}"
+    );
+    // Every variable of a bad value is named.
+    let text = JOB.replace("${REGISTRY}/api", "${REGISTRY}/${BAD_TAG}");
+    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+    assert_eq!(f, "images.api.repository");
+    assert!(
+        m.ends_with("(the value came from $REGISTRY, $BAD_TAG)"),
+        "{m}"
+    );
+    // `[${VERSION}]` is YAML's mapping inside a list: the fix is to quote it.
+    let text = JOB.replace("[\"${VERSION}\", latest]", "[${VERSION}, latest]");
+    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+    assert_eq!(f, "");
+    assert!(
+        m.contains("line 5") && m.contains("quote values holding `${…}`"),
+        "{m}"
+    );
+    let (_, m, _) = project_err(parse_in(&d, "version: 1\nimages: [\n"));
+    assert!(m.contains("fix the indentation"), "{m}");
+}
+
+#[test]
+fn set_overrides_the_file() {
+    let d = fixture();
+    let p = parse_job(
+        &d,
+        JOB,
+        &[
+            "api.tags=v2.0.0, latest",
+            "*.platforms=linux/arm64,linux/amd64",
+            "api.args.VERSION=1.2",
+            "api.labels.org.example.team=core",
+            "web.target=release",
+            "web.dockerfile=app/Dockerfile.release",
+        ],
+        Purpose::Build,
+    )
+    .unwrap();
+    let api = p.image("api").unwrap();
+    assert_eq!(api.tags, ["v2.0.0", "latest"]);
+    assert_eq!(api.platforms.len(), 2);
+    assert_eq!(api.build_args["VERSION"], "1.2");
+    assert_eq!(api.labels["org.example.team"], "core");
+    let web = p.image("web").unwrap();
+    assert_eq!(web.platforms, api.platforms);
+    assert_eq!(web.target.as_deref(), Some("release"));
+    assert_eq!(web.dockerfile, Path::new("app/Dockerfile.release"));
+    let sources = p.values_for(&["api".into()]);
+    let of = |field: &str| {
+        sources
+            .iter()
+            .filter(|v| v.field == field)
+            .map(|v| v.source.as_str())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("images.api.tags"), ["set"]);
+    assert!(
+        of("images.api.tags[0]").is_empty(),
+        "the file's ${{VERSION}} was replaced"
+    );
+    assert_eq!(of("images.api.build_args.VERSION"), ["set"]);
+    assert_eq!(of("images.api.build_args.COMMIT"), ["default:COMMIT"]);
+    // A --set value is taken literally, and spares the field it replaces from the
+    // file's unset variable.
+    let text = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
+    let p = parse_job(
+        &d,
+        &text,
+        &["api.tags=v1", "api.args.X=$HOME"],
+        Purpose::Build,
+    )
+    .unwrap();
+    assert_eq!(p.image("api").unwrap().build_args["X"], "$HOME");
+    // The later of two wins.
+    let p = parse_job(&d, JOB, &["api.tags=a", "api.tags=b"], Purpose::Build).unwrap();
+    assert_eq!(p.image("api").unwrap().tags, ["b"]);
+}
+
+#[test]
+fn a_bad_set_is_a_usage_error_naming_it() {
+    let d = fixture();
+    let usage = |sets: &[&str]| match parse_job(&d, JOB, sets, Purpose::Build) {
+        Err(Error::Usage(m)) => m,
+        other => panic!("not a usage error: {other:?}"),
+    };
+    let m = usage(&["apx.tags=v1"]);
+    assert!(
+        m.starts_with("--set apx.tags=v1: no image of ")
+            && m.ends_with("is named `apx`; its images are api, web"),
+        "{m}"
+    );
+    let m = usage(&["api.platfroms=linux/arm64"]);
+    assert!(
+        m.starts_with("--set api.platfroms=linux/arm64: `platfroms` is not a field")
+            && m.contains("did you mean platforms?"),
+        "{m}"
+    );
+    // A value --set gives is validated at its field, naming the flag.
+    let (f, m, _) = project_err(parse_job(
+        &d,
+        JOB,
+        &["api.platforms=linux/foo"],
+        Purpose::Build,
+    ));
+    assert_eq!(f, "images.api.platforms[0]");
+    assert!(
+        m.ends_with("(the value came from --set api.platforms=linux/foo)"),
+        "{m}"
+    );
+    let (f, m, _) = project_err(parse_job(&d, JOB, &["api.tags="], Purpose::Build));
+    assert_eq!(f, "images.api.tags");
+    assert!(
+        m.contains("is empty") && m.contains("--set api.tags="),
+        "{m}"
+    );
+}
+
+/// The CI job's environment, as the examples under examples/ci/ expect it.
+fn ci_job(name: &str) -> Option<String> {
+    match name {
+        "REGISTRY" => Some("ghcr.io".to_string()),
+        "VERSION" => Some("v1.4.3".to_string()),
+        "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
+        _ => None,
+    }
+}
+
+/// A project file of examples/ci/ and the options to read it in the CI job.
+fn ci_example(file: &str) -> (PathBuf, LoadOptions<'static>) {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/ci")
+        .join(file);
+    let options = LoadOptions {
+        purpose: Purpose::Verify,
+        overrides: &[],
+        env: &ci_job,
+    };
+    (file, options)
+}
+
+/// The CI example's project file takes its registry and version from the job.
+#[test]
+fn the_ci_example_reads_its_release_from_the_environment() {
+    let (file, options) = ci_example("polyarch.yaml");
+    let p = Project::load(&file, &options).unwrap();
+    let api = p.image("api").unwrap();
+    assert_eq!(api.repository, "ghcr.io/acme/api");
+    assert_eq!(api.tags, ["v1.4.3", "latest"]);
+    assert_eq!(api.labels["org.opencontainers.image.revision"], "unknown");
+    let without = LoadOptions {
+        env: &|name: &str| ci_job(name).filter(|_| name != "VERSION"),
+        ..options
+    };
+    let (f, m, _) = project_err(Project::load(&file, &without));
+    assert_eq!(f, "images.api.tags[0]");
+    assert!(m.contains("VERSION is not set: the release version"), "{m}");
+}
+
+/// The ssh builder example names its builder from the job too.
+#[test]
+fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
+    let (file, options) = ci_example("polyarch-ssh.yaml");
+    let p = Project::load(&file, &options).unwrap();
+    let arm = &p.builders[&"linux/arm64".parse::<Platform>().unwrap()][0];
+    assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
+    assert!(!arm.endpoint().unwrap().is_local());
+}
