@@ -247,33 +247,22 @@ pub(super) async fn build_unit(
         fallback: run.fallbacks.get(&unit.platform).cloned(),
         window: Some(BuildWindow::ending_now(built.seconds)),
     };
-    let reference = first_tag(image)?;
-
-    if let Some(pushed) = built.pushed {
+    if let Some(pushed) = built.pushed.clone() {
         check_platform(image, unit, &pushed.platform)?;
-        cache.put(
-            &image.repository,
-            &pushed_key(image, &built.id),
-            CachedManifest {
-                digest: pushed.digest.clone(),
-                size: pushed.size,
-                os: pushed.platform.os.clone(),
-                architecture: pushed.platform.architecture.clone(),
-                variant: pushed.platform.variant.clone(),
-            },
-        );
+        let entry = IndexEntry {
+            digest: pushed.digest,
+            size: pushed.size,
+            platform: pushed.platform,
+        };
+        remember_pushed(run, image, &built.id, &entry);
         phase(
             Phase::Done,
-            format!("pushed {} (by the engine)", pushed.digest),
+            format!("pushed {} (by the engine)", entry.digest),
         );
         return Ok(Pushed {
             image: image.name.clone(),
             platform: unit.platform.clone(),
-            entry: IndexEntry {
-                digest: pushed.digest,
-                size: pushed.size,
-                platform: pushed.platform,
-            },
+            entry,
             build: build_info,
         });
     }
@@ -291,32 +280,78 @@ pub(super) async fn build_unit(
     }
 
     phase(Phase::Export, format!("exporting {}", &built.id));
+    let exported = export_built(engine, unit, &built, run).await?;
+    let entry = push_exported(destination, unit, exported, reporter).await?;
+    remember_pushed(run, image, &built.id, &entry);
+    phase(Phase::Done, format!("pushed {}", entry.digest));
+    Ok(Pushed {
+        image: image.name.clone(),
+        platform: unit.platform.clone(),
+        entry,
+        build: build_info,
+    })
+}
+
+/// The pushed manifest, remembered under the image's ID for the next run's reuse.
+fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntry) {
+    run.cache.put(
+        &image.repository,
+        &pushed_key(image, id),
+        CachedManifest {
+            digest: entry.digest.clone(),
+            size: entry.size,
+            os: entry.platform.os.clone(),
+            architecture: entry.platform.architecture.clone(),
+            variant: entry.platform.variant.clone(),
+        },
+    );
+}
+
+/// The built image out of the engine (its temporary tag removed either way), with times
+/// clamped for `SOURCE_DATE_EPOCH`.
+async fn export_built(
+    engine: &Engine,
+    unit: &Unit<'_>,
+    built: &BuiltImage,
+    run: &Run<'_>,
+) -> Result<export::ExportedImage> {
+    let image = unit.image;
     let exported = export::export_image(
         &engine.docker,
         &built.id,
         &image.name,
         Some(&unit.platform),
-        reporter,
+        run.reporter,
     )
     .await;
     // The image is in the spool (or the export failed): the engine copy is not needed.
-    let _ = cleanup.remove(engine, &built.tag).await;
-    let mut exported = exported?;
-    if let Some(epoch) = image.source_date_epoch {
-        // The engine wrote the image with the build's own times; they are clamped here.
-        exported =
-            tokio::task::spawn_blocking(move || crate::reproducible::normalise(exported, epoch))
-                .await
-                .map_err(|e| Error::Export {
-                    image: image.name.clone(),
-                    message: e.to_string(),
-                })?
-                .map_err(|message| Error::Export {
-                    image: image.name.clone(),
-                    message,
-                })?;
-    }
+    let _ = run.cleanup.remove(engine, &built.tag).await;
+    let exported = exported?;
+    let Some(epoch) = image.source_date_epoch else {
+        return Ok(exported);
+    };
+    // The engine wrote the image with the build's own times; they are clamped here.
+    tokio::task::spawn_blocking(move || crate::reproducible::normalise(exported, epoch))
+        .await
+        .map_err(|e| Error::Export {
+            image: image.name.clone(),
+            message: e.to_string(),
+        })?
+        .map_err(|message| Error::Export {
+            image: image.name.clone(),
+            message,
+        })
+}
 
+/// Pushes an exported image's layers, config and manifest (by digest: no per-platform
+/// tags are left behind in the repository); the manifest's index entry.
+async fn push_exported(
+    destination: &Destination,
+    unit: &Unit<'_>,
+    exported: export::ExportedImage,
+    reporter: &dyn Reporter,
+) -> Result<IndexEntry> {
+    let image = unit.image;
     let config_platform =
         ConfigPlatform::from_config(&exported.config).map_err(|m| Error::Export {
             image: image.name.clone(),
@@ -325,10 +360,12 @@ pub(super) async fn build_unit(
     check_platform(image, unit, &config_platform)?;
 
     let total: u64 = exported.layers.iter().map(|l| l.size).sum();
-    phase(
-        Phase::Push,
-        format!("pushing {} layers ({} bytes)", exported.layers.len(), total),
-    );
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: Some(unit.platform.clone()),
+        phase: Phase::Push,
+        message: format!("pushing {} layers ({} bytes)", exported.layers.len(), total),
+    });
     let progress = BlobProgress {
         image: &image.name,
         platform: Some(&unit.platform),
@@ -336,6 +373,7 @@ pub(super) async fn build_unit(
         reporter,
         done: Default::default(),
     };
+    let reference = first_tag(image)?;
     for layer in &exported.layers {
         destination.put_layer(&reference, layer, &progress).await?;
     }
@@ -345,28 +383,10 @@ pub(super) async fn build_unit(
             image: image.name.clone(),
             message: m,
         })?;
-    // By digest: no per-platform tags are left behind in the repository.
     destination.put_manifest(&reference, &manifest).await?;
-    cache.put(
-        &image.repository,
-        &pushed_key(image, &built.id),
-        CachedManifest {
-            digest: manifest.digest.clone(),
-            size: manifest.bytes.len() as u64,
-            os: config_platform.os.clone(),
-            architecture: config_platform.architecture.clone(),
-            variant: config_platform.variant.clone(),
-        },
-    );
-    phase(Phase::Done, format!("pushed {}", manifest.digest));
-    Ok(Pushed {
-        image: image.name.clone(),
-        platform: unit.platform.clone(),
-        entry: IndexEntry {
-            digest: manifest.digest.clone(),
-            size: manifest.bytes.len() as u64,
-            platform: config_platform,
-        },
-        build: build_info,
+    Ok(IndexEntry {
+        digest: manifest.digest.clone(),
+        size: manifest.bytes.len() as u64,
+        platform: config_platform,
     })
 }
