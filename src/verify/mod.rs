@@ -410,23 +410,15 @@ async fn check_entry<S: ContentSource>(
     } else {
         None
     };
-    let detail = detail
-        .or_else(|| {
-            (status == PlatformStatus::BinaryMismatch)
-                .then(|| deep.as_ref().map(|d| d.detail.clone()))
-                .flatten()
-        })
-        .or_else(|| {
-            (status == PlatformStatus::ConfigMismatch).then(|| {
-                format!(
-                    "entry {} says {platform} but its config says {}",
-                    entry.digest,
-                    config_platform
-                        .as_ref()
-                        .map_or("nothing".to_string(), |c| c.to_string())
-                )
-            })
-        });
+    let detail = detail.or_else(|| {
+        mismatch_detail(
+            &status,
+            deep.as_ref(),
+            entry,
+            &platform,
+            config_platform.as_ref(),
+        )
+    });
     Ok((
         PlatformCoverage {
             platform,
@@ -447,4 +439,26 @@ async fn check_entry<S: ContentSource>(
         },
         warnings,
     ))
+}
+
+/// Why an entry is not what it claims: its binary's or its config's platform.
+fn mismatch_detail(
+    status: &PlatformStatus,
+    deep: Option<&DeepCheck>,
+    entry: &Entry,
+    platform: &Platform,
+    config_platform: Option<&Platform>,
+) -> Option<String> {
+    (*status == PlatformStatus::BinaryMismatch)
+        .then(|| deep.map(|d| d.detail.clone()))
+        .flatten()
+        .or_else(|| {
+            (*status == PlatformStatus::ConfigMismatch).then(|| {
+                format!(
+                    "entry {} says {platform} but its config says {}",
+                    entry.digest,
+                    config_platform.map_or("nothing".to_string(), |c| c.to_string())
+                )
+            })
+        })
 }
