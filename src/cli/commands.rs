@@ -104,17 +104,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         registry,
     } = args;
     let mut project = Project::load(&file, &loading(Purpose::Build, &set))?;
-    let layout = match destination {
-        None => None,
-        Some(d) => match polyarch::layout::parse_layout_reference(&d) {
-            Some((dir, None)) => Some(dir),
-            _ => {
-                return Err(Error::Usage(format!(
-                    "--output {d}: expected oci:DIR (tags come from polyarch.yaml)"
-                )))
-            }
-        },
-    };
+    let layout = destination.as_deref().map(layout_dir).transpose()?;
     let registry = registry_options(&registry)?;
     let login = registry
         .credentials
@@ -163,14 +153,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
             .run(cleanup_grace(&outcome), reporter.as_ref())
             .await;
         drop(reporter);
-        let part = outcome?;
-        if let Some(path) = &output.record {
-            std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
-        }
-        if output.output_format == OutputFormat::Json || output.record.is_none() {
-            println!("{}", part.to_json());
-        }
-        return Ok(exit::COVERED);
+        return write_part(&outcome?, &output);
     }
     let outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
     cleanup
@@ -178,6 +161,27 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         .await;
     drop(reporter);
     finish(&outcome?.with_values(&project), &output)
+}
+
+/// `--output oci:DIR`: the layout directory (tags come from polyarch.yaml).
+fn layout_dir(destination: &str) -> Result<std::path::PathBuf, Error> {
+    match polyarch::layout::parse_layout_reference(destination) {
+        Some((dir, None)) => Ok(dir),
+        _ => Err(Error::Usage(format!(
+            "--output {destination}: expected oci:DIR (tags come from polyarch.yaml)"
+        ))),
+    }
+}
+
+/// `--push-by-digest`: the part record, to `--record` and (or) standard output.
+fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
+    if let Some(path) = &output.record {
+        std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
+    }
+    if output.output_format == OutputFormat::Json || output.record.is_none() {
+        println!("{}", part.to_json());
+    }
+    Ok(exit::COVERED)
 }
 
 async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
