@@ -1,6 +1,6 @@
 //! Text for the terminal: the library hands back data, the CLI words it.
 
-use polyarch::record::CoverageRecord;
+use polyarch::record::{CoverageRecord, PlatformCoverage};
 
 pub mod doctor;
 pub mod gate;
@@ -30,50 +30,7 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
             verdict
         );
         for p in &image.platforms {
-            let status = serde_json::to_value(&p.status)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            let digest = p
-                .digest
-                .as_deref()
-                .map(polyarch::oci::short_digest)
-                .unwrap_or("-");
-            let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
-            let build = p.build.as_ref().map_or(String::new(), |b| {
-                let fallback = if b.fallback.is_some() {
-                    ", its builder unreachable (fallback: emulate)"
-                } else {
-                    ""
-                };
-                if b.reused {
-                    format!("  inputs unchanged, not rebuilt{fallback}")
-                } else {
-                    let emulated = if b.emulated { " (emulated)" } else { "" };
-                    format!("  built in {:.1}s{emulated}{fallback}", b.seconds)
-                }
-            });
-            out += &format!(
-                "  {:<16} {:<15} {:<12} {:>9}{build}\n",
-                p.platform.to_string(),
-                status,
-                digest,
-                size
-            );
-            if let Some(detail) = &p.detail {
-                out += &format!("    {detail}\n");
-            }
-            for attached in &p.attached {
-                let kind = match (&attached.predicate_type, &attached.artifact_type) {
-                    (Some(predicate), _) => predicate.as_str(),
-                    (None, Some(artifact)) => artifact.as_str(),
-                    (None, None) => "an artifact",
-                };
-                out += &format!(
-                    "    attached: {kind} ({})\n",
-                    polyarch::oci::short_digest(&attached.digest)
-                );
-            }
+            out += &platform_lines(p);
         }
         for digest in &image.attestations {
             out += &format!(
@@ -109,6 +66,57 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
     } else {
         "coverage gap: see above\n"
     };
+    out
+}
+
+/// A platform's line (status, digest, size, how it was built), its detail and what is
+/// attached to it.
+fn platform_lines(p: &PlatformCoverage) -> String {
+    let mut out = String::new();
+    let status = serde_json::to_value(&p.status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let digest = p
+        .digest
+        .as_deref()
+        .map(polyarch::oci::short_digest)
+        .unwrap_or("-");
+    let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
+    let build = p.build.as_ref().map_or(String::new(), |b| {
+        let fallback = if b.fallback.is_some() {
+            ", its builder unreachable (fallback: emulate)"
+        } else {
+            ""
+        };
+        if b.reused {
+            format!("  inputs unchanged, not rebuilt{fallback}")
+        } else {
+            let emulated = if b.emulated { " (emulated)" } else { "" };
+            format!("  built in {:.1}s{emulated}{fallback}", b.seconds)
+        }
+    });
+    out += &format!(
+        "  {:<16} {:<15} {:<12} {:>9}{build}\n",
+        p.platform.to_string(),
+        status,
+        digest,
+        size
+    );
+    if let Some(detail) = &p.detail {
+        out += &format!("    {detail}\n");
+    }
+    for attached in &p.attached {
+        let kind = match (&attached.predicate_type, &attached.artifact_type) {
+            (Some(predicate), _) => predicate.as_str(),
+            (None, Some(artifact)) => artifact.as_str(),
+            (None, None) => "an artifact",
+        };
+        out += &format!(
+            "    attached: {kind} ({})\n",
+            polyarch::oci::short_digest(&attached.digest)
+        );
+    }
     out
 }
 
