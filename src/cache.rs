@@ -165,6 +165,16 @@ impl PushCache {
         PushCache(Store::open("pushed.json"))
     }
 
+    /// Kept in memory only: unit tests never read the user's cache.
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> PushCache {
+        PushCache(Store {
+            path: None,
+            entries: Mutex::default(),
+            changed: AtomicBool::new(false),
+        })
+    }
+
     pub fn get(&self, repository: &str, image_id: &str) -> Option<CachedManifest> {
         self.0.get(&key(repository, image_id))
     }

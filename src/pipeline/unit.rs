@@ -390,3 +390,58 @@ async fn push_exported(
         platform: config_platform,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fake::{image, FakeStore};
+
+    fn manifest(digest: &str) -> CachedManifest {
+        CachedManifest {
+            digest: digest.to_string(),
+            size: 400,
+            os: "linux".into(),
+            architecture: "arm64".into(),
+            variant: None,
+        }
+    }
+
+    /// The warm path's second half: an image ID pushed by an earlier run is reused only
+    /// while the registry still has that manifest, and only for the same annotations.
+    #[tokio::test]
+    async fn an_earlier_push_is_reused_only_while_the_registry_has_it() {
+        let (store, cache, api) = (FakeStore::default(), PushCache::in_memory(), image("v1"));
+        let digest = format!("sha256:{}", "a".repeat(64));
+        cache.put(
+            &api.repository,
+            &pushed_key(&api, "sha256:id1"),
+            manifest(&digest),
+        );
+
+        // Garbage-collected from the registry since: built again.
+        assert!(already_pushed(&store, &cache, &api, "sha256:id1")
+            .await
+            .is_none());
+
+        store
+            .manifests
+            .lock()
+            .unwrap()
+            .insert(digest.clone(), Vec::new());
+        let reused = already_pushed(&store, &cache, &api, "sha256:id1").await;
+        assert_eq!(reused.map(|m| m.digest), Some(digest.clone()));
+
+        // Another image, or the same image with other manifest annotations: not reused.
+        assert!(already_pushed(&store, &cache, &api, "sha256:id2")
+            .await
+            .is_none());
+        let mut annotated = api.clone();
+        annotated
+            .annotations
+            .manifest
+            .insert("org.opencontainers.image.version".into(), "1.2".into());
+        assert!(already_pushed(&store, &cache, &annotated, "sha256:id1")
+            .await
+            .is_none());
+    }
+}

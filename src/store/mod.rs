@@ -1,6 +1,9 @@
 //! Where built images go: the image store seam (blobs, manifests by digest, tags, reading
 //! back) with its two implementations, a registry and an OCI layout directory.
 
+#[cfg(test)]
+pub(crate) mod fake;
+
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::ManifestBlob;
