@@ -46,7 +46,11 @@ impl Registry {
         Fut: Future<Output = std::result::Result<T, Attempt>>,
     {
         let found = self.get_if_there(reference, what, path, accept, read, false);
-        Ok(found.await?.expect("a 404 is an error here"))
+        // Without `absent_ok` a 404 is an error already; None cannot come back.
+        found.await?.ok_or_else(|| crate::Error::Registry {
+            registry: reference.registry().to_string(),
+            message: format!("cannot {what} for {reference}: not found"),
+        })
     }
 
     /// As [`Registry::get`], with `absent_ok` a 404 answer is `None`.
