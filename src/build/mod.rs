@@ -361,39 +361,7 @@ async fn solve_in_session(
 ) -> std::result::Result<buildkit::Solved, buildkit::SolveError> {
     let list: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     let platform_names = list.join(",");
-    let mut attrs: HashMap<String, String> =
-        HashMap::from([("platform".into(), platform_names.clone())]);
-    if let Some(target) = &spec.target {
-        attrs.insert("target".into(), target.clone());
-    }
-    if let Some(epoch) = spec.source_date_epoch {
-        // BuildKit 0.11+ sets the config's and history's times from it.
-        attrs.insert("build-arg:SOURCE_DATE_EPOCH".into(), epoch.to_string());
-    }
-    for (key, value) in &spec.build_args {
-        attrs.insert(format!("build-arg:{key}"), value.clone());
-    }
-    for (key, value) in &spec.labels {
-        attrs.insert(format!("label:{key}"), value.clone());
-    }
-    let mut entitlements = Vec::new();
-    match spec.network {
-        Network::Default => {}
-        Network::Host => {
-            attrs.insert("force-network-mode".into(), "host".into());
-            entitlements.push("network.host".to_string());
-        }
-        Network::None => {
-            attrs.insert("force-network-mode".into(), "none".into());
-        }
-    }
-    if spec.pull {
-        attrs.insert("image-resolve-mode".into(), "pull".into());
-    }
-    if spec.no_cache {
-        // Empty: no step may come from the cache (a list would name stages).
-        attrs.insert("no-cache".into(), String::new());
-    }
+    let (attrs, entitlements) = frontend_attrs(spec, &platform_names);
     let secrets = spec
         .secrets
         .iter()
@@ -407,32 +375,7 @@ async fn solve_in_session(
             .map_err(|e| buildkit::SolveError::Failed(format!("SSH agent `{id}`: {e}")))?;
         sockets.insert(id.clone(), socket);
     }
-    // Only BuildKit on containerd's image store has the registry cache exporter (Docker's
-    // classic store offers `inline` alone, and refuses the solve for any other). Said
-    // once per engine and run, not per platform.
-    static TOLD: std::sync::Mutex<std::collections::BTreeSet<String>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let cache_to = match &spec.cache_to {
-        Some(to) if !engine.containerd_store => {
-            let first = TOLD
-                .lock()
-                .map(|mut told| told.insert(engine.endpoint.clone()))
-                .unwrap_or(false);
-            if first {
-                reporter.report(Event::Warning {
-                    message: format!(
-                        "the engine at {} (Docker {}) keeps images in the classic store, whose BuildKit cannot export a registry cache: building without exporting to {to}; use an engine with the containerd image store to export",
-                        engine.endpoint, engine.server_version
-                    ),
-                });
-            }
-            None
-        }
-        // Per-platform caches need one solve per platform: the caller solves several
-        // platforms together only for images without registry cache.
-        Some(to) => platforms.first().map(|platform| to.for_platform(platform)),
-        None => None,
-    };
+    let cache_to = registry_cache_to(engine, spec, platforms, reporter);
     let build = buildkit::DockerfileBuild {
         context: &spec.context,
         dockerfile: &spec.dockerfile,
@@ -483,6 +426,82 @@ async fn solve_in_session(
         on_status(status)
     })
     .await
+}
+
+/// The Dockerfile frontend's attributes for `spec` and the entitlements they need.
+fn frontend_attrs(
+    spec: &ImageSpec,
+    platform_names: &str,
+) -> (HashMap<String, String>, Vec<String>) {
+    let mut attrs: HashMap<String, String> =
+        HashMap::from([("platform".into(), platform_names.to_string())]);
+    if let Some(target) = &spec.target {
+        attrs.insert("target".into(), target.clone());
+    }
+    if let Some(epoch) = spec.source_date_epoch {
+        // BuildKit 0.11+ sets the config's and history's times from it.
+        attrs.insert("build-arg:SOURCE_DATE_EPOCH".into(), epoch.to_string());
+    }
+    for (key, value) in &spec.build_args {
+        attrs.insert(format!("build-arg:{key}"), value.clone());
+    }
+    for (key, value) in &spec.labels {
+        attrs.insert(format!("label:{key}"), value.clone());
+    }
+    let mut entitlements = Vec::new();
+    match spec.network {
+        Network::Default => {}
+        Network::Host => {
+            attrs.insert("force-network-mode".into(), "host".into());
+            entitlements.push("network.host".to_string());
+        }
+        Network::None => {
+            attrs.insert("force-network-mode".into(), "none".into());
+        }
+    }
+    if spec.pull {
+        attrs.insert("image-resolve-mode".into(), "pull".into());
+    }
+    if spec.no_cache {
+        // Empty: no step may come from the cache (a list would name stages).
+        attrs.insert("no-cache".into(), String::new());
+    }
+    (attrs, entitlements)
+}
+
+/// Where the registry cache goes, if the engine can export one. Only BuildKit on
+/// containerd's image store has the registry cache exporter (Docker's classic store offers
+/// `inline` alone, and refuses the solve for any other): said once per engine and run, not
+/// per platform.
+fn registry_cache_to(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platforms: &[Platform],
+    reporter: &dyn Reporter,
+) -> Option<String> {
+    static TOLD: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    match &spec.cache_to {
+        Some(to) if !engine.containerd_store => {
+            let first = TOLD
+                .lock()
+                .map(|mut told| told.insert(engine.endpoint.clone()))
+                .unwrap_or(false);
+            if first {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "the engine at {} (Docker {}) keeps images in the classic store, whose BuildKit cannot export a registry cache: building without exporting to {to}; use an engine with the containerd image store to export",
+                        engine.endpoint, engine.server_version
+                    ),
+                });
+            }
+            None
+        }
+        // Per-platform caches need one solve per platform: the caller solves several
+        // platforms together only for images without registry cache.
+        Some(to) => platforms.first().map(|platform| to.for_platform(platform)),
+        None => None,
+    }
 }
 
 #[cfg(test)]
