@@ -5,11 +5,10 @@
 mod support;
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use support::{
-    curl, polyarch, run, skopeo_digest, skopeo_inspect_raw_creds, unique_name, Registry,
+    curl, polyarch, run, run_with_stdin, skopeo_digest, skopeo_inspect_raw_creds, unique_name,
+    Registry,
 };
 
 const PLATFORMS: [&str; 2] = ["amd64", "arm64"];
@@ -76,20 +75,6 @@ fn layers(reference: &str, arch: &str, creds: Creds) -> Vec<String> {
         .iter()
         .map(|l| l["digest"].as_str().unwrap().to_string())
         .collect()
-}
-
-/// Runs `cmd` with `input` on its standard input.
-fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn polyarch");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).unwrap();
-    drop(stdin);
-    child.wait_with_output().unwrap()
 }
 
 /// `polyarch build` of the whole project (with `--username/--password-stdin` and an

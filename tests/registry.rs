@@ -6,12 +6,12 @@ mod proxy;
 mod support;
 
 use proxy::{Fault, Proxy, Rule};
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 use support::{
-    hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
+    hello_context, polyarch, run, run_with_stdin, skopeo_digest, unique_name, write_project,
+    Registry, HELLO,
 };
 
 /// A project for `repository` in a fresh dir, plus an empty DOCKER_CONFIG dir.
@@ -50,22 +50,6 @@ impl Project {
             .env_remove("SSL_CERT_FILE");
         cmd
     }
-}
-
-fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn polyarch");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 fn text(out: &Output) -> String {

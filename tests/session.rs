@@ -8,12 +8,12 @@ mod support;
 
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use support::engines::docker26_host;
-use support::{hello_context, polyarch, run, unique_name, Registry, HELLO};
+use support::{hello_context, polyarch, run, run_with_stdin, unique_name, Registry, HELLO};
 
 /// The machine's engine (Docker 20.10, classic store), for what only it shows.
 const MACHINE: &str = "unix:///var/run/docker.sock";
@@ -67,23 +67,6 @@ impl Build {
         }
         cmd
     }
-}
-
-/// Runs `cmd` with `stdin` as its standard input.
-fn run_with_stdin(cmd: &mut Command, stdin: &str) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn polyarch");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 /// What a pushed image holds, read by skopeo: every blob (manifests, config, layers) as

@@ -555,6 +555,21 @@ pub fn run(cmd: &mut Command) -> Output {
     cmd.stdin(Stdio::null()).output().expect("run command")
 }
 
+/// Runs a command with `input` on its standard input (`--password-stdin`).
+pub fn run_with_stdin(cmd: &mut Command, input: &str) -> Output {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the command");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(input.as_bytes()).expect("write stdin");
+    drop(stdin);
+    child.wait_with_output().expect("command output")
+}
+
 /// Digest of what `reference` resolves to, read from the registry with skopeo: the
 /// sha256 of the manifest's raw bytes.
 pub fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
