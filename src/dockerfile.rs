@@ -349,13 +349,7 @@ pub fn external_images(
         let (flags, words) = flags_and_words(&ins.args);
         match ins.keyword.as_str() {
             // Global ARGs (before the first FROM) are what FROM lines may use.
-            "ARG" if stage_names.is_empty() => {
-                for word in &words {
-                    let (name, default) = word.split_once('=').unwrap_or((word, ""));
-                    let value = args.get(name).map(String::as_str).unwrap_or(default);
-                    vars.insert(name.to_string(), value.trim_matches('"').to_string());
-                }
-            }
+            "ARG" if stage_names.is_empty() => declare_global_args(&words, args, &mut vars),
             "FROM" => {
                 let base = substitute(words.first()?, &vars)?;
                 if !base.eq_ignore_ascii_case("scratch") && !is_stage(&stage_names, &base) {
@@ -418,6 +412,19 @@ pub struct FromImage {
     pub own_platform: bool,
 }
 
+/// A global `ARG` line's variables: the build arg given for each, else its default.
+fn declare_global_args(
+    words: &[String],
+    args: &HashMap<String, String>,
+    vars: &mut HashMap<String, String>,
+) {
+    for word in words {
+        let (name, default) = word.split_once('=').unwrap_or((word, ""));
+        let value = args.get(name).map(String::as_str).unwrap_or(default);
+        vars.insert(name.to_string(), value.trim_matches('"').to_string());
+    }
+}
+
 /// Every `FROM` of every stage that names an image (see [`FromImage`]), in file order.
 pub fn from_images(dockerfile: &str, args: &HashMap<String, String>) -> Vec<FromImage> {
     let mut vars = HashMap::new();
@@ -426,13 +433,7 @@ pub fn from_images(dockerfile: &str, args: &HashMap<String, String>) -> Vec<From
     for ins in parse(dockerfile).instructions {
         let (flags, words) = flags_and_words(&ins.args);
         match ins.keyword.as_str() {
-            "ARG" if stage_names.is_empty() => {
-                for word in &words {
-                    let (name, default) = word.split_once('=').unwrap_or((word, ""));
-                    let value = args.get(name).map(String::as_str).unwrap_or(default);
-                    vars.insert(name.to_string(), value.trim_matches('"').to_string());
-                }
-            }
+            "ARG" if stage_names.is_empty() => declare_global_args(&words, args, &mut vars),
             "FROM" => {
                 let Some(written) = words.first() else {
                     continue;
