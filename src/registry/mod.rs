@@ -274,6 +274,19 @@ impl Registry {
     /// registry's 200 or 401 proves plain HTTP, and says whether it wants a token);
     /// otherwise, as Docker, HTTPS on 443 is tried and plain HTTP is the fallback.
     async fn scheme(&self, host: &str, reference: &Reference) -> Scheme {
+        self.scheme_or_first_read(host, reference, None).await.0
+    }
+
+    /// As [`Registry::scheme`]; with `first` (a path under the reference's repository and
+    /// its Accept) a registry whose scheme is not known yet is asked for that path,
+    /// anonymously over plain HTTP, instead of its `/v2/`: its answer decides the scheme
+    /// as the ping's would, and comes back to be used, which saves `verify` a round trip.
+    async fn scheme_or_first_read(
+        &self,
+        host: &str,
+        reference: &Reference,
+        first: Option<(&str, &str)>,
+    ) -> (Scheme, Option<reqwest::Response>) {
         let cell = self
             .schemes
             .lock()
@@ -281,39 +294,50 @@ impl Registry {
             .entry(host.to_string())
             .or_default()
             .clone();
-        cell.get_or_init(|| async {
-            let resolved = reference.resolve_registry();
-            if has_port(resolved) {
-                if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
-                    return Scheme::Plain {
-                        open: answer.is_open(),
-                        bearer: answer.bearer(),
-                    };
-                }
-            }
-            let absent = format!("sha256:{}", "0".repeat(64));
-            let probe = self
-                .clients
-                .unverified()
-                .blob_exists(reference, &absent)
-                .await;
-            match probe {
-                // No HTTP answer, and not for a certificate problem (which means the
-                // server does speak TLS).
-                Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
-                    match classify(&OciDistributionError::RequestError(e)) {
-                        Failure::Tls => Scheme::Tls,
-                        _ => Scheme::Plain {
-                            open: false,
-                            bearer: None,
-                        },
+        let mut answered = None;
+        let scheme = cell
+            .get_or_init(|| async {
+                let resolved = reference.resolve_registry();
+                if has_port(resolved) {
+                    if let Some((path, accept)) = first {
+                        if let Some((scheme, response)) =
+                            self.read_plain(reference, path, accept).await
+                        {
+                            answered = Some(response);
+                            return scheme;
+                        }
+                    }
+                    if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
+                        return Scheme::Plain {
+                            open: answer.is_open(),
+                            bearer: answer.bearer(),
+                        };
                     }
                 }
-                _ => Scheme::Tls,
-            }
-        })
-        .await
-        .clone()
+                let absent = format!("sha256:{}", "0".repeat(64));
+                let probe = self
+                    .clients
+                    .unverified()
+                    .blob_exists(reference, &absent)
+                    .await;
+                match probe {
+                    // No HTTP answer, and not for a certificate problem (which means the
+                    // server does speak TLS).
+                    Err(OciDistributionError::RequestError(e)) if e.status().is_none() => {
+                        match classify(&OciDistributionError::RequestError(e)) {
+                            Failure::Tls => Scheme::Tls,
+                            _ => Scheme::Plain {
+                                open: false,
+                                bearer: None,
+                            },
+                        }
+                    }
+                    _ => Scheme::Tls,
+                }
+            })
+            .await
+            .clone();
+        (scheme, answered)
     }
 
     /// Runs one oci-client call with the run's auth, retried as [`Registry::authorized`]

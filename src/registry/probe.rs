@@ -22,6 +22,10 @@ pub(super) struct PlainAnswer {
 }
 
 impl PlainAnswer {
+    pub(super) fn new(status: u16, challenge: Option<String>) -> Self {
+        PlainAnswer { status, challenge }
+    }
+
     /// A registry's own answers (200 open, 401 challenged); a TLS server that gets a
     /// plain request answers 400, so anything else proves nothing.
     pub(super) fn is_registry(&self) -> bool {

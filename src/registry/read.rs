@@ -4,6 +4,7 @@
 //! start-up, for reads that need none of oci-client's state.
 
 use super::failure::Attempt;
+use super::probe::PlainAnswer;
 use super::{Registry, Scheme, MAX_JSON_BLOB};
 use crate::error::one_line;
 use crate::Result;
@@ -28,6 +29,64 @@ impl Registry {
             }
             Scheme::Tls => (format!("https://{resolved}"), self.clients.http(true)),
         }
+    }
+
+    /// The answer to this very request when it was the run's first contact with a
+    /// loopback or insecure registry (see [`Registry::scheme_or_first_read`]).
+    async fn first_read(
+        &self,
+        reference: &Reference,
+        path: &str,
+        accept: &str,
+    ) -> Option<reqwest::Response> {
+        let host = reference.registry();
+        if !self.plain_capable.contains(host) {
+            return None;
+        }
+        let first = Some((path, accept));
+        self.scheme_or_first_read(host, reference, first).await.1
+    }
+
+    /// An anonymous plain-HTTP GET of `path` under the reference's repository, and the
+    /// scheme its answer proves: a registry's 200 or 401 (or its 404, which carries the
+    /// registry's API version header) means plain HTTP, as the `/v2/` ping's would. None
+    /// when no registry answered so (a TLS server answers a plain request with 400).
+    pub(super) async fn read_plain(
+        &self,
+        reference: &Reference,
+        path: &str,
+        accept: &str,
+    ) -> Option<(Scheme, reqwest::Response)> {
+        let url = format!(
+            "http://{}/v2/{}/{path}",
+            reference.resolve_registry(),
+            reference.repository()
+        );
+        let request = self
+            .clients
+            .http(false)
+            .get(&url)
+            .header(reqwest::header::ACCEPT, accept);
+        let response = tokio::time::timeout(std::time::Duration::from_secs(5), request.send())
+            .await
+            .ok()?
+            .ok()?;
+        let status = response.status().as_u16();
+        let headers = response.headers();
+        let challenge = headers
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let registry_404 = status == 404 && headers.contains_key("docker-distribution-api-version");
+        let answer = PlainAnswer::new(if registry_404 { 200 } else { status }, challenge);
+        if !answer.is_registry() {
+            return None;
+        }
+        let scheme = Scheme::Plain {
+            open: answer.is_open(),
+            bearer: answer.bearer(),
+        };
+        Some((scheme, response))
     }
 
     /// GET `path` under the reference's repository (`/v2/<name>/<path>`) with the run's
@@ -67,6 +126,17 @@ impl Registry {
         F: Fn(reqwest::Response) -> Fut,
         Fut: Future<Output = std::result::Result<T, Attempt>>,
     {
+        if let Some(first) = self.first_read(reference, path, accept).await {
+            let status = first.status();
+            if status.is_success() {
+                // A body cut short is asked for again below, as any failed read.
+                if let Ok(value) = read(first).await {
+                    return Ok(Some(value));
+                }
+            } else if absent_ok && status == reqwest::StatusCode::NOT_FOUND {
+                return Ok(None);
+            }
+        }
         let (base, client) = self.base(reference).await;
         let url = format!("{base}/v2/{}/{path}", reference.repository());
         let (url, read) = (&url, &read);
