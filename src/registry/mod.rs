@@ -299,15 +299,21 @@ impl Registry {
             .get_or_init(|| async {
                 let resolved = reference.resolve_registry();
                 if has_port(resolved) {
+                    let mut ping = true;
                     if let Some((path, accept)) = first {
-                        if let Some((scheme, response)) =
-                            self.read_plain(reference, path, accept).await
-                        {
-                            answered = Some(response);
-                            return scheme;
+                        match self.read_plain(reference, path, accept).await {
+                            Ok((scheme, response)) => {
+                                answered = Some(response);
+                                return scheme;
+                            }
+                            Err(other_answer) => ping = other_answer,
                         }
                     }
-                    if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
+                    let answer = match ping {
+                        true => ask_plain_v2(resolved).await,
+                        false => None,
+                    };
+                    if let Some(answer) = answer.filter(|a| a.is_registry()) {
                         return Scheme::Plain {
                             open: answer.is_open(),
                             bearer: answer.bearer(),

@@ -49,14 +49,16 @@ impl Registry {
 
     /// An anonymous plain-HTTP GET of `path` under the reference's repository, and the
     /// scheme its answer proves: a registry's 200 or 401 (or its 404, which carries the
-    /// registry's API version header) means plain HTTP, as the `/v2/` ping's would. None
-    /// when no registry answered so (a TLS server answers a plain request with 400).
+    /// registry's API version header) means plain HTTP, as the `/v2/` ping's would.
+    /// `Err(answered)` when no registry answered so: `answered` is false when nothing came
+    /// back at all (no `/v2/` ping can do better then), true for another answer (a TLS
+    /// server answers a plain request with 400).
     pub(super) async fn read_plain(
         &self,
         reference: &Reference,
         path: &str,
         accept: &str,
-    ) -> Option<(Scheme, reqwest::Response)> {
+    ) -> Result<(Scheme, reqwest::Response), bool> {
         let url = format!(
             "http://{}/v2/{}/{path}",
             reference.resolve_registry(),
@@ -69,8 +71,8 @@ impl Registry {
             .header(reqwest::header::ACCEPT, accept);
         let response = tokio::time::timeout(std::time::Duration::from_secs(5), request.send())
             .await
-            .ok()?
-            .ok()?;
+            .map_err(|_| false)?
+            .map_err(|_| false)?;
         let status = response.status().as_u16();
         let headers = response.headers();
         let challenge = headers
@@ -80,13 +82,13 @@ impl Registry {
         let registry_404 = status == 404 && headers.contains_key("docker-distribution-api-version");
         let answer = PlainAnswer::new(if registry_404 { 200 } else { status }, challenge);
         if !answer.is_registry() {
-            return None;
+            return Err(true);
         }
         let scheme = Scheme::Plain {
             open: answer.is_open(),
             bearer: answer.bearer(),
         };
-        Some((scheme, response))
+        Ok((scheme, response))
     }
 
     /// GET `path` under the reference's repository (`/v2/<name>/<path>`) with the run's
