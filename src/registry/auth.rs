@@ -185,18 +185,14 @@ impl Registry {
             ) {
                 return None;
             }
-            let resolved = reference.resolve_registry();
-            let (scheme, verified) = if self.plain_capable.contains(host) {
-                match self.scheme(host, reference).await {
-                    Scheme::Plain { bearer, .. } if has_port(resolved) => return bearer,
-                    Scheme::Plain { .. } => ("http", true),
-                    Scheme::Tls => ("https", !self.insecure.contains(host)),
+            // With a port, the scheme probe already heard the registry's challenge.
+            if self.plain_capable.contains(host) && has_port(reference.resolve_registry()) {
+                if let Scheme::Plain { bearer, .. } = self.scheme(host, reference).await {
+                    return bearer;
                 }
-            } else {
-                ("https", true)
-            };
-            let url = format!("{scheme}://{resolved}/v2/");
-            let answer = self.clients.http(verified).get(&url).send().await.ok()?;
+            }
+            let (base, client) = self.base(reference).await;
+            let answer = client.get(format!("{base}/v2/")).send().await.ok()?;
             let header = answer.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
             parse_challenge(header.to_str().ok()?)
         })

@@ -15,7 +15,7 @@ use std::future::Future;
 
 impl Registry {
     /// The scheme and host to reach the reference's registry at, and the client for it.
-    async fn base(&self, reference: &Reference) -> (String, &reqwest::Client) {
+    pub(super) async fn base(&self, reference: &Reference) -> (String, &reqwest::Client) {
         let host = reference.registry().to_string();
         let resolved = reference.resolve_registry();
         if !self.plain_capable.contains(&host) {
