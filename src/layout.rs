@@ -3,6 +3,7 @@
 //! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
 
 use crate::oci::{self, ManifestBlob};
+use crate::registry::RegistryError;
 use crate::verify::ContentSource;
 use crate::{Error, Result};
 use serde_json::{json, Value};
@@ -145,7 +146,11 @@ impl OciLayout {
         if computed != digest {
             return Err(Error::Registry {
                 registry: self.dir.display().to_string(),
-                message: format!("blob {digest} is corrupt (its content hashes to {computed})"),
+                source: RegistryError::CorruptBlob {
+                    digest: digest.to_string(),
+                    computed,
+                }
+                .into(),
             });
         }
         Ok(bytes)

@@ -2,6 +2,7 @@
 //! pushing each platform manifest by digest itself.
 
 use super::emulation::EmulationPlan;
+use super::retry::missing_emulation;
 use super::unit::{
     build_unit, check_platform, pushed_key, remember_reads, reuse, warn_if_emulated, Reuse,
 };
@@ -15,7 +16,7 @@ use crate::progress::{Event, Phase};
 use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
-use crate::registry::{self, Registry};
+use crate::registry::{self, Registry, RegistryError};
 use crate::store::Destination;
 use crate::{Error, Platform, Result};
 
@@ -72,8 +73,9 @@ pub(super) async fn build_and_push_image(
             pushed.push(build_unit(engine, destination, unit, emulated, settings, run).await?);
         }
         _ => match build_together(engine, registry, &to_build, run).await {
-            Err(Error::Emulation(_))
-                if to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
+            Err(error)
+                if missing_emulation(&error)
+                    && to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
             {
                 for (unit, _, emulated) in &mut to_build {
                     if emulation.was_remembered(unit) {
@@ -111,13 +113,17 @@ async fn build_together(
         build::build_platforms(engine, image, &platforms, &image.repository, reporter).await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
     let (bytes, _) = registry.get_manifest(&index_ref).await?;
-    let unreadable = |message: String| Error::Registry {
+    let reference = index_ref.to_string();
+    let unreadable = |source: RegistryError| Error::Registry {
         registry: index_ref.registry().to_string(),
-        message: format!("the index the engine pushed as {index_ref} {message}"),
+        source: source.into(),
     };
-    let index = match oci::parse_manifest(&bytes).map_err(&unreadable)? {
+    let index = match oci::parse_manifest(&bytes).map_err(|source| {
+        let reference = reference.clone();
+        unreadable(RegistryError::PushedIndexMalformed { reference, source })
+    })? {
         oci::Parsed::Index { index, .. } => index,
-        _ => return Err(unreadable("is not an index".into())),
+        _ => return Err(unreadable(RegistryError::PushedNotIndex { reference })),
     };
     let mut pushed = Vec::new();
     for (unit, settings, emulated) in units {
@@ -126,7 +132,13 @@ async fn build_together(
             .iter()
             .filter(|d| !oci::is_attestation(d))
             .find(|d| oci::descriptor_platform(d).as_ref() == Some(&unit.platform))
-            .ok_or_else(|| unreadable(format!("has no {} manifest", unit.platform)))?;
+            .ok_or_else(|| {
+                let (reference, platform) = (reference.clone(), unit.platform.to_string());
+                unreadable(RegistryError::PushedWithout {
+                    reference,
+                    platform,
+                })
+            })?;
         let declared = entry.platform().as_ref().map(|p| ConfigPlatform {
             os: p.os().to_string(),
             architecture: p.architecture().to_string(),

@@ -335,11 +335,11 @@ async fn export_built(
         .await
         .map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: e.to_string(),
+            source: export::ExportError::RewriteStopped(e),
         })?
-        .map_err(|message| Error::Export {
+        .map_err(|e| Error::Export {
             image: image.name.clone(),
-            message,
+            source: export::ExportError::Reproducible(e),
         })
 }
 
@@ -353,9 +353,9 @@ async fn push_exported(
 ) -> Result<IndexEntry> {
     let image = unit.image;
     let config_platform =
-        ConfigPlatform::from_config(&exported.config).map_err(|m| Error::Export {
+        ConfigPlatform::from_config(&exported.config).map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: m,
+            source: export::ExportError::Content(e),
         })?;
     check_platform(image, unit, &config_platform)?;
 
@@ -379,9 +379,9 @@ async fn push_exported(
     }
     destination.put_config(&reference, &exported).await?;
     let manifest =
-        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|m| Error::Export {
+        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: m,
+            source: export::ExportError::Content(e),
         })?;
     destination.put_manifest(&reference, &manifest).await?;
     Ok(IndexEntry {
