@@ -313,6 +313,24 @@ mod tests {
     }
 
     #[test]
+    fn a_helper_that_cannot_run_is_a_registry_error_keeping_why() {
+        use std::error::Error as _;
+        let error = run_helper("polyarch-test-absent", "r.io").unwrap_err();
+        assert!(
+            error.to_string().starts_with(
+                "registry r.io: credential helper docker-credential-polyarch-test-absent: cannot run it ("
+            ),
+            "{error}"
+        );
+        let helper = error.source().and_then(|kind| kind.source()).unwrap();
+        assert!(matches!(
+            helper.downcast_ref::<HelperError>(),
+            Some(HelperError::Spawn(_))
+        ));
+        assert!(helper.source().unwrap().is::<std::io::Error>());
+    }
+
+    #[test]
     fn debug_is_redacted() {
         let c = Credential::Basic {
             username: "u".into(),

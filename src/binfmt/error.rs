@@ -138,3 +138,80 @@ pub enum InstallerError {
     #[error("{0}")]
     Run(#[source] Box<crate::Error>),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+    use std::error::Error as _;
+
+    fn platform(text: &str) -> Platform {
+        text.parse().unwrap()
+    }
+
+    fn emulation(kind: EmulationError) -> Error {
+        Error::Emulation(Box::new(kind))
+    }
+
+    #[test]
+    fn each_kind_says_its_area_and_the_same_words_as_before() {
+        let never = emulation(EmulationError::Never {
+            platforms: vec![platform("linux/arm64"), platform("linux/s390x")],
+            native: platform("linux/amd64"),
+        });
+        assert_eq!(
+            never.to_string(),
+            "emulation: linux/arm64, linux/s390x: the engine is linux/amd64, so building linux/arm64, linux/s390x needs QEMU emulation, but binfmt is `never`; allow emulation with `binfmt: auto`, or add a native builder for linux/arm64, linux/s390x under `builders:`"
+        );
+        let required = emulation(EmulationError::Required {
+            platforms: vec![platform("linux/arm64")],
+            native: platform("linux/amd64"),
+            installer_names: vec!["arm64"],
+        });
+        assert_eq!(
+            required.to_string(),
+            "emulation: linux/arm64: the engine (linux/amd64) cannot run binaries for linux/arm64 and no QEMU emulator is registered for it; binfmt is `require`, so polyarch does not register one: register it yourself (e.g. `docker run --privileged --rm tonistiigi/binfmt --install arm64`), set `binfmt: auto`, or add a native builder for it under `builders:`"
+        );
+        let timeout = emulation(EmulationError::Timeout {
+            container: "polyarch-probe-1".into(),
+            timeout: Duration::from_secs(60),
+        });
+        assert_eq!(
+            timeout.to_string(),
+            "docker engine: container polyarch-probe-1 did not exit within 60s"
+        );
+        for error in [never, required, timeout] {
+            assert_eq!(error.exit_code(), 3);
+        }
+    }
+
+    #[test]
+    fn a_failed_registration_keeps_why_the_assembled_installer_failed() {
+        let error = emulation(EmulationError::Register {
+            platforms: vec![platform("linux/riscv64")],
+            installer: DEFAULT_INSTALLER.into(),
+            installer_error: InstallerError::PullTimeout,
+            source: Box::new(EmulationError::NoQemu {
+                path: "/usr/bin/qemu-riscv64-static".into(),
+                source: std::io::ErrorKind::NotFound.into(),
+            }),
+        });
+        assert_eq!(
+            error.to_string(),
+            "emulation: linux/riscv64: cannot register QEMU emulators: tonistiigi/binfmt: pulling it timed out; /usr/bin/qemu-riscv64-static: entity not found; install qemu-user-static (Debian/Ubuntu: `apt-get install qemu-user-static`)"
+        );
+        let register = error.source().unwrap();
+        let assembled = register.source().unwrap();
+        assert!(matches!(
+            assembled
+                .downcast_ref::<Box<EmulationError>>()
+                .map(|e| &**e),
+            Some(EmulationError::NoQemu { .. })
+        ));
+        let io = assembled.source().unwrap();
+        assert_eq!(
+            io.downcast_ref::<std::io::Error>().unwrap().kind(),
+            std::io::ErrorKind::NotFound
+        );
+    }
+}

@@ -73,3 +73,56 @@ pub enum ExportError {
     #[error("{0}")]
     RewriteStopped(#[source] tokio::task::JoinError),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// An engine stream that breaks off.
+    struct Broken;
+
+    impl io::Read for Broken {
+        fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+            Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "engine went away",
+            ))
+        }
+    }
+
+    #[test]
+    fn a_broken_save_stream_is_a_stream_error_with_the_read_error_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = super::super::read_save_stream(Broken, dir.path(), "api", None).unwrap_err();
+        let crate::Error::Export { image, source } = &error else {
+            panic!("expected an export error, got {error}");
+        };
+        assert_eq!(image, "api");
+        assert!(matches!(source, ExportError::Stream { .. }), "{source:?}");
+        assert!(error.to_string().contains("engine went away"), "{error}");
+        let read = error.source().and_then(|e| e.source()).unwrap();
+        assert!(read.downcast_ref::<io::Error>().is_some());
+    }
+
+    #[test]
+    fn oci_and_reproducible_failures_keep_their_cause() {
+        let config = crate::oci::ConfigPlatform::from_config(b"{").unwrap_err();
+        let error = ExportError::Content(config);
+        assert!(error
+            .to_string()
+            .starts_with("image config is not valid JSON: "));
+        let oci = error.source().unwrap();
+        assert!(oci
+            .source()
+            .unwrap()
+            .downcast_ref::<serde_json::Error>()
+            .is_some());
+
+        let rewrite = crate::reproducible::normalise_config(b"{", 1, &[]).unwrap_err();
+        let error = ExportError::Reproducible(rewrite);
+        assert!(error.to_string().starts_with("image config is not JSON: "));
+        let reproducible = error.source().unwrap();
+        assert!(reproducible.source().unwrap().is::<serde_json::Error>());
+    }
+}

@@ -147,6 +147,25 @@ mod tests {
     }
 
     #[test]
+    fn only_an_exec_format_error_makes_emulation_be_probed_again() {
+        let arm64: crate::Platform = "linux/arm64".parse().unwrap();
+        let exec_format = EmulationError::ExecFormat {
+            platform: arm64.clone(),
+        };
+        assert!(missing_emulation(&Error::Emulation(Box::new(exec_format))));
+        let never = EmulationError::Never {
+            platforms: vec![arm64.clone()],
+            native: "linux/amd64".parse().unwrap(),
+        };
+        assert!(!missing_emulation(&Error::Emulation(Box::new(never))));
+        // The words alone decide nothing: a step that printed them failed by itself.
+        let step = BuildError::StepFailed(format!(
+            "emulation for {arm64} is not registered on this engine: exec format error"
+        ));
+        assert!(!missing_emulation(&build_error(step)));
+    }
+
+    #[test]
     fn the_message_is_the_same_whatever_the_kind() {
         let error = build_error(BuildError::BuilderLost("transport error".into()));
         assert_eq!(

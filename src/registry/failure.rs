@@ -228,6 +228,85 @@ mod tests {
         );
     }
 
+    fn reference() -> Reference {
+        "r.io/a/b:v1".parse().unwrap()
+    }
+
+    #[test]
+    fn a_failed_call_is_typed_by_what_the_registry_answered() {
+        let denied = registry_error(
+            &reference(),
+            "read manifest",
+            Attempt::answered(403, "https://r.io/v2/", "no".into()),
+            1,
+        );
+        assert_eq!(
+            denied.to_string(),
+            "registry r.io: 403 denied: cannot read manifest for r.io/a/b:v1: the credentials for r.io lack permission for this repository"
+        );
+        let Error::Registry { source, .. } = &denied else {
+            panic!("{denied:?}");
+        };
+        assert!(matches!(**source, RegistryError::Denied { .. }));
+
+        let failing = registry_error(
+            &reference(),
+            "push blob",
+            Attempt::answered(503, "https://r.io/v2/", "down".into()),
+            3,
+        );
+        let Error::Registry { source, .. } = &failing else {
+            panic!("{failing:?}");
+        };
+        assert!(matches!(
+            **source,
+            RegistryError::Unavailable {
+                attempts: 3,
+                answered: true,
+                ..
+            }
+        ));
+        let text = failing.to_string();
+        assert!(
+            text.starts_with("registry r.io: cannot push blob for r.io/a/b:v1 after 3 attempts: "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("; the registry keeps failing, try again later"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_keeps_the_client_error_as_its_source() {
+        use std::error::Error as _;
+        let error = registry_error(
+            &reference(),
+            "read manifest",
+            Attempt::answered(401, "https://r.io/v2/", String::new()),
+            1,
+        );
+        let kind = error.source().unwrap();
+        let client = kind.source().unwrap();
+        assert!(matches!(
+            client.downcast_ref::<OciDistributionError>(),
+            Some(OciDistributionError::ServerError { code: 401, .. })
+        ));
+        // A reply that is no client error has no source, only its detail.
+        let no_token = Attempt {
+            status: Some(200),
+            failure: Failure::Permanent,
+            detail: "the token server answered no token".into(),
+            cause: None,
+        };
+        let error = registry_error(&reference(), "authenticate", no_token, 1);
+        assert_eq!(
+            error.to_string(),
+            "registry r.io: cannot authenticate for r.io/a/b:v1: the token server answered no token"
+        );
+        assert!(error.source().unwrap().source().is_none());
+    }
+
     #[test]
     fn only_transient_failures_are_retried() {
         let server = |code| OciDistributionError::ServerError {
