@@ -186,3 +186,64 @@ pub enum HelperError {
     #[error("`get` did not answer {{\"Username\",\"Secret\"}} JSON")]
     Answer(#[source] serde_json::Error),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn kinds_say_what_the_formatted_messages_said() {
+        let untrusted = RegistryError::Untrusted {
+            what: "read manifest".into(),
+            reference: "r.io/a:v1".into(),
+            registry: "r.io".into(),
+            detail: "invalid peer certificate: UnknownIssuer".into(),
+            ca_path: "/etc/docker/certs.d/r.io/ca.crt".into(),
+            source: None,
+        };
+        assert_eq!(
+            untrusted.to_string(),
+            "TLS: cannot read manifest for r.io/a:v1: the certificate of r.io is not trusted (invalid peer certificate: UnknownIssuer); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in /etc/docker/certs.d/r.io/ca.crt"
+        );
+        let helper = RegistryError::CredentialHelper {
+            program: "docker-credential-pass".into(),
+            source: HelperError::Answer(serde_json::from_slice::<u8>(b"x").unwrap_err()),
+        };
+        assert_eq!(
+            helper.to_string(),
+            r#"credential helper docker-credential-pass: `get` did not answer {"Username","Secret"} JSON"#
+        );
+        let layer = RegistryError::Layer {
+            digest: "sha256:ab".into(),
+            reference: "r.io/a:v1".into(),
+            source: std::io::Error::other("reset\nby peer"),
+        };
+        assert_eq!(
+            layer.to_string(),
+            "cannot read layer sha256:ab of r.io/a:v1: reset by peer"
+        );
+    }
+
+    #[test]
+    fn a_refused_referrer_keeps_the_registry_s_refusal_as_its_source() {
+        let refusal = RegistryError::Refused {
+            what: "push manifest".into(),
+            reference: "r.io/a@sha256:ab".into(),
+            detail: "400 manifest invalid".into(),
+            source: None,
+        };
+        let error = RegistryError::NotAttached {
+            subject: "sha256:ab".into(),
+            source: Box::new(refusal),
+        };
+        assert!(error
+            .to_string()
+            .starts_with("cannot push manifest for r.io/a@sha256:ab: 400 manifest invalid; the provenance of sha256:ab was not attached and no tag moved: "));
+        let cause = error.source().unwrap();
+        assert!(matches!(
+            cause.downcast_ref::<Box<RegistryError>>().map(|e| &**e),
+            Some(RegistryError::Refused { .. })
+        ));
+    }
+}
