@@ -22,11 +22,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+mod builder;
 mod classic;
 mod error;
+#[cfg(test)]
+pub(crate) mod fake;
 mod log;
 mod platforms;
 
+pub use builder::Builder;
 use classic::*;
 pub use error::BuildError;
 use error::Stopped;
