@@ -319,7 +319,7 @@ fn pushed_by_engine(
 }
 
 /// The pushed manifest, remembered under the image's ID for the next run's reuse.
-fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntry) {
+pub(super) fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntry) {
     run.cache.put(
         &image.repository,
         &pushed_key(image, id),
