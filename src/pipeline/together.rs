@@ -88,6 +88,8 @@ pub(super) async fn build_and_push_image(
     Ok(pushed)
 }
 
+/// An image's `units` built in one solve, each platform's manifest read from the index
+/// the engine pushed.
 async fn build_together(
     engine: &Engine,
     registry: &Registry,

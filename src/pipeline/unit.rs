@@ -207,7 +207,7 @@ pub(super) async fn build_unit(
         false => "the classic builder",
     };
     report_phase(run, unit, Phase::Build, format!("building with {with}"));
-    let output = output(builder, store, image, run);
+    let output = build_output(builder, store, image, run);
     let built = builder
         .build(
             image,
@@ -253,7 +253,7 @@ pub(super) async fn build_unit(
 
 /// Where a build's image goes: pushed by the engine itself when its BuildKit can push to
 /// the registry polyarch pushes to, else into the engine, to be exported.
-fn output<'i>(
+fn build_output<'i>(
     builder: &impl Builder,
     store: &impl ImageStore,
     image: &'i ImageSpec,
