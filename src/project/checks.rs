@@ -272,9 +272,9 @@ impl Cx {
             skip_verify: false,
         };
         match (&files.cert, &files.key) {
-            (Some(_), None) => Err(self.err(&tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
-            (None, Some(_)) => Err(self.err(&tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
-            (None, None) if files.ca.is_none() => Err(self.err(&tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
+            (Some(_), None) => Err(self.err(tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
+            (None, Some(_)) => Err(self.err(tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
+            (None, None) if files.ca.is_none() => Err(self.err(tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
             _ => Ok(files),
         }
     }
