@@ -42,7 +42,8 @@ pub enum Error {
     },
 
     /// Emulation is missing, cannot be registered, or the engine failed to probe it;
-    /// `source` says which (a build that hit "exec format error" is `ExecFormat`).
+    /// `source` says which (a build that hit "exec format error" is `ExecFormat`). Boxed, as
+    /// `Registry`'s, so that every `Result` stays small.
     #[error("{}: {}", .0.area(), .0)]
     Emulation(#[source] Box<crate::binfmt::EmulationError>),
 
