@@ -56,3 +56,22 @@ fn listed(bytes: &[u8]) -> std::result::Result<Vec<Value>, ListingError> {
         Some(_) => Err(ListingError::NotAList),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_listing_that_is_not_an_index_says_why_and_keeps_the_json_error() {
+        assert!(listed(br#"{"manifests": null}"#).unwrap().is_empty());
+        assert!(matches!(
+            listed(br#"{"manifests": {}}"#),
+            Err(ListingError::NotAList)
+        ));
+        let Err(error) = listed(b"<html>") else {
+            panic!("HTML read as a listing");
+        };
+        assert!(error.source().unwrap().is::<serde_json::Error>());
+    }
+}
