@@ -129,12 +129,21 @@ images:
 "#;
 
 fn job_env(name: &str) -> Option<String> {
-    match name {
-        "VERSION" => Some("v1.4.3".into()),
-        "REGISTRY" => Some("127.0.0.1:5000/demo".into()),
-        "BAD_TAG" => Some("not a tag".into()),
-        _ => None,
-    }
+    env_from(
+        &[
+            ("VERSION", "v1.4.3"),
+            ("REGISTRY", "127.0.0.1:5000/demo"),
+            ("BAD_TAG", "not a tag"),
+        ],
+        name,
+    )
+}
+
+/// The value of `name` in an environment written as a table.
+fn env_from(vars: &[(&str, &str)], name: &str) -> Option<String> {
+    vars.iter()
+        .find(|(var, _)| *var == name)
+        .map(|(_, value)| value.to_string())
 }
 
 fn parse_job(dir: &TempDir, text: &str, sets: &[&str], purpose: Purpose) -> Result<Project> {
