@@ -202,12 +202,8 @@ mod tests {
                 digest: format!("sha256:{}", arch.len().to_string().repeat(64)),
                 size: 400,
                 build: BuildInfo {
-                    emulated: false,
                     seconds: 1.0,
-                    reused: false,
-                    builder: None,
-                    fallback: None,
-                    window: None,
+                    ..Default::default()
                 },
             })
             .collect();
