@@ -28,31 +28,21 @@ impl Writer {
         Writer { little, bytes }
     }
 
+    /// Appends `v` in the file's byte order, given both orders.
+    fn put<const N: usize>(&mut self, le: [u8; N], be: [u8; N]) {
+        self.bytes.extend(if self.little { le } else { be });
+    }
+
     fn u16(&mut self, v: u16) {
-        let b = if self.little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        };
-        self.bytes.extend(b);
+        self.put(v.to_le_bytes(), v.to_be_bytes());
     }
 
     fn u32(&mut self, v: u32) {
-        let b = if self.little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        };
-        self.bytes.extend(b);
+        self.put(v.to_le_bytes(), v.to_be_bytes());
     }
 
     fn u64(&mut self, v: u64) {
-        let b = if self.little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        };
-        self.bytes.extend(b);
+        self.put(v.to_le_bytes(), v.to_be_bytes());
     }
 }
 

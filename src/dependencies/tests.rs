@@ -16,6 +16,20 @@ fn project(images: &[(&str, &str, &str)]) -> Project {
     Project::parse(Path::new("/tmp/polyarch.yaml"), &text, &options).unwrap()
 }
 
+/// Images of these names, each pushed to `127.0.0.1:5000/demo/NAME` with the tag v1.
+fn local(names: &[&str]) -> Project {
+    let repositories: Vec<String> = names
+        .iter()
+        .map(|name| format!("127.0.0.1:5000/demo/{name}"))
+        .collect();
+    let images: Vec<(&str, &str, &str)> = names
+        .iter()
+        .zip(&repositories)
+        .map(|(name, repository)| (*name, repository.as_str(), "[v1]"))
+        .collect();
+    project(&images)
+}
+
 /// The graph of `project` with these Dockerfiles, in image order.
 fn graph(project: &Project, dockerfiles: &[&str]) -> Result<Graph> {
     let texts: Vec<(&ImageSpec, String)> = project
@@ -96,50 +110,29 @@ fn repositories_match_with_host_port_and_tags() {
 
 #[test]
 fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
-    let p = project(&[
-        ("a", "127.0.0.1:5000/demo/a", "[v1]"),
-        ("b", "127.0.0.1:5000/demo/b", "[v1]"),
-    ]);
-    let error = graph(&p, &["FROM scratch\n", "FROM scratch\nFROM polyarch:c\n"]).unwrap_err();
-    let text = error.to_string();
-    assert_eq!(error.exit_code(), 2);
-    assert!(text.contains("images.b.dockerfile"), "{text}");
-    assert!(
-        text.contains("line 2: FROM polyarch:c names no image"),
-        "{text}"
-    );
-    assert!(text.contains("it declares a, b"), "{text}");
-
-    let error = graph(
-        &p,
-        &["FROM polyarch:b\n", "FROM 127.0.0.1:5000/demo/a:v1\n"],
-    )
-    .unwrap_err();
-    let text = error.to_string();
-    assert_eq!(error.exit_code(), 2);
-    assert!(
-        text.contains("images a → b → a build FROM each other"),
-        "{text}"
-    );
-    assert!(
-        text.ends_with("FROM lines: /tmp/a/Dockerfile line 1, /tmp/b/Dockerfile line 1"),
-        "{text}"
-    );
-    assert!(!text.contains('\n'), "{text}");
-    let error = graph(
-        &p,
-        &[
-            "FROM scratch\n",
-            "FROM scratch\nCOPY --from=polyarch:a /a /a\n",
-        ],
-    )
-    .unwrap_err();
-    assert!(
-        error.to_string().contains("line 2: only FROM may name"),
-        "{error}"
-    );
-    let error = graph(&p, &["FROM polyarch:a\n", "FROM scratch\n"]).unwrap_err();
-    assert!(error.to_string().contains("images a → a"), "{error}");
+    let p = local(&["a", "b"]);
+    let lines = "FROM lines: /tmp/a/Dockerfile line 1, /tmp/b/Dockerfile line 1";
+    // Each case: the two Dockerfiles, what the one-line message holds and how it ends.
+    #[rustfmt::skip]
+    let cases: &[([&str; 2], &[&str], &str)] = &[
+        (["FROM scratch\n", "FROM scratch\nFROM polyarch:c\n"],
+            &["images.b.dockerfile", "line 2: FROM polyarch:c names no image", "it declares a, b"], ""),
+        (["FROM polyarch:b\n", "FROM 127.0.0.1:5000/demo/a:v1\n"],
+            &["images a → b → a build FROM each other"], lines),
+        (["FROM scratch\n", "FROM scratch\nCOPY --from=polyarch:a /a /a\n"],
+            &["line 2: only FROM may name"], ""),
+        (["FROM polyarch:a\n", "FROM scratch\n"], &["images a → a"], ""),
+    ];
+    for (dockerfiles, holds, ends) in cases {
+        let error = graph(&p, dockerfiles).unwrap_err();
+        let text = error.to_string();
+        assert_eq!(error.exit_code(), 2, "{text}");
+        for h in *holds {
+            assert!(text.contains(h), "{dockerfiles:?}: lacks {h:?}: {text}");
+        }
+        assert!(text.ends_with(ends), "{dockerfiles:?}: {text}");
+        assert!(!text.contains('\n'), "{text}");
+    }
 
     // A dependent's platform the base does not build, unless the FROM names its own.
     let text = "version: 1\nimages:\n  base: {repository: r.example/base, tags: [v1], context: base, platforms: [linux/amd64]}\n  app: {repository: r.example/app, tags: [v1], context: app, platforms: [linux/amd64, linux/arm64]}\n";
@@ -166,10 +159,7 @@ fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
 
 #[test]
 fn rewriting_keeps_flags_stage_names_and_other_lines() {
-    let p = project(&[
-        ("base", "127.0.0.1:5000/demo/base", "[v1]"),
-        ("app", "127.0.0.1:5000/demo/app", "[v1]"),
-    ]);
+    let p = local(&["base", "app"]);
     let text = "# syntax=docker/dockerfile:1\r\nFROM --platform=$BUILDPLATFORM polyarch:base AS tools\r\nCOPY <<EOF /x\r\nFROM polyarch:base\r\nEOF\r\nfrom \\\r\n  polyarch:base\r\nCOPY --from=tools /a /a\r\n";
     let g = graph(&p, &["FROM scratch\n", text]).unwrap();
     assert_eq!(g.edges("app").len(), 2, "{:?}", g.edges("app"));

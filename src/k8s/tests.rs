@@ -68,6 +68,35 @@ fn gate(w: &Workload, pools: &[NodePool]) -> GateRecord {
     evaluate(std::slice::from_ref(w), pools, &amd64_only)
 }
 
+/// Every image provides these platforms, and no digest.
+fn providing(platforms: &[&str]) -> impl Fn(&str) -> Result<ProvidedPlatforms, String> {
+    let platforms: Vec<Platform> = platforms.iter().map(|s| p(s)).collect();
+    move |_: &str| {
+        Ok(ProvidedPlatforms {
+            digest: None,
+            platforms: platforms.clone(),
+        })
+    }
+}
+
+/// The node-affinity snippet the gate offers a container.
+fn snippet(c: &ContainerGate) -> String {
+    c.fixes.as_ref().unwrap().node_affinity.clone().unwrap()
+}
+
+/// Asserts each pool's name, platform and node count.
+fn assert_pools(pools: &[NodePool], want: &[(&str, &str, u64)]) {
+    let got: Vec<(&str, String, u64)> = pools
+        .iter()
+        .map(|p| (p.name.as_str(), p.platform.to_string(), p.count))
+        .collect();
+    let want: Vec<(&str, String, u64)> = want
+        .iter()
+        .map(|&(name, platform, count)| (name, platform.to_string(), count))
+        .collect();
+    assert_eq!(got, want);
+}
+
 #[test]
 fn no_affinity_over_both_archs_with_amd64_image_is_a_gap_naming_the_arm_pool() {
     let w = one(CONTAINERS);
@@ -98,13 +127,7 @@ fn no_affinity_over_both_archs_with_amd64_image_is_a_gap_naming_the_arm_pool() {
 fn snippet_reads_back_and_makes_the_workload_covered() {
     let w = one(CONTAINERS);
     let rec = gate(&w, &two_pools());
-    let snippet = rec.workloads[0].containers[0]
-        .fixes
-        .as_ref()
-        .unwrap()
-        .node_affinity
-        .clone()
-        .unwrap();
+    let snippet = snippet(&rec.workloads[0].containers[0]);
     let fixed = one(&format!("{CONTAINERS}{snippet}"));
     let rec = gate(&fixed, &two_pools());
     assert!(rec.covered, "{rec:?}");
@@ -252,19 +275,21 @@ fn gt_lt_numeric() {
              - {name: big, labels: {kubernetes.io/arch: arm64, cpu: \"64\"}}\n\
              - {name: odd, labels: {kubernetes.io/arch: arm64, cpu: lots}}\n",
     );
-    let gt = one(&affinity(
-        "      - matchExpressions: [{key: cpu, operator: Gt, values: [\"8\"]}]\n",
-    ));
-    assert_eq!(names(schedulable_pools(&gt, &pools)), ["big"]);
-    let lt = one(&affinity(
-        "      - matchExpressions: [{key: cpu, operator: Lt, values: [\"8\"]}]\n",
-    ));
-    assert_eq!(names(schedulable_pools(&lt, &pools)), ["small"]);
-    // Numeric, not lexicographic: "64" > "8".
-    let lt = one(&affinity(
-        "      - matchExpressions: [{key: cpu, operator: Lt, values: [\"10\"]}]\n",
-    ));
-    assert_eq!(names(schedulable_pools(&lt, &pools)), ["small"]);
+    // Numeric, not lexicographic: "64" > "8" and "64" > "10".
+    for (operator, value, want) in [
+        ("Gt", "8", "big"),
+        ("Lt", "8", "small"),
+        ("Lt", "10", "small"),
+    ] {
+        let w = one(&affinity(&format!(
+            "      - matchExpressions: [{{key: cpu, operator: {operator}, values: [\"{value}\"]}}]\n"
+        )));
+        assert_eq!(
+            names(schedulable_pools(&w, &pools)),
+            [want],
+            "{operator} {value}"
+        );
+    }
 }
 
 #[test]
@@ -310,13 +335,7 @@ fn snippet_merges_into_existing_terms() {
         "      - matchExpressions: [{key: zone, operator: In, values: [x, \"1\"]}]\n",
     ));
     let rec = gate(&w, &pools);
-    let snippet = rec.workloads[0].containers[0]
-        .fixes
-        .as_ref()
-        .unwrap()
-        .node_affinity
-        .clone()
-        .unwrap();
+    let snippet = snippet(&rec.workloads[0].containers[0]);
     assert!(
         snippet.contains("- key: zone\n          operator: In\n          values: [x, \"1\"]\n"),
         "{snippet}"
@@ -329,15 +348,13 @@ fn snippet_merges_into_existing_terms() {
 #[test]
 fn pod_snippet_uses_archs_every_image_has_and_none_when_nothing_remains() {
     let w = one("containers:\n- {name: a, image: amd}\n- {name: b, image: arm}\n");
-    let provided = |image: &str| -> Result<ProvidedPlatforms, String> {
-        Ok(ProvidedPlatforms {
-            digest: None,
-            platforms: vec![if image == "amd" {
-                p("linux/amd64")
-            } else {
-                p("linux/arm64/v8")
-            }],
-        })
+    let (amd, arm) = (providing(&["linux/amd64"]), providing(&["linux/arm64/v8"]));
+    let provided = |image: &str| {
+        if image == "amd" {
+            amd(image)
+        } else {
+            arm(image)
+        }
     };
     let rec = evaluate(&[w], &two_pools(), &provided);
     let cs = &rec.workloads[0].containers;
@@ -350,12 +367,7 @@ fn pod_snippet_uses_archs_every_image_has_and_none_when_nothing_remains() {
 #[test]
 fn arm64_v8_image_covers_arm64_pool() {
     let w = one(CONTAINERS);
-    let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
-        Ok(ProvidedPlatforms {
-            digest: None,
-            platforms: vec![p("linux/amd64"), p("linux/arm64/v8")],
-        })
-    };
+    let provided = providing(&["linux/amd64", "linux/arm64/v8"]);
     assert!(evaluate(&[w], &two_pools(), &provided).covered);
 }
 
@@ -397,17 +409,13 @@ fn provided_is_called_once_per_image_and_errors_are_recorded_per_container() {
 #[test]
 fn kubectl_nodes_fixture() {
     let pools = load_nodes(&fixture("nodes.json")).unwrap();
-    let summary: Vec<(&str, String, u64)> = pools
-        .iter()
-        .map(|p| (p.name.as_str(), p.platform.to_string(), p.count))
-        .collect();
-    assert_eq!(
-        summary,
-        [
-            ("arm-batch", "linux/arm64".to_string(), 1),
-            ("arm-pool", "linux/arm64".to_string(), 1),
-            ("default-pool", "linux/amd64".to_string(), 2),
-        ]
+    assert_pools(
+        &pools,
+        &[
+            ("arm-batch", "linux/arm64", 1),
+            ("arm-pool", "linux/arm64", 1),
+            ("default-pool", "linux/amd64", 2),
+        ],
     );
     let default = &pools[2];
     // Common labels only: hostname and zone differ between the two nodes.
@@ -523,17 +531,13 @@ fn deploy_fixture_with_kubectl_nodes() {
 #[test]
 fn pool_file_fixture_adds_beta_aliases_and_normalises() {
     let pools = load_nodes(&fixture("pools.yaml")).unwrap();
-    let summary: Vec<(&str, String, u64)> = pools
-        .iter()
-        .map(|p| (p.name.as_str(), p.platform.to_string(), p.count))
-        .collect();
-    assert_eq!(
-        summary,
-        [
-            ("general", "linux/amd64".to_string(), 3),
-            ("graviton", "linux/arm64".to_string(), 2),
-            ("graviton-spot", "linux/arm64".to_string(), 0),
-        ]
+    assert_pools(
+        &pools,
+        &[
+            ("general", "linux/amd64", 3),
+            ("graviton", "linux/arm64", 2),
+            ("graviton-spot", "linux/arm64", 0),
+        ],
     );
     for pool in &pools {
         for key in [ARCH_LABEL, BETA_ARCH_LABEL] {
@@ -587,16 +591,11 @@ fn multi_os_snippet_has_one_term_per_os() {
              - {name: arm, platform: linux/arm64}\n",
     );
     let w = one(CONTAINERS);
-    let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
-        Ok(ProvidedPlatforms {
-            digest: None,
-            platforms: vec![p("linux/amd64"), p("windows/amd64")],
-        })
-    };
+    let provided = providing(&["linux/amd64", "windows/amd64"]);
     let rec = evaluate(std::slice::from_ref(&w), &pools, &provided);
     let c = &rec.workloads[0].containers[0];
     assert_eq!(c.missing_pools, ["arm"]);
-    let snippet = c.fixes.as_ref().unwrap().node_affinity.clone().unwrap();
+    let snippet = snippet(c);
     let fixed = one(&format!("{CONTAINERS}{snippet}"));
     assert_eq!(names(schedulable_pools(&fixed, &pools)), ["lin", "win"]);
 }

@@ -16,6 +16,15 @@ fn write(root: &Path, rel: &str, data: &[u8]) {
     fs::write(path, data).unwrap();
 }
 
+/// A directory holding each of `files` (parents created), each with the bytes `x`.
+fn tree(files: &[&str]) -> TempDir {
+    let dir = TempDir::new().unwrap();
+    for rel in files {
+        write(dir.path(), rel, b"x");
+    }
+    dir
+}
+
 fn chmod(root: &Path, rel: &str, mode: u32) {
     fs::set_permissions(root.join(rel), fs::Permissions::from_mode(mode)).unwrap();
 }
@@ -48,9 +57,7 @@ fn find<'a>(stats: &'a [Stat], path: &str) -> &'a Stat {
 
 #[test]
 fn stats_come_per_directory_in_byte_order_parents_first() {
-    let dir = TempDir::new().unwrap();
-    let root = dir.path();
-    for rel in [
+    let dir = tree(&[
         ".hidden",
         "B",
         "a/b/c.txt",
@@ -60,9 +67,8 @@ fn stats_come_per_directory_in_byte_order_parents_first() {
         "with space",
         "ünï",
         "zz/.x",
-    ] {
-        write(root, rel, b"x");
-    }
+    ]);
+    let root = dir.path();
     // Not a full-path sort: `a-c` and `a.d` sort before `a/b` as strings, but fsutil
     // finishes `a` first, and the receiver's order check requires exactly that.
     assert_eq!(
@@ -145,9 +151,7 @@ fn hard_links_name_the_first_path_sent() {
 
 #[test]
 fn excludes_follow_dockerignore_semantics() {
-    let dir = TempDir::new().unwrap();
-    let root = dir.path();
-    for rel in [
+    let dir = tree(&[
         "README.md",
         "app.log",
         "src/main.rs",
@@ -159,9 +163,8 @@ fn excludes_follow_dockerignore_semantics() {
         "docs/index.md",
         "docs/guide/img.png",
         "docs/guide/deep/page.md",
-    ] {
-        write(root, rel, b"x");
-    }
+    ]);
+    let root = dir.path();
     let filter = filter(
         root,
         &[],
@@ -196,18 +199,15 @@ fn excludes_follow_dockerignore_semantics() {
 
 #[test]
 fn includes_keep_only_what_they_name() {
-    let dir = TempDir::new().unwrap();
-    let root = dir.path();
-    for rel in [
+    let dir = tree(&[
         "Cargo.toml",
         "srcfoo",
         "src/lib.rs",
         "src/nested/x.rs",
         "src/nested/notes.txt",
         "target/debug/bin",
-    ] {
-        write(root, rel, b"x");
-    }
+    ]);
+    let root = dir.path();
     assert_eq!(
         paths(root, &filter(root, &["src", "Cargo.toml"], &[], &[])),
         [

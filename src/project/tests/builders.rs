@@ -6,38 +6,17 @@ use super::*;
 fn builder_errors() {
     let d = fixture();
     let b = |lines: &str| format!("builders:\n{lines}{}", with_image(""));
-    let s = expect(
-        &d,
-        &b("  plan10/arm64: unix:///x\n"),
-        "builders.plan10/arm64",
-        "e.g. linux/amd64",
-    );
-    assert!(s.contains("unknown operating system"), "{s}");
-    let s = expect(
-        &d,
-        &b("  linux/arm64: unix:///a\n  linux/arm64/v8: unix:///b\n"),
-        "builders.linux/arm64/v8",
-        "keep one",
-    );
-    assert!(s.contains("builders.linux/arm64 "), "{s}");
-    expect(
-        &d,
-        &b("  linux/arm64: \"\"\n"),
-        "builders.linux/arm64",
-        "docker context name",
-    );
-    expect(
-        &d,
-        &b("  linux/arm64: 5\n"),
-        "builders.linux/arm64",
-        "builders: {linux/arm64",
-    );
-    expect(
-        &d,
-        "version: 1\nbuilders: x\n",
-        "builders",
-        "builders: {linux/arm64",
-    );
+    let twice = b("  linux/arm64: unix:///a\n  linux/arm64/v8: unix:///b\n");
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (b("  plan10/arm64: unix:///x\n"), "builders.plan10/arm64", "e.g. linux/amd64",
+            &["unknown operating system"]),
+        (twice, "builders.linux/arm64/v8", "keep one", &["builders.linux/arm64 "]),
+        (b("  linux/arm64: \"\"\n"), "builders.linux/arm64", "docker context name", &[]),
+        (b("  linux/arm64: 5\n"), "builders.linux/arm64", "builders: {linux/arm64", &[]),
+        ("version: 1\nbuilders: x\n".into(), "builders", "builders: {linux/arm64", &[]),
+    ];
+    expect_all(&d, cases);
 }
 
 #[test]
@@ -87,68 +66,28 @@ fn builders_take_every_endpoint_form() {
 fn builder_map_errors() {
     let d = fixture();
     let b = |line: &str| format!("builders:\n  linux/arm64: {line}\n{}", with_image(""));
-    expect(
-        &d,
-        &b("{tls: {ca: ca.pem}}"),
-        "builders.linux/arm64.host",
-        "host: tcp://",
-    );
-    expect(
-        &d,
-        &b("ftp://arm-box"),
-        "builders.linux/arm64",
-        "unsupported scheme",
-    );
-    expect(
-        &d,
-        &b("{host: \"tcp://h:port\"}"),
-        "builders.linux/arm64.host",
-        "port is not a number",
-    );
-    expect(
-        &d,
-        &b("{host: \"ssh://arm-box\", tls: {ca: ca.pem}}"),
-        "builders.linux/arm64.tls",
-        "tcp:// hosts only",
-    );
-    expect(
-        &d,
-        &b("{host: \"tcp://h:2376\", tls: {ca: missing.pem}}"),
-        "builders.linux/arm64.tls.ca",
-        "does not exist",
-    );
+    let f = "builders.linux/arm64";
     fs::write(d.path().join("cert.pem"), "").unwrap();
-    expect(
-        &d,
-        &b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"),
-        "builders.linux/arm64.tls",
-        "no key",
-    );
-    expect(
-        &d,
-        &b("{host: \"tcp://h:2376\", tls: {}}"),
-        "builders.linux/arm64.tls",
-        "give ca",
-    );
-    expect(&d, &b("[]"), "builders.linux/arm64", "empty list");
-    expect(
-        &d,
-        &b("[ssh://a, {host: \"ftp://b\"}]"),
-        "builders.linux/arm64[1].host",
-        "unsupported scheme",
-    );
-    expect(&d, &b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list");
-    expect(
-        &d,
-        &b("{host: \"tcp://h:2376\", fallback: qemu}"),
-        "builders.linux/arm64.fallback",
-        "use one of none, emulate",
-    );
-    let s = expect(
-        &d,
-        &b("{host: \"tcp://h:2376\", tsl: {}}"),
-        "builders.linux/arm64.tsl",
-        "did you mean tls?",
-    );
-    assert!(s.contains("host, tls"), "{s}");
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (b("{tls: {ca: ca.pem}}"), "builders.linux/arm64.host", "host: tcp://", &[]),
+        (b("ftp://arm-box"), f, "unsupported scheme", &[]),
+        (b("{host: \"tcp://h:port\"}"), "builders.linux/arm64.host", "port is not a number", &[]),
+        (b("{host: \"ssh://arm-box\", tls: {ca: ca.pem}}"), "builders.linux/arm64.tls",
+            "tcp:// hosts only", &[]),
+        (b("{host: \"tcp://h:2376\", tls: {ca: missing.pem}}"), "builders.linux/arm64.tls.ca",
+            "does not exist", &[]),
+        (b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"), "builders.linux/arm64.tls",
+            "no key", &[]),
+        (b("{host: \"tcp://h:2376\", tls: {}}"), "builders.linux/arm64.tls", "give ca", &[]),
+        (b("[]"), f, "empty list", &[]),
+        (b("[ssh://a, {host: \"ftp://b\"}]"), "builders.linux/arm64[1].host",
+            "unsupported scheme", &[]),
+        (b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list", &[]),
+        (b("{host: \"tcp://h:2376\", fallback: qemu}"), "builders.linux/arm64.fallback",
+            "use one of none, emulate", &[]),
+        (b("{host: \"tcp://h:2376\", tsl: {}}"), "builders.linux/arm64.tsl", "did you mean tls?",
+            &["host, tls"]),
+    ];
+    expect_all(&d, cases);
 }

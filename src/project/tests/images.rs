@@ -5,41 +5,21 @@ use super::*;
 #[test]
 fn images_errors() {
     let d = fixture();
-    expect(&d, "version: 1\n", "images", "add at least one");
-    expect(&d, "version: 1\nimages: {}\n", "images", "add at least one");
-    expect(&d, "version: 1\nimages:\n", "images", "add at least one");
-    expect(&d, "version: 1\nimages: [a, b]\n", "images", "NAME:");
-    let s = expect(
-        &d,
-        &with_image("").replace("hello:", "Hello:"),
-        "images.Hello",
-        "e.g. `hello`",
-    );
-    assert!(s.contains("not a valid image name"), "{s}");
-    expect(
-        &d,
-        &with_image("").replace("hello:", "-x:"),
-        "images.-x",
-        "lowercase letters",
-    );
-    expect(
-        &d,
-        "version: 1\nimages:\n  hello: 5\n",
-        "images.hello",
-        "repository, tags",
-    );
-    expect(
-        &d,
-        "version: 1\nimages:\n  hello:\n",
-        "images.hello.repository",
-        "missing; add it",
-    );
-    expect(
-        &d,
-        &format!("{}  hello:\n    tags: [v2]\n", with_image("")),
-        "images.hello",
-        "names must be unique",
-    );
+    let renamed = |name: &str| with_image("").replace("hello:", name);
+    let twice = format!("{}  hello:\n    tags: [v2]\n", with_image(""));
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        ("version: 1\n".into(), "images", "add at least one", &[]),
+        ("version: 1\nimages: {}\n".into(), "images", "add at least one", &[]),
+        ("version: 1\nimages:\n".into(), "images", "add at least one", &[]),
+        ("version: 1\nimages: [a, b]\n".into(), "images", "NAME:", &[]),
+        (renamed("Hello:"), "images.Hello", "e.g. `hello`", &["not a valid image name"]),
+        (renamed("-x:"), "images.-x", "lowercase letters", &[]),
+        ("version: 1\nimages:\n  hello: 5\n".into(), "images.hello", "repository, tags", &[]),
+        ("version: 1\nimages:\n  hello:\n".into(), "images.hello.repository", "missing; add it", &[]),
+        (twice, "images.hello", "names must be unique", &[]),
+    ];
+    expect_all(&d, cases);
     // A key repeated inside an image is serde's duplicate-field error, at that key.
     let (f, m, _) = project_err(parse_in(&d, &with_image("    tags: [v2]\n")));
     assert_eq!(f, "images.hello.tags");
@@ -49,111 +29,45 @@ fn images_errors() {
 #[test]
 fn platform_errors() {
     let d = fixture();
-    let s = expect(
-        &d,
-        &replacing("platforms", "    platforms: [linux/amd64, plan10/amd64]"),
-        "images.hello.platforms[1]",
-        "e.g. linux/amd64",
-    );
-    assert!(s.contains("plan10"), "{s}");
-    let s = expect(
-        &d,
-        &replacing(
-            "platforms",
-            "    platforms: [linux/arm64, linux/amd64, linux/arm64/v8]",
-        ),
-        "images.hello.platforms[2]",
-        "remove one",
-    );
-    assert!(
-        s.contains("platforms[0]") && s.contains("`linux/arm64`"),
-        "{s}"
-    );
-    expect(
-        &d,
-        &replacing("platforms", "    platforms: []"),
-        "images.hello.platforms",
-        "at least one",
-    );
-    expect(
-        &d,
-        &replacing("platforms", ""),
-        "images.hello.platforms",
-        "platforms: [linux/amd64",
-    );
-    expect(
-        &d,
-        &replacing("platforms", "    platforms: linux/amd64"),
-        "images.hello.platforms",
-        "platforms: [linux/amd64",
-    );
-    expect(
-        &d,
-        &replacing("platforms", "    platforms: [[linux/amd64]]"),
-        "images.hello.platforms[0]",
-        "expected a single value",
-    );
+    let plats = |list: &str| replacing("platforms", &format!("    platforms: {list}"));
+    let f = "images.hello.platforms";
+    let twice = "[linux/arm64, linux/amd64, linux/arm64/v8]";
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (plats("[linux/amd64, plan10/amd64]"), "images.hello.platforms[1]", "e.g. linux/amd64", &["plan10"]),
+        (plats(twice), "images.hello.platforms[2]", "remove one", &["platforms[0]", "`linux/arm64`"]),
+        (plats("[]"), f, "at least one", &[]),
+        (replacing("platforms", ""), f, "platforms: [linux/amd64", &[]),
+        (plats("linux/amd64"), f, "platforms: [linux/amd64", &[]),
+        (plats("[[linux/amd64]]"), "images.hello.platforms[0]", "expected a single value", &[]),
+    ];
+    expect_all(&d, cases);
 }
 
 #[test]
 fn tag_errors() {
     let d = fixture();
-    expect(
-        &d,
-        &replacing("tags", "    tags: [v1, \"v 2\"]"),
-        "images.hello.tags[1]",
-        "not a valid tag",
-    );
-    expect(
-        &d,
-        &replacing("tags", "    tags: [.hidden]"),
-        "images.hello.tags[0]",
-        "not starting with",
-    );
-    expect(
-        &d,
-        &replacing("tags", "    tags: [-x]"),
-        "images.hello.tags[0]",
-        "not starting with",
-    );
-    let long = "a".repeat(129);
-    expect(
-        &d,
-        &replacing("tags", &format!("    tags: [{long}]")),
-        "images.hello.tags[0]",
-        "1 to 128",
-    );
-    assert!(parse_in(
-        &d,
-        &replacing("tags", &format!("    tags: [{}]", "a".repeat(128)))
-    )
-    .is_ok());
-    let s = expect(
-        &d,
-        &replacing("tags", "    tags: [v1, latest, v1]"),
-        "images.hello.tags[2]",
-        "remove the duplicate",
-    );
-    assert!(s.contains("tags[0]"), "{s}");
-    expect(
-        &d,
-        &replacing("tags", "    tags: []"),
-        "images.hello.tags",
-        "at least one tag",
-    );
-    expect(
-        &d,
-        &replacing("tags", ""),
-        "images.hello.tags",
-        "tags: [v1, latest]",
-    );
-    expect(
-        &d,
-        &replacing("tags", "    tags: v1"),
-        "images.hello.tags",
-        "tags: [v1, latest]",
-    );
-    assert!(parse_in(&d, &replacing("tags", "    tags: [_x, V1.2-rc_3, 2]")).is_ok());
+    let tags = |list: &str| replacing("tags", &format!("    tags: {list}"));
+    let f = "images.hello.tags";
+    let long = format!("[{}]", "a".repeat(129));
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (tags("[v1, \"v 2\"]"), "images.hello.tags[1]", "not a valid tag", &[]),
+        (tags("[.hidden]"), "images.hello.tags[0]", "not starting with", &[]),
+        (tags("[-x]"), "images.hello.tags[0]", "not starting with", &[]),
+        (tags(&long), "images.hello.tags[0]", "1 to 128", &[]),
+        (tags("[v1, latest, v1]"), "images.hello.tags[2]", "remove the duplicate", &["tags[0]"]),
+        (tags("[]"), f, "at least one tag", &[]),
+        (replacing("tags", ""), f, "tags: [v1, latest]", &[]),
+        (tags("v1"), f, "tags: [v1, latest]", &[]),
+    ];
+    expect_all(&d, cases);
+    for ok in [
+        format!("[{}]", "a".repeat(128)),
+        "[_x, V1.2-rc_3, 2]".into(),
+    ] {
+        assert!(parse_in(&d, &tags(&ok)).is_ok(), "tags: {ok}");
+    }
 }
 
 #[test]
@@ -161,51 +75,31 @@ fn repository_errors() {
     let d = fixture();
     let f = "images.hello.repository";
     let repo = |r: &str| replacing("repository", &format!("    repository: {r}"));
-    expect(
-        &d,
-        &repo("127.0.0.1:5000/Demo/hello"),
-        f,
-        "write `127.0.0.1:5000/demo/hello`",
-    );
-    let s = expect(
-        &d,
-        &repo("127.0.0.1:5000/demo/hello:v1"),
-        f,
-        "put the tag under `tags:`",
-    );
-    assert!(s.contains("`repository: 127.0.0.1:5000/demo/hello`"), "{s}");
-    expect(&d, &repo("hello:v1"), f, "under `tags:`");
-    expect(
-        &d,
-        &repo("demo/hello@sha256:0123abcd"),
-        f,
-        "put tags under `tags:`",
-    );
-    expect(&d, &repo("\"\""), f, "set it to where the image is pushed");
-    expect(&d, &replacing("repository", ""), f, "missing; add it");
-    expect(&d, &repo("127.0.0.1:5000"), f, "only a registry host");
-    expect(&d, &repo("\"[::1]:5000\""), f, "only a registry host");
-    expect(&d, &repo("localhost:99999/x"), f, "0 to 65535");
-    expect(&d, &repo("localhost:5000//x"), f, "empty path component");
-    expect(&d, &repo("demo/"), f, "empty path component");
-    expect(&d, &repo("demo/he!lo"), f, "contains `!`");
-    expect(&d, &repo("demo/-hello"), f, "misplaced separator");
-    expect(&d, &repo("demo/hel..lo"), f, "misplaced separator");
-    expect(&d, &repo("demo/hel___lo"), f, "misplaced separator");
-    expect(
-        &d,
-        &repo("bad_host.example.com/x"),
-        f,
-        "not a valid host name",
-    );
-    expect(&d, &repo("\"[zz::1]:5000/x\""), f, "not an IPv6 address");
-    expect(
-        &d,
-        &repo(&format!("x/{}", "a".repeat(260))),
-        f,
-        "at most 255",
-    );
-    expect(&d, &repo("[a, b]"), f, "repository: registry.example.com");
+    let long = format!("x/{}", "a".repeat(260));
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (repo("127.0.0.1:5000/Demo/hello"), f, "write `127.0.0.1:5000/demo/hello`", &[]),
+        (repo("127.0.0.1:5000/demo/hello:v1"), f, "put the tag under `tags:`",
+            &["`repository: 127.0.0.1:5000/demo/hello`"]),
+        (repo("hello:v1"), f, "under `tags:`", &[]),
+        (repo("demo/hello@sha256:0123abcd"), f, "put tags under `tags:`", &[]),
+        (repo("\"\""), f, "set it to where the image is pushed", &[]),
+        (replacing("repository", ""), f, "missing; add it", &[]),
+        (repo("127.0.0.1:5000"), f, "only a registry host", &[]),
+        (repo("\"[::1]:5000\""), f, "only a registry host", &[]),
+        (repo("localhost:99999/x"), f, "0 to 65535", &[]),
+        (repo("localhost:5000//x"), f, "empty path component", &[]),
+        (repo("demo/"), f, "empty path component", &[]),
+        (repo("demo/he!lo"), f, "contains `!`", &[]),
+        (repo("demo/-hello"), f, "misplaced separator", &[]),
+        (repo("demo/hel..lo"), f, "misplaced separator", &[]),
+        (repo("demo/hel___lo"), f, "misplaced separator", &[]),
+        (repo("bad_host.example.com/x"), f, "not a valid host name", &[]),
+        (repo("\"[zz::1]:5000/x\""), f, "not an IPv6 address", &[]),
+        (repo(&long), f, "at most 255", &[]),
+        (repo("[a, b]"), f, "repository: registry.example.com", &[]),
+    ];
+    expect_all(&d, cases);
 }
 
 #[test]
@@ -337,71 +231,26 @@ fn repository_check_agrees_with_the_registry_parser() {
 fn context_and_dockerfile_errors() {
     let d = fixture();
     let ctx = |c: &str| replacing("context", &format!("    context: {c}"));
-    let s = expect(
-        &d,
-        &ctx("missing-dir"),
-        "images.hello.context",
-        "create it or fix the path",
-    );
-    assert!(s.contains("missing-dir"), "{s}");
-    expect(
-        &d,
-        &ctx("notadir"),
-        "images.hello.context",
-        "not a directory",
-    );
-    expect(&d, &ctx("\"\""), "images.hello.context", "context: .");
-    expect(
-        &d,
-        &replacing("context", ""),
-        "images.hello.context",
-        "missing; add it",
-    );
-
-    let s = expect(
-        &d,
-        &with_image("    dockerfile: Nope.Dockerfile\n"),
-        "images.hello.dockerfile",
-        "create it or set `dockerfile:`",
-    );
-    assert!(
-        s.contains("Nope.Dockerfile")
-            && s.contains(&d.path().canonicalize().unwrap().display().to_string()),
-        "{s}"
-    );
-    // Default Dockerfile missing in the context: still names the field and path.
-    let s = expect(&d, &ctx("app"), "images.hello.dockerfile", "does not exist");
-    assert!(s.contains("app/Dockerfile"), "{s}");
-    expect(
-        &d,
-        &with_image("    dockerfile: app/Dockerfile.d\n"),
-        "images.hello.dockerfile",
-        "not a file",
-    );
-    expect(
-        &d,
-        &with_image("    dockerfile: /etc/hostname\n"),
-        "images.hello.dockerfile",
-        "relative to the context",
-    );
-    let outside = replacing("context", "    context: app") + "    dockerfile: ../Dockerfile\n";
-    expect(
-        &d,
-        &outside,
-        "images.hello.dockerfile",
-        "outside the context",
-    );
-    expect(
-        &d,
-        &with_image("    dockerfile: \"\"\n"),
-        "images.hello.dockerfile",
-        "remove the key",
-    );
-    let ok = parse_in(
-        &d,
-        &with_image("    dockerfile: ./app/Dockerfile.release\n"),
-    )
-    .unwrap();
+    let file = |f: &str| with_image(&format!("    dockerfile: {f}\n"));
+    let (c, df) = ("images.hello.context", "images.hello.dockerfile");
+    let root = d.path().canonicalize().unwrap().display().to_string();
+    let outside = ctx("app") + "    dockerfile: ../Dockerfile\n";
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (ctx("missing-dir"), c, "create it or fix the path", &["missing-dir"]),
+        (ctx("notadir"), c, "not a directory", &[]),
+        (ctx("\"\""), c, "context: .", &[]),
+        (replacing("context", ""), c, "missing; add it", &[]),
+        (file("Nope.Dockerfile"), df, "create it or set `dockerfile:`", &["Nope.Dockerfile", &root]),
+        // Default Dockerfile missing in the context: still names the field and path.
+        (ctx("app"), df, "does not exist", &["app/Dockerfile"]),
+        (file("app/Dockerfile.d"), df, "not a file", &[]),
+        (file("/etc/hostname"), df, "relative to the context", &[]),
+        (outside, df, "outside the context", &[]),
+        (file("\"\""), df, "remove the key", &[]),
+    ];
+    expect_all(&d, cases);
+    let ok = parse_in(&d, &file("./app/Dockerfile.release")).unwrap();
     assert_eq!(
         ok.images[0].dockerfile,
         PathBuf::from("app/Dockerfile.release")
@@ -411,73 +260,25 @@ fn context_and_dockerfile_errors() {
 #[test]
 fn enum_errors() {
     let d = fixture();
-    let s = expect(
-        &d,
-        &with_image("    network: bridge\n"),
-        "images.hello.network",
-        "default, host, none",
-    );
-    assert!(s.contains("`bridge`"), "{s}");
-    expect(
-        &d,
-        &with_image("    binfmt: sometimes\n"),
-        "images.hello.binfmt",
-        "auto, never, require",
-    );
-    expect(
-        &d,
-        &format!("binfmt: Auto\n{}", with_image("")),
-        "binfmt",
-        "auto, never, require",
-    );
-    expect(
-        &d,
-        &with_image("    network: {a: b}\n"),
-        "images.hello.network",
-        "network: default",
-    );
-    expect(
-        &d,
-        &format!("binfmt_image: \"\"\n{}", with_image("")),
-        "binfmt_image",
-        "tonistiigi/binfmt",
-    );
-    expect(
-        &d,
-        &with_image("    target: \"\"\n"),
-        "images.hello.target",
-        "remove `target:`",
-    );
-    expect(
-        &d,
-        &with_image("    build_args: {\"A=B\": x}\n"),
-        "images.hello.build_args.A=B",
-        "without `=`",
-    );
-    expect(
-        &d,
-        &with_image("    build_args: [A]\n"),
-        "images.hello.build_args",
-        "GREETING: hello",
-    );
-    expect(
-        &d,
-        &with_image("    labels: {\"\": x}\n"),
-        "images.hello.labels.",
-        "org.opencontainers",
-    );
-    expect(
-        &d,
-        &with_image("    no_cache: yes\n"),
-        "images.hello.no_cache",
-        "write `no_cache: true` or `no_cache: false`",
-    );
-    expect(
-        &d,
-        &format!("reproducible: \"1\"\n{}", with_image("")),
-        "reproducible",
-        "`1` is not a boolean; write `reproducible: true` or `reproducible: false`",
-    );
+    let top = |line: &str| format!("{line}\n{}", with_image(""));
+    let image = |line: &str| with_image(&format!("    {line}\n"));
+    #[rustfmt::skip]
+    let cases: &[Refused] = &[
+        (image("network: bridge"), "images.hello.network", "default, host, none", &["`bridge`"]),
+        (image("binfmt: sometimes"), "images.hello.binfmt", "auto, never, require", &[]),
+        (top("binfmt: Auto"), "binfmt", "auto, never, require", &[]),
+        (image("network: {a: b}"), "images.hello.network", "network: default", &[]),
+        (top("binfmt_image: \"\""), "binfmt_image", "tonistiigi/binfmt", &[]),
+        (image("target: \"\""), "images.hello.target", "remove `target:`", &[]),
+        (image("build_args: {\"A=B\": x}"), "images.hello.build_args.A=B", "without `=`", &[]),
+        (image("build_args: [A]"), "images.hello.build_args", "GREETING: hello", &[]),
+        (image("labels: {\"\": x}"), "images.hello.labels.", "org.opencontainers", &[]),
+        (image("no_cache: yes"), "images.hello.no_cache",
+            "write `no_cache: true` or `no_cache: false`", &[]),
+        (top("reproducible: \"1\""), "reproducible",
+            "`1` is not a boolean; write `reproducible: true` or `reproducible: false`", &[]),
+    ];
+    expect_all(&d, cases);
 }
 
 #[test]

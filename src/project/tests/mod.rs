@@ -76,12 +76,30 @@ fn project_err(r: Result<Project>) -> (String, String, String) {
 fn expect(dir: &TempDir, text: &str, field: &str, needle: &str) -> String {
     let (f, m, shown) = project_err(parse_in(dir, text));
     assert_eq!(f, field, "wrong field for {text:?}: {shown}");
-    assert!(m.contains(needle), "message lacks {needle:?}: {shown}");
+    assert!(
+        m.contains(needle),
+        "{text:?}: message lacks {needle:?}: {shown}"
+    );
     assert!(
         m.contains(';') || m.contains("e.g.") || m.contains("use "),
-        "no fix: {shown}"
+        "{text:?}: no fix: {shown}"
     );
     shown
+}
+
+/// A refused project: its text, the field the error names, the fix the message
+/// mentions, and what else the shown line holds.
+type Refused<'a> = (String, &'a str, &'a str, &'a [&'a str]);
+
+/// [`expect`] for every case, and each shown line holds its case's extras; a failure
+/// names the case's text.
+fn expect_all(dir: &TempDir, cases: &[Refused]) {
+    for (text, field, needle, shows) in cases {
+        let shown = expect(dir, text, field, needle);
+        for extra in *shows {
+            assert!(shown.contains(extra), "{text:?}: lacks {extra:?}: {shown}");
+        }
+    }
 }
 
 const FULL: &str = r#"
@@ -111,12 +129,21 @@ images:
 "#;
 
 fn job_env(name: &str) -> Option<String> {
-    match name {
-        "VERSION" => Some("v1.4.3".into()),
-        "REGISTRY" => Some("127.0.0.1:5000/demo".into()),
-        "BAD_TAG" => Some("not a tag".into()),
-        _ => None,
-    }
+    env_from(
+        &[
+            ("VERSION", "v1.4.3"),
+            ("REGISTRY", "127.0.0.1:5000/demo"),
+            ("BAD_TAG", "not a tag"),
+        ],
+        name,
+    )
+}
+
+/// The value of `name` in an environment written as a table.
+fn env_from(vars: &[(&str, &str)], name: &str) -> Option<String> {
+    vars.iter()
+        .find(|(var, _)| *var == name)
+        .map(|(_, value)| value.to_string())
 }
 
 fn parse_job(dir: &TempDir, text: &str, sets: &[&str], purpose: Purpose) -> Result<Project> {

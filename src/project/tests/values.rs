@@ -42,13 +42,8 @@ fn variables_fill_values_and_are_recorded() {
 #[test]
 fn an_unset_variable_names_the_field_and_variable() {
     let d = fixture();
-    let text = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
-    let (f, m, shown) = project_err(parse_job(&d, &text, &[], Purpose::Build));
-    assert_eq!(f, "images.api.tags[0]");
-    assert!(
-        m.contains("variable RELEASE is not set") && m.contains("${RELEASE:-default}"),
-        "{shown}"
-    );
+    let release = JOB.replace("${VERSION}\", latest", "${RELEASE}\", latest");
+    let (_, _, shown) = project_err(parse_job(&d, &release, &[], Purpose::Build));
     assert!(
         shown.starts_with(&format!(
             "{}: images.api.tags[0]: ",
@@ -56,16 +51,33 @@ fn an_unset_variable_names_the_field_and_variable() {
         )),
         "{shown}"
     );
-    let text = JOB.replace(
-        "${REGISTRY}/api",
-        "\"${REGISTRY_HOST:?the registry to push to}/api\"",
-    );
-    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
-    assert_eq!(f, "images.api.repository");
-    assert!(
-        m.contains("REGISTRY_HOST is not set: the registry to push to;"),
-        "{m}"
-    );
+    // Each case: what JOB's text becomes, the field named, what the message holds and
+    // how it ends.
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, &str, &[&str], &str)] = &[
+        ("${VERSION}\", latest", "${RELEASE}\", latest", "images.api.tags[0]",
+            &["variable RELEASE is not set", "${RELEASE:-default}"], ""),
+        ("${REGISTRY}/api", "\"${REGISTRY_HOST:?the registry to push to}/api\"",
+            "images.api.repository", &["REGISTRY_HOST is not set: the registry to push to;"], ""),
+        // A value from the job is validated like any other, and traced to its variable.
+        ("${VERSION}\", latest", "${BAD_TAG}\", latest", "images.api.tags[0]",
+            &["is not a valid tag"], "(the value came from $BAD_TAG)"),
+        // Every variable of a bad value is named.
+        ("${REGISTRY}/api", "${REGISTRY}/${BAD_TAG}", "images.api.repository",
+            &[], "(the value came from $REGISTRY, $BAD_TAG)"),
+        // `[${VERSION}]` is YAML's mapping inside a list: the fix is to quote it.
+        ("[\"${VERSION}\", latest]", "[${VERSION}, latest]", "",
+            &["line 5", "quote values holding `${…}`"], ""),
+    ];
+    for (from, to, field, holds, ends) in cases {
+        let text = JOB.replace(from, to);
+        let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
+        assert_eq!(f, *field, "{to}: {m}");
+        for h in *holds {
+            assert!(m.contains(h), "{to}: lacks {h:?}: {m}");
+        }
+        assert!(m.ends_with(ends), "{to}: does not end {ends:?}: {m}");
+    }
     // Keys are names, not values: left alone.
     let text = with_image("    build_args: {$NOT_A_VARIABLE: x}\n");
     assert!(parse_in(&d, &text)
@@ -74,30 +86,6 @@ fn an_unset_variable_names_the_field_and_variable() {
         .unwrap()
         .build_args
         .contains_key("$NOT_A_VARIABLE"));
-    // A value from the job is validated like any other, and traced to its variable.
-    let text = JOB.replace("${VERSION}\", latest", "${BAD_TAG}\", latest");
-    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
-    assert_eq!(f, "images.api.tags[0]");
-    assert!(
-        m.contains("is not a valid tag") && m.ends_with("(the value came from $BAD_TAG)"),
-        "{m}"
-    );
-    // Every variable of a bad value is named.
-    let text = JOB.replace("${REGISTRY}/api", "${REGISTRY}/${BAD_TAG}");
-    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
-    assert_eq!(f, "images.api.repository");
-    assert!(
-        m.ends_with("(the value came from $REGISTRY, $BAD_TAG)"),
-        "{m}"
-    );
-    // `[${VERSION}]` is YAML's mapping inside a list: the fix is to quote it.
-    let text = JOB.replace("[\"${VERSION}\", latest]", "[${VERSION}, latest]");
-    let (f, m, _) = project_err(parse_job(&d, &text, &[], Purpose::Build));
-    assert_eq!(f, "");
-    assert!(
-        m.contains("line 5") && m.contains("quote values holding `${…}`"),
-        "{m}"
-    );
     let (_, m, _) = project_err(parse_in(&d, "version: 1\nimages: [\n"));
     assert!(m.contains("fix the indentation"), "{m}");
 }
@@ -200,12 +188,14 @@ fn a_bad_set_is_a_usage_error_naming_it() {
 
 /// The CI job's environment, as the examples under examples/ci/ expect it.
 fn ci_job(name: &str) -> Option<String> {
-    match name {
-        "REGISTRY" => Some("ghcr.io".to_string()),
-        "VERSION" => Some("v1.4.3".to_string()),
-        "ARM_BUILDER" => Some("ssh://ci@arm-box.example.com".to_string()),
-        _ => None,
-    }
+    env_from(
+        &[
+            ("REGISTRY", "ghcr.io"),
+            ("VERSION", "v1.4.3"),
+            ("ARM_BUILDER", "ssh://ci@arm-box.example.com"),
+        ],
+        name,
+    )
 }
 
 /// A project file of examples/ci/ and the options to read it in the CI job.

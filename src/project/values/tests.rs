@@ -20,25 +20,30 @@ fn ok(text: &str) -> String {
 
 #[test]
 fn interpolates_as_compose_does() {
-    assert_eq!(ok("${VERSION}"), "v1.4.3");
-    assert_eq!(ok("$VERSION-rc"), "v1.4.3-rc");
-    assert_eq!(ok("${REGISTRY}/api"), "ghcr.io/acme/api");
-    assert_eq!(ok("a$$b $${VERSION}"), "a$b ${VERSION}");
-    assert_eq!(ok("no variables"), "no variables");
-    // `:-` takes the default when unset or empty, `-` only when unset.
-    assert_eq!(ok("${UNSET:-1.0}"), "1.0");
-    assert_eq!(ok("${EMPTY:-1.0}"), "1.0");
-    assert_eq!(ok("${EMPTY-1.0}"), "");
-    assert_eq!(ok("${UNSET-1.0}"), "1.0");
-    assert_eq!(ok("${VERSION:-1.0}"), "v1.4.3");
-    // Defaults may hold references and `}` only closes the outermost one.
-    assert_eq!(ok("${UNSET:-${VERSION}}"), "v1.4.3");
-    assert_eq!(ok("${UNSET:-${ALSO_UNSET:-x}}y"), "xy");
-    assert_eq!(ok("${EMPTY}"), "", "set but empty is a value");
-    assert_eq!(ok("${VERSION:?needed}"), "v1.4.3");
-    assert_eq!(ok("${EMPTY?needed}"), "");
-    // Non-ASCII text around references is kept.
-    assert_eq!(ok("ü${VERSION}€"), "üv1.4.3€");
+    for (text, want) in [
+        ("${VERSION}", "v1.4.3"),
+        ("$VERSION-rc", "v1.4.3-rc"),
+        ("${REGISTRY}/api", "ghcr.io/acme/api"),
+        ("a$$b $${VERSION}", "a$b ${VERSION}"),
+        ("no variables", "no variables"),
+        // `:-` takes the default when unset or empty, `-` only when unset.
+        ("${UNSET:-1.0}", "1.0"),
+        ("${EMPTY:-1.0}", "1.0"),
+        ("${EMPTY-1.0}", ""),
+        ("${UNSET-1.0}", "1.0"),
+        ("${VERSION:-1.0}", "v1.4.3"),
+        // Defaults may hold references and `}` only closes the outermost one.
+        ("${UNSET:-${VERSION}}", "v1.4.3"),
+        ("${UNSET:-${ALSO_UNSET:-x}}y", "xy"),
+        // Set but empty is a value.
+        ("${EMPTY}", ""),
+        ("${VERSION:?needed}", "v1.4.3"),
+        ("${EMPTY?needed}", ""),
+        // Non-ASCII text around references is kept.
+        ("ü${VERSION}€", "üv1.4.3€"),
+    ] {
+        assert_eq!(ok(text), want, "{text}");
+    }
 }
 
 #[test]
@@ -56,47 +61,32 @@ fn records_which_variable_gave_the_value() {
 
 #[test]
 fn refuses_unset_variables_and_bad_syntax_with_the_fix() {
-    let err = |text: &str| expand(text).unwrap_err();
-    let m = err("${UNSET}");
-    assert!(
-        m.contains("variable UNSET is not set") && m.contains("${UNSET:-default}"),
-        "{m}"
-    );
-    assert!(err("$UNSET").contains("variable UNSET is not set"));
-    let m = err("${UNSET:?the release version, e.g. v1.2.3}");
-    assert!(
-        m.contains("UNSET is not set: the release version, e.g. v1.2.3;"),
-        "{m}"
-    );
-    let m = err("${EMPTY:?give it}");
-    assert!(m.contains("EMPTY is empty: give it"), "{m}");
-    assert!(err("${UNSET?}").contains("UNSET is not set;"));
-    for bad in ["${", "${VERSION", "a${UNSET:-${X}"] {
-        assert!(
-            err(bad).contains("without a closing"),
-            "{bad}: {}",
-            err(bad)
-        );
+    #[rustfmt::skip]
+    let cases: &[(&str, &[&str])] = &[
+        ("${UNSET}", &["variable UNSET is not set", "${UNSET:-default}"]),
+        ("$UNSET", &["variable UNSET is not set"]),
+        ("${UNSET:?the release version, e.g. v1.2.3}",
+            &["UNSET is not set: the release version, e.g. v1.2.3;"]),
+        ("${EMPTY:?give it}", &["EMPTY is empty: give it"]),
+        ("${UNSET?}", &["UNSET is not set;"]),
+    ];
+    for (bad, needles) in cases {
+        let m = expand(bad).unwrap_err();
+        for needle in *needles {
+            assert!(m.contains(needle), "{bad}: lacks {needle:?}: {m}");
+        }
     }
-    for bad in ["price $5", "$", "a $ b", "$-x"] {
-        assert!(
-            err(bad).contains("`$$` for a literal"),
-            "{bad}: {}",
-            err(bad)
-        );
-    }
-    for bad in [
-        "${}",
-        "${1X}",
-        "${VERSION:+x}",
-        "${VERSION/a/b}",
-        "${VERSION:}",
-    ] {
-        assert!(
-            err(bad).contains("`${NAME:-default}`"),
-            "{bad}: {}",
-            err(bad)
-        );
+    #[rustfmt::skip]
+    let syntax: &[(&str, &[&str])] = &[
+        ("without a closing", &["${", "${VERSION", "a${UNSET:-${X}"]),
+        ("`$$` for a literal", &["price $5", "$", "a $ b", "$-x"]),
+        ("`${NAME:-default}`", &["${}", "${1X}", "${VERSION:+x}", "${VERSION/a/b}", "${VERSION:}"]),
+    ];
+    for (needle, bads) in syntax {
+        for bad in *bads {
+            let m = expand(bad).unwrap_err();
+            assert!(m.contains(needle), "{bad}: lacks {needle:?}: {m}");
+        }
     }
 }
 
@@ -116,38 +106,31 @@ fn overrides_parse_and_resolve_their_field() {
         o.resolve()
             .map(|r| (r.pattern.to_string(), r.name, r.key.map(str::to_string)))
     };
-    assert_eq!(
-        resolved("api.tags=v1,latest"),
-        Ok(("api".into(), "tags", None))
-    );
-    assert_eq!(
-        resolved("*.platform=linux/arm64"),
-        Ok(("*".into(), "platforms", None))
-    );
-    assert_eq!(
-        resolved("api.args.VERSION=1.2"),
-        Ok(("api".into(), "build_args", Some("VERSION".into())))
-    );
-    // Dots in image names and label keys.
-    assert_eq!(
-        resolved("web.v2.labels.org.opencontainers.image.version=1"),
-        Ok((
-            "web.v2".into(),
+    for (text, pattern, field, key) in [
+        ("api.tags=v1,latest", "api", "tags", None),
+        ("*.platform=linux/arm64", "*", "platforms", None),
+        ("api.args.VERSION=1.2", "api", "build_args", Some("VERSION")),
+        // Dots in image names and label keys.
+        (
+            "web.v2.labels.org.opencontainers.image.version=1",
+            "web.v2",
             "labels",
-            Some("org.opencontainers.image.version".into())
-        ))
-    );
-    let m = resolved("api.tagz=v1").unwrap_err();
-    assert!(
-        m.contains("did you mean tags?") && m.contains("use one of"),
-        "{m}"
-    );
-    assert!(resolved("api.build_args=x")
-        .unwrap_err()
-        .contains("api.build_args.NAME=VALUE"));
-    assert!(resolved("api.tags.x=v1")
-        .unwrap_err()
-        .contains("has no keys"));
+            Some("org.opencontainers.image.version"),
+        ),
+    ] {
+        let want = (pattern.to_string(), field, key.map(str::to_string));
+        assert_eq!(resolved(text), Ok(want), "{text}");
+    }
+    for (text, needles) in [
+        ("api.tagz=v1", &["did you mean tags?", "use one of"][..]),
+        ("api.build_args=x", &["api.build_args.NAME=VALUE"]),
+        ("api.tags.x=v1", &["has no keys"]),
+    ] {
+        let m = resolved(text).unwrap_err();
+        for needle in needles {
+            assert!(m.contains(needle), "{text}: lacks {needle:?}: {m}");
+        }
+    }
     for bad in ["api.tags", "api=v1", "=v1", ""] {
         let m = bad.parse::<Override>().unwrap_err();
         assert!(m.contains("IMAGE.FIELD=VALUE"), "{bad}: {m}");
