@@ -141,7 +141,7 @@ fn match_parts<'p>(
 /// Reads a part's manifest and config back from the registry (digest-checked) and takes
 /// the index entry's platform from the config, as a fresh build would.
 async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
-    let reference = first_tag(image)?.clone_with_digest(part.digest.clone());
+    let reference = first_tag(image)?.clone_with_digest(part.digest.to_string());
     let (bytes, _) = registry.get_manifest(&reference).await?;
     let not_image = |message: String| Error::Registry {
         registry: reference.registry().to_string(),
@@ -199,7 +199,9 @@ mod tests {
             .iter()
             .map(|arch| PartPlatform {
                 platform: Platform::linux(arch, None),
-                digest: format!("sha256:{}", arch.len().to_string().repeat(64)),
+                digest: format!("sha256:{}", arch.len().to_string().repeat(64))
+                    .parse()
+                    .unwrap(),
                 size: 400,
                 build: BuildInfo {
                     emulated: false,

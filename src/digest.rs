@@ -46,7 +46,9 @@ impl Digest {
     }
 
     pub fn algorithm(&self) -> &str {
-        self.0.split_once(':').map_or("", |(algorithm, _)| algorithm)
+        self.0
+            .split_once(':')
+            .map_or("", |(algorithm, _)| algorithm)
     }
 
     /// The hex digits after `algorithm:`.
@@ -105,6 +107,12 @@ impl AsRef<str> for Digest {
 impl PartialEq<str> for Digest {
     fn eq(&self, other: &str) -> bool {
         self.0 == other
+    }
+}
+
+impl PartialEq<String> for Digest {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == *other
     }
 }
 
@@ -171,8 +179,14 @@ mod tests {
             (format!("md5:{}", "a".repeat(32)), DigestError::Algorithm),
             (format!("SHA256:{}", "a".repeat(64)), DigestError::Algorithm),
             (format!("sha512:{}", "a".repeat(64)), DigestError::Length),
-            (format!(" {}", sha256(&"a".repeat(64))), DigestError::Algorithm),
-            (format!("{}\n", sha256(&"a".repeat(64))), DigestError::NotHex),
+            (
+                format!(" {}", sha256(&"a".repeat(64))),
+                DigestError::Algorithm,
+            ),
+            (
+                format!("{}\n", sha256(&"a".repeat(64))),
+                DigestError::NotHex,
+            ),
         ];
         for (text, why) in &cases {
             assert_eq!(text.parse::<Digest>(), Err(*why), "{text:?}");
@@ -200,7 +214,9 @@ mod tests {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^ (z >> 31)
         };
-        let prefixes = ["sha256:", "sha384:", "sha512:", "md5:", "sha256", "", "Sha256:"];
+        let prefixes = [
+            "sha256:", "sha384:", "sha512:", "md5:", "sha256", "", "Sha256:",
+        ];
         let alphabet: Vec<char> = "0123456789abcdefABCDEFg:xé \u{0}".chars().collect();
         let mut accepted = 0;
         for _ in 0..20_000 {

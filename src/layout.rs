@@ -2,6 +2,7 @@
 //! destination for `build --output oci:DIR` and a source for `verify oci:DIR[:TAG]`.
 //! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
 
+use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
 use crate::verify::ContentSource;
 use crate::{Error, Result};
@@ -30,12 +31,21 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(path, e)
 }
 
-fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| Error::Usage(format!("`{digest}` is not a sha256 digest")))?;
-    Ok(dir.join("blobs/sha256").join(hex))
+/// Only sha256 blobs are stored here.
+fn not_sha256(digest: &str) -> Error {
+    Error::Usage(format!("`{digest}` is not a sha256 digest"))
+}
+
+/// A digest as read from the layout's files.
+fn sha256(digest: &str) -> Result<Digest> {
+    digest.parse().map_err(|_| not_sha256(digest))
+}
+
+fn blob_path(dir: &Path, digest: &Digest) -> Result<PathBuf> {
+    if digest.algorithm() != "sha256" {
+        return Err(not_sha256(digest.as_str()));
+    }
+    Ok(dir.join("blobs/sha256").join(digest.hex()))
 }
 
 impl OciLayout {
@@ -69,13 +79,13 @@ impl OciLayout {
         })
     }
 
-    pub fn has_blob(&self, digest: &str) -> Result<bool> {
+    pub fn has_blob(&self, digest: &Digest) -> Result<bool> {
         Ok(blob_path(&self.dir, digest)?.is_file())
     }
 
     /// Copies a spooled blob in; written under a temporary name first so a crash never
     /// leaves a truncated blob under its digest.
-    pub fn put_blob_file(&self, source: &Path, digest: &str) -> Result<bool> {
+    pub fn put_blob_file(&self, source: &Path, digest: &Digest) -> Result<bool> {
         let target = blob_path(&self.dir, digest)?;
         if target.is_file() {
             return Ok(false);
@@ -86,7 +96,7 @@ impl OciLayout {
         Ok(true)
     }
 
-    pub fn put_blob_bytes(&self, bytes: &[u8], digest: &str) -> Result<bool> {
+    pub fn put_blob_bytes(&self, bytes: &[u8], digest: &Digest) -> Result<bool> {
         let target = blob_path(&self.dir, digest)?;
         if target.is_file() {
             return Ok(false);
@@ -133,7 +143,7 @@ impl OciLayout {
         std::fs::rename(&partial, &path).map_err(io(&path))
     }
 
-    fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+    fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         let path = blob_path(&self.dir, digest)?;
         let bytes = std::fs::read(&path).map_err(|e| {
             Error::Usage(format!(
@@ -141,8 +151,8 @@ impl OciLayout {
                 self.dir.display()
             ))
         })?;
-        let computed = oci::sha256_digest(&bytes);
-        if computed != digest {
+        let computed = Digest::of(&bytes);
+        if computed != *digest {
             return Err(Error::Registry {
                 registry: self.dir.display().to_string(),
                 message: format!("blob {digest} is corrupt (its content hashes to {computed})"),
@@ -188,19 +198,16 @@ impl ContentSource for LayoutSource {
                 )))
             }
         };
-        let digest = descriptor["digest"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        Ok((self.layout.read_blob(&digest)?, digest))
+        let digest = descriptor["digest"].as_str().unwrap_or_default();
+        Ok((self.layout.read_blob(&sha256(digest)?)?, digest.to_string()))
     }
 
     async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
-        self.layout.read_blob(digest)
+        self.layout.read_blob(&sha256(digest)?)
     }
 
     async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
-        self.layout.read_blob(digest)
+        self.layout.read_blob(&sha256(digest)?)
     }
 
     /// polyarch attaches nothing in a layout (see `Destination::attach`).
@@ -220,7 +227,7 @@ impl ContentSource for LayoutSource {
     ) -> Result<crate::deep::DeepReport> {
         let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
         for (digest, _) in layers {
-            let path = blob_path(&self.layout.dir, digest)?;
+            let path = blob_path(&self.layout.dir, &sha256(digest)?)?;
             let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
             readers.push(Box::new(std::io::BufReader::new(file)));
         }
@@ -254,7 +261,7 @@ mod tests {
         let layout = OciLayout::create(dir.path()).unwrap();
         let blob = |b: &[u8]| ManifestBlob {
             bytes: b.to_vec(),
-            digest: oci::sha256_digest(b),
+            digest: Digest::of(b),
             media_type: oci::OCI_INDEX,
         };
         let (a, b) = (blob(b"{\"a\":1}"), blob(b"{\"b\":2}"));

@@ -54,7 +54,7 @@ pub async fn publish(
     let first = first_tag(image)?;
     let mut moved = Vec::new();
     for tag in &image.tags {
-        if destination.current(image, tag).await.as_deref() != Some(index.digest.as_str()) {
+        if destination.current(image, tag).await.as_ref() != Some(&index.digest) {
             moved.push(tag);
         }
     }
@@ -144,7 +144,9 @@ mod tests {
             image: "api".into(),
             platform: Platform::linux(arch, None),
             entry: IndexEntry {
-                digest: format!("sha256:{}", digest_char.to_string().repeat(64)),
+                digest: format!("sha256:{}", digest_char.to_string().repeat(64))
+                    .parse()
+                    .unwrap(),
                 size: 500,
                 platform: ConfigPlatform {
                     os: "linux".into(),
@@ -300,7 +302,13 @@ mod tests {
             .iter()
             .map(|m| m["digest"].as_str().unwrap())
             .collect();
-        assert_eq!(digests, [&units[0].entry.digest, &units[1].entry.digest]);
+        assert_eq!(
+            digests,
+            [
+                units[0].entry.digest.as_str(),
+                units[1].entry.digest.as_str()
+            ]
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! The coverage record (`polyarch/coverage/v1`): what was verified, as data.
 //! Field names are a contract documented in the README and `schema/coverage.schema.json`.
 
+use crate::digest::Digest;
 use crate::platform::Platform;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -207,7 +208,7 @@ pub struct PartImage {
 pub struct PartPlatform {
     pub platform: Platform,
     /// The platform manifest, pushed by digest.
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     pub build: BuildInfo,
 }

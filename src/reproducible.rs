@@ -248,7 +248,7 @@ pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, Stri
     let diff_ids: Vec<String> = layers.iter().map(|l| l.diff_id.clone()).collect();
     let config = normalise_config(&image.config, epoch, &diff_ids)?;
     Ok(ExportedImage {
-        config_digest: crate::oci::sha256_digest(&config),
+        config_digest: crate::digest::Digest::of(&config),
         config,
         layers,
         spool: image.spool,

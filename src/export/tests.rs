@@ -295,7 +295,10 @@ fn oci_layout_with_uncompressed_and_gzipped_layers() {
         assert_eq!(c.layers[1].digest, format!("sha256:{}", hex_of(&l2)));
         assert_eq!(std::fs::read(&c.layers[1].path).unwrap(), l2);
         for layer in &c.layers {
-            assert_eq!((layer.digest.clone(), layer.size), sha_file(&layer.path));
+            assert_eq!(
+                (layer.digest.to_string(), layer.size),
+                sha_file(&layer.path)
+            );
         }
     }
 }
@@ -412,6 +415,6 @@ fn corrupt_gzip_blob_is_an_error() {
 fn save_stream_names_give_digests() {
     assert_eq!(
         name_digest(&format!("{}.json", "ab".repeat(32))),
-        Some(format!("sha256:{}", "ab".repeat(32)))
+        format!("sha256:{}", "ab".repeat(32)).parse().ok()
     );
 }

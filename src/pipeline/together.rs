@@ -8,6 +8,7 @@ use super::unit::{
 use super::Run;
 use crate::build;
 use crate::cache::CachedManifest;
+use crate::digest::Digest;
 use crate::engine::{Builders, Engine};
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
@@ -134,13 +135,16 @@ async fn build_together(
         });
         let platform = declared.unwrap_or_default();
         check_platform(image, unit, &platform)?;
-        let digest = entry.digest().to_string();
+        let digest: Digest =
+            entry.digest().as_ref().parse().map_err(|why| {
+                unreadable(format!("lists digest `{}`, which {why}", entry.digest()))
+            })?;
         if let Some(key) = settings {
-            remember_reads(run, image, key, &digest, &built.transfers).await;
+            remember_reads(run, image, key, digest.as_str(), &built.transfers).await;
         }
         run.cache.put(
             &image.repository,
-            &pushed_key(image, &digest),
+            &pushed_key(image, digest.as_str()),
             CachedManifest {
                 digest: digest.clone(),
                 size: entry.size(),

@@ -14,6 +14,7 @@ pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
 
 use crate::credentials::{self, Credential};
+use crate::digest::Digest;
 use crate::oci;
 use crate::{Error, Result};
 use auth::{Challenge, Tokens};
@@ -104,7 +105,7 @@ impl RetryPolicy {
 type BlobKey = (String, String);
 
 /// A manifest's bytes and digest as a registry served them.
-type ManifestRead = (Vec<u8>, String);
+type ManifestRead = (Vec<u8>, Digest);
 
 /// A registry client shared by a run (boxed: it is large and lives in enums).
 pub struct Registry(Box<Inner>);
@@ -470,9 +471,9 @@ impl Registry {
         .await
     }
 
-    pub async fn blob_exists(&self, reference: &Reference, digest: &str) -> Result<bool> {
+    pub async fn blob_exists(&self, reference: &Reference, digest: &Digest) -> Result<bool> {
         self.call(reference, &format!("check blob {digest}"), |c, _| {
-            c.blob_exists(reference, digest)
+            c.blob_exists(reference, digest.as_str())
         })
         .await
     }
@@ -488,7 +489,7 @@ impl Registry {
 
     /// Reads a manifest, checked against the requested digest or the registry's
     /// Docker-Content-Digest. Returns the bytes and their digest.
-    pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+    pub async fn get_manifest(&self, reference: &Reference) -> Result<ManifestRead> {
         let Some(by_digest) = reference.digest() else {
             return self.read_manifest(reference).await;
         };
@@ -508,7 +509,7 @@ impl Registry {
         Ok(read)
     }
 
-    async fn read_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+    async fn read_manifest(&self, reference: &Reference) -> Result<ManifestRead> {
         let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
         let (bytes, announced) = self
             .get(
@@ -532,11 +533,11 @@ impl Registry {
                 message: format!("manifest of {reference} is larger than {MAX_JSON_BLOB} bytes; refusing to read more"),
             });
         }
-        let computed = oci::sha256_digest(&bytes);
+        let computed = Digest::of(&bytes);
         // Checked against the digest asked for, else the one the registry announced.
         if let Some(expected) = reference.digest().map(str::to_string).or(announced) {
-            if computed != expected {
-                return Err(digest_mismatch(reference, &expected, &computed));
+            if computed != expected.as_str() {
+                return Err(digest_mismatch(reference, &expected, computed.as_str()));
             }
         }
         Ok((bytes, computed))
@@ -562,9 +563,9 @@ impl Registry {
                 ),
             });
         }
-        let computed = oci::sha256_digest(&out);
+        let computed = Digest::of(&out);
         if computed != digest {
-            return Err(digest_mismatch(reference, digest, &computed));
+            return Err(digest_mismatch(reference, digest, computed.as_str()));
         }
         Ok(out)
     }

@@ -1,6 +1,7 @@
 //! An image store in memory for unit tests of the flows that write through the seam.
 
 use super::{Attachment, ImageStore};
+use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
@@ -69,12 +70,12 @@ impl ImageStore for FakeStore {
         Ok(())
     }
 
-    async fn has_manifest(&self, _: &ImageSpec, digest: &str) -> bool {
-        self.manifests.lock().unwrap().contains_key(digest)
+    async fn has_manifest(&self, _: &ImageSpec, digest: &Digest) -> bool {
+        self.manifests.lock().unwrap().contains_key(digest.as_str())
     }
 
-    async fn current(&self, _: &ImageSpec, tag: &str) -> Option<String> {
-        self.tag_of(tag)
+    async fn current(&self, _: &ImageSpec, tag: &str) -> Option<Digest> {
+        self.tag_of(tag).map(|digest| digest.parse().unwrap())
     }
 
     async fn put_manifest(&self, _: &Reference, manifest: &ManifestBlob) -> Result<()> {
@@ -85,7 +86,7 @@ impl ImageStore for FakeStore {
         self.manifests
             .lock()
             .unwrap()
-            .insert(manifest.digest.clone(), manifest.bytes.clone());
+            .insert(manifest.digest.to_string(), manifest.bytes.clone());
         Ok(())
     }
 
@@ -100,7 +101,7 @@ impl ImageStore for FakeStore {
         self.tags
             .lock()
             .unwrap()
-            .insert(tag.to_string(), index.digest.clone());
+            .insert(tag.to_string(), index.digest.to_string());
         Ok(())
     }
 
@@ -123,12 +124,12 @@ impl ImageStore for FakeStore {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         _: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         self.calls.lock().unwrap().push("read back".into());
         let index: serde_json::Value =
-            serde_json::from_slice(&self.manifests.lock().unwrap()[expected]).unwrap();
+            serde_json::from_slice(&self.manifests.lock().unwrap()[expected.as_str()]).unwrap();
         let platforms = index["manifests"]
             .as_array()
             .unwrap()

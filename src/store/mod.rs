@@ -4,6 +4,7 @@
 #[cfg(test)]
 pub(crate) mod fake;
 
+use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::ManifestBlob;
@@ -34,9 +35,9 @@ pub trait ImageStore {
         image: &ExportedImage,
     ) -> impl Future<Output = Result<()>>;
     /// Whether a manifest is there under `digest` in the image's repository.
-    fn has_manifest(&self, image: &ImageSpec, digest: &str) -> impl Future<Output = bool>;
+    fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> impl Future<Output = bool>;
     /// What a tag resolves to now (None when it does not exist yet).
-    fn current(&self, image: &ImageSpec, tag: &str) -> impl Future<Output = Option<String>>;
+    fn current(&self, image: &ImageSpec, tag: &str) -> impl Future<Output = Option<Digest>>;
     /// Stores a manifest under its digest only (no tag moves).
     fn put_manifest(
         &self,
@@ -63,7 +64,7 @@ pub trait ImageStore {
     fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ImageCoverage>>;
 }
@@ -118,7 +119,7 @@ impl ImageStore for Destination {
         Ok(())
     }
 
-    async fn has_manifest(&self, image: &ImageSpec, digest: &str) -> bool {
+    async fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> bool {
         let Destination::Registry(r) = self else {
             return false;
         };
@@ -130,7 +131,7 @@ impl ImageStore for Destination {
             .is_ok()
     }
 
-    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<String> {
+    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<Digest> {
         match self {
             Destination::Registry(r) => {
                 let reference = repository_reference(&image.repository, tag).ok()?;
@@ -147,7 +148,7 @@ impl ImageStore for Destination {
         match self {
             Destination::Registry(r) => {
                 r.push_manifest(
-                    &reference.clone_with_digest(manifest.digest.clone()),
+                    &reference.clone_with_digest(manifest.digest.to_string()),
                     manifest,
                 )
                 .await
@@ -183,7 +184,7 @@ impl ImageStore for Destination {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
@@ -191,7 +192,7 @@ impl ImageStore for Destination {
                 verify::verify_image(
                     r,
                     image,
-                    Some(expected),
+                    Some(expected.as_str()),
                     verify::Checks::default(),
                     reporter,
                 )
@@ -212,18 +213,24 @@ async fn attach_in_registry(
     referrer: &Referrer,
 ) -> Result<Attachment> {
     let reference = first_tag(image)?;
-    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
+    if referrer.already_in(
+        &registry
+            .referrers(&reference, referrer.subject.as_str())
+            .await?,
+    ) {
         return Ok(Attachment::Kept);
     }
     for (bytes, digest) in &referrer.blobs {
         registry.push_blob_bytes(&reference, bytes, digest).await?;
     }
-    let by_digest = reference.clone_with_digest(referrer.manifest.digest.clone());
+    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
     registry
         .push_manifest(&by_digest, &referrer.manifest)
         .await
         .map_err(|e| refused(e, referrer))?;
-    let listed = registry.referrers(&reference, &referrer.subject).await?;
+    let listed = registry
+        .referrers(&reference, referrer.subject.as_str())
+        .await?;
     if listed
         .iter()
         .any(|d| d["digest"] == referrer.manifest.digest.as_str())
@@ -258,7 +265,7 @@ fn refused(error: Error, referrer: &Referrer) -> Error {
 async fn read_back_layout(
     layout: &OciLayout,
     image: &ImageSpec,
-    expected: &str,
+    expected: &Digest,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let target = Target {
@@ -281,7 +288,7 @@ async fn read_back_layout(
     }
     let mut first = coverage.remove(0);
     for other in coverage.iter().chain(std::iter::once(&first.clone())) {
-        if other.digest != expected {
+        if *expected != other.digest.as_str() {
             first.covered = false;
             first.warnings.push(format!(
                 "a tag in {} resolves to {}, not {expected}",

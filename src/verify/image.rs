@@ -46,6 +46,7 @@ pub async fn verify_image(
                 .get_manifest(&repository_reference(&image.repository, tag)?)
                 .await?
                 .1
+                .to_string()
         };
         if digest != wanted {
             coverage.covered = false;

@@ -50,7 +50,8 @@ pub struct RegistrySource<'a> {
 
 impl ContentSource for RegistrySource<'_> {
     async fn resolve(&self) -> Result<(Vec<u8>, String)> {
-        self.registry.get_manifest(&self.reference).await
+        let (bytes, digest) = self.registry.get_manifest(&self.reference).await?;
+        Ok((bytes, digest.to_string()))
     }
 
     async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
