@@ -169,7 +169,7 @@ pub struct LayoutSource {
 }
 
 impl ContentSource for LayoutSource {
-    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+    async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
         let index = self.layout.read_index()?;
         let manifests = index["manifests"].as_array().expect("checked on read");
         let chosen: Vec<&Value> = match &self.tag {
@@ -199,7 +199,8 @@ impl ContentSource for LayoutSource {
             }
         };
         let digest = descriptor["digest"].as_str().unwrap_or_default();
-        Ok((self.layout.read_blob(&sha256(digest)?)?, digest.to_string()))
+        let digest = sha256(digest)?;
+        Ok((self.layout.read_blob(&digest)?, digest))
     }
 
     async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {

@@ -196,8 +196,8 @@ mod tests {
         assert_eq!(calls.len(), 4, "{calls:?}");
         assert_eq!(calls[0], format!("manifest {}", coverage.digest));
         assert_eq!(&calls[1..], ["tag v1", "tag latest", "read back"]);
-        assert_eq!(store.tag_of("v1"), Some(coverage.digest.clone()));
-        assert_eq!(store.tag_of("latest"), Some(coverage.digest));
+        assert_eq!(store.tag_of("v1"), Some(coverage.digest.to_string()));
+        assert_eq!(store.tag_of("latest"), Some(coverage.digest.to_string()));
     }
 
     #[tokio::test]
@@ -295,7 +295,8 @@ mod tests {
         );
         // The index still lists exactly the platform manifests.
         let index: serde_json::Value =
-            serde_json::from_slice(&store.manifests.lock().unwrap()[&coverage.digest]).unwrap();
+            serde_json::from_slice(&store.manifests.lock().unwrap()[coverage.digest.as_str()])
+                .unwrap();
         let digests: Vec<&str> = index["manifests"]
             .as_array()
             .unwrap()

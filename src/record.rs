@@ -55,7 +55,7 @@ pub struct ImageCoverage {
     pub reference: String,
     pub tags: Vec<String>,
     /// Digest of the index (or single manifest) the reference resolves to.
-    pub digest: String,
+    pub digest: Digest,
     /// `repo@sha256:…` to pin in deployments instead of a mutable tag.
     pub pinned: String,
     pub media_type: String,

@@ -56,7 +56,7 @@ pub(super) fn pin(
 ) -> Result<Vec<PinnedFile>> {
     let digests: BTreeMap<&str, &str> = images
         .iter()
-        .filter_map(|i| Some((i.image.as_str(), i.digest.as_deref()?)))
+        .filter_map(|i| Some((i.image.as_str(), i.digest.as_ref()?.as_str())))
         .collect();
     let mut out = Vec::new();
     for file in files {

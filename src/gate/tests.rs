@@ -35,7 +35,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
 
 fn contents(entries: Vec<PlatformCoverage>, attestations: &[char]) -> Result<Contents> {
     Ok(Contents {
-        digest: digest('f'),
+        digest: digest('f').parse().unwrap(),
         media_type: "application/vnd.oci.image.index.v1+json".into(),
         annotations: Default::default(),
         entries,

@@ -155,7 +155,7 @@ impl ImageStore for FakeStore {
             name: image.name.clone(),
             reference: format!("{}:{}", image.repository, image.tags[0]),
             tags: image.tags.clone(),
-            digest: expected.to_string(),
+            digest: expected.clone(),
             pinned: format!("{}@{expected}", image.repository),
             media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
             annotations: BTreeMap::new(),

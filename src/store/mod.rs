@@ -192,7 +192,7 @@ impl ImageStore for Destination {
                 verify::verify_image(
                     r,
                     image,
-                    Some(expected.as_str()),
+                    Some(expected),
                     verify::Checks::default(),
                     reporter,
                 )
@@ -288,7 +288,7 @@ async fn read_back_layout(
     }
     let mut first = coverage.remove(0);
     for other in coverage.iter().chain(std::iter::once(&first.clone())) {
-        if *expected != other.digest.as_str() {
+        if other.digest != *expected {
             first.covered = false;
             first.warnings.push(format!(
                 "a tag in {} resolves to {}, not {expected}",

@@ -3,6 +3,7 @@
 //! attestation entries (older containerd fails on them with "unknown media type").
 
 use crate::deep::{self, DeepReport, Finding};
+use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
 use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
@@ -22,7 +23,7 @@ const MAX_INDEX_DEPTH: usize = 4;
 /// Where manifests and configs are read from: a registry repository or an OCI layout.
 pub trait ContentSource {
     /// Resolves the reference being verified: manifest bytes and their digest.
-    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, String)>>;
+    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest)>>;
     /// A manifest by digest, its content checked against the digest.
     fn manifest(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// A small JSON blob (a config) by digest, checked against the digest.
@@ -49,9 +50,8 @@ pub struct RegistrySource<'a> {
 }
 
 impl ContentSource for RegistrySource<'_> {
-    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
-        let (bytes, digest) = self.registry.get_manifest(&self.reference).await?;
-        Ok((bytes, digest.to_string()))
+    async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
+        self.registry.get_manifest(&self.reference).await
     }
 
     async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
@@ -118,7 +118,7 @@ struct Entry {
 /// judges each entry against the nodes that would pull it.
 pub struct Contents {
     /// Digest of the index (or single manifest) the reference resolves to.
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
     /// The index's annotations.
     pub annotations: BTreeMap<String, String>,
@@ -160,7 +160,7 @@ pub async fn read_contents<S: ContentSource>(
         Parsed::Image { media_type, .. } => {
             entries.push(Entry {
                 platform: None,
-                digest: digest.clone(),
+                digest: digest.to_string(),
                 size: bytes.len() as u64,
             });
             media_type

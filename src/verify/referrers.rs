@@ -129,7 +129,7 @@ mod tests {
     }
 
     impl ContentSource for Fake {
-        async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+        async fn resolve(&self) -> Result<(Vec<u8>, crate::digest::Digest)> {
             unreachable!("not resolved here")
         }
         async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {

@@ -26,7 +26,7 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
             "{} {} -> {} ({})\n",
             image.name,
             image.reference,
-            polyarch::oci::short_digest(&image.digest),
+            image.digest.short(),
             verdict
         );
         for p in &image.platforms {
@@ -144,7 +144,7 @@ mod tests {
             name: "x".into(),
             reference: "r.io/x:t".into(),
             tags: vec!["t".into()],
-            digest: format!("sha256:{}", "b".repeat(64)),
+            digest: format!("sha256:{}", "b".repeat(64)).parse().unwrap(),
             pinned: "r.io/x@sha256:…".into(),
             media_type: "application/vnd.oci.image.index.v1+json".into(),
             annotations: BTreeMap::new(),
