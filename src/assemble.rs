@@ -2,6 +2,7 @@
 //! (every declared platform exactly once, in the right repository, the config agreeing),
 //! then published as one index per image.
 
+use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan;
 use crate::progress::Reporter;
@@ -155,9 +156,13 @@ async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform)
             )))
         }
     };
-    let config = registry
-        .get_json_blob(&reference, manifest.config().digest().as_ref())
-        .await?;
+    let config_digest = manifest.config().digest();
+    let config_digest: Digest = config_digest.as_ref().parse().map_err(|why| {
+        not_image(format!(
+            "part {reference} names config digest `{config_digest}`, which {why}"
+        ))
+    })?;
+    let config = registry.get_json_blob(&reference, &config_digest).await?;
     let config_platform = ConfigPlatform::from_config(&config).map_err(&not_image)?;
     if config_platform.normalized() != part.platform {
         return Err(not_image(format!(

@@ -203,16 +203,16 @@ impl ContentSource for LayoutSource {
         Ok((self.layout.read_blob(&digest)?, digest))
     }
 
-    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
-        self.layout.read_blob(&sha256(digest)?)
+    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
+        self.layout.read_blob(digest)
     }
 
-    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
-        self.layout.read_blob(&sha256(digest)?)
+    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        self.layout.read_blob(digest)
     }
 
     /// polyarch attaches nothing in a layout (see `Destination::attach`).
-    async fn referrers(&self, _digest: &str) -> Result<Vec<Value>> {
+    async fn referrers(&self, _digest: &Digest) -> Result<Vec<Value>> {
         Ok(Vec::new())
     }
 

@@ -76,7 +76,7 @@ pub struct ImageCoverage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlatformCoverage {
     pub platform: Platform,
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
     pub config_platform: Option<Platform>,
     pub size: Option<u64>,
     pub status: PlatformStatus,

@@ -130,7 +130,7 @@ pub struct Finding {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entry: Option<String>,
+    pub entry: Option<Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PlatformStatus>,
     /// entry_mismatch: the reachable pools that would pull the entry.
@@ -451,7 +451,11 @@ fn entry_mismatches(at: &Subject, contents: &Contents, reachable: &[&NodePool]) 
         if pools.is_empty() {
             continue;
         }
-        let digest = entry.digest.clone().unwrap_or_default();
+        let digest = entry
+            .digest
+            .as_ref()
+            .map(Digest::to_string)
+            .unwrap_or_default();
         let detail = entry.detail.clone().unwrap_or_else(|| {
             format!(
                 "entry {digest} says {} but is another platform",

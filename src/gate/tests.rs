@@ -18,7 +18,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
             )
         }),
         platform,
-        digest: Some(digest(d)),
+        digest: Some(digest(d).parse().unwrap()),
         config_platform: Some(config),
         size: Some(500),
         annotations: Default::default(),
@@ -128,7 +128,7 @@ fn an_entry_whose_config_is_another_platform_is_a_gap_for_the_pools_pulling_it()
     assert_eq!(gaps[0].kind, FindingKind::EntryMismatch);
     assert_eq!(gaps[0].pools, ["graviton"]);
     assert_eq!(gaps[0].platform.as_deref(), Some("linux/arm64"));
-    assert_eq!(gaps[0].entry.as_deref(), Some(digest('a').as_str()));
+    assert_eq!(gaps[0].entry, Some(digest('a').parse().unwrap()));
     assert_eq!(gaps[0].status, Some(PlatformStatus::ConfigMismatch));
     assert!(
         gaps[0].message.contains("its config says linux/amd64"),

@@ -545,7 +545,7 @@ impl Registry {
 
     /// Reads a small JSON blob (an image config) and checks its digest. The body is read
     /// inside the retried request, so an answer cut short is asked for again.
-    pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
+    pub async fn get_json_blob(&self, reference: &Reference, digest: &Digest) -> Result<Vec<u8>> {
         let out = self
             .get(
                 reference,
@@ -564,8 +564,12 @@ impl Registry {
             });
         }
         let computed = Digest::of(&out);
-        if computed != digest {
-            return Err(digest_mismatch(reference, digest, computed.as_str()));
+        if computed != *digest {
+            return Err(digest_mismatch(
+                reference,
+                digest.as_str(),
+                computed.as_str(),
+            ));
         }
         Ok(out)
     }

@@ -139,7 +139,7 @@ impl ImageStore for FakeStore {
                 let platform = Platform::linux(p["architecture"].as_str().unwrap(), None);
                 PlatformCoverage {
                     platform,
-                    digest: m["digest"].as_str().map(str::to_string),
+                    digest: m["digest"].as_str().map(|d| d.parse().unwrap()),
                     config_platform: None,
                     size: m["size"].as_u64(),
                     status: PlatformStatus::Ok,

@@ -213,11 +213,7 @@ async fn attach_in_registry(
     referrer: &Referrer,
 ) -> Result<Attachment> {
     let reference = first_tag(image)?;
-    if referrer.already_in(
-        &registry
-            .referrers(&reference, referrer.subject.as_str())
-            .await?,
-    ) {
+    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
         return Ok(Attachment::Kept);
     }
     for (bytes, digest) in &referrer.blobs {
@@ -228,9 +224,7 @@ async fn attach_in_registry(
         .push_manifest(&by_digest, &referrer.manifest)
         .await
         .map_err(|e| refused(e, referrer))?;
-    let listed = registry
-        .referrers(&reference, referrer.subject.as_str())
-        .await?;
+    let listed = registry.referrers(&reference, &referrer.subject).await?;
     if listed
         .iter()
         .any(|d| d["digest"] == referrer.manifest.digest.as_str())

@@ -25,13 +25,13 @@ pub trait ContentSource {
     /// Resolves the reference being verified: manifest bytes and their digest.
     fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest)>>;
     /// A manifest by digest, its content checked against the digest.
-    fn manifest(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn manifest(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// A small JSON blob (a config) by digest, checked against the digest.
-    fn json_blob(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn json_blob(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// The descriptors listed as referrers of the manifest `digest` (empty: none).
     fn referrers(
         &self,
-        digest: &str,
+        digest: &Digest,
     ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
@@ -54,17 +54,17 @@ impl ContentSource for RegistrySource<'_> {
         self.registry.get_manifest(&self.reference).await
     }
 
-    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
         let by_digest = self.reference.clone_with_digest(digest.to_string());
         let (bytes, _) = self.registry.get_manifest(&by_digest).await?;
         Ok(bytes)
     }
 
-    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         self.registry.get_json_blob(&self.reference, digest).await
     }
 
-    async fn referrers(&self, digest: &str) -> Result<Vec<serde_json::Value>> {
+    async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
         self.registry.referrers(&self.reference, digest).await
     }
 
@@ -110,7 +110,7 @@ pub struct Checks {
 /// A platform manifest found under the reference.
 struct Entry {
     platform: Option<Platform>,
-    digest: String,
+    digest: Digest,
     size: u64,
 }
 
@@ -129,7 +129,7 @@ pub struct Contents {
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
     /// What is attached to each entry, by the entry's digest.
-    pub(crate) attached: BTreeMap<String, referrers::Listing>,
+    pub(crate) attached: BTreeMap<Digest, referrers::Listing>,
 }
 
 /// Reads the reference and checks every entry; `target.declared` is not looked at.
@@ -160,7 +160,7 @@ pub async fn read_contents<S: ContentSource>(
         Parsed::Image { media_type, .. } => {
             entries.push(Entry {
                 platform: None,
-                digest: digest.to_string(),
+                digest: digest.clone(),
                 size: bytes.len() as u64,
             });
             media_type
@@ -174,6 +174,7 @@ pub async fn read_contents<S: ContentSource>(
                 .collect();
             collect_entries(
                 source,
+                target,
                 index,
                 0,
                 &mut entries,
@@ -187,7 +188,7 @@ pub async fn read_contents<S: ContentSource>(
 
     // Entries are independent: read their manifests and configs, and list what is
     // attached to them, all concurrently.
-    let digests: Vec<&str> = entries.iter().map(|e| e.digest.as_str()).collect();
+    let digests: Vec<&Digest> = entries.iter().map(|e| &e.digest).collect();
     let (checked, attached) = futures_util::future::join(
         futures_util::future::try_join_all(
             entries
@@ -310,9 +311,18 @@ fn unreadable(target: &Target, message: &str) -> Error {
     }
 }
 
+/// A digest a manifest names, as oci-spec read it (any algorithm) into ours.
+fn parse_digest(target: &Target, digest: &oci_spec::image::Digest) -> Result<Digest> {
+    digest
+        .as_ref()
+        .parse()
+        .map_err(|why| unreadable(target, &format!("digest `{digest}` {why}")))
+}
+
 /// Flattens (possibly nested) indexes into platform entries, setting aside attestations.
 async fn collect_entries<S: ContentSource>(
     source: &S,
+    target: &Target,
     index: Box<oci_spec::image::ImageIndex>,
     depth: usize,
     entries: &mut Vec<Entry>,
@@ -322,11 +332,13 @@ async fn collect_entries<S: ContentSource>(
     let mut pending = vec![(index, depth)];
     while let Some((index, depth)) = pending.pop() {
         for descriptor in index.manifests() {
-            let digest = descriptor.digest().to_string();
             let media_type = descriptor.media_type().to_string();
             if oci::is_attestation(descriptor) {
-                attestations.push(digest);
-            } else if oci::is_index_media_type(&media_type) {
+                attestations.push(descriptor.digest().to_string());
+                continue;
+            }
+            let digest = parse_digest(target, descriptor.digest())?;
+            if oci::is_index_media_type(&media_type) {
                 if depth + 1 >= MAX_INDEX_DEPTH {
                     warnings.push(format!(
                         "index {digest} is nested more than {MAX_INDEX_DEPTH} deep; not followed"
@@ -372,7 +384,7 @@ async fn check_entry<S: ContentSource>(
             ))
         }
     };
-    let config_digest = manifest.config().digest().to_string();
+    let config_digest = parse_digest(target, manifest.config().digest())?;
     let config = source.json_blob(&config_digest).await?;
     let (config_platform, detail) = match ConfigPlatform::from_config(&config) {
         Ok(p) => (Some(p.normalized()), None),

@@ -79,9 +79,8 @@ fn platform_lines(p: &PlatformCoverage) -> String {
         .unwrap_or_default();
     let digest = p
         .digest
-        .as_deref()
-        .map(polyarch::oci::short_digest)
-        .unwrap_or("-");
+        .as_ref()
+        .map_or("-", polyarch::digest::Digest::short);
     let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
     let build = p.build.as_ref().map_or(String::new(), |b| {
         let fallback = if b.fallback.is_some() {
@@ -130,7 +129,7 @@ mod tests {
     fn the_summary_tells_reused_builds_from_emulated_ones() {
         let platform = |name: &str, build: BuildInfo| PlatformCoverage {
             platform: name.parse().unwrap(),
-            digest: Some(format!("sha256:{}", "a".repeat(64))),
+            digest: Some(format!("sha256:{}", "a".repeat(64)).parse().unwrap()),
             config_platform: Some(name.parse().unwrap()),
             size: Some(900),
             status: PlatformStatus::Ok,
