@@ -223,12 +223,12 @@ impl ContentSource for LayoutSource {
     async fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &crate::Platform,
     ) -> Result<crate::deep::DeepReport> {
         let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
         for (digest, _) in layers {
-            let path = blob_path(&self.layout.dir, &sha256(digest)?)?;
+            let path = blob_path(&self.layout.dir, digest)?;
             let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
             readers.push(Box::new(std::io::BufReader::new(file)));
         }

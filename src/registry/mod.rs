@@ -579,7 +579,7 @@ impl Registry {
     pub async fn blob_stream(
         &self,
         reference: &Reference,
-        digest: &str,
+        digest: &Digest,
     ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
         let response = self
             .get(

@@ -39,7 +39,7 @@ pub trait ContentSource {
     fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &Platform,
     ) -> impl std::future::Future<Output = Result<DeepReport>>;
 }
@@ -79,7 +79,7 @@ impl ContentSource for RegistrySource<'_> {
     async fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &Platform,
     ) -> Result<DeepReport> {
         deep::inspect_remote(self.registry, &self.reference, config, layers, platform).await
@@ -404,11 +404,16 @@ async fn check_entry<S: ContentSource>(
         _ => PlatformStatus::ConfigMismatch,
     };
     let deep = if target.deep {
-        let layers: Vec<(String, String)> = manifest
+        let layers = manifest
             .layers()
             .iter()
-            .map(|l| (l.digest().to_string(), l.media_type().to_string()))
-            .collect();
+            .map(|l| {
+                Ok((
+                    parse_digest(target, l.digest())?,
+                    l.media_type().to_string(),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let report = source.inspect(&config, &layers, &platform).await?;
         match &report.finding {
             Finding::Match => {}

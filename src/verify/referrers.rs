@@ -151,7 +151,7 @@ mod tests {
         async fn inspect(
             &self,
             _: &[u8],
-            _: &[(String, String)],
+            _: &[(Digest, String)],
             _: &Platform,
         ) -> Result<DeepReport> {
             unreachable!("no deep checks here")
