@@ -209,12 +209,8 @@ mod tests {
                     .unwrap(),
                 size: 400,
                 build: BuildInfo {
-                    emulated: false,
                     seconds: 1.0,
-                    reused: false,
-                    builder: None,
-                    fallback: None,
-                    window: None,
+                    ..Default::default()
                 },
             })
             .collect();

@@ -89,6 +89,15 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
         }
     }
 
+    #[cfg(test)]
+    fn in_memory() -> Store<V> {
+        Store {
+            path: None,
+            entries: Mutex::default(),
+            changed: AtomicBool::new(false),
+        }
+    }
+
     fn get(&self, key: &str) -> Option<V> {
         let mut entries = self.entries.lock().expect("cache lock");
         let entry = entries.get_mut(key)?;
@@ -169,11 +178,7 @@ impl PushCache {
     /// Kept in memory only: unit tests never read the user's cache.
     #[cfg(test)]
     pub(crate) fn in_memory() -> PushCache {
-        PushCache(Store {
-            path: None,
-            entries: Mutex::default(),
-            changed: AtomicBool::new(false),
-        })
+        PushCache(Store::in_memory())
     }
 
     pub fn get(&self, repository: &str, image_id: &str) -> Option<CachedManifest> {
@@ -196,6 +201,12 @@ pub struct BuildMemory(Store<RememberedBuild>);
 impl BuildMemory {
     pub fn open() -> BuildMemory {
         BuildMemory(Store::open("builds.json"))
+    }
+
+    /// Kept in memory only: unit tests never read the user's cache.
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> BuildMemory {
+        BuildMemory(Store::in_memory())
     }
 
     pub fn get(&self, settings: &str) -> Option<RememberedBuild> {

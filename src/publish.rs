@@ -157,10 +157,7 @@ mod tests {
             build: BuildInfo {
                 emulated: arch != "amd64",
                 seconds: 1.0,
-                reused: false,
-                builder: None,
-                fallback: None,
-                window: None,
+                ..Default::default()
             },
         }
     }

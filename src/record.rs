@@ -139,7 +139,7 @@ impl From<&crate::deep::DeepReport> for DeepCheck {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct BuildInfo {
     pub emulated: bool,
     pub seconds: f64,
@@ -270,12 +270,8 @@ mod tests {
     #[test]
     fn reused_is_written_only_when_true() {
         let built = serde_json::to_string(&BuildInfo {
-            emulated: false,
             seconds: 1.0,
-            reused: false,
-            builder: None,
-            fallback: None,
-            window: None,
+            ..Default::default()
         })
         .unwrap();
         assert!(!built.contains("reused"), "absent unless true: {built}");

@@ -222,13 +222,6 @@ impl Asm {
 }
 
 fn installer_code(lines: &[String], data_base: u64) -> (Vec<u8>, Vec<u8>) {
-    const SYS_WRITE: u32 = 1;
-    const SYS_OPEN: u32 = 2;
-    const SYS_CLOSE: u32 = 3;
-    const SYS_EXIT: u32 = 60;
-    const SYS_MOUNT: u32 = 165;
-    const EEXIST: u8 = 17;
-
     let mut data = vec![];
     let mut put = |bytes: &[u8], nul: bool| {
         let at = data_base + data.len() as u64;
@@ -258,46 +251,87 @@ fn installer_code(lines: &[String], data_base: u64) -> (Vec<u8>, Vec<u8>) {
     a.bytes(&[0x45, 0x31, 0xc0]); // xor r8d, r8d
     a.syscall(SYS_MOUNT);
     a.bytes(&[0x49, 0x89, 0xc4]); // mov r12, rax
+    let places = Places {
+        register,
+        dot,
+        open_fail,
+        write_fail,
+    };
     for (addr, len) in entries {
-        let next = a.label();
-        // r13 = open(register, O_WRONLY)
-        a.mov_imm64(Reg64::Rdi, register);
-        a.mov_imm32(0xbe, 1); // mov esi, O_WRONLY
-        a.bytes(&[0x31, 0xd2]); // xor edx, edx
-        a.syscall(SYS_OPEN);
-        a.bytes(&[0x48, 0x85, 0xc0]); // test rax, rax
-        a.jump(&[0x0f, 0x88], open_fail); // js
-        a.bytes(&[0x49, 0x89, 0xc5]); // mov r13, rax
-                                      // r14 = write(r13, line, len)
-        a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
-        a.mov_imm64(Reg64::Rsi, addr);
-        a.mov_imm32(0xba, len); // mov edx, len
-        a.syscall(SYS_WRITE);
-        a.bytes(&[0x49, 0x89, 0xc6]); // mov r14, rax
-                                      // close(r13)
-        a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
-        a.syscall(SYS_CLOSE);
-        // -EEXIST: already registered, fine; other negative: exit(errno)
-        a.bytes(&[0x49, 0x83, 0xfe, EEXIST.wrapping_neg()]); // cmp r14, -17
-        a.jump(&[0x0f, 0x84], next); // je
-        a.bytes(&[0x4d, 0x85, 0xf6]); // test r14, r14
-        a.jump(&[0x0f, 0x88], write_fail); // js
-        a.bind(next);
-        // write(1, ".", 1): one dot per entry handled
-        a.mov_imm32(0xbf, 1); // mov edi, 1
-        a.mov_imm64(Reg64::Rsi, dot);
-        a.mov_imm32(0xba, 1); // mov edx, 1
-        a.syscall(SYS_WRITE);
+        register_entry(&mut a, &places, addr, len);
     }
+    exit_paths(&mut a, &places);
+    (a.finish(), data)
+}
+
+/// Where the installer's code jumps to and the data it passes.
+struct Places {
+    register: u64,
+    dot: u64,
+    open_fail: usize,
+    write_fail: usize,
+}
+
+const SYS_WRITE: u32 = 1;
+const SYS_OPEN: u32 = 2;
+const SYS_CLOSE: u32 = 3;
+const SYS_EXIT: u32 = 60;
+const SYS_MOUNT: u32 = 165;
+
+/// Writes one registration line (`len` bytes at `addr`) to `register`; an entry that
+/// already exists (-EEXIST) is fine, any other failure jumps to `write_fail`.
+fn register_entry(a: &mut Asm, places: &Places, addr: u64, len: u32) {
+    const EEXIST: u8 = 17;
+    let Places {
+        register,
+        dot,
+        open_fail,
+        write_fail,
+    } = *places;
+    let next = a.label();
+    // r13 = open(register, O_WRONLY)
+    a.mov_imm64(Reg64::Rdi, register);
+    a.mov_imm32(0xbe, 1); // mov esi, O_WRONLY
+    a.bytes(&[0x31, 0xd2]); // xor edx, edx
+    a.syscall(SYS_OPEN);
+    a.bytes(&[0x48, 0x85, 0xc0]); // test rax, rax
+    a.jump(&[0x0f, 0x88], open_fail); // js
+    a.bytes(&[0x49, 0x89, 0xc5]); // mov r13, rax
+
+    // r14 = write(r13, line, len)
+    a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
+    a.mov_imm64(Reg64::Rsi, addr);
+    a.mov_imm32(0xba, len); // mov edx, len
+    a.syscall(SYS_WRITE);
+    a.bytes(&[0x49, 0x89, 0xc6]); // mov r14, rax
+
+    // close(r13)
+    a.bytes(&[0x4c, 0x89, 0xef]); // mov rdi, r13
+    a.syscall(SYS_CLOSE);
+    // -EEXIST: already registered, fine; other negative: exit(errno)
+    a.bytes(&[0x49, 0x83, 0xfe, EEXIST.wrapping_neg()]); // cmp r14, -17
+    a.jump(&[0x0f, 0x84], next); // je
+    a.bytes(&[0x4d, 0x85, 0xf6]); // test r14, r14
+    a.jump(&[0x0f, 0x88], write_fail); // js
+    a.bind(next);
+    // write(1, ".", 1): one dot per entry handled
+    a.mov_imm32(0xbf, 1); // mov edi, 1
+    a.mov_imm64(Reg64::Rsi, dot);
+    a.mov_imm32(0xba, 1); // mov edx, 1
+    a.syscall(SYS_WRITE);
+}
+
+/// Success, and the exits that carry what failed.
+fn exit_paths(a: &mut Asm, places: &Places) {
     a.bytes(&[0x31, 0xff]); // xor edi, edi
     a.syscall(SYS_EXIT);
     // write failed: exit(-r14)
-    a.bind(write_fail);
+    a.bind(places.write_fail);
     a.bytes(&[0x4c, 0x89, 0xf7]); // mov rdi, r14
     a.bytes(&[0x48, 0xf7, 0xdf]); // neg rdi
     a.syscall(SYS_EXIT);
     // open failed: exit(128 + mount errno) when mount failed, else exit(100)
-    a.bind(open_fail);
+    a.bind(places.open_fail);
     let do_exit = a.label();
     a.mov_imm32(0xbf, 100); // mov edi, 100
     a.bytes(&[0x4d, 0x85, 0xe4]); // test r12, r12
@@ -307,7 +341,6 @@ fn installer_code(lines: &[String], data_base: u64) -> (Vec<u8>, Vec<u8>) {
     a.bytes(&[0x48, 0x81, 0xc7, 0x80, 0, 0, 0]); // add rdi, 128
     a.bind(do_exit);
     a.syscall(SYS_EXIT);
-    (a.finish(), data)
 }
 
 /// A static x86_64 executable that mounts binfmt_misc (ignoring failure, e.g. when it is

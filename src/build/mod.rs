@@ -23,11 +23,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+mod builder;
 mod classic;
 mod error;
+#[cfg(test)]
+pub(crate) mod fake;
 mod log;
 mod platforms;
 
+pub use builder::Builder;
 use classic::*;
 pub use error::BuildError;
 use error::Stopped;
@@ -171,29 +175,7 @@ async fn build_once(
 
     let foreign = platform.os_arch() != engine.native.os_arch();
     let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
-    let exporter = match output {
-        Output::Engine => buildkit::Exporter {
-            kind: "moby".into(),
-            attrs: HashMap::from([("name".to_string(), tag.clone())]),
-        },
-        Output::Registry(repository) => registry_exporter(repository, spec),
-    };
-    let (error, solved) = if engine.buildkit {
-        let mut on_status = |status| {
-            log.consume(BuildInfo {
-                aux: Some(BuildInfoAux::BuildKit(status)),
-                ..Default::default()
-            })
-        };
-        let platforms = std::slice::from_ref(platform);
-        match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
-            Ok(solved) => (None, Some(solved)),
-            Err(error) => (Some(Stopped::from(error)), None),
-        }
-    } else {
-        let failed = build_classic(engine, spec, platform, &tag, &mut log).await?;
-        (failed.map(Stopped::Failed), None)
-    };
+    let (error, solved) = run_build(engine, spec, platform, &tag, output, &mut log).await?;
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
@@ -214,7 +196,56 @@ async fn build_once(
             pushed: Some(pushed),
         }));
     }
+    built_in_engine(engine, spec, platform, tag, started, transfers).await
+}
 
+/// Runs the build through BuildKit, or the classic builder where the engine has no
+/// BuildKit; how it stopped when it did not succeed, else what BuildKit answered.
+async fn run_build(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+    output: Output<'_>,
+    log: &mut BuildLog<'_>,
+) -> Result<(Option<Stopped>, Option<buildkit::Solved>)> {
+    if !engine.buildkit {
+        let failed = build_classic(engine, spec, platform, tag, log).await?;
+        return Ok((failed.map(Stopped::Failed), None));
+    }
+    let exporter = match output {
+        Output::Engine => buildkit::Exporter {
+            kind: "moby".into(),
+            attrs: HashMap::from([("name".to_string(), tag.to_string())]),
+        },
+        Output::Registry(repository) => registry_exporter(repository, spec),
+    };
+    let reporter = log.reporter;
+    let mut on_status = |status| {
+        log.consume(BuildInfo {
+            aux: Some(BuildInfoAux::BuildKit(status)),
+            ..Default::default()
+        })
+    };
+    let platforms = std::slice::from_ref(platform);
+    Ok(
+        match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
+            Ok(solved) => (None, Some(solved)),
+            Err(error) => (Some(Stopped::from(error)), None),
+        },
+    )
+}
+
+/// The image the build wrote under `tag`; lost (to be built again) when the engine does
+/// not have it after all.
+async fn built_in_engine(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: String,
+    started: Instant,
+    transfers: Vec<Transfer>,
+) -> Result<Attempt> {
     let inspected = match engine.docker.inspect_image(&tag).await {
         Ok(inspected) => inspected,
         Err(e) => {
@@ -223,10 +254,10 @@ async fn build_once(
             )))
         }
     };
-    let id = inspected.id.ok_or_else(|| {
-        failed(BuildError::Answer(format!(
-            "the engine returned no ID for {tag}"
-        )))
+    let id = inspected.id.ok_or_else(|| Error::Build {
+        image: spec.name.clone(),
+        platform: platform.to_string(),
+        source: BuildError::Answer(format!("the engine returned no ID for {tag}")),
     })?;
     Ok(Attempt::Built(BuiltImage {
         id,

@@ -12,7 +12,7 @@ pub mod ssh;
 use crate::endpoint::Endpoint;
 use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
 use bollard_buildkit_proto::moby::buildkit::v1::{
-    CacheOptions, CacheOptionsEntry, SolveRequest, StatusRequest, StatusResponse,
+    CacheOptions, CacheOptionsEntry, SolveRequest, SolveResponse, StatusRequest, StatusResponse,
 };
 use filesync::{SyncedDirs, Transfer};
 use secrets::SecretStore;
@@ -137,21 +137,13 @@ pub async fn solve(
     endpoint: &Endpoint,
     build: DockerfileBuild<'_>,
     auth: SessionAuth,
-    mut on_status: impl FnMut(StatusResponse) + Send,
+    on_status: impl FnMut(StatusResponse) + Send,
 ) -> Result<Solved, SolveError> {
     let connect = |source: std::io::Error| SolveError::Connect {
         endpoint: endpoint.name.clone(),
         source,
     };
-    let full = build.context.join(build.dockerfile);
-    let dockerfile_dir = full.parent().unwrap_or(build.context).to_path_buf();
-    let filename = full
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "Dockerfile".into());
-    let dirs = SyncedDirs::new()
-        .with_dir("context", build.context)
-        .with_dir("dockerfile", dockerfile_dir);
+    let (dirs, filename) = synced_dirs(build.context, build.dockerfile);
     let services = Services {
         dirs: dirs.clone(),
         auth,
@@ -173,7 +165,7 @@ pub async fn solve(
         frontend_attrs.insert("cache-imports".into(), cache_imports_attr(&cache.imports));
     }
     let request = SolveRequest {
-        r#ref: build_ref.clone(),
+        r#ref: build_ref,
         session: session.id.clone(),
         frontend: "dockerfile.v0".into(),
         frontend_attrs,
@@ -187,7 +179,41 @@ pub async fn solve(
         ..Default::default()
     };
 
+    let solved = solve_with_status(control, request, on_status).await;
+    drop(session);
+    match solved {
+        Ok(response) => Ok(Solved {
+            exporter_response: response.into_inner().exporter_response,
+            transfers: dirs.transfers(),
+        }),
+        Err(status) => Err(SolveError::from_status(status)),
+    }
+}
+
+/// The directories the session serves: the context, and the Dockerfile's own as
+/// `dockerfile`; the Dockerfile's name in the latter.
+fn synced_dirs(context: &Path, dockerfile: &Path) -> (SyncedDirs, String) {
+    let full = context.join(dockerfile);
+    let dockerfile_dir = full.parent().unwrap_or(context).to_path_buf();
+    let filename = full
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "Dockerfile".into());
+    let dirs = SyncedDirs::new()
+        .with_dir("context", context)
+        .with_dir("dockerfile", dockerfile_dir);
+    (dirs, filename)
+}
+
+/// Runs the solve `request` on `control`, its status updates going to `on_status`;
+/// BuildKit's answer.
+async fn solve_with_status(
+    control: ControlClient<Channel>,
+    request: SolveRequest,
+    mut on_status: impl FnMut(StatusResponse) + Send,
+) -> Result<tonic::Response<SolveResponse>, tonic::Status> {
     let mut status_client = control.clone();
+    let build_ref = request.r#ref.clone();
     let status = async move {
         let mut stream = status_client
             .status(StatusRequest { r#ref: build_ref })
@@ -201,7 +227,7 @@ pub async fn solve(
     let mut solve_client = control;
     let solve = solve_client.solve(request);
     tokio::pin!(status, solve);
-    let solved = tokio::select! {
+    tokio::select! {
         solved = &mut solve => {
             // The last status updates (the failing step's log) follow the solve's answer
             // closely; a build that failed before it began has a status stream that never ends.
@@ -210,14 +236,6 @@ pub async fn solve(
         }
         // The status stream ending early is no failure; the solve decides.
         _ = &mut status => solve.await,
-    };
-    drop(session);
-    match solved {
-        Ok(response) => Ok(Solved {
-            exporter_response: response.into_inner().exporter_response,
-            transfers: dirs.transfers(),
-        }),
-        Err(status) => Err(SolveError::from_status(status)),
     }
 }
 

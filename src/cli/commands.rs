@@ -143,24 +143,35 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         rebuild,
         interrupt: interrupt.clone(),
     };
-    let reporter = reporter(&output);
+    run_build(&project, &options, push_by_digest, &output).await
+}
+
+/// Builds (the whole job, or `--push-by-digest`'s part), then removes what the run left in
+/// the engines, whether or not it succeeded.
+async fn run_build(
+    project: &Project,
+    options: &BuildOptions,
+    push_by_digest: bool,
+    output: &Output,
+) -> Result<i32, Error> {
+    let reporter = reporter(output);
     let engine = Engine::connect().await?;
     let cleanup = Cleanup::default();
     if push_by_digest {
         let outcome =
-            pipeline::build_part(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
+            pipeline::build_part(project, &engine, options, &cleanup, reporter.as_ref()).await;
         cleanup
             .run(cleanup_grace(&outcome), reporter.as_ref())
             .await;
         drop(reporter);
-        return write_part(&outcome?, &output);
+        return write_part(&outcome?, output);
     }
-    let outcome = pipeline::build(&project, &engine, &options, &cleanup, reporter.as_ref()).await;
+    let outcome = pipeline::build(project, &engine, options, &cleanup, reporter.as_ref()).await;
     cleanup
         .run(cleanup_grace(&outcome), reporter.as_ref())
         .await;
     drop(reporter);
-    finish(&outcome?.with_values(&project), &output)
+    finish(&outcome?.with_values(project), output)
 }
 
 /// `--output oci:DIR`: the layout directory (tags come from polyarch.yaml).

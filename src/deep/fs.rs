@@ -124,24 +124,7 @@ impl Fs {
             use tar::EntryType as T;
             let kind = entry.header().entry_type();
             let node = match kind {
-                T::Regular | T::Continuous | T::GNUSparse => {
-                    let mode = entry.header().mode().unwrap_or(0);
-                    let size = entry.size();
-                    let limit = if mode & 0o111 != 0 {
-                        EXEC_PREFIX
-                    } else {
-                        OTHER_PREFIX
-                    }
-                    .min(size);
-                    let head = if self.take_prefix(limit) {
-                        let mut head = Vec::with_capacity(limit as usize);
-                        (&mut entry).take(limit).read_to_end(&mut head)?;
-                        Some(head)
-                    } else {
-                        None
-                    };
-                    Node::File { mode, size, head }
-                }
+                T::Regular | T::Continuous | T::GNUSparse => self.file_node(&mut entry)?,
                 T::Directory => Node::Dir,
                 T::Symlink => {
                     let target = entry
@@ -170,6 +153,38 @@ impl Fs {
             };
             upper.insert(path, node);
         }
+        self.lay_over(upper, whiteouts, opaques);
+        Ok(())
+    }
+
+    /// A regular file, with as much of its head as the inspection may still keep.
+    fn file_node<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> io::Result<Node> {
+        let mode = entry.header().mode().unwrap_or(0);
+        let size = entry.size();
+        let limit = if mode & 0o111 != 0 {
+            EXEC_PREFIX
+        } else {
+            OTHER_PREFIX
+        }
+        .min(size);
+        let head = if self.take_prefix(limit) {
+            let mut head = Vec::with_capacity(limit as usize);
+            entry.take(limit).read_to_end(&mut head)?;
+            Some(head)
+        } else {
+            None
+        };
+        Ok(Node::File { mode, size, head })
+    }
+
+    /// One layer's entries over the layers below: whiteouts and opaque directories first
+    /// remove what they hide, then the layer's own entries are laid over.
+    fn lay_over(
+        &mut self,
+        upper: BTreeMap<String, Node>,
+        whiteouts: Vec<String>,
+        opaques: Vec<String>,
+    ) {
         for path in whiteouts {
             self.remove_subtree(&path, true);
         }
@@ -185,7 +200,6 @@ impl Fs {
             }
             self.nodes.insert(path, node);
         }
-        Ok(())
     }
 
     /// Resolves `path` (relative ones against `cwd`) inside the image root the way the

@@ -5,103 +5,117 @@ fn p(s: &str) -> Platform {
     s.parse().unwrap()
 }
 
+/// Bytes written in one byte order, as an ELF file's header declares it.
+struct Writer {
+    little: bool,
+    bytes: Vec<u8>,
+}
+
+impl Writer {
+    /// The identification bytes of an ELF file of `class` (1: 32-bit, 2: 64-bit).
+    fn elf(class: u8, little: bool) -> Writer {
+        let mut bytes = vec![
+            0x7f,
+            b'E',
+            b'L',
+            b'F',
+            class,
+            if little { 1 } else { 2 },
+            1,
+            0,
+        ];
+        bytes.resize(16, 0);
+        Writer { little, bytes }
+    }
+
+    fn u16(&mut self, v: u16) {
+        let b = if self.little {
+            v.to_le_bytes()
+        } else {
+            v.to_be_bytes()
+        };
+        self.bytes.extend(b);
+    }
+
+    fn u32(&mut self, v: u32) {
+        let b = if self.little {
+            v.to_le_bytes()
+        } else {
+            v.to_be_bytes()
+        };
+        self.bytes.extend(b);
+    }
+
+    fn u64(&mut self, v: u64) {
+        let b = if self.little {
+            v.to_le_bytes()
+        } else {
+            v.to_be_bytes()
+        };
+        self.bytes.extend(b);
+    }
+}
+
 /// A 64-byte ELF64 header plus program headers (PT_LOAD, and PT_INTERP when given).
 fn elf64(machine: u16, little: bool, interp: Option<&str>) -> Vec<u8> {
-    let u16b = |v: u16| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
-    };
-    let u32b = |v: u32| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
-    };
-    let u64b = |v: u64| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
-    };
     let phnum: u16 = if interp.is_some() { 2 } else { 1 };
-    let mut b = vec![0x7f, b'E', b'L', b'F', 2, if little { 1 } else { 2 }, 1, 0];
-    b.resize(16, 0);
-    b.extend(u16b(2)); // e_type EXEC
-    b.extend(u16b(machine));
-    b.extend(u32b(1));
-    b.extend(u64b(0x400000)); // e_entry
-    b.extend(u64b(64)); // e_phoff
-    b.extend(u64b(0)); // e_shoff
-    b.extend(u32b(0)); // e_flags
-    b.extend(u16b(64)); // e_ehsize
-    b.extend(u16b(56)); // e_phentsize
-    b.extend(u16b(phnum));
-    b.extend(u16b(64));
-    b.extend(u16b(0));
-    b.extend(u16b(0));
-    assert_eq!(b.len(), 64);
+    let mut w = Writer::elf(2, little);
+    w.u16(2); // e_type EXEC
+    w.u16(machine);
+    w.u32(1);
+    w.u64(0x400000); // e_entry
+    w.u64(64); // e_phoff
+    w.u64(0); // e_shoff
+    w.u32(0); // e_flags
+    w.u16(64); // e_ehsize
+    w.u16(56); // e_phentsize
+    w.u16(phnum);
+    w.u16(64);
+    w.u16(0);
+    w.u16(0);
+    assert_eq!(w.bytes.len(), 64);
     let interp_off = 64 + 56 * u64::from(phnum);
     if let Some(i) = interp {
-        b.extend(u32b(PT_INTERP));
-        b.extend(u32b(4));
-        b.extend(u64b(interp_off));
-        b.extend(u64b(0));
-        b.extend(u64b(0));
-        b.extend(u64b(i.len() as u64 + 1));
-        b.extend(u64b(i.len() as u64 + 1));
-        b.extend(u64b(1));
+        w.u32(PT_INTERP);
+        w.u32(4);
+        w.u64(interp_off);
+        w.u64(0);
+        w.u64(0);
+        w.u64(i.len() as u64 + 1);
+        w.u64(i.len() as u64 + 1);
+        w.u64(1);
     }
-    b.extend(u32b(1)); // PT_LOAD
-    b.extend(u32b(5));
-    b.extend([0u8; 48]);
+    w.u32(1); // PT_LOAD
+    w.u32(5);
+    w.bytes.extend([0u8; 48]);
     if let Some(i) = interp {
-        b.extend(i.as_bytes());
-        b.push(0);
+        w.bytes.extend(i.as_bytes());
+        w.bytes.push(0);
     }
-    b.extend([0xcc; 32]);
-    b
+    w.bytes.extend([0xcc; 32]);
+    w.bytes
 }
 
 /// A 52-byte ELF32 header plus one PT_LOAD.
 fn elf32(machine: u16, little: bool) -> Vec<u8> {
-    let u16b = |v: u16| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
-    };
-    let u32b = |v: u32| {
-        if little {
-            v.to_le_bytes()
-        } else {
-            v.to_be_bytes()
-        }
-    };
-    let mut b = vec![0x7f, b'E', b'L', b'F', 1, if little { 1 } else { 2 }, 1, 0];
-    b.resize(16, 0);
-    b.extend(u16b(2));
-    b.extend(u16b(machine));
-    b.extend(u32b(1));
-    b.extend(u32b(0x8000)); // e_entry
-    b.extend(u32b(52)); // e_phoff
-    b.extend(u32b(0));
-    b.extend(u32b(0));
-    b.extend(u16b(52));
-    b.extend(u16b(32));
-    b.extend(u16b(1));
-    b.extend(u16b(40));
-    b.extend(u16b(0));
-    b.extend(u16b(0));
-    assert_eq!(b.len(), 52);
-    b.extend(u32b(1));
-    b.extend([0u8; 28]);
-    b
+    let mut w = Writer::elf(1, little);
+    w.u16(2);
+    w.u16(machine);
+    w.u32(1);
+    w.u32(0x8000); // e_entry
+    w.u32(52); // e_phoff
+    w.u32(0);
+    w.u32(0);
+    w.u16(52);
+    w.u16(32);
+    w.u16(1);
+    w.u16(40);
+    w.u16(0);
+    w.u16(0);
+    assert_eq!(w.bytes.len(), 52);
+    w.u32(1);
+    w.bytes.extend([0u8; 28]);
+    w.bytes
 }
 
 enum E<'a> {

@@ -360,8 +360,17 @@ pub fn judge(
         .iter()
         .flat_map(|w| &w.containers)
         .all(|c| c.covered);
-    let images = read
-        .iter()
+    GateReport {
+        record,
+        images: image_checks(read),
+        findings,
+        pinned: Vec::new(),
+    }
+}
+
+/// What was read of each image, or why it could not be.
+fn image_checks(read: &BTreeMap<String, Result<Contents>>) -> Vec<ImageCheck> {
+    read.iter()
         .map(|(image, contents)| match contents {
             Ok(c) => ImageCheck {
                 image: image.clone(),
@@ -382,13 +391,7 @@ pub fn judge(
                 error: Some(e.to_string()),
             },
         })
-        .collect();
-    GateReport {
-        record,
-        images,
-        findings,
-        pinned: Vec::new(),
-    }
+        .collect()
 }
 
 /// The container a finding is about.

@@ -287,10 +287,15 @@ fn affinity_snippet(
             terms.push(t);
         }
     }
+    Some(affinity_yaml(&terms))
+}
+
+/// The `affinity:` block a pod spec needs for `terms`, as YAML to paste.
+fn affinity_yaml(terms: &[NodeSelectorTerm]) -> String {
     let mut s = String::from(
         "affinity:\n  nodeAffinity:\n    requiredDuringSchedulingIgnoredDuringExecution:\n      nodeSelectorTerms:\n",
     );
-    for t in &terms {
+    for t in terms {
         let mut first = true;
         for (key, reqs) in [
             ("matchExpressions", &t.match_expressions),
@@ -313,7 +318,7 @@ fn affinity_snippet(
             }
         }
     }
-    Some(s)
+    s
 }
 
 /// A string as a YAML scalar that reads back as that string (quoted when it would not).

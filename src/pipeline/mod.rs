@@ -7,6 +7,7 @@ mod retry;
 mod together;
 mod unit;
 
+use crate::build::Builder;
 use crate::cache::{BuildMemory, PushCache};
 use crate::cleanup::Cleanup;
 use crate::engine::{Builders, Engine};
@@ -321,7 +322,7 @@ impl Run<'_> {
     /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
     /// registry when the engine runs on this machine; elsewhere only when no
     /// `--insecure-registry` or CA of polyarch's own is needed for it.
-    fn engine_reaches(&self, image: &ImageSpec, engine: &Engine) -> bool {
+    fn engine_reaches(&self, image: &ImageSpec, engine: &impl Builder) -> bool {
         let Ok(reference) = registry::parse_reference(&image.repository) else {
             return false;
         };
@@ -329,8 +330,11 @@ impl Run<'_> {
         if registry::is_loopback(host) {
             // A loopback registry is this machine's: an engine on another host has its own
             // loopback, so polyarch exports from it and pushes.
-            return engine.location.is_local();
+            return engine.is_local();
         }
         self.registry.ca_certs.is_empty() && !self.registry.insecure.iter().any(|h| h == host)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,10 +2,10 @@
 //! platform's list that answers; a build that failed by itself (a failing step) never is.
 
 use super::{unit::build_and_push, Shared};
-use crate::build::BuildError;
+use crate::build::{BuildError, Builder};
 use crate::engine::Engine;
 use crate::plan::Unit;
-use crate::progress::Event;
+use crate::progress::{Event, Reporter};
 use crate::publish::Pushed;
 use crate::{Error, Result};
 
@@ -31,39 +31,55 @@ pub(super) fn retry_order(error: &Error, len: usize, lost: usize) -> Vec<usize> 
 }
 
 /// Builds `unit` on its builder and, when that builder is lost during the build, on
-/// each other builder of the platform's list that answers a probe, until one succeeds
-/// or fails for another reason.
+/// each other builder of the platform's list that answers.
 pub(super) async fn build_on_builders(unit: &Unit<'_>, shared: &Shared<'_>) -> Result<Pushed> {
-    let first = shared.builders.for_unit(unit);
-    let error = match build_on(first, unit, shared).await {
-        Err(error) => error,
-        built => return built,
-    };
     let list: &[Engine] = shared
         .builders
         .by_platform
         .get(&unit.platform)
         .map_or(&[], Vec::as_slice);
-    let Some(position) = list.iter().position(|e| e.endpoint == first.endpoint) else {
+    let first = shared.builders.for_unit(unit);
+    let build = async |engine: &Engine| build_on(engine, unit, shared).await;
+    build_moving_on(unit, first, list, shared.run.reporter, build).await
+}
+
+/// Runs `build` on `first` and, while the builder it ran on is lost, on each other
+/// builder of `list` that answers a probe, until one succeeds or fails for another
+/// reason.
+pub(super) async fn build_moving_on<B: Builder>(
+    unit: &Unit<'_>,
+    first: &B,
+    list: &[B],
+    reporter: &dyn Reporter,
+    build: impl AsyncFn(&B) -> Result<Pushed>,
+) -> Result<Pushed> {
+    let error = match build(first).await {
+        Err(error) => error,
+        built => return built,
+    };
+    let Some(position) = list.iter().position(|b| b.endpoint() == first.endpoint()) else {
         return Err(error);
     };
     let (mut error, mut lost) = (error, first);
     for next in retry_order(&error, list.len(), position) {
         let candidate = &list[next];
-        if candidate.location.probe().await.is_err() {
+        if !candidate.answers().await {
             continue;
         }
         let why = match &error {
             Error::Build { source, .. } => source.to_string(),
             other => other.to_string(),
         };
-        shared.run.reporter.report(Event::Warning {
+        reporter.report(Event::Warning {
             message: format!(
                 "{} {}: builder {} was lost during the build ({why}); building again on {}",
-                unit.image.name, unit.platform, lost.endpoint, candidate.endpoint
+                unit.image.name,
+                unit.platform,
+                lost.endpoint(),
+                candidate.endpoint()
             ),
         });
-        match build_on(candidate, unit, shared).await {
+        match build(candidate).await {
             Err(again) if builder_lost(&again) => (error, lost) = (again, candidate),
             outcome => return outcome,
         }

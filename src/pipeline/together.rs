@@ -3,22 +3,21 @@
 
 use super::emulation::EmulationPlan;
 use super::unit::{
-    build_unit, check_platform, pushed_key, remember_reads, reuse, warn_if_emulated, Reuse,
+    build_info, build_unit, check_platform, remember_pushed, remember_reads, report_phase, reuse,
+    warn_if_emulated, Reuse,
 };
 use super::Run;
 use crate::build;
-use crate::cache::CachedManifest;
-use crate::digest::Digest;
 use crate::engine::{Builders, Engine};
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
-use crate::progress::{Event, Phase};
-use crate::provenance::BuildWindow;
+use crate::progress::Phase;
 use crate::publish::Pushed;
-use crate::record::BuildInfo;
 use crate::registry::{self, Registry};
 use crate::store::Destination;
 use crate::{Error, Platform, Result};
+use oci_client::Reference;
+use oci_spec::image::ImageIndex;
 
 /// The engine that builds all of an image's platforms in one solve pushing them by digest
 /// itself, when one can: one builder for them all, on containerd's image store, reaching the
@@ -89,93 +88,90 @@ pub(super) async fn build_and_push_image(
     Ok(pushed)
 }
 
+/// An image's `units` built in one solve, each platform's manifest read from the index
+/// the engine pushed.
 async fn build_together(
     engine: &Engine,
     registry: &Registry,
     units: &[(&Unit<'_>, Option<String>, bool)],
     run: &Run<'_>,
 ) -> Result<Vec<Pushed>> {
-    let reporter = run.reporter;
     let image = units[0].0.image;
     let platforms: Vec<Platform> = units.iter().map(|(u, ..)| u.platform.clone()).collect();
     let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     for (unit, _, emulated) in units {
-        warn_if_emulated(unit, *emulated, reporter);
-        reporter.report(Event::Phase {
-            image: image.name.clone(),
-            platform: Some(unit.platform.clone()),
-            phase: Phase::Build,
-            message: format!("building with BuildKit ({} in one solve)", names.join(", ")),
-        });
+        warn_if_emulated(unit, *emulated, run.reporter);
+        let message = format!("building with BuildKit ({} in one solve)", names.join(", "));
+        report_phase(run, unit, Phase::Build, message);
     }
     let built =
-        build::build_platforms(engine, image, &platforms, &image.repository, reporter).await?;
+        build::build_platforms(engine, image, &platforms, &image.repository, run.reporter).await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
-    let (bytes, _) = registry.get_manifest(&index_ref).await?;
-    let unreadable = |message: String| Error::Registry {
-        registry: index_ref.registry().to_string(),
-        message: format!("the index the engine pushed as {index_ref} {message}"),
-    };
-    let index = match oci::parse_manifest(&bytes).map_err(&unreadable)? {
-        oci::Parsed::Index { index, .. } => index,
-        _ => return Err(unreadable("is not an index".into())),
-    };
+    let index = pushed_index(registry, &index_ref).await?;
     let mut pushed = Vec::new();
     for (unit, settings, emulated) in units {
-        let entry = index
-            .manifests()
-            .iter()
-            .filter(|d| !oci::is_attestation(d))
-            .find(|d| oci::descriptor_platform(d).as_ref() == Some(&unit.platform))
-            .ok_or_else(|| unreadable(format!("has no {} manifest", unit.platform)))?;
-        let declared = entry.platform().as_ref().map(|p| ConfigPlatform {
-            os: p.os().to_string(),
-            architecture: p.architecture().to_string(),
-            variant: p.variant().clone(),
-        });
-        let platform = declared.unwrap_or_default();
-        check_platform(image, unit, &platform)?;
-        let digest: Digest =
-            entry.digest().as_ref().parse().map_err(|why| {
-                unreadable(format!("lists digest `{}`, which {why}", entry.digest()))
-            })?;
+        let entry = platform_entry(&index, &index_ref, unit)?;
         if let Some(key) = settings {
-            remember_reads(run, image, key, digest.as_str(), &built.transfers).await;
+            remember_reads(run, image, key, entry.digest.as_str(), &built.transfers).await;
         }
-        run.cache.put(
-            &image.repository,
-            &pushed_key(image, digest.as_str()),
-            CachedManifest {
-                digest: digest.clone(),
-                size: entry.size(),
-                os: platform.os.clone(),
-                architecture: platform.architecture.clone(),
-                variant: platform.variant.clone(),
-            },
-        );
-        reporter.report(Event::Phase {
-            image: image.name.clone(),
-            platform: Some(unit.platform.clone()),
-            phase: Phase::Done,
-            message: format!("pushed {digest} (by the engine)"),
-        });
+        remember_pushed(run, image, entry.digest.as_str(), &entry);
+        let message = format!("pushed {} (by the engine)", entry.digest);
+        report_phase(run, unit, Phase::Done, message);
         pushed.push(Pushed {
             image: image.name.clone(),
             platform: unit.platform.clone(),
-            entry: IndexEntry {
-                digest,
-                size: entry.size(),
-                platform,
-            },
-            build: BuildInfo {
-                emulated: *emulated,
-                seconds: (built.seconds * 10.0).round() / 10.0,
-                reused: false,
-                builder: Some(engine.endpoint.clone()),
-                fallback: run.fallbacks.get(&unit.platform).cloned(),
-                window: Some(BuildWindow::ending_now(built.seconds)),
-            },
+            entry,
+            build: build_info(engine, unit, *emulated, built.seconds, run),
         });
     }
     Ok(pushed)
+}
+
+/// The index the engine pushed as `reference`, read back for its platform manifests.
+async fn pushed_index(registry: &Registry, reference: &Reference) -> Result<ImageIndex> {
+    let (bytes, _) = registry.get_manifest(reference).await?;
+    match oci::parse_manifest(&bytes).map_err(|m| unreadable(reference, m))? {
+        oci::Parsed::Index { index, .. } => Ok(*index),
+        _ => Err(unreadable(reference, "is not an index".into())),
+    }
+}
+
+/// `unit`'s manifest in the index the engine pushed, once it is for the unit's platform.
+fn platform_entry(
+    index: &ImageIndex,
+    reference: &Reference,
+    unit: &Unit<'_>,
+) -> Result<IndexEntry> {
+    let entry = index
+        .manifests()
+        .iter()
+        .filter(|d| !oci::is_attestation(d))
+        .find(|d| oci::descriptor_platform(d).as_ref() == Some(&unit.platform))
+        .ok_or_else(|| unreadable(reference, format!("has no {} manifest", unit.platform)))?;
+    let declared = entry.platform().as_ref().map(|p| ConfigPlatform {
+        os: p.os().to_string(),
+        architecture: p.architecture().to_string(),
+        variant: p.variant().clone(),
+    });
+    let platform = declared.unwrap_or_default();
+    check_platform(unit.image, unit, &platform)?;
+    let digest = entry.digest().as_ref().parse().map_err(|why| {
+        unreadable(
+            reference,
+            format!("lists digest `{}`, which {why}", entry.digest()),
+        )
+    })?;
+    Ok(IndexEntry {
+        digest,
+        size: entry.size(),
+        platform,
+    })
+}
+
+/// The engine's index at `reference` is not what polyarch can read its manifests from.
+fn unreadable(reference: &Reference, message: String) -> Error {
+    Error::Registry {
+        registry: reference.registry().to_string(),
+        message: format!("the index the engine pushed as {reference} {message}"),
+    }
 }

@@ -2,11 +2,10 @@
 //! pushed, else built, exported (or pushed by the engine) and pushed by digest.
 
 use super::Run;
-use crate::build::{self, BuildError, BuiltImage};
+use crate::build::{self, BuildError, Builder, BuiltImage};
 use crate::cache::{CachedManifest, PushCache};
 use crate::digest::Digest;
-use crate::engine::Engine;
-use crate::export;
+use crate::export::ExportedImage;
 use crate::inputs::{self, RememberedBuild};
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
@@ -16,7 +15,7 @@ use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
 use crate::registry::BlobProgress;
-use crate::store::{first_tag, Destination, ImageStore};
+use crate::store::{first_tag, ImageStore};
 use crate::{Error, Result};
 
 /// An engine that cannot build for a platform may quietly build for its own.
@@ -86,14 +85,16 @@ pub(super) enum Reuse {
 }
 
 pub(super) async fn reuse(
-    engine: &Engine,
-    destination: &Destination,
+    builder: &impl Builder,
+    store: &impl ImageStore,
     unit: &Unit<'_>,
     emulated: bool,
     run: &Run<'_>,
 ) -> Result<Reuse> {
     let image = unit.image;
-    let settings = inputs::settings_key(engine, image, &unit.platform, &run.bases).await?;
+    let settings = builder
+        .settings_key(image, &unit.platform, &run.bases)
+        .await?;
     let remembered = settings
         .as_deref()
         .filter(|_| run.trust_inputs && !image.no_cache)
@@ -103,16 +104,16 @@ pub(super) async fn reuse(
         _ => None,
     };
     if let Some(image_id) = reusable {
-        if let Some(cached) = already_pushed(destination, &run.cache, image, &image_id).await {
-            run.reporter.report(Event::Phase {
-                image: image.name.clone(),
-                platform: Some(unit.platform.clone()),
-                phase: Phase::Done,
-                message: format!(
+        if let Some(cached) = already_pushed(store, &run.cache, image, &image_id).await {
+            report_phase(
+                run,
+                unit,
+                Phase::Done,
+                format!(
                     "inputs unchanged (context, Dockerfile, build args, base images): image {image_id} is already pushed as {}; no build, export or upload (--rebuild builds anyway)",
                     cached.digest
                 ),
-            });
+            );
             return Ok(Reuse::Pushed(Box::new(pushed_before(
                 unit,
                 &cached,
@@ -120,7 +121,7 @@ pub(super) async fn reuse(
                     emulated,
                     seconds: 0.0,
                     reused: true,
-                    builder: Some(engine.endpoint.clone()),
+                    builder: Some(builder.endpoint().to_string()),
                     fallback: run.fallbacks.get(&unit.platform).cloned(),
                     window: None,
                 },
@@ -128,6 +129,16 @@ pub(super) async fn reuse(
         }
     }
     Ok(Reuse::Build { settings })
+}
+
+/// Tells the reporter that `unit` reached `phase`.
+pub(super) fn report_phase(run: &Run<'_>, unit: &Unit<'_>, phase: Phase, message: String) {
+    run.reporter.report(Event::Phase {
+        image: unit.image.name.clone(),
+        platform: Some(unit.platform.clone()),
+        phase,
+        message,
+    });
 }
 
 pub(super) fn warn_if_emulated(unit: &Unit<'_>, emulated: bool, reporter: &dyn Reporter) {
@@ -166,135 +177,150 @@ pub(super) async fn remember_reads(
 }
 
 pub(super) async fn build_and_push(
-    engine: &Engine,
-    destination: &Destination,
+    builder: &impl Builder,
+    store: &impl ImageStore,
     unit: &Unit<'_>,
     emulated: bool,
     run: &Run<'_>,
 ) -> Result<Pushed> {
-    match reuse(engine, destination, unit, emulated, run).await? {
+    match reuse(builder, store, unit, emulated, run).await? {
         Reuse::Pushed(pushed) => Ok(*pushed),
         Reuse::Build { settings } => {
-            build_unit(engine, destination, unit, emulated, settings, run).await
+            build_unit(builder, store, unit, emulated, settings, run).await
         }
     }
 }
 
+/// Builds `unit`, then pushes it unless the engine did or an earlier run pushed that
+/// very image; `settings` is the key what the build read is remembered under.
 pub(super) async fn build_unit(
-    engine: &Engine,
-    destination: &Destination,
+    builder: &impl Builder,
+    store: &impl ImageStore,
     unit: &Unit<'_>,
     emulated: bool,
     settings: Option<String>,
     run: &Run<'_>,
 ) -> Result<Pushed> {
-    let (run_id, cleanup, cache, reporter) =
-        (run.id.as_str(), run.cleanup, &run.cache, run.reporter);
     let image = unit.image;
-    let phase = |phase: Phase, message: String| {
-        reporter.report(Event::Phase {
-            image: image.name.clone(),
-            platform: Some(unit.platform.clone()),
-            phase,
-            message,
-        })
+    warn_if_emulated(unit, emulated, run.reporter);
+    let with = match builder.buildkit() {
+        true => "BuildKit",
+        false => "the classic builder",
     };
-    warn_if_emulated(unit, emulated, reporter);
-    phase(
-        Phase::Build,
-        format!(
-            "building with {}",
-            if engine.buildkit {
-                "BuildKit"
-            } else {
-                "the classic builder"
-            }
-        ),
-    );
-    let output = match destination {
-        Destination::Registry(_)
-            if engine.buildkit && engine.containerd_store && run.engine_reaches(image, engine) =>
-        {
-            build::Output::Registry(&image.repository)
-        }
-        _ => build::Output::Engine,
-    };
-    let may_appear = match output {
-        build::Output::Engine => cleanup.add(
-            engine,
-            &build::temporary_tag(&image.name, &unit.platform, run_id),
-        ),
-        // Nothing is written to the engine.
-        build::Output::Registry(_) => Default::default(),
-    };
-    let built: BuiltImage = build::build(
-        engine,
-        image,
-        &unit.platform,
-        run_id,
-        output,
-        &may_appear,
-        reporter,
-    )
-    .await?;
+    report_phase(run, unit, Phase::Build, format!("building with {with}"));
+    let output = build_output(builder, store, image, run);
+    let built = builder
+        .build(
+            image,
+            &unit.platform,
+            &run.id,
+            output,
+            run.cleanup,
+            run.reporter,
+        )
+        .await?;
     if let Some(key) = &settings {
         remember_reads(run, image, key, &built.id, &built.transfers).await;
     }
-    let build_info = BuildInfo {
-        emulated,
-        seconds: (built.seconds * 10.0).round() / 10.0,
-        reused: false,
-        builder: Some(engine.endpoint.clone()),
-        fallback: run.fallbacks.get(&unit.platform).cloned(),
-        window: Some(BuildWindow::ending_now(built.seconds)),
-    };
+    let build = build_info(builder, unit, emulated, built.seconds, run);
     if let Some(pushed) = built.pushed.clone() {
-        check_platform(image, unit, &pushed.platform)?;
-        let entry = IndexEntry {
-            digest: pushed.digest,
-            size: pushed.size,
-            platform: pushed.platform,
-        };
-        remember_pushed(run, image, &built.id, &entry);
-        phase(
-            Phase::Done,
-            format!("pushed {} (by the engine)", entry.digest),
-        );
-        return Ok(Pushed {
-            image: image.name.clone(),
-            platform: unit.platform.clone(),
-            entry,
-            build: build_info,
-        });
+        return pushed_by_engine(unit, &built.id, pushed, build, run);
     }
-
-    if let Some(cached) = already_pushed(destination, cache, image, &built.id).await {
-        cleanup.remove(engine, &built.tag).await;
-        phase(
+    if let Some(cached) = already_pushed(store, &run.cache, image, &built.id).await {
+        builder.remove(run.cleanup, &built.tag).await;
+        report_phase(
+            run,
+            unit,
             Phase::Done,
             format!(
                 "unchanged (image {}): already pushed as {}, no export or upload",
                 &built.id, cached.digest
             ),
         );
-        return Ok(pushed_before(unit, &cached, build_info));
+        return Ok(pushed_before(unit, &cached, build));
     }
-
-    phase(Phase::Export, format!("exporting {}", &built.id));
-    let exported = export_built(engine, unit, &built, run).await?;
-    let entry = push_exported(destination, unit, exported, reporter).await?;
+    report_phase(run, unit, Phase::Export, format!("exporting {}", &built.id));
+    let exported = export_built(builder, unit, &built, run).await?;
+    let entry = push_exported(store, unit, exported, run.reporter).await?;
     remember_pushed(run, image, &built.id, &entry);
-    phase(Phase::Done, format!("pushed {}", entry.digest));
+    report_phase(run, unit, Phase::Done, format!("pushed {}", entry.digest));
     Ok(Pushed {
         image: image.name.clone(),
         platform: unit.platform.clone(),
         entry,
-        build: build_info,
+        build,
+    })
+}
+
+/// Where a build's image goes: pushed by the engine itself when its BuildKit can push to
+/// the registry polyarch pushes to, else into the engine, to be exported.
+fn build_output<'i>(
+    builder: &impl Builder,
+    store: &impl ImageStore,
+    image: &'i ImageSpec,
+    run: &Run<'_>,
+) -> build::Output<'i> {
+    if store.is_registry()
+        && builder.buildkit()
+        && builder.containerd_store()
+        && run.engine_reaches(image, builder)
+    {
+        build::Output::Registry(&image.repository)
+    } else {
+        build::Output::Engine
+    }
+}
+
+/// The record of a build on `builder` that took `seconds`, ending now.
+pub(super) fn build_info(
+    builder: &impl Builder,
+    unit: &Unit<'_>,
+    emulated: bool,
+    seconds: f64,
+    run: &Run<'_>,
+) -> BuildInfo {
+    BuildInfo {
+        emulated,
+        seconds: (seconds * 10.0).round() / 10.0,
+        reused: false,
+        builder: Some(builder.endpoint().to_string()),
+        fallback: run.fallbacks.get(&unit.platform).cloned(),
+        window: Some(BuildWindow::ending_now(seconds)),
+    }
+}
+
+/// A unit whose manifest the engine pushed itself, once it is for the unit's platform.
+fn pushed_by_engine(
+    unit: &Unit<'_>,
+    id: &str,
+    pushed: build::PushedManifest,
+    build: BuildInfo,
+    run: &Run<'_>,
+) -> Result<Pushed> {
+    let image = unit.image;
+    check_platform(image, unit, &pushed.platform)?;
+    let entry = IndexEntry {
+        digest: pushed.digest,
+        size: pushed.size,
+        platform: pushed.platform,
+    };
+    remember_pushed(run, image, id, &entry);
+    report_phase(
+        run,
+        unit,
+        Phase::Done,
+        format!("pushed {} (by the engine)", entry.digest),
+    );
+    Ok(Pushed {
+        image: image.name.clone(),
+        platform: unit.platform.clone(),
+        entry,
+        build,
     })
 }
 
 /// The pushed manifest, remembered under the image's ID for the next run's reuse.
-fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntry) {
+pub(super) fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntry) {
     run.cache.put(
         &image.repository,
         &pushed_key(image, id),
@@ -311,22 +337,17 @@ fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry: &IndexEntr
 /// The built image out of the engine (its temporary tag removed either way), with times
 /// clamped for `SOURCE_DATE_EPOCH`.
 async fn export_built(
-    engine: &Engine,
+    builder: &impl Builder,
     unit: &Unit<'_>,
     built: &BuiltImage,
     run: &Run<'_>,
-) -> Result<export::ExportedImage> {
+) -> Result<ExportedImage> {
     let image = unit.image;
-    let exported = export::export_image(
-        &engine.docker,
-        &built.id,
-        &image.name,
-        Some(&unit.platform),
-        run.reporter,
-    )
-    .await;
+    let exported = builder
+        .export(built, image, &unit.platform, run.reporter)
+        .await;
     // The image is in the spool (or the export failed): the engine copy is not needed.
-    let _ = run.cleanup.remove(engine, &built.tag).await;
+    let _ = builder.remove(run.cleanup, &built.tag).await;
     let exported = exported?;
     let Some(epoch) = image.source_date_epoch else {
         return Ok(exported);
@@ -347,9 +368,9 @@ async fn export_built(
 /// Pushes an exported image's layers, config and manifest (by digest: no per-platform
 /// tags are left behind in the repository); the manifest's index entry.
 async fn push_exported(
-    destination: &Destination,
+    store: &impl ImageStore,
     unit: &Unit<'_>,
-    exported: export::ExportedImage,
+    exported: ExportedImage,
     reporter: &dyn Reporter,
 ) -> Result<IndexEntry> {
     let image = unit.image;
@@ -376,15 +397,15 @@ async fn push_exported(
     };
     let reference = first_tag(image)?;
     for layer in &exported.layers {
-        destination.put_layer(&reference, layer, &progress).await?;
+        store.put_layer(&reference, layer, &progress).await?;
     }
-    destination.put_config(&reference, &exported).await?;
+    store.put_config(&reference, &exported).await?;
     let manifest =
         oci::image_manifest(&exported, &image.annotations.manifest).map_err(|m| Error::Export {
             image: image.name.clone(),
             message: m,
         })?;
-    destination.put_manifest(&reference, &manifest).await?;
+    store.put_manifest(&reference, &manifest).await?;
     Ok(IndexEntry {
         digest: manifest.digest.clone(),
         size: manifest.bytes.len() as u64,

@@ -1,7 +1,7 @@
 //! Validation of the file as a whole: syntax, version, top-level fields, builders.
 
 use super::diagnostics::{clip, clip_long, humanize, q, seg_path, strip_marks, Seg, Shallow};
-use super::raw::{RawBuilder, RawProject};
+use super::raw::{Entries, RawBuilder, RawProject, RawTls};
 use super::{
     values, BinfmtMode, BuilderSpec, Fallback, ImageSpec, Project, Purpose, BINFMT_MODES, BOOLEANS,
     FALLBACKS, SUPPORTED_VERSION,
@@ -206,16 +206,7 @@ impl Cx {
                 "is empty; give an engine endpoint (unix:///path/docker.sock, tcp://host:port, ssh://user@host) or a docker context name",
             ));
         }
-        let address = if endpoint::is_address(&host) {
-            Some(endpoint::parse_address(&host).map_err(|e| self.err(&host_field, e.to_string()))?)
-        } else if host.contains(char::is_whitespace) {
-            return Err(self.err(
-                &host_field,
-                format!("{} is not a Docker context name (it has whitespace); write an address or the name `docker context ls` shows", q(&host)),
-            ));
-        } else {
-            None
-        };
+        let address = self.builder_address(&host_field, &host)?;
         let Some(raw_tls) = raw_tls else {
             return Ok(BuilderSpec {
                 host,
@@ -230,6 +221,32 @@ impl Cx {
                 "applies to tcp:// hosts only (a Docker context brings its own TLS files, ssh:// needs none); remove it or write host: tcp://HOST:2376",
             ));
         }
+        Ok(BuilderSpec {
+            host,
+            tls: Some(self.builder_tls(&tls_field, raw_tls)?),
+            fallback,
+        })
+    }
+
+    /// A builder's address when it is one; else a Docker context's name, read when the
+    /// build connects.
+    fn builder_address(&self, host_field: &str, host: &str) -> Result<Option<endpoint::Address>> {
+        if endpoint::is_address(host) {
+            Ok(Some(
+                endpoint::parse_address(host).map_err(|e| self.err(host_field, e.to_string()))?,
+            ))
+        } else if host.contains(char::is_whitespace) {
+            Err(self.err(
+                host_field,
+                format!("{} is not a Docker context name (it has whitespace); write an address or the name `docker context ls` shows", q(host)),
+            ))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// A tcp:// builder's `tls:` files, relative to the project file, present when building.
+    fn builder_tls(&self, tls_field: &str, raw_tls: RawTls) -> Result<TlsFiles> {
         let path = |name: &str, value: Option<String>| -> Result<Option<PathBuf>> {
             let Some(value) = value else { return Ok(None) };
             let at = format!("{tls_field}.{name}");
@@ -255,14 +272,10 @@ impl Cx {
             skip_verify: false,
         };
         match (&files.cert, &files.key) {
-            (Some(_), None) => Err(self.err(&tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
-            (None, Some(_)) => Err(self.err(&tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
-            (None, None) if files.ca.is_none() => Err(self.err(&tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
-            _ => Ok(BuilderSpec {
-                host,
-                tls: Some(files),
-                fallback,
-            }),
+            (Some(_), None) => Err(self.err(tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),
+            (None, Some(_)) => Err(self.err(tls_field, "has key but no cert; give both, or neither to connect without a client certificate")),
+            (None, None) if files.ca.is_none() => Err(self.err(tls_field, "is empty; give ca (the engine's CA) and cert and key (the client's), e.g. tls: {ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}")),
+            _ => Ok(files),
         }
     }
 
@@ -286,36 +299,7 @@ impl Cx {
             }
             other => other,
         };
-        let mut builders = BTreeMap::new();
-        let mut builder_keys: BTreeMap<Platform, String> = BTreeMap::new();
-        for (key, builder) in raw.builders.map(|b| b.0).unwrap_or_default() {
-            let field = format!("builders.{key}");
-            let platform: Platform = key.parse().map_err(|e| self.err(&field, format!("{e}")))?;
-            if let Some(earlier) = builder_keys.get(&platform) {
-                return Err(self.err(
-                    &field,
-                    format!(
-                        "is the same platform as builders.{earlier} (both are {platform}); keep one entry"
-                    ),
-                ));
-            }
-            let specs = match builder {
-                RawBuilder::List(list) if list.is_empty() => {
-                    return Err(self.err(
-                        &field,
-                        "is an empty list; name at least one builder, or remove the entry to build on the default engine",
-                    ))
-                }
-                RawBuilder::List(list) => list
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, one)| self.builder(&format!("{field}[{i}]"), one))
-                    .collect::<Result<Vec<_>>>()?,
-                one => vec![self.builder(&field, one)?],
-            };
-            builder_keys.insert(platform.clone(), key);
-            builders.insert(platform, specs);
-        }
+        let builders = self.builders(raw.builders)?;
         let entries = raw.images.map(|i| i.0).unwrap_or_default();
         if entries.is_empty() {
             return Err(self.err(
@@ -346,6 +330,44 @@ impl Cx {
             builders,
             values: self.values.clone(),
         })
+    }
+
+    /// `builders:` by platform, each a list of engines tried in order.
+    fn builders(
+        &self,
+        raw: Option<Entries<RawBuilder>>,
+    ) -> Result<BTreeMap<Platform, Vec<BuilderSpec>>> {
+        let mut builders = BTreeMap::new();
+        let mut builder_keys: BTreeMap<Platform, String> = BTreeMap::new();
+        for (key, builder) in raw.map(|b| b.0).unwrap_or_default() {
+            let field = format!("builders.{key}");
+            let platform: Platform = key.parse().map_err(|e| self.err(&field, format!("{e}")))?;
+            if let Some(earlier) = builder_keys.get(&platform) {
+                return Err(self.err(
+                    &field,
+                    format!(
+                        "is the same platform as builders.{earlier} (both are {platform}); keep one entry"
+                    ),
+                ));
+            }
+            let specs = match builder {
+                RawBuilder::List(list) if list.is_empty() => {
+                    return Err(self.err(
+                        &field,
+                        "is an empty list; name at least one builder, or remove the entry to build on the default engine",
+                    ))
+                }
+                RawBuilder::List(list) => list
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, one)| self.builder(&format!("{field}[{i}]"), one))
+                    .collect::<Result<Vec<_>>>()?,
+                one => vec![self.builder(&field, one)?],
+            };
+            builder_keys.insert(platform.clone(), key);
+            builders.insert(platform, specs);
+        }
+        Ok(builders)
     }
 }
 

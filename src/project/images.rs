@@ -41,12 +41,7 @@ impl Cx {
         let build_args = self.build_args(&name, raw.build_args)?;
         let labels = self.labels(&name, raw.labels)?;
 
-        let mut annotations = Annotations::default();
-        for (k, v) in raw.annotations.map(|e| e.0).unwrap_or_default() {
-            annotations
-                .add(&k, &v)
-                .map_err(|e| self.err(format!("images.{name}.annotations.{k}"), e.to_string()))?;
-        }
+        let annotations = self.annotations(&name, raw.annotations)?;
 
         let target = self.target(&name, raw.target)?;
 
@@ -56,12 +51,10 @@ impl Cx {
             }
             None => Network::default(),
         };
-        let binfmt = match raw.binfmt {
-            Some(s) => {
-                Some(pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err(at("binfmt"), m))?)
-            }
-            None => None,
-        };
+        let binfmt = raw
+            .binfmt
+            .map(|s| pick(&s, BINFMT_MODES, "binfmt mode").map_err(|m| self.err(at("binfmt"), m)))
+            .transpose()?;
 
         let flag = |value: Option<String>, field: &str| self.flag(&at(field), field, value);
         let pull = flag(raw.pull, "pull")?;
@@ -97,6 +90,16 @@ impl Cx {
             require_provenance: provenance,
             login: None,
         })
+    }
+
+    fn annotations(&self, name: &str, raw: Option<Entries<String>>) -> Result<Annotations> {
+        let mut annotations = Annotations::default();
+        for (k, v) in raw.map(|e| e.0).unwrap_or_default() {
+            annotations
+                .add(&k, &v)
+                .map_err(|e| self.err(format!("images.{name}.annotations.{k}"), e.to_string()))?;
+        }
+        Ok(annotations)
     }
 
     /// The build directory and the Dockerfile in it; only a build opens them.

@@ -511,78 +511,93 @@ impl Project {
             if !(names.is_empty() || names.contains(&image.name)) {
                 continue;
             }
-            for flag in &flags.secrets {
-                image.secrets.insert(
-                    flag.id.clone(),
-                    Secret {
-                        source: flag.source.clone(),
-                        origin: Origin::Flag(format!("--secret {}", flag.text)),
-                    },
-                );
-            }
-            for flag in &flags.ssh {
-                image.ssh.insert(
-                    flag.id.clone(),
-                    SshAgent {
-                        socket: flag.socket.clone(),
-                        origin: Origin::Flag(format!("--ssh {}", flag.text)),
-                    },
-                );
-            }
-            for flag in &flags.annotations {
-                image.annotations.insert(flag);
-            }
+            flags.apply_to(image, login.clone())?;
             self.values
                 .extend(epoch_for(image, flags).map_err(|m| Error::Project {
                     file: file.clone(),
                     field: format!("images.{}.reproducible", image.name),
                     message: one_line(&m),
                 })?);
-            for reference in &flags.cache_from {
-                if !image.cache_from.contains(reference) {
-                    image.cache_from.push(reference.clone());
-                }
-            }
-            if let Some(to) = &flags.cache_to {
-                image.cache_to = Some(to.clone());
-            }
-            let flagged = flags.cache_from.iter().chain(&flags.cache_to);
-            for reference in flagged {
-                if let Some(tag) = reference.too_long(&image.platforms) {
-                    return Err(Error::Usage(format!(
-                        "--cache-from/--cache-to {reference}: the tag of image {} would be {tag}, longer than 128 characters; shorten the tag",
-                        image.name
-                    )));
-                }
-            }
-            image.pull |= flags.pull;
-            image.no_cache |= flags.no_cache;
-            image.provenance |= flags.provenance;
-            image.require_provenance |= flags.require_provenance || image.provenance;
-            image.login = login.clone();
-            let at = |origin: &Origin, message: String| match origin {
-                Origin::Field(field) => Error::Project {
-                    file: file.clone(),
-                    field: field.clone(),
-                    message: one_line(&message),
-                },
-                Origin::Flag(flag) => Error::Usage(one_line(&format!("{flag}: {message}"))),
-            };
-            for secret in image.secrets.values() {
-                secret
-                    .source
-                    .check()
-                    .map_err(|e| at(&secret.origin, e.to_string()))?;
-            }
-            for agent in image.ssh.values() {
-                agent
-                    .socket
-                    .resolve()
-                    .map_err(|e| at(&agent.origin, e.to_string()))?;
-            }
+            check_sources(image, &file)?;
         }
         Ok(())
     }
+}
+
+impl BuildFlags {
+    /// The flags laid over one image's settings: secrets and agents by id, annotations,
+    /// caches, and the switches that only add (`--pull`, `--no-cache`, `--provenance`).
+    fn apply_to(&self, image: &mut ImageSpec, login: Option<Credential>) -> Result<()> {
+        for flag in &self.secrets {
+            image.secrets.insert(
+                flag.id.clone(),
+                Secret {
+                    source: flag.source.clone(),
+                    origin: Origin::Flag(format!("--secret {}", flag.text)),
+                },
+            );
+        }
+        for flag in &self.ssh {
+            image.ssh.insert(
+                flag.id.clone(),
+                SshAgent {
+                    socket: flag.socket.clone(),
+                    origin: Origin::Flag(format!("--ssh {}", flag.text)),
+                },
+            );
+        }
+        for flag in &self.annotations {
+            image.annotations.insert(flag);
+        }
+        for reference in &self.cache_from {
+            if !image.cache_from.contains(reference) {
+                image.cache_from.push(reference.clone());
+            }
+        }
+        if let Some(to) = &self.cache_to {
+            image.cache_to = Some(to.clone());
+        }
+        for reference in self.cache_from.iter().chain(&self.cache_to) {
+            if let Some(tag) = reference.too_long(&image.platforms) {
+                return Err(Error::Usage(format!(
+                    "--cache-from/--cache-to {reference}: the tag of image {} would be {tag}, longer than 128 characters; shorten the tag",
+                    image.name
+                )));
+            }
+        }
+        image.pull |= self.pull;
+        image.no_cache |= self.no_cache;
+        image.provenance |= self.provenance;
+        image.require_provenance |= self.require_provenance || image.provenance;
+        image.login = login;
+        Ok(())
+    }
+}
+
+/// Every secret and SSH agent the image's build may use can be read now, so a missing one
+/// is named (by its field or flag) before anything builds.
+fn check_sources(image: &ImageSpec, file: &Path) -> Result<()> {
+    let at = |origin: &Origin, message: String| match origin {
+        Origin::Field(field) => Error::Project {
+            file: file.to_path_buf(),
+            field: field.clone(),
+            message: one_line(&message),
+        },
+        Origin::Flag(flag) => Error::Usage(one_line(&format!("{flag}: {message}"))),
+    };
+    for secret in image.secrets.values() {
+        secret
+            .source
+            .check()
+            .map_err(|e| at(&secret.origin, e.to_string()))?;
+    }
+    for agent in image.ssh.values() {
+        agent
+            .socket
+            .resolve()
+            .map_err(|e| at(&agent.origin, e.to_string()))?;
+    }
+    Ok(())
 }
 
 /// Sets the image's epoch (see [`crate::epoch::choose`]); where a `reproducible: true`

@@ -44,20 +44,7 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
         ));
     }
     let (host, path) = split_host(repo);
-    let pushed = normalise(host, path).1;
-    // The limit is on the path as pushed; only Docker Hub's `library/` makes it longer.
-    if pushed.len() > MAX_PATH_LENGTH && repo.len() > MAX_PATH_LENGTH {
-        return Err(format!(
-            "is {} characters long; repository names are at most 255, shorten it",
-            repo.len()
-        ));
-    } else if pushed.len() > MAX_PATH_LENGTH {
-        return Err(format!(
-            "is {} characters long as Docker Hub's `{}`; repository paths are at most 255, shorten it",
-            pushed.len(),
-            clip(&pushed)
-        ));
-    }
+    check_length(repo, host, path)?;
     let comps: Vec<&str> = repo.split('/').collect();
     if comps.len() == 1 && repo.contains(':') && check_domain(repo).is_ok() {
         return Err(format!(
@@ -79,6 +66,30 @@ pub(super) fn check_repository(repo: &str) -> std::result::Result<(), String> {
     if let Some(host) = host {
         check_domain(host).map_err(|m| format!("registry host {} {m}", q(host)))?;
     }
+    check_path(repo, host, path)
+}
+
+/// The limit is on the path as pushed; only Docker Hub's `library/` makes it longer.
+fn check_length(repo: &str, host: Option<&str>, path: &str) -> std::result::Result<(), String> {
+    let pushed = normalise(host, path).1;
+    if pushed.len() > MAX_PATH_LENGTH && repo.len() > MAX_PATH_LENGTH {
+        Err(format!(
+            "is {} characters long; repository names are at most 255, shorten it",
+            repo.len()
+        ))
+    } else if pushed.len() > MAX_PATH_LENGTH {
+        Err(format!(
+            "is {} characters long as Docker Hub's `{}`; repository paths are at most 255, shorten it",
+            pushed.len(),
+            clip(&pushed)
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// The path's components: lowercase (the fix spelled out) and each in the grammar.
+fn check_path(repo: &str, host: Option<&str>, path: &str) -> std::result::Result<(), String> {
     let path: Vec<&str> = path.split('/').collect();
     if path
         .iter()

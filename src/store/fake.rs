@@ -49,6 +49,11 @@ impl FakeStore {
 }
 
 impl ImageStore for FakeStore {
+    /// An in-memory registry: builders may push to it themselves.
+    fn is_registry(&self) -> bool {
+        true
+    }
+
     async fn put_layer(
         &self,
         _: &Reference,

@@ -21,6 +21,8 @@ use std::future::Future;
 /// What publishing needs of a destination. Blobs and manifests go in by digest; only
 /// [`ImageStore::tag`] moves a tag, so a flow decides when tags move.
 pub trait ImageStore {
+    /// Whether it is a registry, which an engine's BuildKit can push to itself.
+    fn is_registry(&self) -> bool;
     /// Uploads a layer file, streamed from disk.
     fn put_layer(
         &self,
@@ -88,6 +90,10 @@ pub enum Destination {
 }
 
 impl ImageStore for Destination {
+    fn is_registry(&self) -> bool {
+        matches!(self, Destination::Registry(_))
+    }
+
     async fn put_layer(
         &self,
         reference: &Reference,

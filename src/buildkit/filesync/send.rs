@@ -22,21 +22,7 @@ where
     // File workers outlive this function in spawn_blocking; they check this between chunks.
     let _stop_on_return = StopOnDrop(Arc::clone(&stop));
 
-    let (stat_tx, mut stats) = mpsc::channel(STAT_QUEUE);
-    {
-        let (root, filter) = (root.to_path_buf(), filter.clone());
-        tokio::task::spawn_blocking(move || {
-            let result = walk_tree(&root, &filter, &mut |stat| {
-                stat_tx
-                    .blocking_send(Ok(stat))
-                    .map_err(|_| SyncError::Cancelled)
-            });
-            if let Err(error) = result {
-                let _ = stat_tx.blocking_send(Err(error));
-            }
-        });
-    }
-
+    let mut stats = start_walk(root, filter);
     let mut incoming = std::pin::pin!(incoming);
     // Files the receiver may still request, by id; fsutil serves each id once.
     let mut requestable: HashMap<u32, String> = HashMap::new();
@@ -47,19 +33,7 @@ where
     loop {
         tokio::select! {
             stat = stats.recv(), if walking => match stat {
-                Some(Ok(stat)) => {
-                    let Ok(id) = u32::try_from(entries.len()) else {
-                        return Err(fail(&outgoing, SyncError::TooManyEntries).await);
-                    };
-                    // fsutil numbers every stat, directories included, but only entries
-                    // without type bits can be requested.
-                    if stat.mode & MODE_TYPE == 0 {
-                        requestable.insert(id, stat.path.clone());
-                    }
-                    entries.push(SentEntry::new(&stat));
-                    let stat = Packet { stat: Some(stat), ..packet(PacketType::PacketStat) };
-                    emit(&outgoing, stat).await?;
-                }
+                Some(Ok(stat)) => offer(stat, entries, &mut requestable, &outgoing).await?,
                 Some(Err(error)) => return Err(fail(&outgoing, error).await),
                 None => {
                     walking = false;
@@ -67,13 +41,7 @@ where
                 }
             },
             received = incoming.next() => {
-                let received = match received {
-                    None => return Err(SyncError::Closed),
-                    Some(Err(status)) => {
-                        return Err(SyncError::Transport(status.message().to_string()))
-                    }
-                    Some(Ok(received)) => received,
-                };
+                let received = received_packet(received)?;
                 match PacketType::try_from(received.r#type) {
                     Ok(PacketType::PacketReq) => {
                         let id = received.id;
@@ -107,6 +75,55 @@ where
                 finish_job(entries, done, &outgoing).await?;
             }
         }
+    }
+}
+
+/// Walks `root` on a blocking thread, handing each stat (or the walk's error) over.
+fn start_walk(root: &Path, filter: &Filter) -> mpsc::Receiver<Result<Stat, SyncError>> {
+    let (stat_tx, stats) = mpsc::channel(STAT_QUEUE);
+    let (root, filter) = (root.to_path_buf(), filter.clone());
+    tokio::task::spawn_blocking(move || {
+        let result = walk_tree(&root, &filter, &mut |stat| {
+            stat_tx
+                .blocking_send(Ok(stat))
+                .map_err(|_| SyncError::Cancelled)
+        });
+        if let Err(error) = result {
+            let _ = stat_tx.blocking_send(Err(error));
+        }
+    });
+    stats
+}
+
+/// Sends one stat under the next file id, remembering the ids the receiver may request.
+async fn offer(
+    stat: Stat,
+    entries: &mut Vec<SentEntry>,
+    requestable: &mut HashMap<u32, String>,
+    outgoing: &mpsc::Sender<Result<Packet, Status>>,
+) -> Result<(), SyncError> {
+    let Ok(id) = u32::try_from(entries.len()) else {
+        return Err(fail(outgoing, SyncError::TooManyEntries).await);
+    };
+    // fsutil numbers every stat, directories included, but only entries without type bits
+    // can be requested.
+    if stat.mode & MODE_TYPE == 0 {
+        requestable.insert(id, stat.path.clone());
+    }
+    entries.push(SentEntry::new(&stat));
+    let stat = Packet {
+        stat: Some(stat),
+        ..packet(PacketType::PacketStat)
+    };
+    emit(outgoing, stat).await
+}
+
+/// The receiver's next packet; its end or a transport error ends the transfer.
+fn received_packet(received: Option<Result<Packet, Status>>) -> Result<Packet, SyncError> {
+    match received {
+        None => Err(SyncError::Closed),
+        Some(Err(status)) => Err(SyncError::Transport(status.message().to_string())),
+        Some(Ok(received)) => Ok(received),
     }
 }
 

@@ -164,38 +164,16 @@ impl Walker<'_> {
                 rel.push(b'/');
             }
             rel.extend_from_slice(&name);
-            let text = String::from_utf8_lossy(&rel);
             let is_dir = file_type.is_dir();
-
-            let mut skip = false;
-            let mut include_info = Vec::new();
-            if let Some(matcher) = &self.filter.include {
-                let (matched, info) = matcher.matches(&text, include_parent);
-                if !matched {
-                    if is_dir
-                        && self.filter.only_prefix_includes
-                        && !matcher.may_match_inside(&text, false)
-                    {
-                        continue;
-                    }
-                    skip = true;
-                }
-                include_info = info;
-            }
-            let mut exclude_info = Vec::new();
-            if let Some(matcher) = &self.filter.exclude {
-                let (matched, info) = matcher.matches(&text, exclude_parent);
-                if matched {
-                    if is_dir
-                        && self.filter.only_prefix_exclude_exceptions
-                        && !matcher.may_match_inside(&text, true)
-                    {
-                        continue;
-                    }
-                    skip = true;
-                }
-                exclude_info = info;
-            }
+            let text = String::from_utf8_lossy(&rel);
+            let Some(Verdict {
+                skip,
+                include_info,
+                exclude_info,
+            }) = self.judge(&text, is_dir, include_parent, exclude_parent)
+            else {
+                continue;
+            };
             if skip && !is_dir {
                 continue;
             }
@@ -226,6 +204,45 @@ impl Walker<'_> {
         Ok(())
     }
 
+    /// What the filter makes of one entry; `None` when nothing below a directory can
+    /// match, so it is not even entered.
+    fn judge(
+        &self,
+        text: &str,
+        is_dir: bool,
+        include_parent: Option<&[bool]>,
+        exclude_parent: Option<&[bool]>,
+    ) -> Option<Verdict> {
+        let mut verdict = Verdict::default();
+        if let Some(matcher) = &self.filter.include {
+            let (matched, info) = matcher.matches(text, include_parent);
+            if !matched {
+                if is_dir
+                    && self.filter.only_prefix_includes
+                    && !matcher.may_match_inside(text, false)
+                {
+                    return None;
+                }
+                verdict.skip = true;
+            }
+            verdict.include_info = info;
+        }
+        if let Some(matcher) = &self.filter.exclude {
+            let (matched, info) = matcher.matches(text, exclude_parent);
+            if matched {
+                if is_dir
+                    && self.filter.only_prefix_exclude_exceptions
+                    && !matcher.may_match_inside(text, true)
+                {
+                    return None;
+                }
+                verdict.skip = true;
+            }
+            verdict.exclude_info = info;
+        }
+        Some(verdict)
+    }
+
     fn send_pending(&mut self) -> Result<(), SyncError> {
         for dir in self.pending.iter_mut().filter(|d| !d.sent) {
             let stat = make_stat(self.root, &dir.rel, &dir.meta, &mut self.hardlinks)?;
@@ -234,6 +251,16 @@ impl Walker<'_> {
         }
         Ok(())
     }
+}
+
+/// An entry the walk enters: whether it is itself left out (`skip`: not sent, though a
+/// directory is still entered for the exceptions below it) and the pattern state its
+/// children are matched against.
+#[derive(Default)]
+struct Verdict {
+    skip: bool,
+    include_info: Vec<bool>,
+    exclude_info: Vec<bool>,
 }
 
 pub(super) fn is_not_exist(error: &io::Error) -> bool {

@@ -155,23 +155,16 @@ mod tests {
                 platform(
                     "linux/amd64",
                     BuildInfo {
-                        emulated: false,
                         seconds: 1.0,
-                        reused: false,
-                        builder: None,
-                        fallback: None,
-                        window: None,
+                        ..Default::default()
                     },
                 ),
                 platform(
                     "linux/arm64",
                     BuildInfo {
                         emulated: true,
-                        seconds: 0.0,
                         reused: true,
-                        builder: None,
-                        fallback: None,
-                        window: None,
+                        ..Default::default()
                     },
                 ),
             ],

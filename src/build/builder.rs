@@ -1,0 +1,126 @@
+//! The builder seam: what the build flows (`src/pipeline/`) need of an engine, so that
+//! their order and decisions are unit-tested against the in-memory builder of
+//! `fake.rs`, while [`Engine`] does the real work through Docker.
+
+use super::{build, temporary_tag, BuiltImage, Output};
+use crate::cleanup::Cleanup;
+use crate::engine::Engine;
+use crate::export::{self, ExportedImage};
+use crate::inputs::{self, RemoteBases};
+use crate::progress::Reporter;
+use crate::project::ImageSpec;
+use crate::{Platform, Result};
+use std::future::Future;
+
+/// An engine that builds one image × platform at a time.
+pub trait Builder {
+    /// Where the builder was reached, as the user named it: for messages and records.
+    fn endpoint(&self) -> &str;
+    /// Whether it builds with BuildKit (else with the classic builder).
+    fn buildkit(&self) -> bool;
+    /// Whether it keeps images in containerd's image store, whose BuildKit can push an
+    /// image to a registry itself.
+    fn containerd_store(&self) -> bool;
+    /// Whether it runs on this machine, and so reaches this machine's loopback registries.
+    fn is_local(&self) -> bool;
+    /// Whether it answers now: a builder lost mid-run is only retried on one that does.
+    fn answers(&self) -> impl Future<Output = bool>;
+    /// The key the inputs of `spec`'s build on this builder are remembered under
+    /// ([`inputs::settings_key`]); None when they cannot be trusted.
+    fn settings_key(
+        &self,
+        spec: &ImageSpec,
+        platform: &Platform,
+        bases: &RemoteBases,
+    ) -> impl Future<Output = Result<Option<String>>>;
+    /// Builds `spec` for `platform`; what the build writes to the engine is recorded in
+    /// `cleanup` first, so an interrupted run removes it.
+    fn build(
+        &self,
+        spec: &ImageSpec,
+        platform: &Platform,
+        run_id: &str,
+        output: Output<'_>,
+        cleanup: &Cleanup,
+        reporter: &dyn Reporter,
+    ) -> impl Future<Output = Result<BuiltImage>>;
+    /// The built image out of the builder, as layers, config and manifest to push.
+    fn export(
+        &self,
+        built: &BuiltImage,
+        spec: &ImageSpec,
+        platform: &Platform,
+        reporter: &dyn Reporter,
+    ) -> impl Future<Output = Result<ExportedImage>>;
+    /// Removes a temporary image the build wrote; true once it is gone.
+    fn remove(&self, cleanup: &Cleanup, tag: &str) -> impl Future<Output = bool>;
+}
+
+impl Builder for Engine {
+    fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn buildkit(&self) -> bool {
+        self.buildkit
+    }
+
+    fn containerd_store(&self) -> bool {
+        self.containerd_store
+    }
+
+    fn is_local(&self) -> bool {
+        self.location.is_local()
+    }
+
+    async fn answers(&self) -> bool {
+        self.location.probe().await.is_ok()
+    }
+
+    async fn settings_key(
+        &self,
+        spec: &ImageSpec,
+        platform: &Platform,
+        bases: &RemoteBases,
+    ) -> Result<Option<String>> {
+        inputs::settings_key(self, spec, platform, bases).await
+    }
+
+    async fn build(
+        &self,
+        spec: &ImageSpec,
+        platform: &Platform,
+        run_id: &str,
+        output: Output<'_>,
+        cleanup: &Cleanup,
+        reporter: &dyn Reporter,
+    ) -> Result<BuiltImage> {
+        let may_appear = match output {
+            Output::Engine => cleanup.add(self, &temporary_tag(&spec.name, platform, run_id)),
+            // Nothing is written to the engine.
+            Output::Registry(_) => Default::default(),
+        };
+        build(self, spec, platform, run_id, output, &may_appear, reporter).await
+    }
+
+    async fn export(
+        &self,
+        built: &BuiltImage,
+        spec: &ImageSpec,
+        platform: &Platform,
+        reporter: &dyn Reporter,
+    ) -> Result<ExportedImage> {
+        export::export_image(
+            &self.docker,
+            &built.id,
+            &spec.name,
+            Some(platform),
+            reporter,
+        )
+        .await
+    }
+
+    async fn remove(&self, cleanup: &Cleanup, tag: &str) -> bool {
+        cleanup.remove(self, tag).await
+    }
+}
