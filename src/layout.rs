@@ -36,11 +36,6 @@ fn not_sha256(digest: &str) -> Error {
     Error::Usage(format!("`{digest}` is not a sha256 digest"))
 }
 
-/// A digest as read from the layout's files.
-fn sha256(digest: &str) -> Result<Digest> {
-    digest.parse().map_err(|_| not_sha256(digest))
-}
-
 fn blob_path(dir: &Path, digest: &Digest) -> Result<PathBuf> {
     if digest.algorithm() != "sha256" {
         return Err(not_sha256(digest.as_str()));
@@ -199,7 +194,7 @@ impl ContentSource for LayoutSource {
             }
         };
         let digest = descriptor["digest"].as_str().unwrap_or_default();
-        let digest = sha256(digest)?;
+        let digest: Digest = digest.parse().map_err(|_| not_sha256(digest))?;
         Ok((self.layout.read_blob(&digest)?, digest))
     }
 
