@@ -267,11 +267,11 @@ pub fn attached(listed: &[Value]) -> Vec<Attached> {
 
 /// Reads a referrer manifest as verify checks it: it must name `subject`. The predicate
 /// type of its in-toto layer, when it has one.
-pub fn check_referrer(bytes: &[u8], subject: &str) -> Result<Option<String>, String> {
+pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, String> {
     let manifest: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("is not valid JSON: {e}"))?;
     let named = manifest["subject"]["digest"].as_str().unwrap_or("none");
-    if named != subject {
+    if *subject != named {
         return Err(format!("names subject {named}, not {subject}"));
     }
     let layers = manifest["layers"].as_array().cloned().unwrap_or_default();

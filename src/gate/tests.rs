@@ -393,11 +393,8 @@ items:
 #[test]
 fn pin_replaces_only_container_image_values_and_keeps_the_text() {
     let f = file("deploy.yaml", PINNABLE);
-    let (d1, d2) = (digest('1'), digest('2'));
-    let digests = BTreeMap::from([
-        ("r.io/web:v1", d1.as_str()),
-        ("r.io/migrate:v1", d2.as_str()),
-    ]);
+    let (d1, d2): (Digest, Digest) = (digest('1').parse().unwrap(), digest('2').parse().unwrap());
+    let digests = BTreeMap::from([("r.io/web:v1", &d1), ("r.io/migrate:v1", &d2)]);
     let (text, pinned, reserialised) = pin_file(&f, &digests).unwrap();
     assert_eq!((pinned, reserialised), (4, false));
     let web = format!("r.io/web:v1@{d1}");
@@ -436,8 +433,8 @@ fn pin_re_serialises_what_it_cannot_replace_in_place_and_handles_json() {
             "a.yaml",
             "x: &img r.io/x:v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    image: *img\n",
         );
-    let d = digest('3');
-    let digests = BTreeMap::from([("r.io/x:v1", d.as_str())]);
+    let d: Digest = digest('3').parse().unwrap();
+    let digests = BTreeMap::from([("r.io/x:v1", &d)]);
     let (text, pinned, reserialised) = pin_file(&aliased, &digests).unwrap();
     assert_eq!((pinned, reserialised), (1, true));
     let back = k8s::parse_workloads(Path::new("a.yaml"), &text).unwrap();

@@ -102,10 +102,10 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
     assert_eq!(layer["digest"], digest.as_str());
     assert_eq!(serde_json::from_slice::<Value>(bytes).unwrap(), statement);
     assert_eq!(
-        check_referrer(&referrer.manifest.bytes, pushed.entry.digest.as_str()),
+        check_referrer(&referrer.manifest.bytes, &pushed.entry.digest),
         Ok(Some(SLSA_PROVENANCE.to_string()))
     );
-    let other = format!("sha256:{}", "c".repeat(64));
+    let other: Digest = format!("sha256:{}", "c".repeat(64)).parse().unwrap();
     assert!(check_referrer(&referrer.manifest.bytes, &other).is_err());
     assert!(check_referrer(b"not json", &other).is_err());
 }

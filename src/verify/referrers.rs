@@ -92,7 +92,7 @@ async fn checked<S: ContentSource>(
         .manifest(&digest)
         .await
         .map_err(|e| format!("cannot be read ({e})"))?;
-    let predicate_type = provenance::check_referrer(&bytes, subject.as_str())?;
+    let predicate_type = provenance::check_referrer(&bytes, subject)?;
     Ok(Attached {
         predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
         ..found.clone()
