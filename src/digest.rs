@@ -98,18 +98,6 @@ impl fmt::Display for Digest {
     }
 }
 
-impl AsRef<str> for Digest {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl PartialEq<str> for Digest {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
 impl PartialEq<String> for Digest {
     fn eq(&self, other: &String) -> bool {
         self.0 == *other

@@ -231,6 +231,7 @@ mod tests {
             "r.io/a:.t".into(),
             format!("r.io/a:{}", "t".repeat(129)),
             "r.io/a@sha256:abc".into(),
+            format!("r.io/a@sha256:{}", "A".repeat(64)),
             format!("r.io/a@md5:{}", "a".repeat(32)),
             "r.io:port/a:t".into(),
             "r.io:65536/a:t".into(),
