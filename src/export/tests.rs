@@ -418,3 +418,16 @@ fn save_stream_names_give_digests() {
         format!("sha256:{}", "ab".repeat(32)).parse().ok()
     );
 }
+
+#[test]
+fn layout_blob_paths_come_only_from_digests() {
+    let hex = "ab".repeat(32);
+    assert_eq!(
+        blob_path(&format!("sha256:{hex}")),
+        Some(format!("blobs/sha256/{hex}"))
+    );
+    // Nothing that could leave blobs/ or name another file.
+    for bad in ["sha256:../../manifest.json", "sha256:", "../x:y", "md5:abc"] {
+        assert_eq!(blob_path(bad), None, "{bad}");
+    }
+}
