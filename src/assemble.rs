@@ -3,12 +3,13 @@
 //! then published as one index per image.
 
 use crate::digest::Digest;
-use crate::oci::{self, ConfigPlatform, IndexEntry};
+use crate::oci::{self, ConfigPlatform, IndexEntry, OciError};
 use crate::plan;
 use crate::progress::Reporter;
 use crate::project::{ImageSpec, Project};
 use crate::publish::{publish, Pushed};
 use crate::record::{CoverageRecord, PartPlatform, PartRecord};
+use crate::registry::RegistryError::{self, Content, PartNotImage};
 use crate::registry::{Registry, RegistryOptions};
 use crate::store::{connect_registry, first_tag, Destination};
 use crate::{Error, Result};
@@ -144,32 +145,34 @@ fn match_parts<'p>(
 async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
     let reference = first_tag(image)?.clone_with_digest(part.digest.to_string());
     let (bytes, _) = registry.get_manifest(&reference).await?;
-    let not_image = |message: String| Error::Registry {
+    let not_image = |source: RegistryError| Error::Registry {
         registry: reference.registry().to_string(),
-        message,
+        source: source.into(),
     };
-    let manifest = match oci::parse_manifest(&bytes).map_err(&not_image)? {
+    let manifest = match oci::parse_manifest(&bytes).map_err(|e| not_image(Content(e)))? {
         oci::Parsed::Image { manifest, .. } => manifest,
         _ => {
-            return Err(not_image(format!(
-                "part {reference} is not an image manifest"
-            )))
+            return Err(not_image(PartNotImage {
+                reference: reference.to_string(),
+            }))
         }
     };
-    let config_digest = manifest.config().digest();
-    let config_digest: Digest = config_digest.as_ref().parse().map_err(|why| {
-        not_image(format!(
-            "part {reference} names config digest `{config_digest}`, which {why}"
-        ))
+    let config_digest = manifest.config().digest().as_ref();
+    let config_digest: Digest = config_digest.parse().map_err(|source| {
+        not_image(Content(OciError::Digest {
+            value: config_digest.to_string(),
+            source,
+        }))
     })?;
     let config = registry.get_json_blob(&reference, &config_digest).await?;
-    let config_platform = ConfigPlatform::from_config(&config).map_err(&not_image)?;
+    let config_platform =
+        ConfigPlatform::from_config(&config).map_err(|e| not_image(Content(e)))?;
     if config_platform.normalized() != part.platform {
-        return Err(not_image(format!(
-            "part {reference} claims {} but its config says {}",
-            part.platform,
-            config_platform.normalized()
-        )));
+        return Err(not_image(RegistryError::PartPlatform {
+            reference: reference.to_string(),
+            claimed: part.platform.to_string(),
+            found: config_platform.normalized().to_string(),
+        }));
     }
     Ok(Pushed {
         image: image.name.clone(),

@@ -11,6 +11,7 @@
 //! file means anonymous access. Secrets never leave this module except inside the
 //! returned [`Credential`], whose `Debug` is redacted.
 
+use crate::registry::{HelperError, RegistryError};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -199,9 +200,13 @@ fn lookup(
 /// no credentials; anything else is an error naming the helper (never its output).
 fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>> {
     let program = format!("docker-credential-{name}");
-    let fail = |why: String| Error::Registry {
+    let fail = |source: HelperError| Error::Registry {
         registry: registry.to_string(),
-        message: format!("credential helper {program}: {why}"),
+        source: RegistryError::CredentialHelper {
+            program: program.clone(),
+            source,
+        }
+        .into(),
     };
     let mut child = Command::new(&program)
         .arg("get")
@@ -209,27 +214,23 @@ fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| {
-            fail(format!(
-                "cannot run it ({e}); install it on PATH or remove it from the Docker config"
-            ))
-        })?;
+        .map_err(|e| fail(HelperError::Spawn(e)))?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(helper_server(registry).as_bytes());
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| fail(format!("did not finish ({e})")))?;
+        .map_err(|e| fail(HelperError::Wait(e)))?;
     if !out.status.success() {
         let said = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase()
             + &String::from_utf8_lossy(&out.stderr).to_ascii_lowercase();
         if said.contains("not found") || said.contains("no credentials") {
             return Ok(None);
         }
-        return Err(fail(format!("`get` failed ({})", out.status)));
+        return Err(fail(HelperError::Failed(out.status)));
     }
-    let answer: HelperAnswer = serde_json::from_slice(&out.stdout)
-        .map_err(|_| fail("`get` did not answer {\"Username\",\"Secret\"} JSON".into()))?;
+    let answer: HelperAnswer =
+        serde_json::from_slice(&out.stdout).map_err(|e| fail(HelperError::Answer(e)))?;
     if answer.secret.is_empty() {
         return Ok(None);
     }
@@ -309,6 +310,24 @@ mod tests {
             Some(Credential::IdentityToken("t".into()))
         );
         assert_eq!(lookup(&c, "d", p).unwrap(), None);
+    }
+
+    #[test]
+    fn a_helper_that_cannot_run_is_a_registry_error_keeping_why() {
+        use std::error::Error as _;
+        let error = run_helper("polyarch-test-absent", "r.io").unwrap_err();
+        assert!(
+            error.to_string().starts_with(
+                "registry r.io: credential helper docker-credential-polyarch-test-absent: cannot run it ("
+            ),
+            "{error}"
+        );
+        let helper = error.source().and_then(|kind| kind.source()).unwrap();
+        assert!(matches!(
+            helper.downcast_ref::<HelperError>(),
+            Some(HelperError::Spawn(_))
+        ));
+        assert!(helper.source().unwrap().is::<std::io::Error>());
     }
 
     #[test]

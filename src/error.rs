@@ -19,9 +19,6 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
-    #[error("docker engine: {0}")]
-    Engine(String),
-
     /// The default engine cannot be resolved or reached.
     #[error("docker engine: {0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),
@@ -44,14 +41,26 @@ pub enum Error {
         source: crate::build::BuildError,
     },
 
-    #[error("emulation: {0}")]
-    Emulation(String),
+    /// Emulation is missing, cannot be registered, or the engine failed to probe it;
+    /// `source` says which (a build that hit "exec format error" is `ExecFormat`). Boxed, as
+    /// `Registry`'s, so that every `Result` stays small.
+    #[error("{}: {}", .0.area(), .0)]
+    Emulation(#[source] Box<crate::binfmt::EmulationError>),
 
-    #[error("export of {image}: {message}")]
-    Export { image: String, message: String },
+    #[error("export of {image}: {source}")]
+    Export {
+        image: String,
+        #[source]
+        source: crate::export::ExportError,
+    },
 
-    #[error("registry {registry}: {message}")]
-    Registry { registry: String, message: String },
+    /// A registry (or OCI layout) call failed; `source` says what kind of failure.
+    #[error("registry {registry}: {source}")]
+    Registry {
+        registry: String,
+        #[source]
+        source: Box<crate::registry::RegistryError>,
+    },
 
     #[error("{path}: {source}")]
     Io {

@@ -4,6 +4,7 @@
 
 use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
+use crate::registry::RegistryError;
 use crate::verify::ContentSource;
 use crate::{Error, Result};
 use serde_json::{json, Value};
@@ -150,7 +151,11 @@ impl OciLayout {
         if computed != *digest {
             return Err(Error::Registry {
                 registry: self.dir.display().to_string(),
-                message: format!("blob {digest} is corrupt (its content hashes to {computed})"),
+                source: RegistryError::CorruptBlob {
+                    digest: digest.to_string(),
+                    computed: computed.to_string(),
+                }
+                .into(),
             });
         }
         Ok(bytes)

@@ -1,13 +1,14 @@
 //! OCI content: building the per-platform image manifest and the index polyarch pushes,
 //! and reading what registries hold (OCI index/manifest, Docker manifest list/v2 schema 2).
 
-use crate::digest::Digest;
+use crate::digest::{Digest, DigestError};
 use crate::export::ExportedImage;
 use crate::platform::Platform;
 use oci_spec::image::{
     Arch, Descriptor, DescriptorBuilder, ImageIndex, ImageIndexBuilder, ImageManifest,
     ImageManifestBuilder, MediaType, Os, PlatformBuilder,
 };
+use oci_spec::OciSpecError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -20,6 +21,43 @@ pub const DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json"
 
 /// What polyarch asks registries for when reading a reference.
 pub const ACCEPTED_MANIFESTS: &[&str] = &[OCI_INDEX, DOCKER_LIST, OCI_MANIFEST, DOCKER_MANIFEST];
+
+/// Why OCI content cannot be written or read: its text names what is malformed.
+#[derive(Debug, thiserror::Error)]
+pub enum OciError {
+    #[error("image config is not valid JSON: {0}")]
+    ConfigJson(#[source] serde_json::Error),
+    #[error("image config has no os/architecture")]
+    NoPlatform,
+    /// A digest the content names that is not one.
+    #[error("digest `{value}` {source}")]
+    Digest {
+        value: String,
+        #[source]
+        source: DigestError,
+    },
+    /// oci-spec refuses to build a descriptor, manifest or index from the given parts.
+    #[error("{0}")]
+    Build(#[source] OciSpecError),
+    #[error("{0}")]
+    Serialize(#[source] serde_json::Error),
+    #[error("manifest is not valid JSON: {0}")]
+    ManifestJson(#[source] serde_json::Error),
+    #[error("manifest has no mediaType, manifests or config")]
+    NoMediaType,
+    #[error("index ({media_type}) is malformed: {source}")]
+    MalformedIndex {
+        media_type: String,
+        #[source]
+        source: OciSpecError,
+    },
+    #[error("image manifest ({media_type}) is malformed: {source}")]
+    MalformedManifest {
+        media_type: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
 
 /// buildx marks its provenance/SBOM manifests with this annotation.
 const REFERENCE_TYPE: &str = "vnd.docker.reference.type";
@@ -80,11 +118,11 @@ impl ConfigPlatform {
     }
 
     /// Reads the platform from an image config blob.
-    pub fn from_config(config: &[u8]) -> Result<Self, String> {
-        let parsed: ConfigPlatform = serde_json::from_slice(config)
-            .map_err(|e| format!("image config is not valid JSON: {e}"))?;
+    pub fn from_config(config: &[u8]) -> Result<Self, OciError> {
+        let parsed: ConfigPlatform =
+            serde_json::from_slice(config).map_err(OciError::ConfigJson)?;
         if parsed.os.is_empty() || parsed.architecture.is_empty() {
-            return Err("image config has no os/architecture".into());
+            return Err(OciError::NoPlatform);
         }
         Ok(parsed)
     }
@@ -96,13 +134,13 @@ impl ConfigPlatform {
 pub fn image_manifest(
     image: &ExportedImage,
     annotations: &BTreeMap<String, String>,
-) -> Result<ManifestBlob, String> {
+) -> Result<ManifestBlob, OciError> {
     let config = DescriptorBuilder::default()
         .media_type(MediaType::ImageConfig)
         .digest(image.config_digest.to_oci())
         .size(image.config.len() as u64)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(OciError::Build)?;
     let layers = image
         .layers
         .iter()
@@ -112,7 +150,7 @@ pub fn image_manifest(
                 .digest(layer.digest.to_oci())
                 .size(layer.size)
                 .build()
-                .map_err(|e| e.to_string())
+                .map_err(OciError::Build)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut manifest = ImageManifestBuilder::default()
@@ -121,11 +159,11 @@ pub fn image_manifest(
         .config(config)
         .layers(layers)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(OciError::Build)?;
     if !annotations.is_empty() {
         manifest.set_annotations(Some(annotations.clone().into_iter().collect()));
     }
-    let bytes = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&manifest).map_err(OciError::Serialize)?;
     Ok(ManifestBlob::new(bytes, OCI_MANIFEST))
 }
 
@@ -135,7 +173,7 @@ pub fn image_manifest(
 pub fn image_index(
     entries: &[IndexEntry],
     annotations: &BTreeMap<String, String>,
-) -> Result<ManifestBlob, String> {
+) -> Result<ManifestBlob, OciError> {
     let manifests = entries
         .iter()
         .map(|entry| {
@@ -149,9 +187,9 @@ pub fn image_index(
                 .media_type(MediaType::ImageManifest)
                 .digest(entry.digest.to_oci())
                 .size(entry.size)
-                .platform(platform.build().map_err(|e| e.to_string())?)
+                .platform(platform.build().map_err(OciError::Build)?)
                 .build()
-                .map_err(|e| e.to_string())
+                .map_err(OciError::Build)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let mut index = ImageIndexBuilder::default()
@@ -159,11 +197,11 @@ pub fn image_index(
         .media_type(MediaType::ImageIndex)
         .manifests(manifests)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(OciError::Build)?;
     if !annotations.is_empty() {
         index.set_annotations(Some(annotations.clone().into_iter().collect()));
     }
-    let bytes = serde_json::to_vec(&index).map_err(|e| e.to_string())?;
+    let bytes = serde_json::to_vec(&index).map_err(OciError::Serialize)?;
     Ok(ManifestBlob::new(bytes, OCI_INDEX))
 }
 
@@ -191,28 +229,33 @@ struct MediaTypeProbe {
 }
 
 /// Classifies and parses manifest bytes; errors name what is malformed.
-pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, String> {
-    let probe: MediaTypeProbe =
-        serde_json::from_slice(bytes).map_err(|e| format!("manifest is not valid JSON: {e}"))?;
+pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, OciError> {
+    let probe: MediaTypeProbe = serde_json::from_slice(bytes).map_err(OciError::ManifestJson)?;
     // Some writers omit mediaType in OCI content; infer from the shape as the spec allows.
     let media_type = match (probe.media_type, &probe.manifests, &probe.config) {
         (Some(m), _, _) => m,
         (None, Some(_), _) => OCI_INDEX.to_string(),
         (None, None, Some(_)) => OCI_MANIFEST.to_string(),
-        (None, None, None) => return Err("manifest has no mediaType, manifests or config".into()),
+        (None, None, None) => return Err(OciError::NoMediaType),
     };
     match media_type.as_str() {
         OCI_INDEX | DOCKER_LIST => {
-            let index = ImageIndex::from_reader(bytes)
-                .map_err(|e| format!("index ({media_type}) is malformed: {e}"))?;
+            let index =
+                ImageIndex::from_reader(bytes).map_err(|source| OciError::MalformedIndex {
+                    media_type: media_type.clone(),
+                    source,
+                })?;
             Ok(Parsed::Index {
                 media_type,
                 index: Box::new(index),
             })
         }
         OCI_MANIFEST | DOCKER_MANIFEST => {
-            let manifest = parse_image_manifest(bytes)
-                .map_err(|e| format!("image manifest ({media_type}) is malformed: {e}"))?;
+            let manifest =
+                parse_image_manifest(bytes).map_err(|source| OciError::MalformedManifest {
+                    media_type: media_type.clone(),
+                    source,
+                })?;
             Ok(Parsed::Image {
                 media_type,
                 manifest: Box::new(manifest),
@@ -225,12 +268,12 @@ pub fn parse_manifest(bytes: &[u8]) -> Result<Parsed, String> {
 /// An image manifest; `"layers": null`, which BuildKit writes for an image without layers
 /// (a `FROM scratch` stage that only sets metadata), reads as no layers, as containerd
 /// reads it.
-fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, String> {
-    let mut value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)?;
     if let Some(layers) = value.get_mut("layers").filter(|l| l.is_null()) {
         *layers = serde_json::Value::Array(Vec::new());
     }
-    serde_json::from_value(value).map_err(|e| e.to_string())
+    serde_json::from_value(value)
 }
 
 /// buildx attestation manifests (`unknown/unknown`, or annotated as attestation).

@@ -9,6 +9,7 @@ use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
 use crate::provenance;
 use crate::record::{BuildInfo, ImageCoverage};
+use crate::registry::RegistryError;
 use crate::store::{first_tag, Attachment, ImageStore};
 use crate::{Error, Platform, Result};
 
@@ -26,9 +27,9 @@ pub struct Pushed {
 pub fn index_of(image: &ImageSpec, pushed: &mut [&Pushed]) -> Result<oci::ManifestBlob> {
     pushed.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
     let entries: Vec<IndexEntry> = pushed.iter().map(|p| p.entry.clone()).collect();
-    oci::image_index(&entries, &image.annotations.index).map_err(|m| Error::Registry {
+    oci::image_index(&entries, &image.annotations.index).map_err(|e| Error::Registry {
         registry: image.repository.clone(),
-        message: m,
+        source: RegistryError::Content(e).into(),
     })
 }
 

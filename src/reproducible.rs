@@ -10,6 +10,7 @@
 
 use crate::export::{spool_written_layer, ExportedImage};
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 
 const BLOCK: usize = 512;
 /// A PAX extended header larger than this is refused rather than held in memory.
@@ -191,18 +192,55 @@ fn pax_record(key: &str, value: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Why an image cannot be rewritten for `SOURCE_DATE_EPOCH`.
+#[derive(Debug, thiserror::Error)]
+pub enum ReproducibleError {
+    #[error("cannot read the spooled layer {}: {source}", path.display())]
+    ReadLayer {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot rewrite layer {digest} for SOURCE_DATE_EPOCH: {source}")]
+    RewriteLayer {
+        digest: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("image config is not JSON: {0}")]
+    ConfigJson(#[source] serde_json::Error),
+    #[error("image config is not a JSON object")]
+    NotAnObject,
+    #[error("image config has no rootfs")]
+    NoRootfs,
+    #[error("SOURCE_DATE_EPOCH {epoch} is not a time: {source}")]
+    Epoch {
+        epoch: u64,
+        #[source]
+        source: time::error::ComponentRange,
+    },
+    #[error("{0}")]
+    Format(#[source] time::error::Format),
+    #[error("{0}")]
+    Serialize(#[source] serde_json::Error),
+}
+
 /// The image config with `created` and every history entry's `created` at the epoch, and
 /// `rootfs.diff_ids` replaced; its bytes (keys sorted, compact) are deterministic.
-pub fn normalise_config(config: &[u8], epoch: u64, diff_ids: &[String]) -> Result<Vec<u8>, String> {
+pub fn normalise_config(
+    config: &[u8],
+    epoch: u64,
+    diff_ids: &[String],
+) -> Result<Vec<u8>, ReproducibleError> {
     let mut value: serde_json::Value =
-        serde_json::from_slice(config).map_err(|e| format!("image config is not JSON: {e}"))?;
+        serde_json::from_slice(config).map_err(ReproducibleError::ConfigJson)?;
     let created = time::OffsetDateTime::from_unix_timestamp(epoch as i64)
-        .map_err(|e| format!("SOURCE_DATE_EPOCH {epoch} is not a time: {e}"))?
+        .map_err(|source| ReproducibleError::Epoch { epoch, source })?
         .format(&time::format_description::well_known::Rfc3339)
-        .map_err(|e| e.to_string())?;
+        .map_err(ReproducibleError::Format)?;
     let object = value
         .as_object_mut()
-        .ok_or("image config is not a JSON object")?;
+        .ok_or(ReproducibleError::NotAnObject)?;
     object.insert("created".into(), created.clone().into());
     if let Some(history) = object.get_mut("history").and_then(|h| h.as_array_mut()) {
         for entry in history.iter_mut().filter_map(|e| e.as_object_mut()) {
@@ -212,23 +250,22 @@ pub fn normalise_config(config: &[u8], epoch: u64, diff_ids: &[String]) -> Resul
     let rootfs = object
         .get_mut("rootfs")
         .and_then(|r| r.as_object_mut())
-        .ok_or("image config has no rootfs")?;
+        .ok_or(ReproducibleError::NoRootfs)?;
     rootfs.insert("diff_ids".into(), diff_ids.to_vec().into());
-    serde_json::to_vec(&value).map_err(|e| e.to_string())
+    serde_json::to_vec(&value).map_err(ReproducibleError::Serialize)
 }
 
 /// `image` with its layers and config rewritten for `epoch` (see the module's text); the
 /// new layers are spooled beside the old ones, which are removed as each is done.
-pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, String> {
+pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, ReproducibleError> {
     let mut layers = Vec::with_capacity(image.layers.len());
     for (n, layer) in image.layers.iter().enumerate() {
         let path = image.spool.path().join(format!("reproducible-{n}.tar.gz"));
-        let source = std::fs::File::open(&layer.path).map_err(|e| {
-            format!(
-                "cannot read the spooled layer {}: {e}",
-                layer.path.display()
-            )
-        })?;
+        let source =
+            std::fs::File::open(&layer.path).map_err(|source| ReproducibleError::ReadLayer {
+                path: layer.path.clone(),
+                source,
+            })?;
         let rewritten = spool_written_layer(&path, |out| {
             clamp_tar_times(
                 flate2::read::MultiGzDecoder::new(io::BufReader::new(source)),
@@ -236,11 +273,9 @@ pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, Stri
                 epoch,
             )
         })
-        .map_err(|e| {
-            format!(
-                "cannot rewrite layer {} for SOURCE_DATE_EPOCH: {e}",
-                layer.digest
-            )
+        .map_err(|source| ReproducibleError::RewriteLayer {
+            digest: layer.digest.to_string(),
+            source,
         })?;
         let _ = std::fs::remove_file(&layer.path);
         layers.push(rewritten);

@@ -88,7 +88,9 @@ impl Emulation {
             return Ok(tag.clone());
         }
         let elf = probe_elf(platform).ok_or_else(|| {
-            Error::Emulation(format!("polyarch has no probe executable for {platform}"))
+            Error::Emulation(Box::new(EmulationError::NoProbe {
+                platform: platform.clone(),
+            }))
         })?;
         let tag = format!("polyarch-probe:{}-{}", self.run_id, slug(platform));
         self.load_scratch_image(&tag, platform, &[("probe", &elf, 0o755)], "/probe")
@@ -135,7 +137,10 @@ impl Emulation {
             None,
         );
         while let Some(item) = stream.next().await {
-            item.map_err(|e| Error::Engine(format!("loading {tag} into the engine: {e}")))?;
+            item.map_err(|source| {
+                let tag = tag.to_string();
+                Error::Emulation(Box::new(EmulationError::Load { tag, source }))
+            })?;
         }
         Ok(())
     }
@@ -209,13 +214,19 @@ impl Emulation {
         let waited = tokio::time::timeout(timeout, wait.next())
             .await
             .map_err(|_| {
-                Error::Engine(format!("container {name} did not exit within {timeout:?}"))
+                let container = name.to_string();
+                Error::Emulation(Box::new(EmulationError::Timeout { container, timeout }))
             })?;
         match waited {
             Some(Ok(r)) => Ok((Some(r.status_code), None)),
             Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok((Some(code), None)),
-            Some(Err(e)) => Err(Error::Engine(format!("waiting for {name}: {e}"))),
-            None => Err(Error::Engine(format!("waiting for {name}: no status"))),
+            Some(Err(source)) => Err(Error::Emulation(Box::new(EmulationError::Wait {
+                container: name.to_string(),
+                source,
+            }))),
+            None => Err(Error::Emulation(Box::new(EmulationError::NoStatus {
+                container: name.to_string(),
+            }))),
         }
     }
 
@@ -286,9 +297,12 @@ impl Emulation {
             (None, Some(e)) if e.contains("exec format error") || e.contains("no such file") => {
                 Ok(Some(format!("the probe did not start: {e}")))
             }
-            (None, Some(e)) => Err(Error::Engine(format!(
-                "running the {platform} probe container: {e}"
-            ))),
+            (None, Some(refusal)) => {
+                Err(Error::Emulation(Box::new(EmulationError::ProbeRefused {
+                    platform: platform.clone(),
+                    refusal,
+                })))
+            }
             (None, None) => Ok(Some("the probe did not run".into())),
         }
     }
@@ -313,15 +327,57 @@ impl Emulation {
     ) -> Result<Vec<(Platform, EmulationStatus)>> {
         let native = &self.engine.native;
         if mode == BinfmtMode::Never {
-            let foreign: Vec<&Platform> = platforms
+            // Before touching the engine: a foreign platform cannot be native.
+            refuse_emulation(
+                platforms.iter().filter(|p| !natively_compatible(native, p)),
+                native,
+            )?;
+        }
+        let mut statuses = self.probe_all(platforms).await?;
+        if mode == BinfmtMode::Never {
+            let emulated = statuses
                 .iter()
-                .filter(|p| !natively_compatible(native, p))
-                .collect();
-            if !foreign.is_empty() {
-                return Err(never_error(&foreign, native));
+                .filter(|(_, s)| !matches!(s, Some(EmulationStatus::Native)))
+                .map(|(p, _)| p);
+            refuse_emulation(emulated, native)?;
+        }
+        let missing: Vec<Platform> = statuses
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(p, _)| p.clone())
+            .collect();
+        if !missing.is_empty() {
+            match mode {
+                BinfmtMode::Never => unreachable!("handled above"),
+                BinfmtMode::Require => {
+                    return Err(Error::Emulation(Box::new(EmulationError::Required {
+                        installer_names: missing
+                            .iter()
+                            .filter_map(arch_info)
+                            .map(|a| a.installer_name)
+                            .collect(),
+                        platforms: missing,
+                        native: native.clone(),
+                    })))
+                }
+                BinfmtMode::Auto => {
+                    self.register_missing(&mut statuses, &missing, installer_image, reporter)
+                        .await?
+                }
             }
         }
-        let mut statuses: Vec<(Platform, Option<EmulationStatus>)> = vec![];
+        Ok(statuses
+            .into_iter()
+            .map(|(p, s)| (p, s.expect("all resolved")))
+            .collect())
+    }
+
+    /// Each platform's status as probed; `None` where it cannot run (yet).
+    async fn probe_all(
+        &self,
+        platforms: &[Platform],
+    ) -> Result<Vec<(Platform, Option<EmulationStatus>)>> {
+        let mut statuses = vec![];
         for platform in platforms {
             let status = match self.probe(platform).await? {
                 Runnable::Native => Some(EmulationStatus::Native),
@@ -332,89 +388,58 @@ impl Emulation {
             };
             statuses.push((platform.clone(), status));
         }
-        let missing: Vec<Platform> = statuses
+        Ok(statuses)
+    }
+
+    /// `binfmt: auto`: registers emulators for the `missing` platforms, probes them again
+    /// and marks them registered now in `statuses`; an error for any still not runnable.
+    async fn register_missing(
+        &self,
+        statuses: &mut [(Platform, Option<EmulationStatus>)],
+        missing: &[Platform],
+        installer_image: Option<&str>,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        let unknown: Vec<Platform> = missing
             .iter()
-            .filter(|(_, s)| s.is_none())
-            .map(|(p, _)| p.clone())
+            .filter(|p| arch_info(p).is_none())
+            .cloned()
             .collect();
-        if mode == BinfmtMode::Never {
-            let emulated: Vec<&Platform> = statuses
-                .iter()
-                .filter(|(_, s)| !matches!(s, Some(EmulationStatus::Native)))
-                .map(|(p, _)| p)
-                .collect();
-            if !emulated.is_empty() {
-                return Err(never_error(&emulated, native));
-            }
+        if !unknown.is_empty() {
+            return Err(Error::Emulation(Box::new(EmulationError::NoEmulator {
+                platforms: unknown,
+            })));
         }
-        if !missing.is_empty() {
-            let names = join(&missing);
-            match mode {
-                BinfmtMode::Never => unreachable!("handled above"),
-                BinfmtMode::Require => {
-                    return Err(Error::Emulation(format!(
-                        "{names}: the engine ({native}) cannot run binaries for {names} and \
-                         no QEMU emulator is registered for it; binfmt is `require`, so \
-                         polyarch does not register one: register it yourself (e.g. `docker \
-                         run --privileged --rm {DEFAULT_INSTALLER} --install {}`), set \
-                         `binfmt: auto`, or add a native builder for it under `builders:`",
-                        missing
-                            .iter()
-                            .filter_map(arch_info)
-                            .map(|a| a.installer_name)
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    )))
-                }
-                BinfmtMode::Auto => {
-                    let unknown: Vec<&Platform> =
-                        missing.iter().filter(|p| arch_info(p).is_none()).collect();
-                    if !unknown.is_empty() {
-                        return Err(Error::Emulation(format!(
-                            "{}: polyarch knows no QEMU emulator for it; add a native builder \
-                             for it under `builders:`",
-                            join(&unknown)
-                        )));
-                    }
-                    let how = self.register(&missing, installer_image, reporter).await?;
-                    for p in &missing {
-                        self.forget(p);
-                    }
-                    let mut still = vec![];
-                    for (p, s) in statuses.iter_mut() {
-                        if s.is_none() {
-                            match self.probe(p).await? {
-                                Runnable::NotRunnable => still.push(p.clone()),
-                                _ => {
-                                    *s = Some(EmulationStatus::Emulated {
-                                        registered_now: true,
-                                    })
-                                }
-                            }
-                        }
-                    }
-                    if !still.is_empty() {
-                        let why = still
-                            .iter()
-                            .filter_map(|p| self.probe_detail(p).map(|d| format!("{p}: {d}")))
-                            .collect::<Vec<_>>()
-                            .join("; ");
-                        return Err(Error::Emulation(format!(
-                            "{}: registered QEMU emulators ({how:?}) but the probe still cannot \
-                             run ({why}); an existing binfmt_misc entry without flag F may shadow them \
-                             (check {BINFMT_MISC}/qemu-* on the engine host and remove stale \
-                             ones with `echo -1 > {BINFMT_MISC}/<name>`), or add a native \
-                             builder under `builders:`",
-                            join(&still)
-                        )));
-                    }
+        let registration = self.register(missing, installer_image, reporter).await?;
+        for p in missing {
+            self.forget(p);
+        }
+        let mut still = vec![];
+        for (p, s) in statuses.iter_mut().filter(|(_, s)| s.is_none()) {
+            match self.probe(p).await? {
+                Runnable::NotRunnable => still.push(p.clone()),
+                _ => {
+                    *s = Some(EmulationStatus::Emulated {
+                        registered_now: true,
+                    })
                 }
             }
         }
-        Ok(statuses
-            .into_iter()
-            .map(|(p, s)| (p, s.expect("all resolved")))
-            .collect())
+        if still.is_empty() {
+            return Ok(());
+        }
+        let why = still
+            .iter()
+            .filter_map(|p| self.probe_detail(p).map(|d| format!("{p}: {d}")))
+            .collect::<Vec<_>>()
+            .join("; ");
+        Err(Error::Emulation(Box::new(
+            EmulationError::StillNotRunnable {
+                platforms: still,
+                registration,
+                why,
+            },
+        )))
     }
 
     /// Registers QEMU emulators for `platforms` on the engine's kernel.
@@ -468,10 +493,9 @@ impl Emulation {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(Error::Engine(format!(
-                "removing probe images: {}",
-                errors.join("; ")
-            )))
+            Err(Error::Emulation(Box::new(EmulationError::Cleanup {
+                failures: errors,
+            })))
         }
     }
 }
@@ -516,11 +540,17 @@ pub(super) fn join<P: std::borrow::Borrow<Platform>>(platforms: &[P]) -> String 
         .join(", ")
 }
 
-fn never_error(platforms: &[&Platform], native: &Platform) -> Error {
-    let names = join(platforms);
-    Error::Emulation(format!(
-        "{names}: the engine is {native}, so building {names} needs QEMU emulation, but binfmt \
-         is `never`; allow emulation with `binfmt: auto`, or add a native builder for {names} \
-         under `builders:`"
-    ))
+/// `binfmt: never`: an error naming every platform in `emulated`, if there is one.
+fn refuse_emulation<'a>(
+    emulated: impl Iterator<Item = &'a Platform>,
+    native: &Platform,
+) -> Result<()> {
+    let platforms: Vec<Platform> = emulated.cloned().collect();
+    if platforms.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Emulation(Box::new(EmulationError::Never {
+        platforms,
+        native: native.clone(),
+    })))
 }

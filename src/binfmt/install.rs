@@ -16,7 +16,9 @@ impl Emulation {
             let mut v: Vec<ArchInfo> = vec![];
             for p in platforms {
                 let a = arch_info(p).ok_or_else(|| {
-                    Error::Emulation(format!("{p}: polyarch knows no QEMU emulator for it"))
+                    Error::Emulation(Box::new(EmulationError::UnknownArch {
+                        platform: p.clone(),
+                    }))
                 })?;
                 if !v.contains(&a) {
                     v.push(a);
@@ -48,7 +50,7 @@ impl Emulation {
                             privileged,
                         })
                     }
-                    Err(e) => e.to_string(),
+                    Err(e) => InstallerError::Run(Box::new(e)),
                 }
             }
             Err(e) => e,
@@ -63,15 +65,24 @@ impl Emulation {
             self.register_assembled(&arches, reporter)
                 .await
                 .map_err(|e| match e {
-                    Error::Emulation(m) => Error::Emulation(format!(
-                        "{names}: cannot register QEMU emulators: {image}: {image_error}; {m}"
-                    )),
+                    Error::Emulation(source) if !source.is_engine() => {
+                        Error::Emulation(Box::new(EmulationError::Register {
+                            platforms: platforms.to_vec(),
+                            installer: image.to_string(),
+                            installer_error: image_error,
+                            source,
+                        }))
+                    }
                     other => other,
                 })?;
         Ok(Registration::Assembled { image, privileged })
     }
 
-    async fn have_or_pull(&self, image: &str, reporter: &dyn Reporter) -> Result<(), String> {
+    async fn have_or_pull(
+        &self,
+        image: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<(), InstallerError> {
         let docker = &self.engine.docker;
         if docker.inspect_image(image).await.is_ok() {
             return Ok(());
@@ -90,18 +101,18 @@ impl Emulation {
         let pull = async {
             let mut stream = docker.create_image(Some(options), None, None);
             while let Some(item) = stream.next().await {
-                item.map_err(|e| format!("cannot pull it: {e}"))?;
+                item.map_err(InstallerError::Pull)?;
             }
-            Ok::<(), String>(())
+            Ok::<(), InstallerError>(())
         };
         tokio::time::timeout(Duration::from_secs(60), pull)
             .await
-            .map_err(|_| "pulling it timed out".to_string())??;
+            .map_err(|_| InstallerError::PullTimeout)??;
         docker
             .inspect_image(image)
             .await
             .map(|_| ())
-            .map_err(|e| format!("pulled but not found: {e}"))
+            .map_err(InstallerError::NotFound)
     }
 
     /// Runs an installer container: privileged first, then CAP_SYS_ADMIN with unconfined
@@ -177,10 +188,10 @@ impl Emulation {
                 });
             }
         }
-        Err(Error::Emulation(format!(
-            "installer {image} failed: {}",
-            failures.join("; ")
-        )))
+        Err(Error::Emulation(Box::new(EmulationError::Installer {
+            image: image.to_string(),
+            failures,
+        })))
     }
 
     async fn register_assembled(
@@ -191,27 +202,24 @@ impl Emulation {
         let native = &self.engine.native;
         let host = Platform::linux(std::env::consts::ARCH, None);
         if native.os != "linux" || native.architecture != "amd64" {
-            return Err(Error::Emulation(format!(
-                "the assembled installer only supports linux/amd64 engines (this one is \
-                 {native}); make an installer image available to the engine (`binfmt_image:`)"
+            return Err(Error::Emulation(Box::new(
+                EmulationError::AssembledNeedsAmd64 {
+                    native: native.clone(),
+                },
             )));
         }
         if host.architecture != native.architecture {
-            return Err(Error::Emulation(format!(
-                "this host ({host}) differs from the engine ({native}), so its qemu-user-static \
-                 binaries cannot run there; make an installer image available to the engine"
-            )));
+            return Err(Error::Emulation(Box::new(EmulationError::HostDiffers {
+                host,
+                native: native.clone(),
+            })));
         }
         let mut files: Vec<(String, Vec<u8>)> = vec![];
         let mut lines = vec![];
         for a in arches {
             let path = PathBuf::from(a.interpreter());
-            let data = std::fs::read(&path).map_err(|e| {
-                Error::Emulation(format!(
-                    "{}: {e}; install qemu-user-static (Debian/Ubuntu: `apt-get install \
-                     qemu-user-static`)",
-                    path.display()
-                ))
+            let data = std::fs::read(&path).map_err(|source| {
+                Error::Emulation(Box::new(EmulationError::NoQemu { path, source }))
             })?;
             files.push((a.interpreter().trim_start_matches('/').to_string(), data));
             lines.push(a.register_line(&a.interpreter()));

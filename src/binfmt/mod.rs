@@ -29,10 +29,12 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 mod emulation;
+mod error;
 mod install;
 mod programs;
 
 pub use emulation::Emulation;
+pub use error::{EmulationError, InstallerError};
 pub use programs::{installer_elf, probe_elf};
 
 /// The exit code every probe executable returns when it runs.

@@ -124,10 +124,9 @@ impl<'a> BuildLog<'a> {
         // own platform the same error means a program built for another one: the build's
         // own failure, with its log.
         if self.foreign && self.with_tail(message).contains("exec format error") {
-            return Error::Emulation(format!(
-                "emulation for {} is not registered on this engine, so its RUN steps cannot execute; run with `--binfmt auto` (or `binfmt: auto` in polyarch.yaml) to register QEMU, or build {} on a native builder",
-                self.platform, self.platform
-            ));
+            return Error::Emulation(Box::new(crate::binfmt::EmulationError::ExecFormat {
+                platform: self.platform.clone(),
+            }));
         }
         self.reporter.report(Event::FailedLog {
             image: self.image.to_string(),

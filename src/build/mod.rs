@@ -345,11 +345,13 @@ fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &st
         .collect();
     Error::Registry {
         registry,
-        message: format!(
-            "the engine could not push {} {platform} to {repository}: {}; check that the engine reaches the registry (its insecure-registries and certs.d apply) and that the registry accepts uploads",
-            spec.name,
-            words.join(" ")
-        ),
+        source: crate::registry::RegistryError::EnginePush {
+            image: spec.name.clone(),
+            platform: platform.to_string(),
+            repository: repository.to_string(),
+            detail: words.join(" "),
+        }
+        .into(),
     }
 }
 

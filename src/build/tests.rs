@@ -1,5 +1,6 @@
 use super::platforms::PlatformLogs;
 use super::*;
+use crate::binfmt::EmulationError;
 use bollard_buildkit_proto::moby::buildkit::v1::{Vertex, VertexLog};
 
 struct Recorded(std::sync::Mutex<Vec<Event>>);
@@ -102,7 +103,7 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
             platform: "linux/arm64".into(),
             source: BuildError::StepFailed(m),
         }),
-        Error::Emulation(_)
+        Error::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
     ));
 }
 
@@ -132,7 +133,10 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
             }
         })
     };
-    assert!(matches!(failure(true), Error::Emulation(_)));
+    assert!(matches!(
+        failure(true),
+        Error::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
+    ));
     // A program of another architecture copied into the image, run on the engine's own
     // platform: the build's failure, with the step and the log line that says why.
     match failure(false) {

@@ -11,6 +11,7 @@
 
 use crate::error::one_line;
 use crate::platform::Platform;
+use crate::registry::RegistryError;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
@@ -530,16 +531,16 @@ pub async fn inspect_remote(
                         }
                     }
                     Err(e) => {
-                        let message = format!(
-                            "cannot read layer {digest} of {reference}: {}",
-                            one_line(&e.to_string())
-                        );
-                        let _ = tx
-                            .send(Err(io::Error::new(e.kind(), message.clone())))
-                            .await;
+                        let kind = e.kind();
+                        let error = RegistryError::Layer {
+                            digest: digest.to_string(),
+                            reference: reference.to_string(),
+                            source: e,
+                        };
+                        let _ = tx.send(Err(io::Error::new(kind, error.to_string()))).await;
                         return Err(Error::Registry {
                             registry: reference.registry().to_string(),
-                            message,
+                            source: error.into(),
                         });
                     }
                 }
@@ -549,9 +550,13 @@ pub async fn inspect_remote(
     };
     let (pumped, inspected) = tokio::join!(pump, inspector);
     pumped?;
-    let mut report = inspected.map_err(|e| Error::Registry {
+    let mut report = inspected.map_err(|source| Error::Registry {
         registry: reference.registry().to_string(),
-        message: format!("deep inspection of {reference} failed: {e}"),
+        source: RegistryError::Inspection {
+            reference: reference.to_string(),
+            source,
+        }
+        .into(),
     })??;
     if !skipped.is_empty() {
         report.detail += &format!(

@@ -27,11 +27,13 @@ use crate::platform::Platform;
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Result};
 
+mod error;
 mod resolve;
 mod save;
 mod spool;
 mod streams;
 
+pub use error::ExportError;
 use resolve::*;
 pub use save::read_save_stream;
 use save::*;
@@ -108,14 +110,14 @@ pub async fn export_image(
     platform: Option<&Platform>,
     reporter: &dyn Reporter,
 ) -> Result<ExportedImage> {
-    let export_err = |message: String| Error::Export {
+    let export_err = |source: ExportError| Error::Export {
         image: image_name.to_string(),
-        message,
+        source,
     };
     let spool = tempfile::Builder::new()
         .prefix("polyarch-export-")
         .tempdir()
-        .map_err(|e| export_err(format!("cannot create a spool directory: {e}")))?;
+        .map_err(|e| export_err(ExportError::SpoolDir(e)))?;
 
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
     let name = image_name.to_string();
@@ -156,8 +158,8 @@ pub async fn export_image(
             }
             Err(e) => {
                 let message = engine_error_message(&e, image_id);
-                let _ = tx.send(Err(io::Error::other(message.clone()))).await;
-                stream_error = Some(message);
+                let _ = tx.send(Err(io::Error::other(message))).await;
+                stream_error = Some(e);
                 break;
             }
         }
@@ -167,9 +169,10 @@ pub async fn export_image(
 
     let (contents, spool) = worker
         .await
-        .map_err(|e| export_err(format!("the export worker failed: {e}")))?;
-    if let Some(message) = stream_error {
-        return Err(export_err(message));
+        .map_err(|e| export_err(ExportError::Worker(e)))?;
+    if let Some(source) = stream_error {
+        let image_id = image_id.to_string();
+        return Err(export_err(ExportError::Engine { image_id, source }));
     }
     let contents = contents?;
     report(done.max(contents.stream_bytes));

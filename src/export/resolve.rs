@@ -68,9 +68,13 @@ pub(super) struct Resolver<'a> {
 
 impl Resolver<'_> {
     pub(super) fn err(&self, message: String) -> Error {
+        self.fail(ExportError::Malformed(message))
+    }
+
+    pub(super) fn fail(&self, source: ExportError) -> Error {
         Error::Export {
             image: self.image.to_string(),
-            message,
+            source,
         }
     }
 
@@ -101,8 +105,10 @@ impl Resolver<'_> {
         let key = self.resolve(path, what)?;
         match &self.items[&key] {
             Item::Small(data) => Ok(data.clone()),
-            Item::Raw(file) => std::fs::read(file)
-                .map_err(|e| self.err(format!("cannot read back spooled {what} `{path}`: {e}"))),
+            Item::Raw(file) => std::fs::read(file).map_err(|source| {
+                let what = format!("{what} `{path}`");
+                self.fail(ExportError::SpoolRead { what, source })
+            }),
             Item::Layer(_) | Item::Unsupported(_) => Err(self.err(format!(
                 "{what} `{path}` is not JSON (it looks like layer data)"
             ))),
@@ -128,17 +134,18 @@ impl Resolver<'_> {
         let file = self.spool.join(format!("layer-{}.tar.gz", self.spooled));
         let src: Box<dyn Read> = match data {
             Source::Memory(bytes) => Box::new(io::Cursor::new(bytes)),
-            Source::File(raw) => Box::new(
-                File::open(&raw)
-                    .map_err(|e| self.err(format!("cannot read back spooled `{path}`: {e}")))?,
-            ),
+            Source::File(raw) => Box::new(File::open(&raw).map_err(|source| {
+                let what = format!("`{path}`");
+                self.fail(ExportError::SpoolRead { what, source })
+            })?),
         };
         let mut buf = std::mem::take(&mut self.buf);
         let result = spool_tar_layer(src, &file, &mut buf);
         self.buf = buf;
         let layer = result.map_err(|e| match e {
-            SpoolError::Read(e) | SpoolError::Write(e) | SpoolError::Gzip(e) => {
-                self.err(format!("cannot spool layer `{path}`: {e}"))
+            SpoolError::Read(source) | SpoolError::Write(source) | SpoolError::Gzip(source) => {
+                let path = path.to_string();
+                self.fail(ExportError::SpoolLayer { path, source })
             }
         })?;
         self.items.insert(key, Item::Layer(layer.clone()));
@@ -152,8 +159,11 @@ impl Resolver<'_> {
     ) -> Result<(String, Vec<String>)> {
         if self.items.contains_key("manifest.json") {
             let data = self.json("manifest.json", "manifest")?;
-            let manifests: Vec<LegacyManifest> = serde_json::from_slice(&data)
-                .map_err(|e| self.err(format!("manifest.json is not a save manifest: {e}")))?;
+            let manifests: Vec<LegacyManifest> =
+                serde_json::from_slice(&data).map_err(|source| {
+                    let what = "manifest.json is not a save manifest".into();
+                    self.fail(ExportError::Json { what, source })
+                })?;
             let mut manifests = manifests.into_iter();
             return match (manifests.next(), manifests.next()) {
                 (Some(m), None) => Ok((m.config, m.layers)),
@@ -171,8 +181,10 @@ impl Resolver<'_> {
         let mut path = "index.json".to_string();
         for _ in 0..4 {
             let data = self.json(&path, "manifest")?;
-            let doc: OciDocument = serde_json::from_slice(&data)
-                .map_err(|e| self.err(format!("`{path}` is not an OCI index or manifest: {e}")))?;
+            let doc: OciDocument = serde_json::from_slice(&data).map_err(|source| {
+                let what = format!("`{path}` is not an OCI index or manifest");
+                self.fail(ExportError::Json { what, source })
+            })?;
             if let Some(manifests) = doc.manifests {
                 let chosen = choose_manifest(&manifests, platform)
                     .ok_or_else(|| self.err(format!("`{path}` lists no usable image manifest")))?;

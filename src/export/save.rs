@@ -53,7 +53,6 @@ pub fn read_save_stream(
     image: &str,
     platform: Option<&Platform>,
 ) -> Result<SaveContents> {
-    let err = |message: String| failed(image, message);
     let mut archive = tar::Archive::new(Tracked {
         inner: reader,
         pos: 0,
@@ -69,10 +68,10 @@ pub fn read_save_stream(
     {
         let entries = archive
             .entries()
-            .map_err(|e| err(format!("the save stream is not a tar archive: {e}")))?;
+            .map_err(|e| stream(image, "the save stream is not a tar archive".into(), e))?;
         for entry in entries {
-            let mut entry =
-                entry.map_err(|e| err(format!("the save stream is not a readable tar: {e}")))?;
+            let mut entry = entry
+                .map_err(|e| stream(image, "the save stream is not a readable tar".into(), e))?;
             if let Some((path, item)) = spooler.entry(&mut entry)? {
                 items.insert(path, item);
             }
@@ -90,10 +89,19 @@ pub fn read_save_stream(
 }
 
 fn failed(image: &str, message: String) -> Error {
+    export_error(image, ExportError::Malformed(message))
+}
+
+fn export_error(image: &str, source: ExportError) -> Error {
     Error::Export {
         image: image.to_string(),
-        message,
+        source,
     }
+}
+
+/// Reading the save stream failed at `what`.
+fn stream(image: &str, what: String, source: io::Error) -> Error {
+    export_error(image, ExportError::Stream { what, source })
 }
 
 /// Reads the save stream's entries, spooling layers and large blobs as they pass.
@@ -110,7 +118,7 @@ impl Spooler<'_> {
         let err = |message: String| failed(self.image, message);
         let raw_path = entry
             .path()
-            .map_err(|e| err(format!("a tar entry has an unreadable path: {e}")))?
+            .map_err(|e| stream(self.image, "a tar entry has an unreadable path".into(), e))?
             .to_string_lossy()
             .into_owned();
         let Some(path) = image_path::normalize(&raw_path) else {
@@ -122,7 +130,13 @@ impl Spooler<'_> {
         if entry_type.is_symlink() || entry_type.is_hard_link() {
             let target = entry
                 .link_name()
-                .map_err(|e| err(format!("link `{path}` has an unreadable target: {e}")))?
+                .map_err(|e| {
+                    stream(
+                        self.image,
+                        format!("link `{path}` has an unreadable target"),
+                        e,
+                    )
+                })?
                 .map(|t| t.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let resolved = if entry_type.is_symlink() {
@@ -164,7 +178,7 @@ impl Spooler<'_> {
         let image = self.image;
         let err = |message: String| failed(image, message);
         let mut counted = CountingReader { inner: entry, n: 0 };
-        let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
+        let io_err = |e| stream(image, format!("reading `{path}` from the save stream"), e);
 
         // Peek at the first bytes to tell layers from metadata.
         let mut head = Vec::with_capacity(512);
@@ -198,8 +212,11 @@ impl Spooler<'_> {
         path: &str,
     ) -> Result<Item> {
         let image = self.image;
-        let err = |message: String| failed(image, message);
-        let io_err = |e: io::Error| err(format!("reading `{path}` from the save stream: {e}"));
+        let io_err = |e| stream(image, format!("reading `{path}` from the save stream"), e);
+        let spool_write = |file: &Path, source| {
+            let file = file.to_path_buf();
+            export_error(image, ExportError::SpoolWrite { file, source })
+        };
         Ok(match kind {
             Kind::Json if size < SMALL_BLOB => {
                 let mut data = head;
@@ -213,8 +230,7 @@ impl Spooler<'_> {
             Kind::Json => {
                 self.spooled += 1;
                 let file = self.spool.join(format!("raw-{}", self.spooled));
-                let mut out = File::create(&file)
-                    .map_err(|e| err(format!("cannot write the spool {}: {e}", file.display())))?;
+                let mut out = File::create(&file).map_err(|e| spool_write(&file, e))?;
                 out.write_all(&head).map_err(io_err)?;
                 io::copy(counted, &mut out).map_err(io_err)?;
                 Item::Raw(file)
@@ -230,10 +246,11 @@ impl Spooler<'_> {
                 }
                 .map_err(|e| match e {
                     SpoolError::Read(e) => io_err(e),
-                    SpoolError::Write(e) => {
-                        err(format!("cannot write the spool {}: {e}", file.display()))
+                    SpoolError::Write(e) => spool_write(&file, e),
+                    SpoolError::Gzip(source) => {
+                        let path = path.to_string();
+                        export_error(image, ExportError::Gzip { path, source })
                     }
-                    SpoolError::Gzip(e) => err(format!("`{path}` is not a valid gzip stream: {e}")),
                 })?;
                 Item::Layer(layer)
             }
@@ -251,11 +268,11 @@ fn read_end(mut tracked: Tracked<impl Read>, image: &str) -> Result<u64> {
     while filled < BLOCK && !tracked.eof {
         filled += tracked
             .read(&mut trailer[filled..])
-            .map_err(|e| err(format!("reading the end of the save stream: {e}")))?;
+            .map_err(|e| stream(image, "reading the end of the save stream".into(), e))?;
     }
     if filled == BLOCK {
         io::copy(&mut tracked, &mut io::sink())
-            .map_err(|e| err(format!("reading the end of the save stream: {e}")))?;
+            .map_err(|e| stream(image, "reading the end of the save stream".into(), e))?;
     }
     if filled < BLOCK {
         return Err(err(format!(
@@ -289,10 +306,9 @@ fn contents(
         layers.push(resolver.layer(path)?);
     }
 
-    let parsed: ConfigJson = serde_json::from_slice(&config).map_err(|e| {
-        err(format!(
-            "config `{config_path}` is not valid image config JSON: {e}"
-        ))
+    let parsed: ConfigJson = serde_json::from_slice(&config).map_err(|source| {
+        let what = format!("config `{config_path}` is not valid image config JSON");
+        export_error(resolver.image, ExportError::Json { what, source })
     })?;
     let diff_ids = parsed.rootfs.diff_ids;
     if diff_ids.len() != layers.len() {

@@ -166,8 +166,9 @@ fn parse(stream: &[u8]) -> (Result<SaveContents>, tempfile::TempDir) {
 
 fn message(r: Result<SaveContents>) -> String {
     match r {
-        Err(Error::Export { image, message }) => {
+        Err(Error::Export { image, source }) => {
             assert_eq!(image, "test/image");
+            let message = source.to_string();
             assert!(!message.contains('\n'), "one line: {message}");
             message
         }

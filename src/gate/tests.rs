@@ -240,7 +240,13 @@ fn an_unreadable_image_is_reported_against_its_workload_and_the_rest_is_judged()
             "r.io/gone:v1",
             Err(Error::Registry {
                 registry: "r.io".into(),
-                message: "read manifest of r.io/gone:v1: manifest unknown".into(),
+                source: crate::registry::RegistryError::Refused {
+                    what: "read manifest".into(),
+                    reference: "r.io/gone:v1".into(),
+                    detail: "manifest unknown".into(),
+                    source: None,
+                }
+                .into(),
             }),
         ),
         (

@@ -2,6 +2,7 @@
 //! platform's list that answers; a build that failed by itself (a failing step) never is.
 
 use super::{unit::build_and_push, Shared};
+use crate::binfmt::EmulationError;
 use crate::build::{BuildError, Builder};
 use crate::engine::Engine;
 use crate::plan::Unit;
@@ -18,6 +19,12 @@ pub(super) fn builder_lost(error: &Error) -> bool {
             ..
         }
     )
+}
+
+/// Whether `error` says the build hit a foreign binary the kernel cannot run: the
+/// remembered verdict that emulation works is then probed again.
+pub(super) fn missing_emulation(error: &Error) -> bool {
+    matches!(error, Error::Emulation(kind) if matches!(**kind, EmulationError::ExecFormat { .. }))
 }
 
 /// The builders of a list of `len` to try, in turn, after builder `lost` failed with
@@ -93,7 +100,7 @@ async fn build_on(engine: &Engine, unit: &Unit<'_>, shared: &Shared<'_>) -> Resu
     let (destination, emulation, run) = (shared.destination, shared.emulation, shared.run);
     let emulated = emulation.is_emulated(unit);
     match build_and_push(engine, destination, unit, emulated, run).await {
-        Err(Error::Emulation(_)) if emulation.was_remembered(unit) => {
+        Err(error) if missing_emulation(&error) && emulation.was_remembered(unit) => {
             let emulated = emulation.recheck(engine, unit, run.reporter).await?;
             build_and_push(engine, destination, unit, emulated, run).await
         }
@@ -136,15 +143,42 @@ mod tests {
             assert!(retry_order(&build_error(source), 3, 0).is_empty());
         }
         for other in [
-            Error::Emulation("not registered".into()),
+            Error::Emulation(Box::new(EmulationError::ExecFormat {
+                platform: "linux/arm64".parse().unwrap(),
+            })),
             Error::Interrupted,
             Error::Registry {
                 registry: "r".into(),
-                message: "push refused".into(),
+                source: crate::registry::RegistryError::Refused {
+                    what: "push".into(),
+                    reference: "r/api".into(),
+                    detail: "refused".into(),
+                    source: None,
+                }
+                .into(),
             },
         ] {
             assert!(retry_order(&other, 3, 0).is_empty());
         }
+    }
+
+    #[test]
+    fn only_an_exec_format_error_makes_emulation_be_probed_again() {
+        let arm64: crate::Platform = "linux/arm64".parse().unwrap();
+        let exec_format = EmulationError::ExecFormat {
+            platform: arm64.clone(),
+        };
+        assert!(missing_emulation(&Error::Emulation(Box::new(exec_format))));
+        let never = EmulationError::Never {
+            platforms: vec![arm64.clone()],
+            native: "linux/amd64".parse().unwrap(),
+        };
+        assert!(!missing_emulation(&Error::Emulation(Box::new(never))));
+        // The words alone decide nothing: a step that printed them failed by itself.
+        let step = BuildError::StepFailed(format!(
+            "emulation for {arm64} is not registered on this engine: exec format error"
+        ));
+        assert!(!missing_emulation(&build_error(step)));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! pushing each platform manifest by digest itself.
 
 use super::emulation::EmulationPlan;
+use super::retry::missing_emulation;
 use super::unit::{
     build_info, build_unit, check_platform, remember_pushed, remember_reads, report_phase, reuse,
     warn_if_emulated, Reuse,
@@ -13,7 +14,7 @@ use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::Phase;
 use crate::publish::Pushed;
-use crate::registry::{self, Registry};
+use crate::registry::{self, Registry, RegistryError};
 use crate::store::Destination;
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
@@ -72,8 +73,9 @@ pub(super) async fn build_and_push_image(
             pushed.push(build_unit(engine, destination, unit, emulated, settings, run).await?);
         }
         _ => match build_together(engine, registry, &to_build, run).await {
-            Err(Error::Emulation(_))
-                if to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
+            Err(error)
+                if missing_emulation(&error)
+                    && to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
             {
                 for (unit, _, emulated) in &mut to_build {
                     if emulation.was_remembered(unit) {
@@ -130,9 +132,22 @@ async fn build_together(
 /// The index the engine pushed as `reference`, read back for its platform manifests.
 async fn pushed_index(registry: &Registry, reference: &Reference) -> Result<ImageIndex> {
     let (bytes, _) = registry.get_manifest(reference).await?;
-    match oci::parse_manifest(&bytes).map_err(|m| unreadable(reference, m))? {
+    let parsed = oci::parse_manifest(&bytes).map_err(|source| {
+        let pushed = reference.to_string();
+        let kind = RegistryError::PushedIndexMalformed {
+            reference: pushed,
+            source,
+        };
+        unreadable(reference, kind)
+    })?;
+    match parsed {
         oci::Parsed::Index { index, .. } => Ok(*index),
-        _ => Err(unreadable(reference, "is not an index".into())),
+        _ => Err(unreadable(
+            reference,
+            RegistryError::PushedNotIndex {
+                reference: reference.to_string(),
+            },
+        )),
     }
 }
 
@@ -147,7 +162,16 @@ fn platform_entry(
         .iter()
         .filter(|d| !oci::is_attestation(d))
         .find(|d| oci::descriptor_platform(d).as_ref() == Some(&unit.platform))
-        .ok_or_else(|| unreadable(reference, format!("has no {} manifest", unit.platform)))?;
+        .ok_or_else(|| {
+            let (pushed, platform) = (reference.to_string(), unit.platform.to_string());
+            unreadable(
+                reference,
+                RegistryError::PushedWithout {
+                    reference: pushed,
+                    platform,
+                },
+            )
+        })?;
     let declared = entry.platform().as_ref().map(|p| ConfigPlatform {
         os: p.os().to_string(),
         architecture: p.architecture().to_string(),
@@ -155,10 +179,17 @@ fn platform_entry(
     });
     let platform = declared.unwrap_or_default();
     check_platform(unit.image, unit, &platform)?;
-    let digest = entry.digest().as_ref().parse().map_err(|why| {
+    let digest = entry.digest().as_ref().parse().map_err(|source| {
+        let source = oci::OciError::Digest {
+            value: entry.digest().to_string(),
+            source,
+        };
         unreadable(
             reference,
-            format!("lists digest `{}`, which {why}", entry.digest()),
+            RegistryError::PushedIndexMalformed {
+                reference: reference.to_string(),
+                source,
+            },
         )
     })?;
     Ok(IndexEntry {
@@ -169,9 +200,9 @@ fn platform_entry(
 }
 
 /// The engine's index at `reference` is not what polyarch can read its manifests from.
-fn unreadable(reference: &Reference, message: String) -> Error {
+fn unreadable(reference: &Reference, source: RegistryError) -> Error {
     Error::Registry {
         registry: reference.registry().to_string(),
-        message: format!("the index the engine pushed as {reference} {message}"),
+        source: source.into(),
     }
 }

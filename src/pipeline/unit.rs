@@ -357,11 +357,11 @@ async fn export_built(
         .await
         .map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: e.to_string(),
+            source: crate::export::ExportError::RewriteStopped(e),
         })?
-        .map_err(|message| Error::Export {
+        .map_err(|e| Error::Export {
             image: image.name.clone(),
-            message,
+            source: crate::export::ExportError::Reproducible(e),
         })
 }
 
@@ -375,9 +375,9 @@ async fn push_exported(
 ) -> Result<IndexEntry> {
     let image = unit.image;
     let config_platform =
-        ConfigPlatform::from_config(&exported.config).map_err(|m| Error::Export {
+        ConfigPlatform::from_config(&exported.config).map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: m,
+            source: crate::export::ExportError::Content(e),
         })?;
     check_platform(image, unit, &config_platform)?;
 
@@ -401,9 +401,9 @@ async fn push_exported(
     }
     store.put_config(&reference, &exported).await?;
     let manifest =
-        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|m| Error::Export {
+        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|e| Error::Export {
             image: image.name.clone(),
-            message: m,
+            source: crate::export::ExportError::Content(e),
         })?;
     store.put_manifest(&reference, &manifest).await?;
     Ok(IndexEntry {

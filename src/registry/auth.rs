@@ -286,6 +286,7 @@ impl Registry {
                 status: Some(status),
                 failure: Failure::Permanent,
                 detail: format!("the token server {} answered no token", challenge.realm),
+                cause: None,
             })
     }
 }

@@ -1,6 +1,7 @@
 //! How a failed registry call is classified (retried or not) and worded.
 
 use super::probe::certs_d_root;
+use super::RegistryError;
 use crate::error::one_line;
 use crate::Error;
 use oci_client::errors::OciDistributionError;
@@ -20,9 +21,12 @@ pub(super) enum Failure {
 pub(super) fn digest_mismatch(reference: &Reference, expected: &str, computed: &str) -> Error {
     Error::Registry {
         registry: reference.registry().to_string(),
-        message: format!(
-            "content of {reference} does not match its digest (expected {expected}, got {computed}); the registry or a proxy altered it"
-        ),
+        source: RegistryError::DigestMismatch {
+            reference: reference.to_string(),
+            expected: expected.to_string(),
+            computed: computed.to_string(),
+        }
+        .into(),
     }
 }
 
@@ -119,6 +123,9 @@ pub(super) struct Attempt {
     pub status: Option<u16>,
     pub failure: Failure,
     pub detail: String,
+    /// What failed, kept as the registry error's source (None: a reply that is well
+    /// formed HTTP but not what was asked for).
+    pub cause: Option<OciDistributionError>,
 }
 
 impl From<OciDistributionError> for Attempt {
@@ -127,6 +134,7 @@ impl From<OciDistributionError> for Attempt {
             status: status_of(&error),
             failure: classify(&error),
             detail: chain(&error),
+            cause: Some(error),
         }
     }
 }
@@ -159,34 +167,53 @@ pub(super) fn registry_error(
         status,
         failure,
         detail,
+        cause: source,
     } = attempt;
-    let message = if matches!(status, Some(401)) {
-        format!(
-            "401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)"
-        )
+    let (what, reference) = (what.to_string(), reference.to_string());
+    let kind = if matches!(status, Some(401)) {
+        RegistryError::Unauthorized {
+            what,
+            reference,
+            registry: registry.clone(),
+            source,
+        }
     } else if matches!(status, Some(403)) {
-        format!("403 denied: cannot {what} for {reference}: the credentials for {registry} lack permission for this repository")
+        RegistryError::Denied {
+            what,
+            reference,
+            registry: registry.clone(),
+            source,
+        }
     } else if failure == Failure::Tls {
-        format!(
-            "TLS: cannot {what} for {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}",
-            certs_d_root().join(&registry).join("ca.crt").display()
-        )
+        RegistryError::Untrusted {
+            what,
+            reference,
+            ca_path: certs_d_root().join(&registry).join("ca.crt"),
+            registry: registry.clone(),
+            detail,
+            source,
+        }
     } else if matches!(failure, Failure::Transient(_)) {
-        let tries = if attempts > 1 {
-            format!(" after {attempts} attempts")
-        } else {
-            String::new()
-        };
-        let hint = if status.is_none() {
-            "; is the registry running and reachable?"
-        } else {
-            "; the registry keeps failing, try again later"
-        };
-        format!("cannot {what} for {reference}{tries}: {detail}{hint}")
+        RegistryError::Unavailable {
+            what,
+            reference,
+            attempts,
+            answered: status.is_some(),
+            detail,
+            source,
+        }
     } else {
-        format!("cannot {what} for {reference}: {detail}")
+        RegistryError::Refused {
+            what,
+            reference,
+            detail,
+            source,
+        }
     };
-    Error::Registry { registry, message }
+    Error::Registry {
+        registry,
+        source: kind.into(),
+    }
 }
 
 #[cfg(test)]
@@ -199,6 +226,85 @@ mod tests {
             strip_urls("url (http://u:p@h:1/v2/x?_state=abc&digest=d), code: 500"),
             "url (http://h:1/v2/x), code: 500"
         );
+    }
+
+    fn reference() -> Reference {
+        "r.io/a/b:v1".parse().unwrap()
+    }
+
+    #[test]
+    fn a_failed_call_is_typed_by_what_the_registry_answered() {
+        let denied = registry_error(
+            &reference(),
+            "read manifest",
+            Attempt::answered(403, "https://r.io/v2/", "no".into()),
+            1,
+        );
+        assert_eq!(
+            denied.to_string(),
+            "registry r.io: 403 denied: cannot read manifest for r.io/a/b:v1: the credentials for r.io lack permission for this repository"
+        );
+        let Error::Registry { source, .. } = &denied else {
+            panic!("{denied:?}");
+        };
+        assert!(matches!(**source, RegistryError::Denied { .. }));
+
+        let failing = registry_error(
+            &reference(),
+            "push blob",
+            Attempt::answered(503, "https://r.io/v2/", "down".into()),
+            3,
+        );
+        let Error::Registry { source, .. } = &failing else {
+            panic!("{failing:?}");
+        };
+        assert!(matches!(
+            **source,
+            RegistryError::Unavailable {
+                attempts: 3,
+                answered: true,
+                ..
+            }
+        ));
+        let text = failing.to_string();
+        assert!(
+            text.starts_with("registry r.io: cannot push blob for r.io/a/b:v1 after 3 attempts: "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("; the registry keeps failing, try again later"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_keeps_the_client_error_as_its_source() {
+        use std::error::Error as _;
+        let error = registry_error(
+            &reference(),
+            "read manifest",
+            Attempt::answered(401, "https://r.io/v2/", String::new()),
+            1,
+        );
+        let kind = error.source().unwrap();
+        let client = kind.source().unwrap();
+        assert!(matches!(
+            client.downcast_ref::<OciDistributionError>(),
+            Some(OciDistributionError::ServerError { code: 401, .. })
+        ));
+        // A reply that is no client error has no source, only its detail.
+        let no_token = Attempt {
+            status: Some(200),
+            failure: Failure::Permanent,
+            detail: "the token server answered no token".into(),
+            cause: None,
+        };
+        let error = registry_error(&reference(), "authenticate", no_token, 1);
+        assert_eq!(
+            error.to_string(),
+            "registry r.io: cannot authenticate for r.io/a/b:v1: the token server answered no token"
+        );
+        assert!(error.source().unwrap().source().is_none());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod auth;
 mod clients;
+mod error;
 mod failure;
 mod probe;
 mod push;
@@ -10,6 +11,7 @@ mod read;
 mod referrers;
 
 pub use crate::reference::parse_reference;
+pub use error::{HelperError, ListingError, RegistryError};
 pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
 
@@ -530,7 +532,11 @@ impl Registry {
         if bytes.len() > MAX_JSON_BLOB {
             return Err(Error::Registry {
                 registry: reference.registry().to_string(),
-                message: format!("manifest of {reference} is larger than {MAX_JSON_BLOB} bytes; refusing to read more"),
+                source: RegistryError::ManifestTooLarge {
+                    reference: reference.to_string(),
+                    limit: MAX_JSON_BLOB,
+                }
+                .into(),
             });
         }
         let computed = Digest::of(&bytes);
@@ -558,9 +564,11 @@ impl Registry {
         if out.len() > MAX_JSON_BLOB {
             return Err(Error::Registry {
                 registry: reference.registry().to_string(),
-                message: format!(
-                    "blob {digest} is larger than {MAX_JSON_BLOB} bytes; it is not an image config"
-                ),
+                source: RegistryError::BlobTooLarge {
+                    digest: digest.to_string(),
+                    limit: MAX_JSON_BLOB,
+                }
+                .into(),
             });
         }
         let computed = Digest::of(&out);

@@ -110,7 +110,11 @@ impl Registry {
         // Without `absent_ok` a 404 is an error already; None cannot come back.
         found.await?.ok_or_else(|| crate::Error::Registry {
             registry: reference.registry().to_string(),
-            message: format!("cannot {what} for {reference}: not found"),
+            source: super::RegistryError::NotFound {
+                what: what.to_string(),
+                reference: reference.to_string(),
+            }
+            .into(),
         })
     }
 

@@ -3,7 +3,7 @@
 //! (`sha256-<hex>`), as the OCI distribution spec v1.1 has clients do.
 
 use super::read::read_limited;
-use super::Registry;
+use super::{ListingError, Registry, RegistryError};
 use crate::digest::Digest;
 use crate::{oci, provenance, Error, Result};
 use oci_client::Reference;
@@ -22,11 +22,14 @@ impl Registry {
         let Some(listing) = api? else {
             return by_tag;
         };
-        listed(&listing).map_err(|why| Error::Registry {
+        listed(&listing).map_err(|source| Error::Registry {
             registry: reference.registry().to_string(),
-            message: format!(
-                "cannot {what} for {reference}: the referrers listing is not an OCI image index ({why}); check the registry's referrers API, or a proxy in front of it"
-            ),
+            source: RegistryError::BadListing {
+                what,
+                reference: reference.to_string(),
+                source,
+            }
+            .into(),
         })
     }
 
@@ -50,11 +53,30 @@ impl Registry {
 }
 
 /// The descriptors an image index lists.
-fn listed(bytes: &[u8]) -> std::result::Result<Vec<Value>, String> {
-    let index: Value = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+fn listed(bytes: &[u8]) -> std::result::Result<Vec<Value>, ListingError> {
+    let index: Value = serde_json::from_slice(bytes)?;
     match index.get("manifests") {
         Some(Value::Array(manifests)) => Ok(manifests.clone()),
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(_) => Err("`manifests` is not a list".into()),
+        Some(_) => Err(ListingError::NotAList),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_listing_that_is_not_an_index_says_why_and_keeps_the_json_error() {
+        assert!(listed(br#"{"manifests": null}"#).unwrap().is_empty());
+        assert!(matches!(
+            listed(br#"{"manifests": {}}"#),
+            Err(ListingError::NotAList)
+        ));
+        let Err(error) = listed(b"<html>") else {
+            panic!("HTML read as a listing");
+        };
+        assert!(error.source().unwrap().is::<serde_json::Error>());
     }
 }

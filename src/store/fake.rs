@@ -8,7 +8,7 @@ use crate::progress::Reporter;
 use crate::project::{ImageSpec, LoadOptions, Project, Purpose};
 use crate::provenance::{self, Referrer};
 use crate::record::{ImageCoverage, PlatformCoverage, PlatformStatus};
-use crate::registry::BlobProgress;
+use crate::registry::{BlobProgress, RegistryError};
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
 use std::collections::BTreeMap;
@@ -97,10 +97,7 @@ impl ImageStore for FakeStore {
 
     async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
         if self.refuse_tag.as_deref() == Some(tag) {
-            return Err(Error::Registry {
-                registry: image.repository.clone(),
-                message: format!("tag {tag} refused"),
-            });
+            return Err(refused(image, &format!("tag {tag}")));
         }
         self.calls.lock().unwrap().push(format!("tag {tag}"));
         self.tags
@@ -112,10 +109,7 @@ impl ImageStore for FakeStore {
 
     async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
         if self.refuse_attach {
-            return Err(Error::Registry {
-                registry: image.repository.clone(),
-                message: "referrer refused".into(),
-            });
+            return Err(refused(image, "attach a referrer"));
         }
         self.calls
             .lock()
@@ -187,4 +181,18 @@ pub(crate) fn image(tags: &str) -> ImageSpec {
     let project = Project::parse(std::path::Path::new("polyarch.yaml"), &text, &options)
         .expect("test project parses");
     project.images[0].clone()
+}
+
+/// What a registry answers when it refuses `what` for `image` (a 400, say).
+fn refused(image: &ImageSpec, what: &str) -> Error {
+    Error::Registry {
+        registry: image.repository.clone(),
+        source: RegistryError::Refused {
+            what: what.to_string(),
+            reference: image.repository.clone(),
+            detail: "refused".into(),
+            source: None,
+        }
+        .into(),
+    }
 }

@@ -12,7 +12,7 @@ use crate::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::provenance::{self, Referrer};
 use crate::record::ImageCoverage;
-use crate::registry::{self, BlobProgress, Registry, RegistryOptions};
+use crate::registry::{self, BlobProgress, Registry, RegistryError, RegistryOptions};
 use crate::verify::{self, Target};
 use crate::{Error, Result};
 use oci_client::Reference;
@@ -250,12 +250,13 @@ async fn attach_in_registry(
 /// cannot hold provenance: say so, and what to do.
 fn refused(error: Error, referrer: &Referrer) -> Error {
     match error {
-        Error::Registry { registry, message } => Error::Registry {
+        Error::Registry { registry, source } => Error::Registry {
             registry,
-            message: format!(
-                "{message}; the provenance of {} was not attached and no tag moved: the registry must accept OCI 1.1 artifact manifests (distribution 2.8+, or any registry with the referrers API); otherwise build without provenance",
-                referrer.subject
-            ),
+            source: RegistryError::NotAttached {
+                subject: referrer.subject.to_string(),
+                source,
+            }
+            .into(),
         },
         other => other,
     }

@@ -7,7 +7,7 @@ use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
 use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
-use crate::registry::Registry;
+use crate::registry::{Registry, RegistryError};
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
 use std::collections::BTreeMap;
@@ -149,7 +149,7 @@ pub async fn read_contents<S: ContentSource>(
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
     let mut annotations = BTreeMap::new();
-    let media_type = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
+    let media_type = match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
         Parsed::Unknown { media_type } => {
             warnings.push(format!(
                 "{} has media type {media_type}, which is not an image index or manifest",
@@ -300,23 +300,29 @@ pub async fn verify<S: ContentSource>(
     })
 }
 
-fn unreadable(target: &Target, message: &str) -> Error {
+fn unreadable(target: &Target, source: oci::OciError) -> Error {
+    let reference = target.reference.clone();
+    target_error(target, RegistryError::Unreadable { reference, source })
+}
+
+/// A registry error about `target`, under its registry (an OCI layout: its reference).
+fn target_error(target: &Target, source: RegistryError) -> Error {
     let registry = match crate::registry::parse_reference(&target.reference) {
         Ok(r) if !target.reference.starts_with("oci:") => r.registry().to_string(),
         _ => target.reference.clone(),
     };
     Error::Registry {
         registry,
-        message: format!("cannot read {}: {message}", target.reference),
+        source: source.into(),
     }
 }
 
 /// A digest a manifest names, as oci-spec read it (any algorithm) into ours.
 fn parse_digest(target: &Target, digest: &oci_spec::image::Digest) -> Result<Digest> {
-    digest
-        .as_ref()
-        .parse()
-        .map_err(|why| unreadable(target, &format!("digest `{digest}` {why}")))
+    digest.as_ref().parse().map_err(|source| {
+        let value = digest.to_string();
+        unreadable(target, oci::OciError::Digest { value, source })
+    })
 }
 
 /// Flattens (possibly nested) indexes into platform entries, setting aside attestations.
@@ -375,12 +381,15 @@ async fn check_entry<S: ContentSource>(
 ) -> Result<(PlatformCoverage, Vec<String>)> {
     let mut warnings = Vec::new();
     let bytes = source.manifest(&entry.digest).await?;
-    let manifest = match oci::parse_manifest(&bytes).map_err(|m| unreadable(target, &m))? {
+    let manifest = match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
         Parsed::Image { manifest, .. } => manifest,
         _ => {
-            return Err(unreadable(
+            return Err(target_error(
                 target,
-                &format!("entry {} is not an image manifest", entry.digest),
+                RegistryError::EntryNotImage {
+                    reference: target.reference.clone(),
+                    digest: entry.digest.to_string(),
+                },
             ))
         }
     };

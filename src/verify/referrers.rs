@@ -142,7 +142,13 @@ mod tests {
                 .cloned()
                 .ok_or_else(|| Error::Registry {
                     registry: "fake".into(),
-                    message: "listing refused".into(),
+                    source: crate::registry::RegistryError::Refused {
+                        what: format!("list referrers of {digest}"),
+                        reference: "fake".into(),
+                        detail: "listing refused".into(),
+                        source: None,
+                    }
+                    .into(),
                 })
         }
         fn repository(&self) -> String {

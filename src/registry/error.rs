@@ -1,0 +1,249 @@
+//! What kind of registry failure happened, so that callers decide by kind and never by
+//! message text; each variant renders the message users have always seen.
+
+use crate::oci::OciError;
+use oci_client::errors::OciDistributionError;
+use std::path::PathBuf;
+
+/// Why a registry (or an OCI layout standing in for one) could not be used; its text
+/// follows `registry {registry}: ` in [`crate::Error::Registry`].
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// 401: no credentials, or wrong ones.
+    #[error("401 unauthorized: cannot {what} for {reference} for {registry}: check credentials for this registry (--username/--password-stdin, docker login, or the Docker config's credHelpers)")]
+    Unauthorized {
+        what: String,
+        reference: String,
+        registry: String,
+        #[source]
+        source: Option<OciDistributionError>,
+    },
+    /// 403: the credentials work but lack permission.
+    #[error("403 denied: cannot {what} for {reference}: the credentials for {registry} lack permission for this repository")]
+    Denied {
+        what: String,
+        reference: String,
+        registry: String,
+        #[source]
+        source: Option<OciDistributionError>,
+    },
+    /// The registry's certificate chain is not trusted: a CA to pass, not a retry.
+    #[error("TLS: cannot {what} for {reference}: the certificate of {registry} is not trusted ({detail}); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in {}", ca_path.display())]
+    Untrusted {
+        what: String,
+        reference: String,
+        registry: String,
+        detail: String,
+        ca_path: PathBuf,
+        #[source]
+        source: Option<OciDistributionError>,
+    },
+    /// Transient failures (5xx, 429, no answer) that outlasted the retries; `answered`:
+    /// the registry answered at all (it is up but failing).
+    #[error("cannot {what} for {reference}{}: {detail}{}", tries(*attempts), hint(*answered))]
+    Unavailable {
+        what: String,
+        reference: String,
+        attempts: u32,
+        answered: bool,
+        detail: String,
+        #[source]
+        source: Option<OciDistributionError>,
+    },
+    /// Any other permanent answer (a 4xx, a malformed reply).
+    #[error("cannot {what} for {reference}: {detail}")]
+    Refused {
+        what: String,
+        reference: String,
+        detail: String,
+        #[source]
+        source: Option<OciDistributionError>,
+    },
+    #[error("cannot {what} for {reference}: not found")]
+    NotFound { what: String, reference: String },
+    /// Content whose hash is not the digest it was asked for or announced with.
+    #[error("content of {reference} does not match its digest (expected {expected}, got {computed}); the registry or a proxy altered it")]
+    DigestMismatch {
+        reference: String,
+        expected: String,
+        computed: String,
+    },
+    /// A blob of an OCI layout whose content is not its digest.
+    #[error("blob {digest} is corrupt (its content hashes to {computed})")]
+    CorruptBlob { digest: String, computed: String },
+    #[error("manifest of {reference} is larger than {limit} bytes; refusing to read more")]
+    ManifestTooLarge { reference: String, limit: usize },
+    #[error("blob {digest} is larger than {limit} bytes; it is not an image config")]
+    BlobTooLarge { digest: String, limit: usize },
+    #[error("cannot {what} for {reference}: the referrers listing is not an OCI image index ({source}); check the registry's referrers API, or a proxy in front of it")]
+    BadListing {
+        what: String,
+        reference: String,
+        #[source]
+        source: ListingError,
+    },
+    /// A manifest, config or index that is not valid OCI content.
+    #[error("{0}")]
+    Content(#[source] OciError),
+    /// A verified target's manifest is not valid OCI content.
+    #[error("cannot read {reference}: {source}")]
+    Unreadable {
+        reference: String,
+        #[source]
+        source: OciError,
+    },
+    #[error("cannot read {reference}: entry {digest} is not an image manifest")]
+    EntryNotImage { reference: String, digest: String },
+    #[error("part {reference} is not an image manifest")]
+    PartNotImage { reference: String },
+    #[error("part {reference} claims {claimed} but its config says {found}")]
+    PartPlatform {
+        reference: String,
+        claimed: String,
+        found: String,
+    },
+    #[error("the index the engine pushed as {reference} {source}")]
+    PushedIndexMalformed {
+        reference: String,
+        #[source]
+        source: OciError,
+    },
+    #[error("the index the engine pushed as {reference} is not an index")]
+    PushedNotIndex { reference: String },
+    #[error("the index the engine pushed as {reference} has no {platform} manifest")]
+    PushedWithout { reference: String, platform: String },
+    /// BuildKit's own push failed (after its own retries).
+    #[error("the engine could not push {image} {platform} to {repository}: {detail}; check that the engine reaches the registry (its insecure-registries and certs.d apply) and that the registry accepts uploads")]
+    EnginePush {
+        image: String,
+        platform: String,
+        repository: String,
+        detail: String,
+    },
+    /// A layer stream that broke off during a deep inspection.
+    #[error("cannot read layer {digest} of {reference}: {}", crate::error::one_line(&source.to_string()))]
+    Layer {
+        digest: String,
+        reference: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("deep inspection of {reference} failed: {source}")]
+    Inspection {
+        reference: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// A registry that refuses OCI 1.1 artifacts cannot hold provenance.
+    #[error("{source}; the provenance of {subject} was not attached and no tag moved: the registry must accept OCI 1.1 artifact manifests (distribution 2.8+, or any registry with the referrers API); otherwise build without provenance")]
+    NotAttached {
+        subject: String,
+        #[source]
+        source: Box<RegistryError>,
+    },
+    #[error("credential helper {program}: {source}")]
+    CredentialHelper {
+        program: String,
+        #[source]
+        source: HelperError,
+    },
+}
+
+fn tries(attempts: u32) -> String {
+    if attempts > 1 {
+        format!(" after {attempts} attempts")
+    } else {
+        String::new()
+    }
+}
+
+fn hint(answered: bool) -> &'static str {
+    if answered {
+        "; the registry keeps failing, try again later"
+    } else {
+        "; is the registry running and reachable?"
+    }
+}
+
+/// Why a referrers listing is not an image index.
+#[derive(Debug, thiserror::Error)]
+pub enum ListingError {
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("`manifests` is not a list")]
+    NotAList,
+}
+
+/// How a `docker-credential-*` helper failed; never its output, which may hold secrets.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    #[error("cannot run it ({0}); install it on PATH or remove it from the Docker config")]
+    Spawn(#[source] std::io::Error),
+    #[error("did not finish ({0})")]
+    Wait(#[source] std::io::Error),
+    #[error("`get` failed ({0})")]
+    Failed(std::process::ExitStatus),
+    #[error("`get` did not answer {{\"Username\",\"Secret\"}} JSON")]
+    Answer(#[source] serde_json::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn kinds_say_what_the_formatted_messages_said() {
+        let untrusted = RegistryError::Untrusted {
+            what: "read manifest".into(),
+            reference: "r.io/a:v1".into(),
+            registry: "r.io".into(),
+            detail: "invalid peer certificate: UnknownIssuer".into(),
+            ca_path: "/etc/docker/certs.d/r.io/ca.crt".into(),
+            source: None,
+        };
+        assert_eq!(
+            untrusted.to_string(),
+            "TLS: cannot read manifest for r.io/a:v1: the certificate of r.io is not trusted (invalid peer certificate: UnknownIssuer); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in /etc/docker/certs.d/r.io/ca.crt"
+        );
+        let helper = RegistryError::CredentialHelper {
+            program: "docker-credential-pass".into(),
+            source: HelperError::Answer(serde_json::from_slice::<u8>(b"x").unwrap_err()),
+        };
+        assert_eq!(
+            helper.to_string(),
+            r#"credential helper docker-credential-pass: `get` did not answer {"Username","Secret"} JSON"#
+        );
+        let layer = RegistryError::Layer {
+            digest: "sha256:ab".into(),
+            reference: "r.io/a:v1".into(),
+            source: std::io::Error::other("reset\nby peer"),
+        };
+        assert_eq!(
+            layer.to_string(),
+            "cannot read layer sha256:ab of r.io/a:v1: reset by peer"
+        );
+    }
+
+    #[test]
+    fn a_refused_referrer_keeps_the_registry_s_refusal_as_its_source() {
+        let refusal = RegistryError::Refused {
+            what: "push manifest".into(),
+            reference: "r.io/a@sha256:ab".into(),
+            detail: "400 manifest invalid".into(),
+            source: None,
+        };
+        let error = RegistryError::NotAttached {
+            subject: "sha256:ab".into(),
+            source: Box::new(refusal),
+        };
+        assert!(error
+            .to_string()
+            .starts_with("cannot push manifest for r.io/a@sha256:ab: 400 manifest invalid; the provenance of sha256:ab was not attached and no tag moved: "));
+        let cause = error.source().unwrap();
+        assert!(matches!(
+            cause.downcast_ref::<Box<RegistryError>>().map(|e| &**e),
+            Some(RegistryError::Refused { .. })
+        ));
+    }
+}
