@@ -2,7 +2,8 @@
 //! (every declared platform exactly once, in the right repository, the config agreeing),
 //! then published as one index per image.
 
-use crate::oci::{self, ConfigPlatform, IndexEntry};
+use crate::digest::Digest;
+use crate::oci::{self, ConfigPlatform, IndexEntry, OciError};
 use crate::plan;
 use crate::progress::Reporter;
 use crate::project::{ImageSpec, Project};
@@ -142,7 +143,7 @@ fn match_parts<'p>(
 /// Reads a part's manifest and config back from the registry (digest-checked) and takes
 /// the index entry's platform from the config, as a fresh build would.
 async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
-    let reference = first_tag(image)?.clone_with_digest(part.digest.clone());
+    let reference = first_tag(image)?.clone_with_digest(part.digest.to_string());
     let (bytes, _) = registry.get_manifest(&reference).await?;
     let not_image = |source: RegistryError| Error::Registry {
         registry: reference.registry().to_string(),
@@ -156,9 +157,14 @@ async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform)
             }))
         }
     };
-    let config = registry
-        .get_json_blob(&reference, manifest.config().digest().as_ref())
-        .await?;
+    let config_digest = manifest.config().digest().as_ref();
+    let config_digest: Digest = config_digest.parse().map_err(|source| {
+        not_image(Content(OciError::Digest {
+            value: config_digest.to_string(),
+            source,
+        }))
+    })?;
+    let config = registry.get_json_blob(&reference, &config_digest).await?;
     let config_platform =
         ConfigPlatform::from_config(&config).map_err(|e| not_image(Content(e)))?;
     if config_platform.normalized() != part.platform {
@@ -201,7 +207,9 @@ mod tests {
             .iter()
             .map(|arch| PartPlatform {
                 platform: Platform::linux(arch, None),
-                digest: format!("sha256:{}", arch.len().to_string().repeat(64)),
+                digest: format!("sha256:{}", arch.len().to_string().repeat(64))
+                    .parse()
+                    .unwrap(),
                 size: 400,
                 build: BuildInfo {
                     seconds: 1.0,

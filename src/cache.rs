@@ -4,6 +4,7 @@
 //! inputs produced (the build is skipped), and which platforms each engine ran (the
 //! emulation probe is skipped).
 
+use crate::digest::Digest;
 use crate::inputs::RememberedBuild;
 use crate::oci::ConfigPlatform;
 use crate::Platform;
@@ -16,7 +17,7 @@ use std::sync::Mutex;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CachedManifest {
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     pub os: String,
     pub architecture: String,
@@ -259,7 +260,7 @@ mod tests {
         std::env::set_var("POLYARCH_CACHE_DIR", dir.path());
         let cache = PushCache::open();
         let entry = CachedManifest {
-            digest: format!("sha256:{}", "a".repeat(64)),
+            digest: format!("sha256:{}", "a".repeat(64)).parse().unwrap(),
             size: 10,
             os: "linux".into(),
             architecture: "arm64".into(),

@@ -2,6 +2,7 @@
 //! destination for `build --output oci:DIR` and a source for `verify oci:DIR[:TAG]`.
 //! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
 
+use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
 use crate::registry::RegistryError;
 use crate::verify::ContentSource;
@@ -31,12 +32,16 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(path, e)
 }
 
-fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| Error::Usage(format!("`{digest}` is not a sha256 digest")))?;
-    Ok(dir.join("blobs/sha256").join(hex))
+/// Only sha256 blobs are stored here.
+fn not_sha256(digest: &str) -> Error {
+    Error::Usage(format!("`{digest}` is not a sha256 digest"))
+}
+
+fn blob_path(dir: &Path, digest: &Digest) -> Result<PathBuf> {
+    if digest.algorithm() != "sha256" {
+        return Err(not_sha256(digest.as_str()));
+    }
+    Ok(dir.join("blobs/sha256").join(digest.hex()))
 }
 
 impl OciLayout {
@@ -70,13 +75,13 @@ impl OciLayout {
         })
     }
 
-    pub fn has_blob(&self, digest: &str) -> Result<bool> {
+    pub fn has_blob(&self, digest: &Digest) -> Result<bool> {
         Ok(blob_path(&self.dir, digest)?.is_file())
     }
 
     /// Copies a spooled blob in; written under a temporary name first so a crash never
     /// leaves a truncated blob under its digest.
-    pub fn put_blob_file(&self, source: &Path, digest: &str) -> Result<bool> {
+    pub fn put_blob_file(&self, source: &Path, digest: &Digest) -> Result<bool> {
         let target = blob_path(&self.dir, digest)?;
         if target.is_file() {
             return Ok(false);
@@ -87,7 +92,7 @@ impl OciLayout {
         Ok(true)
     }
 
-    pub fn put_blob_bytes(&self, bytes: &[u8], digest: &str) -> Result<bool> {
+    pub fn put_blob_bytes(&self, bytes: &[u8], digest: &Digest) -> Result<bool> {
         let target = blob_path(&self.dir, digest)?;
         if target.is_file() {
             return Ok(false);
@@ -134,7 +139,7 @@ impl OciLayout {
         std::fs::rename(&partial, &path).map_err(io(&path))
     }
 
-    fn read_blob(&self, digest: &str) -> Result<Vec<u8>> {
+    fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         let path = blob_path(&self.dir, digest)?;
         let bytes = std::fs::read(&path).map_err(|e| {
             Error::Usage(format!(
@@ -142,13 +147,13 @@ impl OciLayout {
                 self.dir.display()
             ))
         })?;
-        let computed = oci::sha256_digest(&bytes);
-        if computed != digest {
+        let computed = Digest::of(&bytes);
+        if computed != *digest {
             return Err(Error::Registry {
                 registry: self.dir.display().to_string(),
                 source: RegistryError::CorruptBlob {
                     digest: digest.to_string(),
-                    computed,
+                    computed: computed.to_string(),
                 }
                 .into(),
             });
@@ -164,7 +169,7 @@ pub struct LayoutSource {
 }
 
 impl ContentSource for LayoutSource {
-    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+    async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
         let index = self.layout.read_index()?;
         let manifests = index["manifests"].as_array().expect("checked on read");
         let chosen: Vec<&Value> = match &self.tag {
@@ -193,23 +198,21 @@ impl ContentSource for LayoutSource {
                 )))
             }
         };
-        let digest = descriptor["digest"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let digest = descriptor["digest"].as_str().unwrap_or_default();
+        let digest: Digest = digest.parse().map_err(|_| not_sha256(digest))?;
         Ok((self.layout.read_blob(&digest)?, digest))
     }
 
-    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
         self.layout.read_blob(digest)
     }
 
-    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         self.layout.read_blob(digest)
     }
 
     /// polyarch attaches nothing in a layout (see `Destination::attach`).
-    async fn referrers(&self, _digest: &str) -> Result<Vec<Value>> {
+    async fn referrers(&self, _digest: &Digest) -> Result<Vec<Value>> {
         Ok(Vec::new())
     }
 
@@ -220,7 +223,7 @@ impl ContentSource for LayoutSource {
     async fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &crate::Platform,
     ) -> Result<crate::deep::DeepReport> {
         let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
@@ -259,7 +262,7 @@ mod tests {
         let layout = OciLayout::create(dir.path()).unwrap();
         let blob = |b: &[u8]| ManifestBlob {
             bytes: b.to_vec(),
-            digest: oci::sha256_digest(b),
+            digest: Digest::of(b),
             media_type: oci::OCI_INDEX,
         };
         let (a, b) = (blob(b"{\"a\":1}"), blob(b"{\"b\":2}"));

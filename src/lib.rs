@@ -13,6 +13,7 @@ pub mod cleanup;
 pub mod credentials;
 pub mod deep;
 pub mod dependencies;
+pub mod digest;
 pub mod dockerfile;
 pub mod doctor;
 pub mod elf;

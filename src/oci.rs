@@ -1,6 +1,7 @@
 //! OCI content: building the per-platform image manifest and the index polyarch pushes,
 //! and reading what registries hold (OCI index/manifest, Docker manifest list/v2 schema 2).
 
+use crate::digest::{Digest, DigestError};
 use crate::export::ExportedImage;
 use crate::platform::Platform;
 use oci_spec::image::{
@@ -9,9 +10,7 @@ use oci_spec::image::{
 };
 use oci_spec::OciSpecError;
 use serde::Deserialize;
-use sha2::{Digest as _, Sha256};
 use std::collections::BTreeMap;
-use std::str::FromStr;
 
 pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -30,11 +29,12 @@ pub enum OciError {
     ConfigJson(#[source] serde_json::Error),
     #[error("image config has no os/architecture")]
     NoPlatform,
-    #[error("bad digest {value}: {source}")]
+    /// A digest the content names that is not one.
+    #[error("digest `{value}` {source}")]
     Digest {
         value: String,
         #[source]
-        source: OciSpecError,
+        source: DigestError,
     },
     /// oci-spec refuses to build a descriptor, manifest or index from the given parts.
     #[error("{0}")]
@@ -62,16 +62,13 @@ pub enum OciError {
 /// buildx marks its provenance/SBOM manifests with this annotation.
 const REFERENCE_TYPE: &str = "vnd.docker.reference.type";
 
+/// The sha256 digest of `bytes` as text, for callers outside the crate (the integration
+/// tests).
 pub fn sha256_digest(bytes: &[u8]) -> String {
-    sha256_finish(Sha256::new_with_prefix(bytes))
+    Digest::of(bytes).to_string()
 }
 
-/// The `sha256:…` digest of everything fed to `hasher`.
-pub fn sha256_finish(hasher: Sha256) -> String {
-    format!("sha256:{}", hex::encode(hasher.finalize()))
-}
-
-/// The first 12 hex digits of a digest, as `docker images` shows them.
+/// The first 12 hex digits of a digest read as text, as `docker images` shows them.
 pub fn short_digest(digest: &str) -> &str {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
     &hex[..hex.len().min(12)]
@@ -81,14 +78,14 @@ pub fn short_digest(digest: &str) -> &str {
 #[derive(Debug, Clone)]
 pub struct ManifestBlob {
     pub bytes: Vec<u8>,
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: &'static str,
 }
 
 impl ManifestBlob {
     fn new(bytes: Vec<u8>, media_type: &'static str) -> Self {
         ManifestBlob {
-            digest: sha256_digest(&bytes),
+            digest: Digest::of(&bytes),
             bytes,
             media_type,
         }
@@ -98,7 +95,7 @@ impl ManifestBlob {
 /// One platform's pushed manifest, as the index lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IndexEntry {
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     /// The platform exactly as the image config states it.
     pub platform: ConfigPlatform,
@@ -131,13 +128,6 @@ impl ConfigPlatform {
     }
 }
 
-fn digest(value: &str) -> Result<oci_spec::image::Digest, OciError> {
-    oci_spec::image::Digest::from_str(value).map_err(|source| OciError::Digest {
-        value: value.to_string(),
-        source,
-    })
-}
-
 /// The image manifest for one exported platform image (its config as exported: the
 /// engine's own bytes, unless rewritten for SOURCE_DATE_EPOCH), with `annotations` when
 /// there are any.
@@ -147,7 +137,7 @@ pub fn image_manifest(
 ) -> Result<ManifestBlob, OciError> {
     let config = DescriptorBuilder::default()
         .media_type(MediaType::ImageConfig)
-        .digest(digest(&image.config_digest)?)
+        .digest(image.config_digest.to_oci())
         .size(image.config.len() as u64)
         .build()
         .map_err(OciError::Build)?;
@@ -157,7 +147,7 @@ pub fn image_manifest(
         .map(|layer| {
             DescriptorBuilder::default()
                 .media_type(MediaType::ImageLayerGzip)
-                .digest(digest(&layer.digest)?)
+                .digest(layer.digest.to_oci())
                 .size(layer.size)
                 .build()
                 .map_err(OciError::Build)
@@ -195,7 +185,7 @@ pub fn image_index(
             }
             DescriptorBuilder::default()
                 .media_type(MediaType::ImageManifest)
-                .digest(digest(&entry.digest)?)
+                .digest(entry.digest.to_oci())
                 .size(entry.size)
                 .platform(platform.build().map_err(OciError::Build)?)
                 .build()
@@ -324,7 +314,7 @@ mod tests {
 
     fn entry(arch: &str, variant: Option<&str>, n: u8) -> IndexEntry {
         IndexEntry {
-            digest: format!("sha256:{}", hex::encode([n; 32])),
+            digest: format!("sha256:{}", hex::encode([n; 32])).parse().unwrap(),
             size: 500 + n as u64,
             platform: ConfigPlatform {
                 os: "linux".into(),
@@ -341,7 +331,7 @@ mod tests {
             &BTreeMap::new(),
         )
         .unwrap();
-        assert_eq!(blob.digest, sha256_digest(&blob.bytes));
+        assert_eq!(blob.digest, Digest::of(&blob.bytes));
         let json: serde_json::Value = serde_json::from_slice(&blob.bytes).unwrap();
         assert_eq!(json["mediaType"], OCI_INDEX);
         assert_eq!(json["schemaVersion"], 2);

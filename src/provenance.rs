@@ -3,6 +3,7 @@
 //! attached as an OCI referrer of the platform manifest (`subject` set) rather than as an
 //! index entry: the index keeps exactly the platform manifests, which every runtime reads.
 
+use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
 use crate::platform::Platform;
 use crate::project::ImageSpec;
@@ -30,10 +31,10 @@ const EMPTY_JSON: &[u8] = b"{}";
 #[derive(Debug, Clone)]
 pub struct Referrer {
     /// The platform manifest it is attached to.
-    pub subject: String,
+    pub subject: Digest,
     pub manifest: ManifestBlob,
     /// `(bytes, digest)` of the config and layer.
-    pub blobs: Vec<(Vec<u8>, String)>,
+    pub blobs: Vec<(Vec<u8>, Digest)>,
     pub predicate_type: String,
 }
 
@@ -48,7 +49,7 @@ pub struct BuildWindow {
 /// build-arg and secret ids, never their values.
 pub fn statement(image: &ImageSpec, pushed: &Pushed, invocation_id: &str) -> Value {
     let platform = pushed.platform.to_string();
-    let hex = pushed.entry.digest.trim_start_matches("sha256:");
+    let hex = pushed.entry.digest.hex();
     let subject_name = format!(
         "pkg:docker/{}@{}?platform={}",
         image.repository,
@@ -125,7 +126,8 @@ fn dependencies(image: &ImageSpec, platform: &Platform) -> Vec<Value> {
                 (
                     name,
                     r.digest()
-                        .map(|d| d.trim_start_matches("sha256:").to_string()),
+                        .and_then(|d| d.parse::<Digest>().ok())
+                        .map(|d| d.hex().to_string()),
                 )
             }
             Err(_) => (name, None),
@@ -159,8 +161,8 @@ fn rfc3339(at: time::OffsetDateTime) -> String {
 /// layer, and `subject` set.
 pub fn referrer(pushed: &Pushed, statement: &Value) -> Referrer {
     let layer = serde_json::to_vec(statement).expect("a statement serialises");
-    let layer_digest = oci::sha256_digest(&layer);
-    let empty_digest = oci::sha256_digest(EMPTY_JSON);
+    let layer_digest = Digest::of(&layer);
+    let empty_digest = Digest::of(EMPTY_JSON);
     let annotations = json!({ PREDICATE_TYPE: SLSA_PROVENANCE });
     let manifest = json!({
         "schemaVersion": 2,
@@ -191,7 +193,7 @@ pub fn referrer(pushed: &Pushed, statement: &Value) -> Referrer {
     Referrer {
         subject: pushed.entry.digest.clone(),
         manifest: ManifestBlob {
-            digest: oci::sha256_digest(&bytes),
+            digest: Digest::of(&bytes),
             bytes,
             media_type: oci::OCI_MANIFEST,
         },
@@ -223,8 +225,8 @@ impl Referrer {
 }
 
 /// The referrers tag schema's tag for a subject: `sha256-<hex>`.
-pub fn referrers_tag(subject: &str) -> String {
-    subject.replacen(':', "-", 1)
+pub fn referrers_tag(subject: &Digest) -> String {
+    format!("{}-{}", subject.algorithm(), subject.hex())
 }
 
 /// The tag schema's index after adding `descriptor`: every entry it had is kept, one with
@@ -242,7 +244,7 @@ pub fn tag_schema_index(listed: Vec<Value>, descriptor: Value) -> ManifestBlob {
     });
     let bytes = serde_json::to_vec(&index).expect("an index serialises");
     ManifestBlob {
-        digest: oci::sha256_digest(&bytes),
+        digest: Digest::of(&bytes),
         bytes,
         media_type: oci::OCI_INDEX,
     }
@@ -265,11 +267,11 @@ pub fn attached(listed: &[Value]) -> Vec<Attached> {
 
 /// Reads a referrer manifest as verify checks it: it must name `subject`. The predicate
 /// type of its in-toto layer, when it has one.
-pub fn check_referrer(bytes: &[u8], subject: &str) -> Result<Option<String>, String> {
+pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, String> {
     let manifest: Value =
         serde_json::from_slice(bytes).map_err(|e| format!("is not valid JSON: {e}"))?;
     let named = manifest["subject"]["digest"].as_str().unwrap_or("none");
-    if named != subject {
+    if *subject != named {
         return Err(format!("names subject {named}, not {subject}"));
     }
     let layers = manifest["layers"].as_array().cloned().unwrap_or_default();

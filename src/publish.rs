@@ -55,7 +55,7 @@ pub async fn publish(
     let first = first_tag(image)?;
     let mut moved = Vec::new();
     for tag in &image.tags {
-        if destination.current(image, tag).await.as_deref() != Some(index.digest.as_str()) {
+        if destination.current(image, tag).await.as_ref() != Some(&index.digest) {
             moved.push(tag);
         }
     }
@@ -145,7 +145,9 @@ mod tests {
             image: "api".into(),
             platform: Platform::linux(arch, None),
             entry: IndexEntry {
-                digest: format!("sha256:{}", digest_char.to_string().repeat(64)),
+                digest: format!("sha256:{}", digest_char.to_string().repeat(64))
+                    .parse()
+                    .unwrap(),
                 size: 500,
                 platform: ConfigPlatform {
                     os: "linux".into(),
@@ -192,8 +194,8 @@ mod tests {
         assert_eq!(calls.len(), 4, "{calls:?}");
         assert_eq!(calls[0], format!("manifest {}", coverage.digest));
         assert_eq!(&calls[1..], ["tag v1", "tag latest", "read back"]);
-        assert_eq!(store.tag_of("v1"), Some(coverage.digest.clone()));
-        assert_eq!(store.tag_of("latest"), Some(coverage.digest));
+        assert_eq!(store.tag_of("v1"), Some(coverage.digest.to_string()));
+        assert_eq!(store.tag_of("latest"), Some(coverage.digest.to_string()));
     }
 
     #[tokio::test]
@@ -291,14 +293,21 @@ mod tests {
         );
         // The index still lists exactly the platform manifests.
         let index: serde_json::Value =
-            serde_json::from_slice(&store.manifests.lock().unwrap()[&coverage.digest]).unwrap();
+            serde_json::from_slice(&store.manifests.lock().unwrap()[coverage.digest.as_str()])
+                .unwrap();
         let digests: Vec<&str> = index["manifests"]
             .as_array()
             .unwrap()
             .iter()
             .map(|m| m["digest"].as_str().unwrap())
             .collect();
-        assert_eq!(digests, [&units[0].entry.digest, &units[1].entry.digest]);
+        assert_eq!(
+            digests,
+            [
+                units[0].entry.digest.as_str(),
+                units[1].entry.digest.as_str()
+            ]
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! The coverage record (`polyarch/coverage/v1`): what was verified, as data.
 //! Field names are a contract documented in the README and `schema/coverage.schema.json`.
 
+use crate::digest::Digest;
 use crate::platform::Platform;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -54,7 +55,7 @@ pub struct ImageCoverage {
     pub reference: String,
     pub tags: Vec<String>,
     /// Digest of the index (or single manifest) the reference resolves to.
-    pub digest: String,
+    pub digest: Digest,
     /// `repo@sha256:…` to pin in deployments instead of a mutable tag.
     pub pinned: String,
     pub media_type: String,
@@ -75,7 +76,7 @@ pub struct ImageCoverage {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlatformCoverage {
     pub platform: Platform,
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
     pub config_platform: Option<Platform>,
     pub size: Option<u64>,
     pub status: PlatformStatus,
@@ -207,7 +208,7 @@ pub struct PartImage {
 pub struct PartPlatform {
     pub platform: Platform,
     /// The platform manifest, pushed by digest.
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     pub build: BuildInfo,
 }

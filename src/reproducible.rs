@@ -274,7 +274,7 @@ pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, Repr
             )
         })
         .map_err(|source| ReproducibleError::RewriteLayer {
-            digest: layer.digest.clone(),
+            digest: layer.digest.to_string(),
             source,
         })?;
         let _ = std::fs::remove_file(&layer.path);
@@ -283,7 +283,7 @@ pub fn normalise(image: ExportedImage, epoch: u64) -> Result<ExportedImage, Repr
     let diff_ids: Vec<String> = layers.iter().map(|l| l.diff_id.clone()).collect();
     let config = normalise_config(&image.config, epoch, &diff_ids)?;
     Ok(ExportedImage {
-        config_digest: crate::oci::sha256_digest(&config),
+        config_digest: crate::digest::Digest::of(&config),
         config,
         layers,
         spool: image.spool,

@@ -3,9 +3,10 @@
 
 use super::{temporary_tag, BuildError, Builder, BuiltImage, Output, PushedManifest};
 use crate::cleanup::Cleanup;
+use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::inputs::RemoteBases;
-use crate::oci::{sha256_digest, ConfigPlatform};
+use crate::oci::ConfigPlatform;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::{Error, Platform, Result};
@@ -63,7 +64,7 @@ impl FakeBuilder {
             "os": platform.os,
             "architecture": platform.architecture,
             "config": { "Labels": { "image": spec.name } },
-            "rootfs": { "type": "layers", "diff_ids": [sha256_digest(LAYER)] },
+            "rootfs": { "type": "layers", "diff_ids": [Digest::of(LAYER)] },
         })
         .to_string()
         .into_bytes()
@@ -131,10 +132,10 @@ impl Builder for FakeBuilder {
                 )))
             }
         };
-        let id = sha256_digest(&self.config(spec));
+        let id = Digest::of(&self.config(spec));
         let pushed = match output {
             Output::Registry(_) => Some(PushedManifest {
-                digest: sha256_digest(format!("manifest of {id}").as_bytes()),
+                digest: Digest::of(format!("manifest of {id}").as_bytes()),
                 size: 500,
                 platform: ConfigPlatform {
                     os: built.os.clone(),
@@ -145,7 +146,7 @@ impl Builder for FakeBuilder {
             Output::Engine => None,
         };
         Ok(BuiltImage {
-            id: pushed.as_ref().map_or(id, |p| p.digest.clone()),
+            id: pushed.as_ref().map_or(id, |p| p.digest.clone()).to_string(),
             tag: temporary_tag(&spec.name, platform, run_id),
             seconds: 1.0,
             transfers: Vec::new(),
@@ -166,11 +167,11 @@ impl Builder for FakeBuilder {
         std::fs::write(&path, LAYER).unwrap();
         let config = self.config(spec);
         Ok(ExportedImage {
-            config_digest: sha256_digest(&config),
+            config_digest: Digest::of(&config),
             config,
             layers: vec![ExportedLayer {
-                diff_id: sha256_digest(LAYER),
-                digest: sha256_digest(LAYER),
+                diff_id: Digest::of(LAYER).to_string(),
+                digest: Digest::of(LAYER),
                 size: LAYER.len() as u64,
                 media_type: "application/vnd.oci.image.layer.v1.tar+gzip".into(),
                 path,

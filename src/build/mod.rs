@@ -4,6 +4,7 @@
 //! context streamed as a tar honouring the ignore file).
 
 use crate::buildkit::{self, filesync::Transfer};
+use crate::digest::Digest;
 use crate::engine::Engine;
 use crate::error::one_line;
 use crate::oci::ConfigPlatform;
@@ -68,7 +69,7 @@ pub enum Output<'a> {
 /// A platform manifest the engine pushed.
 #[derive(Debug, Clone)]
 pub struct PushedManifest {
-    pub digest: String,
+    pub digest: Digest,
     pub size: u64,
     pub platform: ConfigPlatform,
 }
@@ -188,7 +189,7 @@ async fn build_once(
             )))
         })?;
         return Ok(Attempt::Built(BuiltImage {
-            id: pushed.digest.clone(),
+            id: pushed.digest.to_string(),
             tag,
             seconds: started.elapsed().as_secs_f64(),
             transfers,
@@ -355,18 +356,15 @@ fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &st
 }
 
 /// The digest of what BuildKit's image exporter pushed (a multi-platform solve's index).
-fn pushed_manifest_digest(exporter_response: &HashMap<String, String>) -> Option<String> {
-    exporter_response
-        .get("containerimage.digest")
-        .filter(|digest| digest.starts_with("sha256:"))
-        .cloned()
+fn pushed_manifest_digest(exporter_response: &HashMap<String, String>) -> Option<Digest> {
+    exporter_response.get("containerimage.digest")?.parse().ok()
 }
 
 /// The manifest BuildKit's image exporter pushed: its descriptor, base64 JSON.
 fn pushed_manifest(exporter_response: &HashMap<String, String>) -> Option<PushedManifest> {
     #[derive(serde::Deserialize)]
     struct Descriptor {
-        digest: String,
+        digest: Digest,
         size: u64,
         platform: ConfigPlatform,
     }

@@ -8,7 +8,7 @@ use super::*;
 pub struct BuiltIndex {
     /// The index BuildKit pushed; polyarch reads its platform manifests and publishes its
     /// own index of them.
-    pub digest: String,
+    pub digest: Digest,
     pub seconds: f64,
     /// What BuildKit read of the context, for all the platforms.
     pub transfers: Vec<Transfer>,

@@ -476,7 +476,6 @@ impl Inspector<'_> {
 }
 
 use crate::export::ChannelReader;
-use crate::oci::short_digest;
 
 /// Streams an image's layers from the registry, one after another (bounded memory), and
 /// runs [`inspect`] on them. gzip layers are decompressed (by media type or magic);
@@ -486,7 +485,7 @@ pub async fn inspect_remote(
     registry: &crate::registry::Registry,
     reference: &oci_client::Reference,
     config: &[u8],
-    layer_digests: &[(String, String)],
+    layer_digests: &[(crate::digest::Digest, String)],
     platform: &Platform,
 ) -> Result<DeepReport> {
     use futures_util::StreamExt;
@@ -494,13 +493,13 @@ pub async fn inspect_remote(
     let mut wanted = Vec::new();
     for (digest, media_type) in layer_digests {
         if media_type.contains("nondistributable") || media_type.contains("foreign") {
-            skipped.push(short_digest(digest).to_string());
+            skipped.push(digest.short().to_string());
             continue;
         }
         if media_type.contains("zstd") {
             return Ok(unreadable(format!(
                 "layer {} is zstd-compressed ({media_type}); zstd layers not supported",
-                short_digest(digest)
+                digest.short()
             )));
         }
         wanted.push(digest.clone());

@@ -18,11 +18,11 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use futures_util::StreamExt;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
 
+use crate::digest::Digest;
 use crate::image_path;
-use crate::oci;
 use crate::platform::Platform;
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Error, Result};
@@ -67,7 +67,7 @@ pub struct ExportedLayer {
     /// sha256 of the uncompressed tar, as in the config's `rootfs.diff_ids`.
     pub diff_id: String,
     /// sha256 of the compressed blob as pushed.
-    pub digest: String,
+    pub digest: Digest,
     /// Size of the compressed blob.
     pub size: u64,
     /// `application/vnd.oci.image.layer.v1.tar+gzip`.
@@ -80,7 +80,7 @@ pub struct ExportedLayer {
 pub struct ExportedImage {
     /// The image config JSON exactly as the engine stored it (its sha256 is the image ID).
     pub config: Vec<u8>,
-    pub config_digest: String,
+    pub config_digest: Digest,
     /// Layers in rootfs order.
     pub layers: Vec<ExportedLayer>,
     /// Keeps the spooled layers alive; deleted on drop.
@@ -92,7 +92,7 @@ pub struct ExportedImage {
 #[derive(Debug)]
 pub struct SaveContents {
     pub config: Vec<u8>,
-    pub config_digest: String,
+    pub config_digest: Digest,
     pub layers: Vec<ExportedLayer>,
     /// Bytes of the save stream consumed.
     pub stream_bytes: u64,

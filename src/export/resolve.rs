@@ -215,13 +215,9 @@ enum Source {
     File(PathBuf),
 }
 
-fn blob_path(digest: &str) -> Option<String> {
-    let (algorithm, hex) = digest.split_once(':')?;
-    (!algorithm.is_empty()
-        && !hex.is_empty()
-        && hex.bytes().all(|b| b.is_ascii_alphanumeric())
-        && algorithm.bytes().all(|b| b.is_ascii_alphanumeric()))
-    .then(|| format!("blobs/{algorithm}/{hex}"))
+pub(super) fn blob_path(digest: &str) -> Option<String> {
+    let digest: Digest = digest.parse().ok()?;
+    Some(format!("blobs/{}/{}", digest.algorithm(), digest.hex()))
 }
 
 fn choose_manifest<'a>(

@@ -293,7 +293,7 @@ fn contents(
     let err = |message: String| failed(resolver.image, message);
     let (config_path, layer_paths) = resolver.find_manifest(platform)?;
     let config = resolver.json(&config_path, "config")?;
-    let config_digest = oci::sha256_digest(&config);
+    let config_digest = Digest::of(&config);
     if let Some(expected) = name_digest(&config_path) {
         if expected != config_digest {
             return Err(err(format!(
@@ -337,10 +337,9 @@ fn contents(
 }
 
 /// `sha256:<hex>` from `<hex>.json` or `blobs/sha256/<hex>`.
-pub(super) fn name_digest(path: &str) -> Option<String> {
+pub(super) fn name_digest(path: &str) -> Option<Digest> {
     let hex = path
         .strip_prefix("blobs/sha256/")
         .or_else(|| path.strip_suffix(".json"))?;
-    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
-        .then(|| format!("sha256:{}", hex.to_ascii_lowercase()))
+    format!("sha256:{}", hex.to_ascii_lowercase()).parse().ok()
 }

@@ -79,8 +79,8 @@ impl<W: Write> HashWriter<W> {
     ) -> std::result::Result<ExportedLayer, SpoolError> {
         self.flush().map_err(SpoolError::Write)?;
         Ok(ExportedLayer {
-            diff_id: oci::sha256_finish(diff),
-            digest: oci::sha256_finish(self.hasher),
+            diff_id: Digest::finish(diff).to_string(),
+            digest: Digest::finish(self.hasher),
             size: self.len,
             media_type: LAYER_MEDIA_TYPE.to_string(),
             path: file.to_path_buf(),

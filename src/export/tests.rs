@@ -296,7 +296,10 @@ fn oci_layout_with_uncompressed_and_gzipped_layers() {
         assert_eq!(c.layers[1].digest, format!("sha256:{}", hex_of(&l2)));
         assert_eq!(std::fs::read(&c.layers[1].path).unwrap(), l2);
         for layer in &c.layers {
-            assert_eq!((layer.digest.clone(), layer.size), sha_file(&layer.path));
+            assert_eq!(
+                (layer.digest.to_string(), layer.size),
+                sha_file(&layer.path)
+            );
         }
     }
 }
@@ -413,6 +416,19 @@ fn corrupt_gzip_blob_is_an_error() {
 fn save_stream_names_give_digests() {
     assert_eq!(
         name_digest(&format!("{}.json", "ab".repeat(32))),
-        Some(format!("sha256:{}", "ab".repeat(32)))
+        format!("sha256:{}", "ab".repeat(32)).parse().ok()
     );
+}
+
+#[test]
+fn layout_blob_paths_come_only_from_digests() {
+    let hex = "ab".repeat(32);
+    assert_eq!(
+        blob_path(&format!("sha256:{hex}")),
+        Some(format!("blobs/sha256/{hex}"))
+    );
+    // Nothing that could leave blobs/ or name another file.
+    for bad in ["sha256:../../manifest.json", "sha256:", "../x:y", "md5:abc"] {
+        assert_eq!(blob_path(bad), None, "{bad}");
+    }
 }

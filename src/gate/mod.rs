@@ -14,6 +14,7 @@
 //! `--pin DIR` writes the manifests back with every image it checked pinned to the digest
 //! it checked (`repo:tag@sha256:…`), changing only those values in the text as written.
 
+use crate::digest::Digest;
 use crate::error::{exit, Error, Result};
 use crate::k8s::{
     self, Container, GateRecord, ManifestFile, NodePool, ProvidedPlatforms, Workload,
@@ -74,7 +75,7 @@ pub struct GateReport {
 pub struct ImageCheck {
     pub image: String,
     /// Digest of the index (or single manifest) the reference resolved to; what `--pin` pins.
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
     pub media_type: Option<String>,
     /// Every platform entry in index order, its config (and with `--deep` its binary)
     /// checked against the platform the entry claims.
@@ -129,7 +130,7 @@ pub struct Finding {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub entry: Option<String>,
+    pub entry: Option<Digest>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<PlatformStatus>,
     /// entry_mismatch: the reachable pools that would pull the entry.
@@ -453,7 +454,11 @@ fn entry_mismatches(at: &Subject, contents: &Contents, reachable: &[&NodePool]) 
         if pools.is_empty() {
             continue;
         }
-        let digest = entry.digest.clone().unwrap_or_default();
+        let digest = entry
+            .digest
+            .as_ref()
+            .map(Digest::to_string)
+            .unwrap_or_default();
         let detail = entry.detail.clone().unwrap_or_else(|| {
             format!(
                 "entry {digest} says {} but is another platform",

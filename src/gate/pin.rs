@@ -41,7 +41,7 @@ pub(super) fn check_pin_dir(dir: &Path, files: &[ManifestFile]) -> Result<()> {
 }
 
 /// `image@digest`, or the image as written when it already names a digest.
-fn pinned_reference(image: &str, digest: &str) -> String {
+fn pinned_reference(image: &str, digest: &Digest) -> String {
     if image.contains('@') {
         image.to_string()
     } else {
@@ -54,9 +54,9 @@ pub(super) fn pin(
     images: &[ImageCheck],
     dir: &Path,
 ) -> Result<Vec<PinnedFile>> {
-    let digests: BTreeMap<&str, &str> = images
+    let digests: BTreeMap<&str, &Digest> = images
         .iter()
-        .filter_map(|i| Some((i.image.as_str(), i.digest.as_deref()?)))
+        .filter_map(|i| Some((i.image.as_str(), i.digest.as_ref()?)))
         .collect();
     let mut out = Vec::new();
     for file in files {
@@ -81,7 +81,7 @@ pub(super) fn pin(
 /// back as exactly the expected documents; otherwise the documents are written re-serialised.
 pub(super) fn pin_file(
     file: &ManifestFile,
-    digests: &BTreeMap<&str, &str>,
+    digests: &BTreeMap<&str, &Digest>,
 ) -> Result<(String, usize, bool)> {
     let mut expected = k8s::documents(&file.path, &file.text)?;
     let mut pins: BTreeMap<&str, String> = BTreeMap::new();

@@ -18,7 +18,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
             )
         }),
         platform,
-        digest: Some(digest(d)),
+        digest: Some(digest(d).parse().unwrap()),
         config_platform: Some(config),
         size: Some(500),
         annotations: Default::default(),
@@ -35,7 +35,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
 
 fn contents(entries: Vec<PlatformCoverage>, attestations: &[char]) -> Result<Contents> {
     Ok(Contents {
-        digest: digest('f'),
+        digest: digest('f').parse().unwrap(),
         media_type: "application/vnd.oci.image.index.v1+json".into(),
         annotations: Default::default(),
         entries,
@@ -128,7 +128,7 @@ fn an_entry_whose_config_is_another_platform_is_a_gap_for_the_pools_pulling_it()
     assert_eq!(gaps[0].kind, FindingKind::EntryMismatch);
     assert_eq!(gaps[0].pools, ["graviton"]);
     assert_eq!(gaps[0].platform.as_deref(), Some("linux/arm64"));
-    assert_eq!(gaps[0].entry.as_deref(), Some(digest('a').as_str()));
+    assert_eq!(gaps[0].entry, Some(digest('a').parse().unwrap()));
     assert_eq!(gaps[0].status, Some(PlatformStatus::ConfigMismatch));
     assert!(
         gaps[0].message.contains("its config says linux/amd64"),
@@ -399,11 +399,8 @@ items:
 #[test]
 fn pin_replaces_only_container_image_values_and_keeps_the_text() {
     let f = file("deploy.yaml", PINNABLE);
-    let (d1, d2) = (digest('1'), digest('2'));
-    let digests = BTreeMap::from([
-        ("r.io/web:v1", d1.as_str()),
-        ("r.io/migrate:v1", d2.as_str()),
-    ]);
+    let (d1, d2): (Digest, Digest) = (digest('1').parse().unwrap(), digest('2').parse().unwrap());
+    let digests = BTreeMap::from([("r.io/web:v1", &d1), ("r.io/migrate:v1", &d2)]);
     let (text, pinned, reserialised) = pin_file(&f, &digests).unwrap();
     assert_eq!((pinned, reserialised), (4, false));
     let web = format!("r.io/web:v1@{d1}");
@@ -442,8 +439,8 @@ fn pin_re_serialises_what_it_cannot_replace_in_place_and_handles_json() {
             "a.yaml",
             "x: &img r.io/x:v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    image: *img\n",
         );
-    let d = digest('3');
-    let digests = BTreeMap::from([("r.io/x:v1", d.as_str())]);
+    let d: Digest = digest('3').parse().unwrap();
+    let digests = BTreeMap::from([("r.io/x:v1", &d)]);
     let (text, pinned, reserialised) = pin_file(&aliased, &digests).unwrap();
     assert_eq!((pinned, reserialised), (1, true));
     let back = k8s::parse_workloads(Path::new("a.yaml"), &text).unwrap();

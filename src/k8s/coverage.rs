@@ -2,12 +2,13 @@
 //! land on, and the fix when it does not.
 
 use super::*;
+use crate::digest::Digest;
 
 /// What an image reference provides, as the caller looked it up in the registry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProvidedPlatforms {
     /// Digest of the index (or single manifest) the reference resolves to.
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
     /// Platforms of the index's image manifests (attestation entries excluded or not:
     /// `unknown/unknown` never matches a pool).
     pub platforms: Vec<Platform>,
@@ -38,7 +39,7 @@ pub struct ContainerGate {
     pub container: String,
     pub init: bool,
     pub image: String,
-    pub digest: Option<String>,
+    pub digest: Option<Digest>,
     /// Names of the pools the workload may be scheduled onto.
     pub pools: Vec<String>,
     /// `os/arch` of those pools.

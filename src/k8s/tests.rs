@@ -59,7 +59,7 @@ fn names(pools: Vec<&NodePool>) -> Vec<&str> {
 
 fn amd64_only(_: &str) -> Result<ProvidedPlatforms, String> {
     Ok(ProvidedPlatforms {
-        digest: Some("sha256:aaaa".into()),
+        digest: Some(format!("sha256:{}", "a".repeat(64)).parse().unwrap()),
         platforms: vec![p("linux/amd64"), p("unknown/unknown")],
     })
 }
@@ -108,7 +108,10 @@ fn no_affinity_over_both_archs_with_amd64_image_is_a_gap_naming_the_arm_pool() {
     assert_eq!(c.provided, ["linux/amd64", "unknown/unknown"]);
     assert_eq!(c.missing, ["linux/arm64"]);
     assert_eq!(c.missing_pools, ["arm"]);
-    assert_eq!(c.digest.as_deref(), Some("sha256:aaaa"));
+    assert_eq!(
+        c.digest,
+        Some(format!("sha256:{}", "a".repeat(64)).parse().unwrap())
+    );
     let fixes = c.fixes.as_ref().unwrap();
     assert_eq!(
         fixes.polyarch_platforms,
@@ -500,7 +503,7 @@ fn deploy_fixture_with_kubectl_nodes() {
             amd64_only(image)
         } else {
             Ok(ProvidedPlatforms {
-                digest: Some("sha256:bbbb".into()),
+                digest: Some(format!("sha256:{}", "b".repeat(64)).parse().unwrap()),
                 platforms: vec![p("linux/amd64"), p("linux/arm64")],
             })
         }

@@ -8,8 +8,8 @@
 
 use super::Run;
 use crate::dependencies::{self, Graph};
+use crate::digest::Digest;
 use crate::engine::Builders;
-use crate::oci::sha256_digest;
 use crate::plan::Plan;
 use crate::progress::Event;
 use crate::project::ImageSpec;
@@ -118,7 +118,7 @@ fn write_copy(root: &Path, original: &Path, text: &str) -> Result<PathBuf> {
     let ignore = std::fs::read(original.with_file_name(&ignore_name)).ok();
     let mut content = format!("{name}\n{text}").into_bytes();
     content.extend(ignore.iter().flatten());
-    let dir = root.join(&sha256_digest(&content)[7..23]);
+    let dir = root.join(&Digest::of(&content).hex()[..16]);
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
     let write = |file: &str, bytes: &[u8]| {
         let path = dir.join(file);

@@ -8,8 +8,8 @@ use crate::build::fake::{FakeBuilder, Script};
 use crate::build::BuildError;
 use crate::cache::{BuildMemory, PushCache};
 use crate::cleanup::Cleanup;
+use crate::digest::Digest;
 use crate::inputs::RemoteBases;
-use crate::oci::sha256_digest;
 use crate::plan::Unit;
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
@@ -102,8 +102,8 @@ async fn a_built_unit_is_pushed_as_layers_config_and_manifest_by_digest() {
         .unwrap();
 
     // The index entry names the manifest pushed, and the manifest what was pushed before it.
-    let bytes = store.manifests.lock().unwrap()[&pushed.entry.digest].clone();
-    assert_eq!(sha256_digest(&bytes), pushed.entry.digest);
+    let bytes = store.manifests.lock().unwrap()[pushed.entry.digest.as_str()].clone();
+    assert_eq!(Digest::of(&bytes), pushed.entry.digest);
     assert_eq!(pushed.entry.size, bytes.len() as u64);
     assert_eq!(pushed.entry.platform.normalized(), arm64());
     let manifest: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -216,9 +216,10 @@ async fn an_image_the_engine_pushed_itself_is_not_exported() {
         reporter.done(),
         Some(format!("pushed {} (by the engine)", pushed.entry.digest))
     );
-    let cached = run
-        .cache
-        .get(&api.repository, &pushed_key(&api, &pushed.entry.digest));
+    let cached = run.cache.get(
+        &api.repository,
+        &pushed_key(&api, pushed.entry.digest.as_str()),
+    );
     assert_eq!(cached.map(|c| c.digest), Some(pushed.entry.digest));
 }
 

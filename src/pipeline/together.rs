@@ -114,9 +114,9 @@ async fn build_together(
     for (unit, settings, emulated) in units {
         let entry = platform_entry(&index, &index_ref, unit)?;
         if let Some(key) = settings {
-            remember_reads(run, image, key, &entry.digest, &built.transfers).await;
+            remember_reads(run, image, key, entry.digest.as_str(), &built.transfers).await;
         }
-        remember_pushed(run, image, &entry.digest, &entry);
+        remember_pushed(run, image, entry.digest.as_str(), &entry);
         let message = format!("pushed {} (by the engine)", entry.digest);
         report_phase(run, unit, Phase::Done, message);
         pushed.push(Pushed {
@@ -179,8 +179,21 @@ fn platform_entry(
     });
     let platform = declared.unwrap_or_default();
     check_platform(unit.image, unit, &platform)?;
+    let digest = entry.digest().as_ref().parse().map_err(|source| {
+        let source = oci::OciError::Digest {
+            value: entry.digest().to_string(),
+            source,
+        };
+        unreadable(
+            reference,
+            RegistryError::PushedIndexMalformed {
+                reference: reference.to_string(),
+                source,
+            },
+        )
+    })?;
     Ok(IndexEntry {
-        digest: entry.digest().to_string(),
+        digest,
         size: entry.size(),
         platform,
     })

@@ -4,6 +4,7 @@
 use super::Run;
 use crate::build::{self, BuildError, Builder, BuiltImage};
 use crate::cache::{CachedManifest, PushCache};
+use crate::digest::Digest;
 use crate::export::ExportedImage;
 use crate::inputs::{self, RememberedBuild};
 use crate::oci::{self, ConfigPlatform, IndexEntry};
@@ -45,7 +46,7 @@ pub(super) fn pushed_key(image: &ImageSpec, id: &str) -> String {
         return id.to_string();
     }
     let annotations = serde_json::to_vec(&image.annotations.manifest).unwrap_or_default();
-    format!("{id}+{}", &oci::sha256_digest(&annotations)[7..19])
+    format!("{id}+{}", Digest::of(&annotations).short())
 }
 
 /// A unit whose manifest an earlier run pushed.
@@ -419,7 +420,7 @@ mod tests {
 
     fn manifest(digest: &str) -> CachedManifest {
         CachedManifest {
-            digest: digest.to_string(),
+            digest: digest.parse().unwrap(),
             size: 400,
             os: "linux".into(),
             architecture: "arm64".into(),
@@ -450,7 +451,7 @@ mod tests {
             .unwrap()
             .insert(digest.clone(), Vec::new());
         let reused = already_pushed(&store, &cache, &api, "sha256:id1").await;
-        assert_eq!(reused.map(|m| m.digest), Some(digest.clone()));
+        assert_eq!(reused.map(|m| m.digest.to_string()), Some(digest.clone()));
 
         // Another image, or the same image with other manifest annotations: not reused.
         assert!(already_pushed(&store, &cache, &api, "sha256:id2")

@@ -19,7 +19,7 @@ fn pushed(window: Option<BuildWindow>) -> Pushed {
         image: "api".into(),
         platform: Platform::linux("arm64", None),
         entry: IndexEntry {
-            digest: format!("sha256:{}", "b".repeat(64)),
+            digest: format!("sha256:{}", "b".repeat(64)).parse().unwrap(),
             size: 480,
             platform: ConfigPlatform {
                 os: "linux".into(),
@@ -84,7 +84,7 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
     let manifest: Value = serde_json::from_slice(&referrer.manifest.bytes).unwrap();
     assert_eq!(
         referrer.manifest.digest,
-        oci::sha256_digest(&referrer.manifest.bytes)
+        Digest::of(&referrer.manifest.bytes)
     );
     assert_eq!(manifest["mediaType"], oci::OCI_MANIFEST);
     assert_eq!(manifest["artifactType"], IN_TOTO);
@@ -105,7 +105,7 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
         check_referrer(&referrer.manifest.bytes, &pushed.entry.digest),
         Ok(Some(SLSA_PROVENANCE.to_string()))
     );
-    let other = format!("sha256:{}", "c".repeat(64));
+    let other: Digest = format!("sha256:{}", "c".repeat(64)).parse().unwrap();
     assert!(check_referrer(&referrer.manifest.bytes, &other).is_err());
     assert!(check_referrer(b"not json", &other).is_err());
 }

@@ -16,6 +16,7 @@ pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
 
 use crate::credentials::{self, Credential};
+use crate::digest::Digest;
 use crate::oci;
 use crate::{Error, Result};
 use auth::{Challenge, Tokens};
@@ -106,7 +107,7 @@ impl RetryPolicy {
 type BlobKey = (String, String);
 
 /// A manifest's bytes and digest as a registry served them.
-type ManifestRead = (Vec<u8>, String);
+type ManifestRead = (Vec<u8>, Digest);
 
 /// A registry client shared by a run (boxed: it is large and lives in enums).
 pub struct Registry(Box<Inner>);
@@ -472,9 +473,9 @@ impl Registry {
         .await
     }
 
-    pub async fn blob_exists(&self, reference: &Reference, digest: &str) -> Result<bool> {
+    pub async fn blob_exists(&self, reference: &Reference, digest: &Digest) -> Result<bool> {
         self.call(reference, &format!("check blob {digest}"), |c, _| {
-            c.blob_exists(reference, digest)
+            c.blob_exists(reference, digest.as_str())
         })
         .await
     }
@@ -490,7 +491,7 @@ impl Registry {
 
     /// Reads a manifest, checked against the requested digest or the registry's
     /// Docker-Content-Digest. Returns the bytes and their digest.
-    pub async fn get_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+    pub async fn get_manifest(&self, reference: &Reference) -> Result<ManifestRead> {
         let Some(by_digest) = reference.digest() else {
             return self.read_manifest(reference).await;
         };
@@ -510,7 +511,7 @@ impl Registry {
         Ok(read)
     }
 
-    async fn read_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String)> {
+    async fn read_manifest(&self, reference: &Reference) -> Result<ManifestRead> {
         let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
         let (bytes, announced) = self
             .get(
@@ -538,11 +539,11 @@ impl Registry {
                 .into(),
             });
         }
-        let computed = oci::sha256_digest(&bytes);
+        let computed = Digest::of(&bytes);
         // Checked against the digest asked for, else the one the registry announced.
         if let Some(expected) = reference.digest().map(str::to_string).or(announced) {
-            if computed != expected {
-                return Err(digest_mismatch(reference, &expected, &computed));
+            if computed != expected.as_str() {
+                return Err(digest_mismatch(reference, &expected, computed.as_str()));
             }
         }
         Ok((bytes, computed))
@@ -550,7 +551,7 @@ impl Registry {
 
     /// Reads a small JSON blob (an image config) and checks its digest. The body is read
     /// inside the retried request, so an answer cut short is asked for again.
-    pub async fn get_json_blob(&self, reference: &Reference, digest: &str) -> Result<Vec<u8>> {
+    pub async fn get_json_blob(&self, reference: &Reference, digest: &Digest) -> Result<Vec<u8>> {
         let out = self
             .get(
                 reference,
@@ -570,9 +571,13 @@ impl Registry {
                 .into(),
             });
         }
-        let computed = oci::sha256_digest(&out);
-        if computed != digest {
-            return Err(digest_mismatch(reference, digest, &computed));
+        let computed = Digest::of(&out);
+        if computed != *digest {
+            return Err(digest_mismatch(
+                reference,
+                digest.as_str(),
+                computed.as_str(),
+            ));
         }
         Ok(out)
     }
@@ -582,7 +587,7 @@ impl Registry {
     pub async fn blob_stream(
         &self,
         reference: &Reference,
-        digest: &str,
+        digest: &Digest,
     ) -> Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>>> {
         let response = self
             .get(

@@ -2,6 +2,7 @@
 //! another repository, then a streamed upload) and manifests, with progress.
 
 use super::{parse_reference, Registry};
+use crate::digest::Digest;
 use crate::oci::ManifestBlob;
 use crate::progress::{Event, Phase, Reporter};
 use crate::{Platform, Result};
@@ -24,7 +25,7 @@ impl Registry {
         &self,
         reference: &Reference,
         path: &Path,
-        digest: &str,
+        digest: &Digest,
         size: u64,
         progress: &BlobProgress<'_>,
     ) -> Result<bool> {
@@ -36,7 +37,7 @@ impl Registry {
         &self,
         reference: &Reference,
         bytes: &[u8],
-        digest: &str,
+        digest: &Digest,
     ) -> Result<bool> {
         self.push_blob(reference, digest, Body::Bytes(bytes), None)
             .await
@@ -48,7 +49,7 @@ impl Registry {
     async fn push_blob(
         &self,
         reference: &Reference,
-        digest: &str,
+        digest: &Digest,
         body: Body<'_>,
         progress: Option<&BlobProgress<'_>>,
     ) -> Result<bool> {
@@ -113,7 +114,7 @@ impl Registry {
     async fn mounted(
         &self,
         reference: &Reference,
-        digest: &str,
+        digest: &Digest,
         elsewhere: Vec<String>,
     ) -> Result<bool> {
         for source_repo in elsewhere {
@@ -124,7 +125,7 @@ impl Registry {
             };
             let mounted = self
                 .call(reference, &format!("mount blob {digest}"), |c, _| {
-                    c.mount_blob(reference, &source, digest)
+                    c.mount_blob(reference, &source, digest.as_str())
                 })
                 .await;
             // A registry that declines the mount answers 202 and we upload instead.
@@ -139,7 +140,7 @@ impl Registry {
     async fn upload(
         &self,
         reference: &Reference,
-        digest: &str,
+        digest: &Digest,
         body: Body<'_>,
         progress: Option<&BlobProgress<'_>>,
     ) -> Result<()> {
@@ -164,7 +165,7 @@ impl Registry {
                             })
                             .map_err(OciDistributionError::IoError);
                         let result = c
-                            .push_blob_stream(reference, stream, digest, Some(size))
+                            .push_blob_stream(reference, stream, digest.as_str(), Some(size))
                             .await;
                         if result.is_err() {
                             if let Some(c) = &counter {
@@ -183,7 +184,7 @@ impl Registry {
                 let bytes = bytes::Bytes::copy_from_slice(bytes);
                 self.call(reference, &what, |c, _| {
                     let bytes = bytes.clone();
-                    async move { c.push_blob(reference, bytes, digest).await }
+                    async move { c.push_blob(reference, bytes, digest.as_str()).await }
                 })
                 .await?;
             }

@@ -4,14 +4,15 @@
 
 use super::read::read_limited;
 use super::{ListingError, Registry, RegistryError};
-use crate::{oci, Error, Result};
+use crate::digest::Digest;
+use crate::{oci, provenance, Error, Result};
 use oci_client::Reference;
 use serde_json::Value;
 
 impl Registry {
     /// The descriptors listed as referrers of `subject` in the reference's repository; an
     /// empty list when nothing is attached.
-    pub async fn referrers(&self, reference: &Reference, subject: &str) -> Result<Vec<Value>> {
+    pub async fn referrers(&self, reference: &Reference, subject: &Digest) -> Result<Vec<Value>> {
         let what = format!("list referrers of {subject}");
         let path = format!("referrers/{subject}");
         let api = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_limited, true);
@@ -33,8 +34,12 @@ impl Registry {
     }
 
     /// The referrers tag schema's index; none, or not an index, lists nothing.
-    async fn referrers_by_tag(&self, reference: &Reference, subject: &str) -> Result<Vec<Value>> {
-        let tag = subject.replace(':', "-");
+    async fn referrers_by_tag(
+        &self,
+        reference: &Reference,
+        subject: &Digest,
+    ) -> Result<Vec<Value>> {
+        let tag = provenance::referrers_tag(subject);
         let (what, path) = (
             format!("read the referrers tag {tag}"),
             format!("manifests/{tag}"),

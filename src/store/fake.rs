@@ -1,6 +1,7 @@
 //! An image store in memory for unit tests of the flows that write through the seam.
 
 use super::{Attachment, ImageStore};
+use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
@@ -74,12 +75,12 @@ impl ImageStore for FakeStore {
         Ok(())
     }
 
-    async fn has_manifest(&self, _: &ImageSpec, digest: &str) -> bool {
-        self.manifests.lock().unwrap().contains_key(digest)
+    async fn has_manifest(&self, _: &ImageSpec, digest: &Digest) -> bool {
+        self.manifests.lock().unwrap().contains_key(digest.as_str())
     }
 
-    async fn current(&self, _: &ImageSpec, tag: &str) -> Option<String> {
-        self.tag_of(tag)
+    async fn current(&self, _: &ImageSpec, tag: &str) -> Option<Digest> {
+        self.tag_of(tag).map(|digest| digest.parse().unwrap())
     }
 
     async fn put_manifest(&self, _: &Reference, manifest: &ManifestBlob) -> Result<()> {
@@ -90,7 +91,7 @@ impl ImageStore for FakeStore {
         self.manifests
             .lock()
             .unwrap()
-            .insert(manifest.digest.clone(), manifest.bytes.clone());
+            .insert(manifest.digest.to_string(), manifest.bytes.clone());
         Ok(())
     }
 
@@ -102,7 +103,7 @@ impl ImageStore for FakeStore {
         self.tags
             .lock()
             .unwrap()
-            .insert(tag.to_string(), index.digest.clone());
+            .insert(tag.to_string(), index.digest.to_string());
         Ok(())
     }
 
@@ -122,12 +123,12 @@ impl ImageStore for FakeStore {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         _: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         self.calls.lock().unwrap().push("read back".into());
         let index: serde_json::Value =
-            serde_json::from_slice(&self.manifests.lock().unwrap()[expected]).unwrap();
+            serde_json::from_slice(&self.manifests.lock().unwrap()[expected.as_str()]).unwrap();
         let platforms = index["manifests"]
             .as_array()
             .unwrap()
@@ -137,7 +138,7 @@ impl ImageStore for FakeStore {
                 let platform = Platform::linux(p["architecture"].as_str().unwrap(), None);
                 PlatformCoverage {
                     platform,
-                    digest: m["digest"].as_str().map(str::to_string),
+                    digest: m["digest"].as_str().map(|d| d.parse().unwrap()),
                     config_platform: None,
                     size: m["size"].as_u64(),
                     status: PlatformStatus::Ok,
@@ -153,7 +154,7 @@ impl ImageStore for FakeStore {
             name: image.name.clone(),
             reference: format!("{}:{}", image.repository, image.tags[0]),
             tags: image.tags.clone(),
-            digest: expected.to_string(),
+            digest: expected.clone(),
             pinned: format!("{}@{expected}", image.repository),
             media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
             annotations: BTreeMap::new(),

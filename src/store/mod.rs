@@ -4,6 +4,7 @@
 #[cfg(test)]
 pub(crate) mod fake;
 
+use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::ManifestBlob;
@@ -36,9 +37,9 @@ pub trait ImageStore {
         image: &ExportedImage,
     ) -> impl Future<Output = Result<()>>;
     /// Whether a manifest is there under `digest` in the image's repository.
-    fn has_manifest(&self, image: &ImageSpec, digest: &str) -> impl Future<Output = bool>;
+    fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> impl Future<Output = bool>;
     /// What a tag resolves to now (None when it does not exist yet).
-    fn current(&self, image: &ImageSpec, tag: &str) -> impl Future<Output = Option<String>>;
+    fn current(&self, image: &ImageSpec, tag: &str) -> impl Future<Output = Option<Digest>>;
     /// Stores a manifest under its digest only (no tag moves).
     fn put_manifest(
         &self,
@@ -65,7 +66,7 @@ pub trait ImageStore {
     fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ImageCoverage>>;
 }
@@ -124,7 +125,7 @@ impl ImageStore for Destination {
         Ok(())
     }
 
-    async fn has_manifest(&self, image: &ImageSpec, digest: &str) -> bool {
+    async fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> bool {
         let Destination::Registry(r) = self else {
             return false;
         };
@@ -136,7 +137,7 @@ impl ImageStore for Destination {
             .is_ok()
     }
 
-    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<String> {
+    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<Digest> {
         match self {
             Destination::Registry(r) => {
                 let reference = repository_reference(&image.repository, tag).ok()?;
@@ -153,7 +154,7 @@ impl ImageStore for Destination {
         match self {
             Destination::Registry(r) => {
                 r.push_manifest(
-                    &reference.clone_with_digest(manifest.digest.clone()),
+                    &reference.clone_with_digest(manifest.digest.to_string()),
                     manifest,
                 )
                 .await
@@ -189,7 +190,7 @@ impl ImageStore for Destination {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &str,
+        expected: &Digest,
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
@@ -224,7 +225,7 @@ async fn attach_in_registry(
     for (bytes, digest) in &referrer.blobs {
         registry.push_blob_bytes(&reference, bytes, digest).await?;
     }
-    let by_digest = reference.clone_with_digest(referrer.manifest.digest.clone());
+    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
     registry
         .push_manifest(&by_digest, &referrer.manifest)
         .await
@@ -265,7 +266,7 @@ fn refused(error: Error, referrer: &Referrer) -> Error {
 async fn read_back_layout(
     layout: &OciLayout,
     image: &ImageSpec,
-    expected: &str,
+    expected: &Digest,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let target = Target {
@@ -288,7 +289,7 @@ async fn read_back_layout(
     }
     let mut first = coverage.remove(0);
     for other in coverage.iter().chain(std::iter::once(&first.clone())) {
-        if other.digest != expected {
+        if other.digest != *expected {
             first.covered = false;
             first.warnings.push(format!(
                 "a tag in {} resolves to {}, not {expected}",

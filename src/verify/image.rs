@@ -1,6 +1,7 @@
 //! Verifying images by name: a project's images through their tags, or any reference.
 
 use super::{verify, Checks, RegistrySource, Target};
+use crate::digest::Digest;
 use crate::layout::{LayoutSource, OciLayout};
 use crate::plan;
 use crate::progress::Reporter;
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 pub async fn verify_image(
     registry: &Registry,
     image: &ImageSpec,
-    expected: Option<&str>,
+    expected: Option<&Digest>,
     checks: Checks,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
@@ -36,7 +37,7 @@ pub async fn verify_image(
     let mut coverage = verify(&source, &target, reporter).await?;
     let missing = missing_annotations(image, &coverage);
     coverage.warnings.extend(missing);
-    let wanted = expected.unwrap_or(&coverage.digest).to_string();
+    let wanted = expected.unwrap_or(&coverage.digest).clone();
     for (n, tag) in image.tags.iter().enumerate() {
         // The first tag is the one just read back.
         let digest = if n == 0 {

@@ -3,6 +3,7 @@
 //! attestation entries (older containerd fails on them with "unknown media type").
 
 use crate::deep::{self, DeepReport, Finding};
+use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
 use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
@@ -22,15 +23,15 @@ const MAX_INDEX_DEPTH: usize = 4;
 /// Where manifests and configs are read from: a registry repository or an OCI layout.
 pub trait ContentSource {
     /// Resolves the reference being verified: manifest bytes and their digest.
-    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, String)>>;
+    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest)>>;
     /// A manifest by digest, its content checked against the digest.
-    fn manifest(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn manifest(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// A small JSON blob (a config) by digest, checked against the digest.
-    fn json_blob(&self, digest: &str) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn json_blob(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
     /// The descriptors listed as referrers of the manifest `digest` (empty: none).
     fn referrers(
         &self,
-        digest: &str,
+        digest: &Digest,
     ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
@@ -38,7 +39,7 @@ pub trait ContentSource {
     fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &Platform,
     ) -> impl std::future::Future<Output = Result<DeepReport>>;
 }
@@ -49,21 +50,21 @@ pub struct RegistrySource<'a> {
 }
 
 impl ContentSource for RegistrySource<'_> {
-    async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+    async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
         self.registry.get_manifest(&self.reference).await
     }
 
-    async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
         let by_digest = self.reference.clone_with_digest(digest.to_string());
         let (bytes, _) = self.registry.get_manifest(&by_digest).await?;
         Ok(bytes)
     }
 
-    async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         self.registry.get_json_blob(&self.reference, digest).await
     }
 
-    async fn referrers(&self, digest: &str) -> Result<Vec<serde_json::Value>> {
+    async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
         self.registry.referrers(&self.reference, digest).await
     }
 
@@ -78,7 +79,7 @@ impl ContentSource for RegistrySource<'_> {
     async fn inspect(
         &self,
         config: &[u8],
-        layers: &[(String, String)],
+        layers: &[(Digest, String)],
         platform: &Platform,
     ) -> Result<DeepReport> {
         deep::inspect_remote(self.registry, &self.reference, config, layers, platform).await
@@ -109,7 +110,7 @@ pub struct Checks {
 /// A platform manifest found under the reference.
 struct Entry {
     platform: Option<Platform>,
-    digest: String,
+    digest: Digest,
     size: u64,
 }
 
@@ -117,7 +118,7 @@ struct Entry {
 /// judges each entry against the nodes that would pull it.
 pub struct Contents {
     /// Digest of the index (or single manifest) the reference resolves to.
-    pub digest: String,
+    pub digest: Digest,
     pub media_type: String,
     /// The index's annotations.
     pub annotations: BTreeMap<String, String>,
@@ -128,7 +129,7 @@ pub struct Contents {
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
     /// What is attached to each entry, by the entry's digest.
-    pub(crate) attached: BTreeMap<String, referrers::Listing>,
+    pub(crate) attached: BTreeMap<Digest, referrers::Listing>,
 }
 
 /// Reads the reference and checks every entry; `target.declared` is not looked at.
@@ -173,6 +174,7 @@ pub async fn read_contents<S: ContentSource>(
                 .collect();
             collect_entries(
                 source,
+                target,
                 index,
                 0,
                 &mut entries,
@@ -186,7 +188,7 @@ pub async fn read_contents<S: ContentSource>(
 
     // Entries are independent: read their manifests and configs, and list what is
     // attached to them, all concurrently.
-    let digests: Vec<&str> = entries.iter().map(|e| e.digest.as_str()).collect();
+    let digests: Vec<&Digest> = entries.iter().map(|e| &e.digest).collect();
     let (checked, attached) = futures_util::future::join(
         futures_util::future::try_join_all(
             entries
@@ -315,9 +317,18 @@ fn target_error(target: &Target, source: RegistryError) -> Error {
     }
 }
 
+/// A digest a manifest names, as oci-spec read it (any algorithm) into ours.
+fn parse_digest(target: &Target, digest: &oci_spec::image::Digest) -> Result<Digest> {
+    digest.as_ref().parse().map_err(|source| {
+        let value = digest.to_string();
+        unreadable(target, oci::OciError::Digest { value, source })
+    })
+}
+
 /// Flattens (possibly nested) indexes into platform entries, setting aside attestations.
 async fn collect_entries<S: ContentSource>(
     source: &S,
+    target: &Target,
     index: Box<oci_spec::image::ImageIndex>,
     depth: usize,
     entries: &mut Vec<Entry>,
@@ -327,11 +338,13 @@ async fn collect_entries<S: ContentSource>(
     let mut pending = vec![(index, depth)];
     while let Some((index, depth)) = pending.pop() {
         for descriptor in index.manifests() {
-            let digest = descriptor.digest().to_string();
             let media_type = descriptor.media_type().to_string();
             if oci::is_attestation(descriptor) {
-                attestations.push(digest);
-            } else if oci::is_index_media_type(&media_type) {
+                attestations.push(descriptor.digest().to_string());
+                continue;
+            }
+            let digest = parse_digest(target, descriptor.digest())?;
+            if oci::is_index_media_type(&media_type) {
                 if depth + 1 >= MAX_INDEX_DEPTH {
                     warnings.push(format!(
                         "index {digest} is nested more than {MAX_INDEX_DEPTH} deep; not followed"
@@ -375,12 +388,12 @@ async fn check_entry<S: ContentSource>(
                 target,
                 RegistryError::EntryNotImage {
                     reference: target.reference.clone(),
-                    digest: entry.digest.clone(),
+                    digest: entry.digest.to_string(),
                 },
             ))
         }
     };
-    let config_digest = manifest.config().digest().to_string();
+    let config_digest = parse_digest(target, manifest.config().digest())?;
     let config = source.json_blob(&config_digest).await?;
     let (config_platform, detail) = match ConfigPlatform::from_config(&config) {
         Ok(p) => (Some(p.normalized()), None),
@@ -400,11 +413,16 @@ async fn check_entry<S: ContentSource>(
         _ => PlatformStatus::ConfigMismatch,
     };
     let deep = if target.deep {
-        let layers: Vec<(String, String)> = manifest
+        let layers = manifest
             .layers()
             .iter()
-            .map(|l| (l.digest().to_string(), l.media_type().to_string()))
-            .collect();
+            .map(|l| {
+                Ok((
+                    parse_digest(target, l.digest())?,
+                    l.media_type().to_string(),
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
         let report = source.inspect(&config, &layers, &platform).await?;
         match &report.finding {
             Finding::Match => {}

@@ -3,6 +3,7 @@
 //! the target requires is there.
 
 use super::{ContentSource, Target};
+use crate::digest::Digest;
 use crate::provenance;
 use crate::record::{Attached, PlatformCoverage, PlatformStatus};
 use crate::Result;
@@ -14,15 +15,11 @@ pub(crate) type Listing = Result<(Vec<Attached>, Vec<String>)>;
 /// Lists what is attached to each of `digests`, concurrently.
 pub(super) async fn list<S: ContentSource>(
     source: &S,
-    digests: &[&str],
-) -> BTreeMap<String, Listing> {
+    digests: &[&Digest],
+) -> BTreeMap<Digest, Listing> {
     let listings =
         futures_util::future::join_all(digests.iter().map(|d| attached_to(source, d))).await;
-    digests
-        .iter()
-        .map(|d| d.to_string())
-        .zip(listings)
-        .collect()
+    digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
 
 /// Fills each entry's `attached` from its listing. When provenance is required, an entry
@@ -31,7 +28,7 @@ pub(super) async fn list<S: ContentSource>(
 pub(super) fn apply(
     target: &Target,
     platforms: &mut [PlatformCoverage],
-    mut listings: BTreeMap<String, Listing>,
+    mut listings: BTreeMap<Digest, Listing>,
     warnings: &mut Vec<String>,
 ) -> Result<()> {
     for platform in platforms.iter_mut() {
@@ -72,7 +69,7 @@ pub(super) fn apply(
 }
 
 /// The referrers of one entry that check out, and why each other one listed does not.
-async fn attached_to<S: ContentSource>(source: &S, digest: &str) -> Listing {
+async fn attached_to<S: ContentSource>(source: &S, digest: &Digest) -> Listing {
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
     for found in provenance::attached(&source.referrers(digest).await?) {
         match checked(source, &found, digest).await {
@@ -88,10 +85,11 @@ async fn attached_to<S: ContentSource>(source: &S, digest: &str) -> Listing {
 async fn checked<S: ContentSource>(
     source: &S,
     found: &Attached,
-    subject: &str,
+    subject: &Digest,
 ) -> std::result::Result<Attached, String> {
+    let digest: Digest = found.digest.parse().map_err(|why| format!("{why}"))?;
     let bytes = source
-        .manifest(&found.digest)
+        .manifest(&digest)
         .await
         .map_err(|e| format!("cannot be read ({e})"))?;
     let predicate_type = provenance::check_referrer(&bytes, subject)?;
@@ -114,10 +112,7 @@ mod tests {
         platforms: &mut [PlatformCoverage],
         warnings: &mut Vec<String>,
     ) -> Result<()> {
-        let digests: Vec<&str> = platforms
-            .iter()
-            .filter_map(|p| p.digest.as_deref())
-            .collect();
+        let digests: Vec<&Digest> = platforms.iter().filter_map(|p| p.digest.as_ref()).collect();
         let listings = list(source, &digests).await;
         apply(target, platforms, listings, warnings)
     }
@@ -129,21 +124,21 @@ mod tests {
     }
 
     impl ContentSource for Fake {
-        async fn resolve(&self) -> Result<(Vec<u8>, String)> {
+        async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
             unreachable!("not resolved here")
         }
-        async fn manifest(&self, digest: &str) -> Result<Vec<u8>> {
+        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
             self.manifests
-                .get(digest)
+                .get(digest.as_str())
                 .cloned()
                 .ok_or_else(|| Error::Usage(format!("{digest} not found")))
         }
-        async fn json_blob(&self, digest: &str) -> Result<Vec<u8>> {
+        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
             self.manifest(digest).await
         }
-        async fn referrers(&self, digest: &str) -> Result<Vec<Value>> {
+        async fn referrers(&self, digest: &Digest) -> Result<Vec<Value>> {
             self.listings
-                .get(digest)
+                .get(digest.as_str())
                 .cloned()
                 .ok_or_else(|| Error::Registry {
                     registry: "fake".into(),
@@ -162,7 +157,7 @@ mod tests {
         async fn inspect(
             &self,
             _: &[u8],
-            _: &[(String, String)],
+            _: &[(Digest, String)],
             _: &Platform,
         ) -> Result<DeepReport> {
             unreachable!("no deep checks here")
@@ -176,7 +171,7 @@ mod tests {
     fn entry(arch: &str, c: char) -> PlatformCoverage {
         PlatformCoverage {
             platform: Platform::linux(arch, None),
-            digest: Some(digest(c)),
+            digest: Some(digest(c).parse().unwrap()),
             config_platform: Some(Platform::linux(arch, None)),
             size: Some(400),
             status: PlatformStatus::Ok,

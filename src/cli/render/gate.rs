@@ -91,7 +91,7 @@ fn gap(s: &mut String, report: &GateReport, w: &WorkloadGate, c: &ContainerGate,
     };
     let digest = c
         .digest
-        .as_deref()
+        .as_ref()
         .map(|d| format!(" ({d})"))
         .unwrap_or_default();
     s.push_str(&format!(

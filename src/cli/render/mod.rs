@@ -26,7 +26,7 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
             "{} {} -> {} ({})\n",
             image.name,
             image.reference,
-            polyarch::oci::short_digest(&image.digest),
+            image.digest.short(),
             verdict
         );
         for p in &image.platforms {
@@ -79,9 +79,8 @@ fn platform_lines(p: &PlatformCoverage) -> String {
         .unwrap_or_default();
     let digest = p
         .digest
-        .as_deref()
-        .map(polyarch::oci::short_digest)
-        .unwrap_or("-");
+        .as_ref()
+        .map_or("-", polyarch::digest::Digest::short);
     let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
     let build = p.build.as_ref().map_or(String::new(), |b| {
         let fallback = if b.fallback.is_some() {
@@ -130,7 +129,7 @@ mod tests {
     fn the_summary_tells_reused_builds_from_emulated_ones() {
         let platform = |name: &str, build: BuildInfo| PlatformCoverage {
             platform: name.parse().unwrap(),
-            digest: Some(format!("sha256:{}", "a".repeat(64))),
+            digest: Some(format!("sha256:{}", "a".repeat(64)).parse().unwrap()),
             config_platform: Some(name.parse().unwrap()),
             size: Some(900),
             status: PlatformStatus::Ok,
@@ -144,7 +143,7 @@ mod tests {
             name: "x".into(),
             reference: "r.io/x:t".into(),
             tags: vec!["t".into()],
-            digest: format!("sha256:{}", "b".repeat(64)),
+            digest: format!("sha256:{}", "b".repeat(64)).parse().unwrap(),
             pinned: "r.io/x@sha256:…".into(),
             media_type: "application/vnd.oci.image.index.v1+json".into(),
             annotations: BTreeMap::new(),
