@@ -488,7 +488,6 @@ pub async fn inspect_remote(
     layer_digests: &[(crate::digest::Digest, String)],
     platform: &Platform,
 ) -> Result<DeepReport> {
-    use futures_util::StreamExt;
     let mut skipped = Vec::new();
     let mut wanted = Vec::new();
     for (digest, media_type) in layer_digests {
@@ -515,39 +514,7 @@ pub async fn inspect_remote(
     let owned_platform = platform.clone();
     let inspector =
         tokio::task::spawn_blocking(move || inspect(&config_bytes, readers, &owned_platform));
-    let pump = async move {
-        for (digest, tx) in wanted.iter().zip(senders) {
-            if tx.is_closed() {
-                // The inspector has stopped reading (it reached a verdict or failed).
-                return Ok(());
-            }
-            let stream = registry.blob_stream(reference, digest).await?;
-            let mut stream = std::pin::pin!(stream);
-            while let Some(chunk) = stream.next().await {
-                match chunk {
-                    Ok(bytes) => {
-                        if tx.send(Ok(bytes)).await.is_err() {
-                            return Ok(());
-                        }
-                    }
-                    Err(e) => {
-                        let kind = e.kind();
-                        let error = RegistryError::Layer {
-                            digest: digest.to_string(),
-                            reference: reference.to_string(),
-                            source: e,
-                        };
-                        let _ = tx.send(Err(io::Error::new(kind, error.to_string()))).await;
-                        return Err(Error::Registry {
-                            registry: reference.registry().to_string(),
-                            source: error.into(),
-                        });
-                    }
-                }
-            }
-        }
-        Ok::<(), Error>(())
-    };
+    let pump = pump_layers(registry, reference, &wanted, senders);
     let (pumped, inspected) = tokio::join!(pump, inspector);
     pumped?;
     let mut report = inspected.map_err(|source| Error::Registry {
@@ -566,6 +533,48 @@ pub async fn inspect_remote(
         );
     }
     Ok(report)
+}
+
+/// Streams each wanted layer from the registry to the inspector's reader, until the
+/// inspector stops reading; a failed read is handed to the inspector too.
+async fn pump_layers(
+    registry: &crate::registry::Registry,
+    reference: &oci_client::Reference,
+    wanted: &[crate::digest::Digest],
+    senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
+) -> Result<()> {
+    use futures_util::StreamExt;
+    for (digest, tx) in wanted.iter().zip(senders) {
+        if tx.is_closed() {
+            // The inspector has stopped reading (it reached a verdict or failed).
+            return Ok(());
+        }
+        let stream = registry.blob_stream(reference, digest).await?;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => {
+                    if tx.send(Ok(bytes)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    let kind = e.kind();
+                    let error = RegistryError::Layer {
+                        digest: digest.to_string(),
+                        reference: reference.to_string(),
+                        source: e,
+                    };
+                    let _ = tx.send(Err(io::Error::new(kind, error.to_string()))).await;
+                    return Err(Error::Registry {
+                        registry: reference.registry().to_string(),
+                        source: error.into(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::registry::{Registry, RegistryError};
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
+use oci_spec::image::ImageManifest;
 use std::collections::BTreeMap;
 
 mod image;
@@ -186,8 +187,26 @@ pub async fn read_contents<S: ContentSource>(
         }
     };
 
-    // Entries are independent: read their manifests and configs, and list what is
-    // attached to them, all concurrently.
+    let (found, attached) = check_entries(source, target, &entries, &mut warnings).await?;
+    Ok(Contents {
+        digest,
+        media_type,
+        annotations,
+        entries: found,
+        attestations,
+        warnings,
+        attached,
+    })
+}
+
+/// Entries are independent: their manifests and configs are read, and what is attached
+/// to them listed, all concurrently.
+async fn check_entries<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    entries: &[Entry],
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<PlatformCoverage>, BTreeMap<Digest, referrers::Listing>)> {
     let digests: Vec<&Digest> = entries.iter().map(|e| &e.digest).collect();
     let (checked, attached) = futures_util::future::join(
         futures_util::future::try_join_all(
@@ -198,21 +217,12 @@ pub async fn read_contents<S: ContentSource>(
         referrers::list(source, &digests),
     )
     .await;
-    let checked = checked?;
     let mut found = Vec::new();
-    for (coverage, entry_warnings) in checked {
+    for (coverage, entry_warnings) in checked? {
         found.push(coverage);
         warnings.extend(entry_warnings);
     }
-    Ok(Contents {
-        digest,
-        media_type,
-        annotations,
-        entries: found,
-        attestations,
-        warnings,
-        attached,
-    })
+    Ok((found, attached))
 }
 
 pub async fn verify<S: ContentSource>(
@@ -230,38 +240,7 @@ pub async fn verify<S: ContentSource>(
         attached,
     } = read_contents(source, target, reporter).await?;
 
-    let mut platforms = Vec::new();
-    let mut missing = Vec::new();
-    for declared in &target.declared {
-        let matching: Vec<&PlatformCoverage> =
-            found.iter().filter(|p| &p.platform == declared).collect();
-        match matching.as_slice() {
-            [] => {
-                missing.push(declared.clone());
-                platforms.push(PlatformCoverage {
-                    platform: declared.clone(),
-                    digest: None,
-                    config_platform: None,
-                    size: None,
-                    status: PlatformStatus::Missing,
-                    annotations: Default::default(),
-                    detail: Some(format!("{} has no entry for {declared}", target.reference)),
-                    deep: None,
-                    build: None,
-                    attached: Vec::new(),
-                });
-            }
-            [one] => platforms.push((*one).clone()),
-            [first, ..] => {
-                warnings.push(format!(
-                    "{} lists {declared} {} times; runtimes pick the first, so the others are dead weight",
-                    target.reference,
-                    matching.len()
-                ));
-                platforms.push((*first).clone());
-            }
-        }
-    }
+    let (mut platforms, missing) = match_declared(target, &found, &mut warnings);
     let unexpected: Vec<Platform> = found
         .iter()
         .map(|p| p.platform.clone())
@@ -298,6 +277,48 @@ pub async fn verify<S: ContentSource>(
         warnings,
         covered,
     })
+}
+
+/// Each declared platform's entry (the first when the index lists it more than once, a
+/// warning said), and the declared platforms the index lacks.
+fn match_declared(
+    target: &Target,
+    found: &[PlatformCoverage],
+    warnings: &mut Vec<String>,
+) -> (Vec<PlatformCoverage>, Vec<Platform>) {
+    let mut platforms = Vec::new();
+    let mut missing = Vec::new();
+    for declared in &target.declared {
+        let matching: Vec<&PlatformCoverage> =
+            found.iter().filter(|p| &p.platform == declared).collect();
+        match matching.as_slice() {
+            [] => {
+                missing.push(declared.clone());
+                platforms.push(PlatformCoverage {
+                    platform: declared.clone(),
+                    digest: None,
+                    config_platform: None,
+                    size: None,
+                    status: PlatformStatus::Missing,
+                    annotations: Default::default(),
+                    detail: Some(format!("{} has no entry for {declared}", target.reference)),
+                    deep: None,
+                    build: None,
+                    attached: Vec::new(),
+                });
+            }
+            [one] => platforms.push((*one).clone()),
+            [first, ..] => {
+                warnings.push(format!(
+                    "{} lists {declared} {} times; runtimes pick the first, so the others are dead weight",
+                    target.reference,
+                    matching.len()
+                ));
+                platforms.push((*first).clone());
+            }
+        }
+    }
+    (platforms, missing)
 }
 
 fn unreadable(target: &Target, source: oci::OciError) -> Error {
@@ -374,25 +395,53 @@ async fn collect_entries<S: ContentSource>(
 }
 
 /// Fetches an entry's manifest and config and compares the config's platform with the entry's.
+/// An index entry's manifest, which must be an image manifest.
+async fn entry_manifest<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    entry: &Entry,
+) -> Result<Box<ImageManifest>> {
+    let bytes = source.manifest(&entry.digest).await?;
+    match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
+        Parsed::Image { manifest, .. } => Ok(manifest),
+        _ => Err(target_error(
+            target,
+            RegistryError::EntryNotImage {
+                reference: target.reference.clone(),
+                digest: entry.digest.to_string(),
+            },
+        )),
+    }
+}
+
+/// `--deep`: the entry's entrypoint binary, read from its layers.
+async fn inspect_entry<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    manifest: &ImageManifest,
+    config: &[u8],
+    platform: &Platform,
+) -> Result<DeepReport> {
+    let layers = manifest
+        .layers()
+        .iter()
+        .map(|l| {
+            Ok((
+                parse_digest(target, l.digest())?,
+                l.media_type().to_string(),
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    source.inspect(config, &layers, platform).await
+}
+
 async fn check_entry<S: ContentSource>(
     source: &S,
     target: &Target,
     entry: &Entry,
 ) -> Result<(PlatformCoverage, Vec<String>)> {
     let mut warnings = Vec::new();
-    let bytes = source.manifest(&entry.digest).await?;
-    let manifest = match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
-        Parsed::Image { manifest, .. } => manifest,
-        _ => {
-            return Err(target_error(
-                target,
-                RegistryError::EntryNotImage {
-                    reference: target.reference.clone(),
-                    digest: entry.digest.to_string(),
-                },
-            ))
-        }
-    };
+    let manifest = entry_manifest(source, target, entry).await?;
     let config_digest = parse_digest(target, manifest.config().digest())?;
     let config = source.json_blob(&config_digest).await?;
     let (config_platform, detail) = match ConfigPlatform::from_config(&config) {
@@ -413,17 +462,7 @@ async fn check_entry<S: ContentSource>(
         _ => PlatformStatus::ConfigMismatch,
     };
     let deep = if target.deep {
-        let layers = manifest
-            .layers()
-            .iter()
-            .map(|l| {
-                Ok((
-                    parse_digest(target, l.digest())?,
-                    l.media_type().to_string(),
-                ))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let report = source.inspect(&config, &layers, &platform).await?;
+        let report = inspect_entry(source, target, &manifest, &config, &platform).await?;
         match &report.finding {
             Finding::Match => {}
             Finding::BinaryMismatch { .. } => {
