@@ -240,7 +240,11 @@ pub async fn verify<S: ContentSource>(
         attached,
     } = read_contents(source, target, reporter).await?;
 
-    let (mut platforms, missing) = match_declared(target, &found, &mut warnings);
+    let Matched {
+        mut platforms,
+        missing,
+        duplicated,
+    } = match_declared(target, &found, &mut warnings);
     let unexpected: Vec<Platform> = found
         .iter()
         .map(|p| p.platform.clone())
@@ -253,10 +257,6 @@ pub async fn verify<S: ContentSource>(
         ));
     }
     referrers::apply(target, &mut platforms, attached, &mut warnings)?;
-    let duplicated = target
-        .declared
-        .iter()
-        .any(|d| found.iter().filter(|p| &p.platform == d).count() > 1);
     let covered = missing.is_empty()
         && attestations.is_empty()
         && !duplicated
@@ -285,9 +285,10 @@ fn match_declared(
     target: &Target,
     found: &[PlatformCoverage],
     warnings: &mut Vec<String>,
-) -> (Vec<PlatformCoverage>, Vec<Platform>) {
+) -> Matched {
     let mut platforms = Vec::new();
     let mut missing = Vec::new();
+    let mut duplicated = false;
     for declared in &target.declared {
         let matching: Vec<&PlatformCoverage> =
             found.iter().filter(|p| &p.platform == declared).collect();
@@ -309,6 +310,7 @@ fn match_declared(
             }
             [one] => platforms.push((*one).clone()),
             [first, ..] => {
+                duplicated = true;
                 warnings.push(format!(
                     "{} lists {declared} {} times; runtimes pick the first, so the others are dead weight",
                     target.reference,
@@ -318,7 +320,20 @@ fn match_declared(
             }
         }
     }
-    (platforms, missing)
+    Matched {
+        platforms,
+        missing,
+        duplicated,
+    }
+}
+
+/// The declared platforms as the index provides them.
+struct Matched {
+    /// One per declared platform, in declared order (a missing one with its status).
+    platforms: Vec<PlatformCoverage>,
+    missing: Vec<Platform>,
+    /// Some declared platform is listed more than once.
+    duplicated: bool,
 }
 
 fn unreadable(target: &Target, source: oci::OciError) -> Error {
@@ -527,4 +542,55 @@ fn mismatch_detail(
                 )
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(arch: &str) -> PlatformCoverage {
+        PlatformCoverage {
+            platform: Platform::linux(arch, None),
+            digest: None,
+            config_platform: Some(Platform::linux(arch, None)),
+            size: Some(400),
+            status: PlatformStatus::Ok,
+            annotations: BTreeMap::new(),
+            detail: None,
+            deep: None,
+            build: None,
+            attached: Vec::new(),
+        }
+    }
+
+    /// A declared platform listed twice is kept once, warned about and marked, so the tag
+    /// is not called covered; one the index lacks is missing in declared order.
+    #[test]
+    fn declared_platforms_are_matched_once_each() {
+        let target = Target {
+            name: "app".into(),
+            reference: "r.io/app:v1".into(),
+            tags: vec!["v1".into()],
+            declared: vec![
+                Platform::linux("arm64", None),
+                Platform::linux("amd64", None),
+            ],
+            deep: false,
+            require_provenance: false,
+        };
+        let mut warnings = Vec::new();
+        let once = match_declared(&target, &[found("amd64"), found("arm64")], &mut warnings);
+        assert!(!once.duplicated && once.missing.is_empty() && warnings.is_empty());
+        assert_eq!(once.platforms[0].platform, Platform::linux("arm64", None));
+
+        let twice = match_declared(&target, &[found("amd64"), found("amd64")], &mut warnings);
+        assert!(twice.duplicated);
+        assert_eq!(twice.missing, vec![Platform::linux("arm64", None)]);
+        assert_eq!(twice.platforms.len(), 2);
+        assert_eq!(twice.platforms[0].status, PlatformStatus::Missing);
+        assert_eq!(
+            warnings,
+            vec!["r.io/app:v1 lists linux/amd64 2 times; runtimes pick the first, so the others are dead weight"]
+        );
+    }
 }
