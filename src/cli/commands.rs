@@ -189,8 +189,11 @@ fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
     if let Some(path) = &output.record {
         std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
     }
-    if output.output_format == OutputFormat::Json || output.record.is_none() {
-        println!("{}", part.to_json());
+    match output.output_format {
+        OutputFormat::Markdown => print!("{}", super::render::markdown::part(part)),
+        OutputFormat::Json => println!("{}", part.to_json()),
+        OutputFormat::Text if output.record.is_none() => println!("{}", part.to_json()),
+        OutputFormat::Text => {}
     }
     Ok(exit::COVERED)
 }
@@ -267,11 +270,13 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     match args.output.output_format {
         OutputFormat::Json => println!("{}", report.to_json()),
         OutputFormat::Text => print!("{}", super::render::gate::render_text(&report)),
+        OutputFormat::Markdown => print!("{}", super::render::markdown::gate::gate(&report)),
     }
     Ok(report.exit_code())
 }
 
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
+    tables_not_offered("plan", args.output_format)?;
     let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
     let engine = Engine::connect().await?;
     let options = BuildOptions {
@@ -285,12 +290,13 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&lines).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", super::render::doctor::render_plan(&lines)),
+        _ => print!("{}", super::render::doctor::render_plan(&lines)),
     }
     Ok(exit::COVERED)
 }
 
 async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
+    tables_not_offered("doctor", args.output_format)?;
     let project = if args.file.exists() {
         Some(Project::load(&args.file, &LoadOptions::default())?)
     } else {
@@ -306,12 +312,22 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&checks).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", super::render::doctor::render_checks(&checks)),
+        _ => print!("{}", super::render::doctor::render_checks(&checks)),
     }
     let failed = checks
         .iter()
         .any(|c| c.verdict == polyarch::doctor::Verdict::Fail);
     Ok(if failed { exit::FAILURE } else { exit::COVERED })
+}
+
+/// Coverage tables are for the commands that read images back; the others print text.
+fn tables_not_offered(command: &str, format: OutputFormat) -> Result<(), Error> {
+    match format {
+        OutputFormat::Markdown => Err(Error::Usage(format!(
+            "{command} --output-format markdown: markdown tables are for build, verify, assemble and gate; use text or json"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn reporter(output: &Output) -> Box<dyn Reporter> {
@@ -360,6 +376,7 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     match output.output_format {
         OutputFormat::Json => println!("{}", record.to_json()),
         OutputFormat::Text => print!("{}", super::render::coverage_text(record)),
+        OutputFormat::Markdown => print!("{}", super::render::markdown::coverage(record)),
     }
     Ok(if record.covered {
         exit::COVERED
