@@ -153,12 +153,18 @@ fn cargo_install_from_the_checkout_gives_a_working_polyarch() {
 }
 
 #[test]
-fn make_install_puts_binary_man_page_and_completions_under_destdir_and_prefix() {
+fn make_install_puts_binary_man_page_completions_and_the_docker_plugin_where_asked() {
     let dest = tempfile::tempdir().unwrap();
+    let docker_config = tempfile::tempdir().unwrap();
     in_checkout(&format!(
-        "make -s install PREFIX=/opt/pa DESTDIR={}",
+        "DOCKER_CONFIG={} make -s install PREFIX=/opt/pa DESTDIR={} DOCKER_PLUGIN=user",
+        docker_config.path().display(),
         dest.path().display()
     ));
+    let plugin = docker_config.path().join("cli-plugins/docker-polyarch");
+    let metadata: serde_json::Value =
+        serde_json::from_str(&run(&plugin, &["docker-cli-plugin-metadata"])).unwrap();
+    assert_eq!(metadata["SchemaVersion"], "0.1.0", "{metadata}");
     let prefix = dest.path().join("opt/pa");
     let man = std::fs::read_to_string(prefix.join("share/man/man1/polyarch.1")).unwrap();
     assert!(man.contains(".TH polyarch"), "{man}");

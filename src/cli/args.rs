@@ -108,6 +108,9 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (roff).
     Man,
+    /// Print polyarch's version and the engine it would use (for `docker polyarch
+    /// version`: the one the Docker CLI's --context, --host or DOCKER_CONFIG selected).
+    Version,
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
     #[command(after_help = GATE_EXIT_CODES)]
     Gate(GateArgs),

@@ -47,6 +47,18 @@ pub async fn run(command: Command) -> Result<i32, Error> {
             );
             Ok(exit::COVERED)
         }
+        Command::Version => {
+            println!("polyarch {}", env!("CARGO_PKG_VERSION"));
+            // Where builds would go, without connecting: what a plugin call selected.
+            match polyarch::endpoint::Endpoint::default_engine() {
+                Ok(engine) if engine.name == engine.address() => {
+                    println!("engine: {}", engine.name)
+                }
+                Ok(engine) => println!("engine: {} ({})", engine.name, engine.address()),
+                Err(e) => println!("engine: {e}"),
+            }
+            Ok(exit::COVERED)
+        }
         Command::Man => {
             let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
             man.render(&mut std::io::stdout())
@@ -410,6 +422,8 @@ fn cleanup_grace<T>(outcome: &Result<T, Error>) -> std::time::Duration {
 /// exits at once.
 fn interrupt_on_sigint() -> CancellationToken {
     let token = CancellationToken::new();
+    let cli = token.clone();
+    super::plugin::on_cli_interrupt(move || cli.cancel());
     let cancel = token.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
