@@ -9,30 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use support::repo_root;
 
-/// The target directory of this test run (`target/tmp`'s parent).
-fn target_dir() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("target/tmp has a parent")
-        .to_path_buf()
-}
-
 /// A bash script run in the checkout with the release build's environment.
 fn in_checkout(script: &str) -> Output {
-    let mut bash = Command::new("bash");
-    // What `cargo test` sets for this test (CARGO_PKG_*, CARGO_PRIMARY_PACKAGE, …) would
-    // reach the inner build's crates and make it a different build from a user's.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("CARGO_") && key != "CARGO_HOME" {
-            bash.env_remove(&*key);
-        }
-    }
-    let out = bash
+    let out = support::as_a_user_runs_cargo(&mut Command::new("bash"))
         .arg("-c")
         .arg(format!("source scripts/release-env.sh && {script}"))
         .current_dir(repo_root())
-        .env("CARGO_TARGET_DIR", target_dir())
         .stdin(Stdio::null())
         .output()
         .expect("run bash");
