@@ -187,3 +187,69 @@ fn docker_polyarch_build_pushes_and_verifies_a_from_scratch_project() {
         "{pushed}"
     );
 }
+
+/// Docker 26.1's CLI (the machine's 20.10 has no plugin socket).
+fn docker26() -> PathBuf {
+    let cli = docker_clis().pop().expect("a docker CLI");
+    assert!(
+        cli.is_absolute(),
+        "Docker 26.1's CLI (scripts/engine26.sh bin) is needed: scripts/ensure-env.sh installs it"
+    );
+    cli
+}
+
+#[test]
+fn interrupting_the_docker_cli_stops_the_plugin_through_its_socket() {
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+    // A "registry" that accepts and never answers: verify waits on it until interrupted.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (accepted, connected) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let held = listener.accept();
+        let _ = accepted.send(());
+        // Kept open until the test ends.
+        std::thread::sleep(Duration::from_secs(120));
+        drop(held);
+    });
+    let config = config_with_plugin();
+    let reference = format!("127.0.0.1:{port}/{}:v1", unique_name("hang"));
+    // Output to pipes, not a terminal: the CLI then does not pass the signal on, it
+    // closes the plugin socket.
+    let mut child = Command::new(docker26())
+        .args([
+            "polyarch",
+            "verify",
+            &reference,
+            "--platform",
+            "linux/amd64",
+        ])
+        .env("DOCKER_CONFIG", config.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    connected
+        .recv_timeout(Duration::from_secs(30))
+        .expect("polyarch reached the registry");
+    let kill = run(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    assert!(kill.status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "docker polyarch still runs after SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+}
