@@ -66,7 +66,7 @@ pub fn invocation(args: Vec<OsString>) -> Result<Invocation, String> {
 /// and the index of the first argument after that word.
 fn global_options(rest: &[String]) -> Result<(EnvChanges, usize), String> {
     let mut env = Vec::new();
-    let (mut host, mut context, mut verify) = (None, None, false);
+    let (mut host, mut context, mut verify, mut tls_unchecked) = (None, None, false, false);
     let mut certs: [Option<String>; 3] = Default::default();
     let mut i = 0;
     while i < rest.len() {
@@ -84,6 +84,9 @@ fn global_options(rest: &[String]) -> Result<(EnvChanges, usize), String> {
                 // DOCKER_HOST in the environment.
                 env.push(("DOCKER_CONTEXT", Some(context)));
                 env.push(("DOCKER_HOST", None));
+            }
+            if tls_unchecked && !verify {
+                return Err("docker polyarch: --tls without --tlsverify (TLS without checking the engine's certificate) is not supported; use --tlsverify".into());
             }
             if verify {
                 env.push(("DOCKER_TLS_VERIFY", Some("1".into())));
@@ -117,6 +120,8 @@ fn global_options(rest: &[String]) -> Result<(EnvChanges, usize), String> {
             "-l" | "--log-level" => drop(value()?),
             "-D" | "--debug" => {}
             "--tlsverify" => verify = inline.as_deref() != Some("false"),
+            // The engine look-up reads TLS from DOCKER_TLS_VERIFY only: with checks.
+            "--tls" if !verify => tls_unchecked = true,
             "--tls" => {}
             "--tlscacert" => certs[0] = Some(value()?),
             "--tlscert" => certs[1] = Some(value()?),
@@ -306,6 +311,10 @@ mod tests {
         );
         let odd = call(&["docker-polyarch", "--tlscacert", "/t/my-ca.crt", "polyarch"]);
         assert!(odd.is_err());
+        let unchecked = call(&["docker-polyarch", "--tls", "polyarch", "version"]);
+        assert!(unchecked.unwrap_err().contains("--tlsverify"));
+        let checked = call(&["docker-polyarch", "--tls", "--tlsverify", "polyarch"]);
+        assert!(checked.is_ok());
     }
 
     #[test]
