@@ -42,3 +42,18 @@ fmt:
 
 bench:
 	@if [ -x bench/run.sh ] || [ -f bench/run.sh ]; then bash bench/run.sh; else echo "no bench/run.sh"; fi
+
+# Install: release binary, man page and shell completions under $(DESTDIR)$(PREFIX);
+# DOCKER_PLUGIN=user|system also installs it as the Docker CLI plugin (scripts/install.sh).
+PREFIX ?= /usr/local
+DESTDIR ?=
+DOCKER_PLUGIN ?=
+# Where `make dist` writes the release archive (scripts/dist.sh).
+DIST_DIR ?= $(CURDIR)/dist
+
+.PHONY: install dist
+install:
+	PREFIX="$(PREFIX)" DESTDIR="$(DESTDIR)" DOCKER_PLUGIN="$(DOCKER_PLUGIN)" CARGO="$(CARGO)" bash scripts/install.sh
+
+dist:
+	DIST_DIR="$(DIST_DIR)" CARGO="$(CARGO)" bash scripts/dist.sh

@@ -43,6 +43,8 @@ tools=(
   "ssh-keygen:openssh-client"
   "ip:iproute2"
   "nsenter:util-linux"
+  # action.yml's scripts/action-run.sh reads the record's digests (tests/action.rs)
+  "jq:jq"
 )
 
 apt_updated=0

@@ -1,15 +1,42 @@
 //! The polyarch CLI: parses arguments, picks a reporter, runs the library, maps the
-//! outcome to the documented exit codes.
+//! outcome to the documented exit codes. Installed as `docker-polyarch`, it is the Docker
+//! CLI plugin `docker polyarch` (`cli::plugin`).
 
 mod cli;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use cli::args::Cli;
+use cli::plugin::Invocation;
 use polyarch::error::exit;
 
-#[tokio::main]
-async fn main() {
-    let cli = match Cli::try_parse() {
+fn main() {
+    let (args, bin_name) = match cli::plugin::invocation(std::env::args_os().collect()) {
+        Ok(Invocation::Standalone(args)) => (args, "polyarch"),
+        Ok(Invocation::Metadata) => {
+            println!("{}", cli::plugin::metadata());
+            std::process::exit(exit::COVERED);
+        }
+        Ok(Invocation::Plugin { args, env }) => {
+            // Before the runtime starts its threads: the engine and credential look-ups
+            // read these as the Docker CLI would have.
+            for (key, value) in env {
+                match value {
+                    Some(value) => std::env::set_var(key, value),
+                    None => std::env::remove_var(key),
+                }
+            }
+            (args, "docker polyarch")
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            std::process::exit(exit::USAGE);
+        }
+    };
+    let parsed = Cli::command()
+        .bin_name(bin_name)
+        .try_get_matches_from(args)
+        .and_then(|matches| Cli::from_arg_matches(&matches));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { exit::USAGE } else { 0 };
@@ -17,7 +44,17 @@ async fn main() {
             std::process::exit(code);
         }
     };
-    let code = match cli::commands::run(cli.command).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(exit::FAILURE);
+        }
+    };
+    let code = match runtime.block_on(cli::commands::run(cli.command)) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error}");

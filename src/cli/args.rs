@@ -20,6 +20,8 @@ pub struct Cli {
 pub enum OutputFormat {
     Text,
     Json,
+    /// Tables for job summaries and merge-request comments.
+    Markdown,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -51,7 +53,8 @@ pub struct Output {
     /// Write the coverage record (JSON) to this file.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
-    /// text: human summary on stdout; json: the record on stdout and JSON-lines events on stderr.
+    /// text: human summary on stdout; json: the record on stdout and JSON-lines events on
+    /// stderr; markdown: coverage tables on stdout (job summaries, merge-request comments).
     #[arg(long, value_enum, default_value = "text")]
     pub output_format: OutputFormat,
     /// Plain lines instead of progress bars, and less of them.
@@ -105,6 +108,9 @@ pub enum Command {
     Completions(CompletionsArgs),
     /// Print the man page (roff).
     Man,
+    /// Print polyarch's version and the engine it would use (for `docker polyarch
+    /// version`: the one the Docker CLI's --context, --host or DOCKER_CONFIG selected).
+    Version,
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
     #[command(after_help = GATE_EXIT_CODES)]
     Gate(GateArgs),

@@ -47,6 +47,18 @@ pub async fn run(command: Command) -> Result<i32, Error> {
             );
             Ok(exit::COVERED)
         }
+        Command::Version => {
+            println!("polyarch {}", env!("CARGO_PKG_VERSION"));
+            // Where builds would go, without connecting: what a plugin call selected.
+            match polyarch::endpoint::Endpoint::default_engine() {
+                Ok(engine) if engine.name == engine.address() => {
+                    println!("engine: {}", engine.name)
+                }
+                Ok(engine) => println!("engine: {} ({})", engine.name, engine.address()),
+                Err(e) => println!("engine: {e}"),
+            }
+            Ok(exit::COVERED)
+        }
         Command::Man => {
             let man = clap_mangen::Man::new(<Cli as clap::CommandFactory>::command());
             man.render(&mut std::io::stdout())
@@ -189,8 +201,11 @@ fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
     if let Some(path) = &output.record {
         std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
     }
-    if output.output_format == OutputFormat::Json || output.record.is_none() {
-        println!("{}", part.to_json());
+    match output.output_format {
+        OutputFormat::Markdown => print!("{}", super::render::markdown::part(part)),
+        OutputFormat::Json => println!("{}", part.to_json()),
+        OutputFormat::Text if output.record.is_none() => println!("{}", part.to_json()),
+        OutputFormat::Text => {}
     }
     Ok(exit::COVERED)
 }
@@ -267,11 +282,13 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     match args.output.output_format {
         OutputFormat::Json => println!("{}", report.to_json()),
         OutputFormat::Text => print!("{}", super::render::gate::render_text(&report)),
+        OutputFormat::Markdown => print!("{}", super::render::markdown::gate::gate(&report)),
     }
     Ok(report.exit_code())
 }
 
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
+    tables_not_offered("plan", args.output_format)?;
     let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
     let engine = Engine::connect().await?;
     let options = BuildOptions {
@@ -285,12 +302,13 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&lines).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", super::render::doctor::render_plan(&lines)),
+        _ => print!("{}", super::render::doctor::render_plan(&lines)),
     }
     Ok(exit::COVERED)
 }
 
 async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
+    tables_not_offered("doctor", args.output_format)?;
     let project = if args.file.exists() {
         Some(Project::load(&args.file, &LoadOptions::default())?)
     } else {
@@ -306,12 +324,22 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&checks).expect("serialises")
         ),
-        OutputFormat::Text => print!("{}", super::render::doctor::render_checks(&checks)),
+        _ => print!("{}", super::render::doctor::render_checks(&checks)),
     }
     let failed = checks
         .iter()
         .any(|c| c.verdict == polyarch::doctor::Verdict::Fail);
     Ok(if failed { exit::FAILURE } else { exit::COVERED })
+}
+
+/// Coverage tables are for the commands that read images back; the others print text.
+fn tables_not_offered(command: &str, format: OutputFormat) -> Result<(), Error> {
+    match format {
+        OutputFormat::Markdown => Err(Error::Usage(format!(
+            "{command} --output-format markdown: markdown tables are for build, verify, assemble and gate; use text or json"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn reporter(output: &Output) -> Box<dyn Reporter> {
@@ -360,6 +388,7 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     match output.output_format {
         OutputFormat::Json => println!("{}", record.to_json()),
         OutputFormat::Text => print!("{}", super::render::coverage_text(record)),
+        OutputFormat::Markdown => print!("{}", super::render::markdown::coverage(record)),
     }
     Ok(if record.covered {
         exit::COVERED
@@ -393,6 +422,8 @@ fn cleanup_grace<T>(outcome: &Result<T, Error>) -> std::time::Duration {
 /// exits at once.
 fn interrupt_on_sigint() -> CancellationToken {
     let token = CancellationToken::new();
+    let cli = token.clone();
+    super::plugin::on_cli_interrupt(move || cli.cancel());
     let cancel = token.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {

@@ -623,3 +623,21 @@ impl Registry {
         polyarch::oci::sha256_digest(body)
     }
 }
+
+/// A command that runs cargo as a user would: without what `cargo test` sets for the
+/// test itself (CARGO_PKG_*, CARGO_PRIMARY_PACKAGE, …), which would reach the inner
+/// build's crates and make it another build than a user's; the target directory is this
+/// test run's, so the release build is made once for every test using it.
+pub fn as_a_user_runs_cargo(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" {
+            cmd.env_remove(key);
+        }
+    }
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    cmd.env(
+        "CARGO_TARGET_DIR",
+        tmp.parent().expect("target/tmp has a parent"),
+    )
+}

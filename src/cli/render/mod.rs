@@ -4,6 +4,7 @@ use polyarch::record::{CoverageRecord, PlatformCoverage};
 
 pub mod doctor;
 pub mod gate;
+pub mod markdown;
 
 fn human_size(bytes: u64) -> String {
     if bytes >= 1_000_000 {
