@@ -142,4 +142,8 @@ if [[ "${POLYARCH_SKIP_DOCKER26:-}" != 1 ]]; then
   bash "$root/scripts/engine26.sh" install
   bash "$root/scripts/engine26.sh" start containerd >/dev/null
 fi
+# A standalone buildkitd (scripts/buildkitd.sh; POLYARCH_SKIP_BUILDKITD=1 skips it).
+if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
+  bash "$root/scripts/buildkitd.sh" start >/dev/null
+fi
 log "ok"
