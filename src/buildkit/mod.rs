@@ -4,6 +4,7 @@
 //! and SSH agents.
 
 mod connection;
+pub mod daemon;
 pub mod filesync;
 pub mod secrets;
 mod session;
