@@ -108,3 +108,50 @@ async fn buildkitd_mutual_tls_mistakes_are_refused_with_the_fix() {
         "{shown}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buildkitd_builds_a_context_sent_through_its_control_session() {
+    use polyarch::buildkit::{solve_on, DockerfileBuild, Exporter, SessionAuth, Target};
+    use std::collections::HashMap;
+    let bk = support::buildkitd::shared();
+    let context = tempfile::tempdir().unwrap();
+    let marker = support::unique_name("marker");
+    std::fs::write(context.path().join("marker"), &marker).unwrap();
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        "FROM scratch\nCOPY marker /marker\n",
+    )
+    .unwrap();
+    let daemon = connect(&bk.unix, None).await.unwrap();
+    let build = DockerfileBuild {
+        context: context.path(),
+        dockerfile: Path::new("Dockerfile"),
+        frontend_attrs: HashMap::from([("platform".into(), "linux/amd64".into())]),
+        entitlements: vec![],
+        // Kept in the daemon's own store: the session is what is under test here.
+        exporter: Exporter {
+            kind: "image".into(),
+            attrs: HashMap::from([("name".into(), format!("polyarch.test/{marker}"))]),
+        },
+        secrets: Default::default(),
+        ssh: Default::default(),
+        cache_from: vec![],
+        cache_to: None,
+    };
+    let solved = solve_on(
+        Target::Daemon(&daemon),
+        build,
+        SessionAuth::default(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let digest = &solved.exporter_response["containerimage.digest"];
+    assert!(
+        digest.starts_with("sha256:"),
+        "{:?}",
+        solved.exporter_response
+    );
+    // The context travelled through the session's file sync.
+    assert!(!solved.transfers.is_empty());
+}
