@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod assemble;
+pub mod attachment;
 pub mod binfmt;
 pub mod build;
 pub mod buildkit;

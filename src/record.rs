@@ -1,6 +1,7 @@
 //! The coverage record (`polyarch/coverage/v1`): what was verified, as data.
 //! Field names are a contract documented in the README and `schema/coverage.schema.json`.
 
+use crate::attachment::Attached;
 use crate::digest::Digest;
 use crate::platform::Platform;
 use serde::{Deserialize, Serialize};
@@ -95,22 +96,6 @@ pub struct PlatformCoverage {
     pub attached: Vec<Attached>,
 }
 
-/// One referrer of a platform manifest: a provenance statement, a signature, an SBOM, …
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attached {
-    pub artifact_type: Option<String>,
-    pub digest: String,
-    /// The in-toto predicate type, for statements.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicate_type: Option<String>,
-}
-
-impl Attached {
-    pub fn is_provenance(&self) -> bool {
-        self.predicate_type.as_deref() == Some(crate::provenance::SLSA_PROVENANCE)
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeepCheck {
     pub executable: Option<String>,
@@ -154,7 +139,7 @@ pub struct BuildInfo {
     pub fallback: Option<String>,
     /// When the build ran, for its provenance (not recorded: the record has `seconds`).
     #[serde(skip)]
-    pub window: Option<crate::provenance::BuildWindow>,
+    pub window: Option<BuildWindow>,
 }
 
 impl CoverageRecord {
@@ -262,6 +247,22 @@ fn now_rfc3339() -> String {
 
 /// The record's JSON Schema, shipped as `schema/coverage.schema.json`.
 pub const SCHEMA_JSON: &str = include_str!("../schema/coverage.schema.json");
+
+/// When one platform's build ran, for its provenance statement's metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildWindow {
+    pub started: time::OffsetDateTime,
+    pub finished: time::OffsetDateTime,
+}
+
+impl BuildWindow {
+    /// A build's window from its duration, taken when it has just finished.
+    pub fn ending_now(seconds: f64) -> Self {
+        let finished = time::OffsetDateTime::now_utc();
+        let started = finished - time::Duration::seconds_f64(seconds.max(0.0));
+        BuildWindow { started, finished }
+    }
+}
 
 #[cfg(test)]
 mod tests {
