@@ -19,6 +19,10 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// A reference (on the command line or in a file) that does not parse.
+    #[error(transparent)]
+    Reference(#[from] crate::reference::ReferenceError),
+
     /// The default engine cannot be resolved or reached.
     #[error("docker engine: {0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),
@@ -76,7 +80,7 @@ pub enum Error {
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Project { .. } | Error::Usage(_) => 2,
+            Error::Project { .. } | Error::Usage(_) | Error::Reference(_) => 2,
             Error::Interrupted => 130,
             _ => 3,
         }

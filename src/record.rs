@@ -4,6 +4,7 @@
 use crate::attachment::Attached;
 use crate::digest::Digest;
 use crate::platform::Platform;
+use crate::project::ValueSource;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -19,17 +20,6 @@ pub struct CoverageRecord {
     /// Project-file values that came from the job (environment or `--set`), not the file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<ValueSource>,
-}
-
-/// Where one project-file value came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValueSource {
-    /// The field path, e.g. `images.api.tags[0]`.
-    pub field: String,
-    /// `env:NAME` (the variable's value), `default:NAME` (`${NAME:-…}`'s default, NAME being
-    /// unset) or `set` (`--set`); for a `reproducible: true` image's epoch also
-    /// `flag:--source-date-epoch` or `git:COMMIT`.
-    pub source: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

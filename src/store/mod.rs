@@ -331,5 +331,5 @@ pub fn first_tag(image: &ImageSpec) -> Result<Reference> {
 }
 
 pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
-    registry::parse_reference(&format!("{repository}:{tag}"))
+    Ok(registry::parse_reference(&format!("{repository}:{tag}"))?)
 }
