@@ -86,29 +86,24 @@ impl Error {
         }
     }
 
-    /// A file named on the command line that cannot be read: a usage error, not a failure.
-    pub fn input(path: &std::path::Path, source: std::io::Error) -> Self {
+    /// A file the user named on the command line that cannot be read: theirs to fix, a usage
+    /// error (exit 2) saying so. Files polyarch finds or writes itself go through [`Error::io`].
+    pub fn unreadable_argument(path: &std::path::Path, source: std::io::Error) -> Self {
         Error::Usage(format!(
             "{}: cannot read it ({source}); check the path on the command line",
             path.display()
         ))
     }
 
+    /// A file polyarch reads or writes on its own (project-relative paths, the cache, the
+    /// spool, outputs) that fails: a failure (exit 3). A file named on the command line that
+    /// cannot be read is [`Error::unreadable_argument`].
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
             source,
         }
     }
-}
-
-/// Collapses a multi-line message (engine or registry output, a quoted project value)
-/// into one line: no control characters reach the terminal.
-pub fn one_line(text: &str) -> String {
-    text.split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|word| !word.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Exit codes as documented in `--help` and the README.

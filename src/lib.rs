@@ -41,6 +41,7 @@ pub mod reference;
 pub mod registry;
 pub mod reproducible;
 pub mod store;
+pub mod text;
 pub mod verify;
 pub use error::{Error, Result};
 pub use platform::Platform;

@@ -200,7 +200,8 @@ impl PartRecord {
 
     /// Reads a part file; anything else is a one-line error naming the file.
     pub fn load(path: &std::path::Path) -> crate::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| crate::Error::input(path, e))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| crate::Error::unreadable_argument(path, e))?;
         let part: PartRecord = serde_json::from_str(&text).map_err(|e| {
             crate::Error::Usage(format!(
                 "{}: not a polyarch part record ({e}); write it with `polyarch build --push-by-digest --record FILE`",

@@ -52,7 +52,7 @@ pub fn parse_workloads(file: &Path, text: &str) -> Result<Vec<Workload>> {
 }
 
 fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::input(path, e))?;
+    let meta = std::fs::metadata(path).map_err(|e| Error::unreadable_argument(path, e))?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -70,7 +70,7 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::input(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::unreadable_argument(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| Error::io(dir, e))?;
         let path = entry.path();
@@ -95,7 +95,7 @@ fn is_manifest_name(path: &Path) -> bool {
 }
 
 pub(super) fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::input(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| Error::unreadable_argument(path, e))?;
     String::from_utf8(bytes).map_err(|_| {
         Error::Usage(format!(
             "{}: not UTF-8 text; pass Kubernetes YAML or JSON",
