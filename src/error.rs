@@ -89,10 +89,7 @@ impl Error {
     /// A file the user named on the command line that cannot be read: theirs to fix, a usage
     /// error (exit 2) saying so. Files polyarch finds or writes itself go through [`Error::io`].
     pub fn unreadable_argument(path: &std::path::Path, source: std::io::Error) -> Self {
-        Error::Usage(format!(
-            "{}: cannot read it ({source}); check the path on the command line",
-            path.display()
-        ))
+        Error::Usage(crate::text::unreadable_argument(path, &source))
     }
 
     /// A file polyarch reads or writes on its own (project-relative paths, the cache, the
@@ -102,6 +99,16 @@ impl Error {
         Error::Io {
             path: path.into(),
             source,
+        }
+    }
+}
+
+/// Gate input mistakes stay usage errors (exit 2), failures to read stay I/O errors (exit 3).
+impl From<crate::k8s::K8sError> for Error {
+    fn from(error: crate::k8s::K8sError) -> Self {
+        match error {
+            crate::k8s::K8sError::Usage(message) => Error::Usage(message),
+            crate::k8s::K8sError::Io { path, source } => Error::Io { path, source },
         }
     }
 }

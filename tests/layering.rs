@@ -83,7 +83,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("engine", "error"),
     ("export", "error"),
     ("inputs", "error"),
-    ("k8s", "error"),
     ("layout", "error"),
     ("plan", "error"),
     ("project", "error"),
