@@ -86,15 +86,10 @@ impl Error {
         }
     }
 
-    /// A file the user named on the command line that cannot be read: theirs to fix, a usage
-    /// error (exit 2) saying so. Files polyarch finds or writes itself go through [`Error::io`].
-    pub fn unreadable_argument(path: &std::path::Path, source: std::io::Error) -> Self {
-        Error::Usage(crate::text::unreadable_argument(path, &source))
-    }
-
     /// A file polyarch reads or writes on its own (project-relative paths, the cache, the
-    /// spool, outputs) that fails: a failure (exit 3). A file named on the command line that
-    /// cannot be read is [`Error::unreadable_argument`].
+    /// spool, outputs) that fails: a failure (exit 3). A file the user named on the command
+    /// line that cannot be read is theirs to fix: a usage error (exit 2) worded by
+    /// [`crate::text::unreadable_argument`].
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -109,6 +104,16 @@ impl From<crate::k8s::K8sError> for Error {
         match error {
             crate::k8s::K8sError::Usage(message) => Error::Usage(message),
             crate::k8s::K8sError::Io { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
+/// A part file's mistakes stay usage errors (exit 2), failures to write stay I/O errors (3).
+impl From<crate::record::RecordError> for Error {
+    fn from(error: crate::record::RecordError) -> Self {
+        match error {
+            crate::record::RecordError::Usage(message) => Error::Usage(message),
+            crate::record::RecordError::Io { path, source } => Error::Io { path, source },
         }
     }
 }

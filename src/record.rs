@@ -156,8 +156,11 @@ impl CoverageRecord {
         serde_json::to_string_pretty(self).expect("record serialises")
     }
 
-    pub fn write(&self, path: &std::path::Path) -> crate::Result<()> {
-        std::fs::write(path, self.to_json() + "\n").map_err(|e| crate::Error::io(path, e))
+    pub fn write(&self, path: &std::path::Path) -> Result<(), RecordError> {
+        std::fs::write(path, self.to_json() + "\n").map_err(|source| RecordError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -199,17 +202,17 @@ impl PartRecord {
     }
 
     /// Reads a part file; anything else is a one-line error naming the file.
-    pub fn load(path: &std::path::Path) -> crate::Result<Self> {
+    pub fn load(path: &std::path::Path) -> Result<Self, RecordError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| crate::Error::unreadable_argument(path, e))?;
+            .map_err(|e| RecordError::Usage(crate::text::unreadable_argument(path, &e)))?;
         let part: PartRecord = serde_json::from_str(&text).map_err(|e| {
-            crate::Error::Usage(format!(
+            RecordError::Usage(format!(
                 "{}: not a polyarch part record ({e}); write it with `polyarch build --push-by-digest --record FILE`",
                 path.display()
             ))
         })?;
         if part.schema != PART_SCHEMA {
-            return Err(crate::Error::Usage(format!(
+            return Err(RecordError::Usage(format!(
                 "{}: schema `{}` is not {PART_SCHEMA}",
                 path.display(),
                 part.schema
@@ -253,6 +256,21 @@ impl BuildWindow {
         let started = finished - time::Duration::seconds_f64(seconds.max(0.0));
         BuildWindow { started, finished }
     }
+}
+
+/// Reading a part file or writing a record. The crate-wide `Error` keeps the kind: `Usage`
+/// exits 2, `Io` 3.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A part file named on the command line that cannot be read or is not a part record.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 #[cfg(test)]

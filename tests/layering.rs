@@ -87,7 +87,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("plan", "error"),
     ("project", "error"),
     ("publish", "error"),
-    ("record", "error"),
     ("registry", "error"),
     ("store", "error"),
     ("verify", "error"),
