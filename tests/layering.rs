@@ -213,7 +213,9 @@ fn reexports(lib: &str) -> BTreeMap<String, String> {
             continue;
         };
         let path = path.trim_end_matches(';');
-        let Some((module, items)) = path.split_once("::") else {
+        // `pub use flows::error::{Error, Result};` after the move: the first segment.
+        let (Some((module, _)), Some((_, items))) = (path.split_once("::"), path.rsplit_once("::"))
+        else {
             continue;
         };
         for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
@@ -294,6 +296,7 @@ fn every_module_has_an_area() {
 #[test]
 fn imports_point_down() {
     let mut wrong = Vec::new();
+    let mut named = BTreeSet::new();
     let mut seen = BTreeSet::new();
     for (file, module, imported) in imports() {
         let (Some(from), Some(to)) = (area_of(&module), area_of(&imported)) else {
@@ -303,7 +306,8 @@ fn imports_point_down() {
             continue;
         }
         seen.insert((module.clone(), imported.clone()));
-        if !NOT_YET.contains(&(module.as_str(), imported.as_str())) {
+        let listed = NOT_YET.contains(&(module.as_str(), imported.as_str()));
+        if !listed && named.insert((file.clone(), imported.clone())) {
             wrong.push(format!(
                 "{file}: `crate::{imported}` ({to}) is not below {module} ({from}); \
                  {from} may import only {:?}",
