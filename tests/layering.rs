@@ -90,9 +90,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("registry", "error"),
     ("store", "error"),
     ("verify", "error"),
-    // The per-plan `Builders` live in the connection module.
-    ("engine", "plan"),
-    ("engine", "project"),
     // Read-back runs verify through the store seam; verify reaches back for tag helpers.
     ("verify", "store"),
     ("verify", "layout"),

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod builder;
+mod builders;
 mod classic;
 mod error;
 #[cfg(test)]
@@ -32,6 +33,7 @@ mod log;
 mod platforms;
 
 pub use builder::Builder;
+pub use builders::Builders;
 use classic::*;
 pub use error::BuildError;
 use error::Stopped;
