@@ -2,6 +2,7 @@
 //! REST `/build`, `.dockerignore` applied here.
 
 use super::*;
+use crate::engine::Product;
 
 /// The build through the classic builder (`POST /build`, the context uploaded as a tar),
 /// for engines without BuildKit; the error message when it failed.
@@ -21,12 +22,18 @@ pub(super) async fn build_classic(
         ),
     ];
     if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
+        let fix = match engine.product {
+            Product::Podman => "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)",
+            Product::Docker => "upgrade it to Docker 18.09+ or build on another engine",
+        };
         return Err(Error::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source: BuildError::Request(format!(
-                "`{what}` needs BuildKit, and the engine at {} (API {}) has none; upgrade it to Docker 18.09+ or build on another engine",
-                engine.endpoint, engine.api_version
+                "`{what}` needs BuildKit, and the engine at {} ({}, API {}) has none; {fix}",
+                engine.endpoint,
+                engine.product_version(),
+                engine.api_version
             )),
         });
     }
