@@ -110,13 +110,8 @@ impl Engine {
             .unwrap_or_else(|| std::env::consts::ARCH.into());
         let native = Platform::new(&os, &arch, None);
         let api_version = version.api_version.clone().unwrap_or_default();
-        let product = Product::from_components(
-            version
-                .components
-                .iter()
-                .flatten()
-                .map(|c| c.name.as_str()),
-        );
+        let product =
+            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
         // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
         let buildkit =
             api_at_least(&api_version, 1, 39) && os == "linux" && product == Product::Docker;
@@ -252,9 +247,15 @@ mod tests {
     fn tells_podman_from_docker_by_its_components() {
         use super::Product;
         let podman = ["Podman Engine", "Conmon", "OCI Runtime (runc)"];
-        assert_eq!(Product::from_components(podman.into_iter()), Product::Podman);
+        assert_eq!(
+            Product::from_components(podman.into_iter()),
+            Product::Podman
+        );
         let docker = ["Engine", "containerd", "runc", "docker-init"];
-        assert_eq!(Product::from_components(docker.into_iter()), Product::Docker);
+        assert_eq!(
+            Product::from_components(docker.into_iter()),
+            Product::Docker
+        );
     }
 
     #[test]

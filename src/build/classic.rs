@@ -23,7 +23,9 @@ pub(super) async fn build_classic(
     ];
     if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
         let fix = match engine.product {
-            Product::Podman => "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)",
+            Product::Podman => {
+                "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)"
+            }
             Product::Docker => "upgrade it to Docker 18.09+ or build on another engine",
         };
         return Err(Error::Build {
