@@ -13,7 +13,8 @@
 #   podman ARGS...  the podman CLI on the same storage (e.g. `run`, `images`)
 #
 # Paths: /run/polyarch/podman.sock (API), /run/polyarch/podman.pid,
-# /var/log/polyarch/podman.log; storage.conf under /var/lib/polyarch/podman.conf.
+# /var/log/polyarch/podman.log; /var/lib/polyarch/podman-{storage,registries}.conf
+# (loopback registries are plain HTTP, as Docker treats them).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 unset DOCKER_HOST CONTAINER_HOST NOTIFY_SOCKET
@@ -25,6 +26,7 @@ sock="$run_dir/podman.sock"
 pidfile="$run_dir/podman.pid"
 lg="$log_dir/podman.log"
 conf="$state_dir/podman-storage.conf"
+regconf="$state_dir/podman-registries.conf"
 wait_secs="${POLYARCH_PODMAN_WAIT:-60}"
 
 log() { printf 'podman.sh: %s\n' "$*" >&2; }
@@ -40,10 +42,22 @@ graphroot = "$state_dir/podman"
 runroot = "$run_dir/podman-run"
 CONF
   mv -f "$conf.tmp" "$conf"
+  # Docker treats loopback registries as plain HTTP; Podman needs telling (the tests'
+  # registries listen on 127.0.0.1 without TLS).
+  cat >"$regconf.tmp" <<CONF
+unqualified-search-registries = []
+[[registry]]
+location = "127.0.0.1"
+insecure = true
+[[registry]]
+location = "localhost"
+insecure = true
+CONF
+  mv -f "$regconf.tmp" "$regconf"
 }
 
 # The podman CLI on this script's storage (and only that).
-pm() { CONTAINERS_STORAGE_CONF="$conf" podman --root "$state_dir/podman" --runroot "$run_dir/podman-run" "$@"; }
+pm() { CONTAINERS_STORAGE_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$regconf" podman --root "$state_dir/podman" --runroot "$run_dir/podman-run" "$@"; }
 
 do_install() {
   command -v podman >/dev/null 2>&1 && return 0
@@ -82,7 +96,7 @@ do_start() {
     printf '\n==== %s podman system service\n' "$(date -Is)" >>"$lg"
     (
       cd /
-      export CONTAINERS_STORAGE_CONF="$conf"
+      export CONTAINERS_STORAGE_CONF="$conf" CONTAINERS_REGISTRIES_CONF="$regconf"
       exec setsid podman --root "$state_dir/podman" --runroot "$run_dir/podman-run" \
         system service --time=0 "unix://$sock"
     ) >>"$lg" 2>&1 </dev/null 8>&- &

@@ -121,9 +121,14 @@ impl Engine {
                     .get(1)
                     .is_some_and(|v| v == "io.containerd.snapshotter.v1")
         });
+        // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
+        let id = match product {
+            Product::Docker => info.id.as_deref(),
+            Product::Podman => info.docker_root_dir.as_deref(),
+        };
         let identity = format!(
             "{endpoint}|{}|{}",
-            info.id.as_deref().unwrap_or_default(),
+            id.unwrap_or_default(),
             info.kernel_version.as_deref().unwrap_or_default()
         );
         Ok(Engine {

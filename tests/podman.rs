@@ -25,15 +25,19 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A two-platform project in `dir` whose one image is named `name`.
+/// A two-platform project in `dir` whose one image is named `name`, its context in
+/// `dir/ctx` (the classic builder is sent the whole context: the run's cache directory
+/// beside the project file must not be part of it).
 fn project(dir: &Path, name: &str, repository: &str) -> std::path::PathBuf {
-    hello_context(dir, UNAME);
-    fs::write(dir.join("nonce"), unique_name("nonce")).unwrap();
+    let context = dir.join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    hello_context(&context, UNAME);
+    fs::write(context.join("nonce"), unique_name("nonce")).unwrap();
     let file = dir.join("polyarch.yaml");
     fs::write(
         &file,
         format!(
-            "version: 1\nimages:\n  {name}:\n    repository: {repository}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n"
+            "version: 1\nimages:\n  {name}:\n    repository: {repository}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n"
         ),
     )
     .unwrap();
@@ -121,4 +125,110 @@ fn podman_doctor_names_podman_and_its_version() {
     let text = checks.to_string();
     assert!(text.contains("Podman 4."), "{checks:#}");
     assert!(text.contains("has no BuildKit"), "{checks:#}");
+}
+
+/// `polyarch build --output-format json` on Podman with its own cache directory (other
+/// tests' runs never change what this one remembers) and, when given, the registry's
+/// credentials on the command line; the record.
+fn build_on_podman(file: &Path, creds: Option<(&str, &str)>) -> (String, Value) {
+    let mut cmd = on_podman();
+    cmd.args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(file)
+        .env("POLYARCH_CACHE_DIR", file.parent().unwrap().join("cache"));
+    let out = match creds {
+        Some((user, password)) => {
+            let config = file.parent().unwrap().join("docker-config");
+            fs::create_dir_all(&config).unwrap();
+            cmd.args(["--username", user, "--password-stdin"])
+                .env("DOCKER_CONFIG", config);
+            support::run_with_stdin(&mut cmd, password)
+        }
+        None => run(&mut cmd),
+    };
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (
+        stderr(&out),
+        serde_json::from_slice(&out.stdout).expect("record"),
+    )
+}
+
+fn reused(record: &Value) -> Vec<bool> {
+    record["images"][0]["platforms"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no platforms: {record:#}"))
+        .iter()
+        .map(|p| p["build"]["reused"] == true)
+        .collect()
+}
+
+/// Podman has no BuildKit to say what a build read: the classic build's whole context tar
+/// stands in, so an unchanged rerun builds nothing and a changed file builds again.
+#[test]
+fn podman_warm_rerun_builds_nothing_and_a_changed_file_builds_again() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("pmwarm");
+    let file = project(
+        dir.path(),
+        &name,
+        &registry.repo(&unique_name("podman/warm")),
+    );
+
+    let (_, cold) = build_on_podman(&file, None);
+    assert_eq!(reused(&cold), [false, false], "{cold:#}");
+    let (warm_log, warm) = build_on_podman(&file, None);
+    assert_eq!(reused(&warm), [true, true], "{warm_log}");
+    assert!(!warm_log.contains("building with"), "{warm_log}");
+    assert_eq!(warm["images"][0]["digest"], cold["images"][0]["digest"]);
+
+    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    let (_, changed) = build_on_podman(&file, None);
+    assert_eq!(reused(&changed), [false, false], "{changed:#}");
+    assert_ne!(changed["images"][0]["digest"], cold["images"][0]["digest"]);
+}
+
+/// A base image in a registry that needs a login: Podman's `/build` gets the command
+/// line's credentials as `X-Registry-Config` and pulls it; the RUN step runs on top of it.
+#[test]
+fn podman_builds_from_a_base_in_a_private_registry() {
+    const USER: &str = "pmuser";
+    const PASS: &str = "pm-Pa55-7d1e";
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start_htpasswd(USER, PASS);
+    let base_dir = tempfile::tempdir().unwrap();
+    hello_context(
+        base_dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\n",
+    );
+    let base = registry.repo(&unique_name("podman/base"));
+    let base_file = base_dir.path().join("polyarch.yaml");
+    fs::write(
+        &base_file,
+        format!("version: 1\nimages:\n  {}:\n    repository: {base}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n", unique_name("pmbase")),
+    )
+    .unwrap();
+    build_on_podman(&base_file, Some((USER, PASS)));
+
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("Dockerfile"),
+        format!("FROM {base}:v1\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]\nENTRYPOINT [\"/bin/busybox\", \"cat\", \"/arch\"]\n"),
+    )
+    .unwrap();
+    let app = registry.repo(&unique_name("podman/app"));
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!("version: 1\nimages:\n  {}:\n    repository: {app}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n", unique_name("pmapp")),
+    )
+    .unwrap();
+    let (_, record) = build_on_podman(&file, Some((USER, PASS)));
+    assert_eq!(record["covered"], true, "{record:#}");
+    let index = support::skopeo_inspect_raw_creds(&format!("{app}:v1"), Some((USER, PASS)));
+    assert_eq!(
+        index["manifests"].as_array().map(Vec::len),
+        Some(2),
+        "{index:#}"
+    );
 }
