@@ -82,7 +82,7 @@ impl Cleanup {
                 if let Some(podman) = left.iter().find(|i| i.engine.product == Product::Podman) {
                     reporter.report(Event::Warning {
                         message: format!(
-                            "{} at {} cannot cancel a build in flight: its current step runs to the end and may leave Buildah build containers; list them with `podman ps -a --external` and remove them with `podman rm -f ID`",
+                            "{} at {} cannot cancel a build in flight: its current step runs to its end before Podman drops the build and its Buildah containers (`podman ps -a --external` lists them meanwhile; `podman rm -f ID` removes one at once)",
                             podman.engine.product_version(),
                             podman.engine.endpoint
                         ),

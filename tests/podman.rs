@@ -232,3 +232,100 @@ fn podman_builds_from_a_base_in_a_private_registry() {
         "{index:#}"
     );
 }
+
+/// Processes on this host whose command line is exactly `args` (Buildah runs RUN steps as
+/// host processes under runc).
+fn processes_running(args: &[&str]) -> bool {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    fs::read_dir("/proc").unwrap().any(|e| {
+        e.ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .is_some_and(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+    })
+}
+
+/// Buildah's build containers (`podman ps -a --external`).
+fn build_containers() -> Vec<String> {
+    let out = run(podman_cli().args(["ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}"]));
+    assert!(out.status.success(), "podman ps: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Ctrl-C mid RUN step: Podman cannot cancel the step, so polyarch says so, waits for it
+/// to end, exits 130, and neither a build container nor a temporary image is left.
+#[test]
+fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
+    // Also keeps the other Podman tests' build containers out of the before/after lists.
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let context = dir.path().join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    let name = unique_name("pmint");
+    // A sleep no other test runs (so its process names this build's step), shorter than
+    // the 10 s polyarch waits for a cut-off build.
+    let seconds = format!("2.{}", 100 + name.bytes().map(u32::from).sum::<u32>() % 900);
+    hello_context(
+        &context,
+        &format!("FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n"),
+    );
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {name}:\n    repository: {}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64]\n    network: none\n",
+            registry.repo(&unique_name("podman/int"))
+        ),
+    )
+    .unwrap();
+    let before = build_containers();
+    let mut child = on_podman()
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("CI")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn polyarch");
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !processes_running(&sleep) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the RUN step never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let sent = run(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    assert!(sent.status.success());
+    let out = child.wait_with_output().unwrap();
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(130), "{log}");
+    assert!(log.contains("cannot cancel a build in flight"), "{log}");
+    assert!(
+        !processes_running(&sleep),
+        "the RUN step still runs:\n{log}"
+    );
+    let left: Vec<String> = build_containers()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect();
+    assert!(left.is_empty(), "build containers left: {left:?}\n{log}");
+    let images = run(podman_cli().args([
+        "images",
+        "-q",
+        "--filter",
+        &format!("reference=polyarch-build/{name}"),
+    ]));
+    assert!(
+        String::from_utf8_lossy(&images.stdout).trim().is_empty(),
+        "temporary image left: {images:?}"
+    );
+}
