@@ -285,7 +285,7 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
     )
     .unwrap();
     let before = build_containers();
-    let mut child = on_podman()
+    let child = on_podman()
         .args(["build", "-f"])
         .arg(&file)
         .env_remove("CI")
