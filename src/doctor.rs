@@ -226,7 +226,7 @@ fn host_checks(engine: &Engine) -> Vec<Check> {
             "buildkit",
             Verdict::Warn,
             format!(
-                "{} has no BuildKit: each platform builds through its Docker-compatible /build (Buildah), one at a time; secrets, ssh and registry cache are refused",
+                "{} has no BuildKit: each platform builds through its Docker-compatible /build (Buildah), one request per platform; secrets, ssh and registry cache are refused",
                 engine.product_version()
             ),
             Some("for BuildKit-only features build on a Docker engine (DOCKER_HOST) or give the platform a Docker builder under `builders:`"),
