@@ -12,6 +12,8 @@ pub struct Engine {
     pub native: Platform,
     pub api_version: String,
     pub server_version: String,
+    /// Which engine answers the Docker API: Docker, or Podman's compatible service.
+    pub product: Product,
     /// Whether the engine has BuildKit, reached through `/grpc` and `/session`.
     pub buildkit: bool,
     /// Whether images live in containerd's image store rather than the classic one.
@@ -25,6 +27,36 @@ pub struct Engine {
     pub identity: String,
 }
 
+/// The engine behind the Docker API, told by `/version`'s components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Product {
+    Docker,
+    /// Podman's Docker-compatible service: no BuildKit (`/grpc`, `/session`), its `/build`
+    /// is Buildah's, one platform per request.
+    Podman,
+}
+
+impl std::fmt::Display for Product {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Product::Docker => "Docker",
+            Product::Podman => "Podman",
+        })
+    }
+}
+
+impl Product {
+    /// Podman names itself "Podman Engine" among `/version`'s components; Docker names
+    /// "Engine".
+    fn from_components<'a>(mut names: impl Iterator<Item = &'a str>) -> Product {
+        if names.any(|name| name.starts_with("Podman")) {
+            Product::Podman
+        } else {
+            Product::Docker
+        }
+    }
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
@@ -36,6 +68,11 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
+    /// The engine's product and version, e.g. "Docker 28.5.2" or "Podman 4.3.1".
+    pub fn product_version(&self) -> String {
+        format!("{} {}", self.product, self.server_version)
+    }
+
     /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
     /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
     /// the local socket) and negotiates the API version.
@@ -69,16 +106,25 @@ impl Engine {
             .unwrap_or_else(|| std::env::consts::ARCH.into());
         let native = Platform::new(&os, &arch, None);
         let api_version = version.api_version.clone().unwrap_or_default();
-        let buildkit = api_at_least(&api_version, 1, 39) && os == "linux";
+        let product =
+            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
+        // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
+        let buildkit =
+            api_at_least(&api_version, 1, 39) && os == "linux" && product == Product::Docker;
         let containerd_store = info.driver_status.iter().flatten().any(|pair| {
             pair.first().is_some_and(|k| k == "driver-type")
                 && pair
                     .get(1)
                     .is_some_and(|v| v == "io.containerd.snapshotter.v1")
         });
+        // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
+        let id = match product {
+            Product::Docker => info.id.as_deref(),
+            Product::Podman => info.docker_root_dir.as_deref(),
+        };
         let identity = format!(
             "{endpoint}|{}|{}",
-            info.id.as_deref().unwrap_or_default(),
+            id.unwrap_or_default(),
             info.kernel_version.as_deref().unwrap_or_default()
         );
         Ok(Engine {
@@ -87,6 +133,7 @@ impl Engine {
             native,
             api_version,
             server_version: version.version.unwrap_or_default(),
+            product,
             buildkit,
             containerd_store,
             endpoint,
@@ -103,6 +150,21 @@ fn api_at_least(version: &str, major: u32, minor: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tells_podman_from_docker_by_its_components() {
+        use super::Product;
+        let podman = ["Podman Engine", "Conmon", "OCI Runtime (runc)"];
+        assert_eq!(
+            Product::from_components(podman.into_iter()),
+            Product::Podman
+        );
+        let docker = ["Engine", "containerd", "runc", "docker-init"];
+        assert_eq!(
+            Product::from_components(docker.into_iter()),
+            Product::Docker
+        );
+    }
+
     #[test]
     fn compares_api_versions() {
         assert!(super::api_at_least("1.41", 1, 39));

@@ -34,6 +34,7 @@ mod platforms;
 
 pub use builder::Builder;
 pub use builders::Builders;
+pub use classic::classic_context_digest;
 use classic::*;
 pub use error::BuildError;
 use error::Stopped;
@@ -53,6 +54,9 @@ pub struct BuiltImage {
     pub seconds: f64,
     /// What BuildKit read of the context (empty for the classic builder).
     pub transfers: Vec<Transfer>,
+    /// The sha256 of the context tar the classic builder was sent in full (None for
+    /// BuildKit, which reads what it needs through `transfers`).
+    pub sent_context: Option<String>,
     /// The manifest the engine pushed itself ([`Output::Registry`]); `id` is its digest
     /// then, and nothing was written to the engine.
     pub pushed: Option<PushedManifest>,
@@ -183,7 +187,8 @@ async fn build_once(
 
     let foreign = platform.os_arch() != engine.native.os_arch();
     let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
-    let (error, solved) = run_build(engine, spec, platform, &tag, output, &mut log).await?;
+    let (error, solved, sent_context) =
+        run_build(engine, spec, platform, &tag, output, &mut log).await?;
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
@@ -201,14 +206,20 @@ async fn build_once(
             tag,
             seconds: started.elapsed().as_secs_f64(),
             transfers,
+            sent_context,
             pushed: Some(pushed),
         }));
     }
-    built_in_engine(engine, spec, platform, tag, started, transfers).await
+    let read = (transfers, sent_context);
+    built_in_engine(engine, spec, platform, tag, started, read).await
 }
 
+/// How a build stopped when it did not succeed, what BuildKit answered, and the digest of
+/// the context the classic builder was sent.
+type Ran = (Option<Stopped>, Option<buildkit::Solved>, Option<String>);
+
 /// Runs the build through BuildKit, or the classic builder where the engine has no
-/// BuildKit; how it stopped when it did not succeed, else what BuildKit answered.
+/// BuildKit.
 async fn run_build(
     engine: &Engine,
     spec: &ImageSpec,
@@ -216,10 +227,14 @@ async fn run_build(
     tag: &str,
     output: Output<'_>,
     log: &mut BuildLog<'_>,
-) -> Result<(Option<Stopped>, Option<buildkit::Solved>)> {
+) -> Result<Ran> {
     if !engine.buildkit {
-        let failed = build_classic(engine, spec, platform, tag, log).await?;
-        return Ok((failed.map(Stopped::Failed), None));
+        let outcome = build_classic(engine, spec, platform, tag, log).await?;
+        return Ok((
+            outcome.failed.map(Stopped::Failed),
+            None,
+            outcome.sent_context,
+        ));
     }
     let exporter = match output {
         Output::Engine => buildkit::Exporter {
@@ -238,8 +253,8 @@ async fn run_build(
     let platforms = std::slice::from_ref(platform);
     Ok(
         match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
-            Ok(solved) => (None, Some(solved)),
-            Err(error) => (Some(Stopped::from(error)), None),
+            Ok(solved) => (None, Some(solved), None),
+            Err(error) => (Some(Stopped::from(error)), None, None),
         },
     )
 }
@@ -252,7 +267,7 @@ async fn built_in_engine(
     platform: &Platform,
     tag: String,
     started: Instant,
-    transfers: Vec<Transfer>,
+    (transfers, sent_context): (Vec<Transfer>, Option<String>),
 ) -> Result<Attempt> {
     let inspected = match engine.docker.inspect_image(&tag).await {
         Ok(inspected) => inspected,
@@ -272,6 +287,7 @@ async fn built_in_engine(
         tag,
         seconds: started.elapsed().as_secs_f64(),
         transfers,
+        sent_context,
         pushed: None,
     }))
 }

@@ -115,7 +115,8 @@ async fn build_together(
     for (unit, settings, emulated) in units {
         let entry = platform_entry(&index, &index_ref, unit)?;
         if let Some(key) = settings {
-            remember_reads(run, image, key, entry.digest.as_str(), &built.transfers).await;
+            let digest = entry.digest.as_str();
+            remember_reads(run, image, key, digest, &built.transfers, None).await;
         }
         remember_pushed(run, image, entry.digest.as_str(), &entry);
         let message = format!("pushed {} (by the engine)", entry.digest);

@@ -159,12 +159,16 @@ pub(super) async fn remember_reads(
     key: &str,
     built: &str,
     transfers: &[crate::buildkit::filesync::Transfer],
+    sent_context: Option<&str>,
 ) {
     let (spec, transfers) = (image.clone(), transfers.to_vec());
-    let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
-        .await
-        .ok()
-        .flatten();
+    let reads = match sent_context {
+        Some(sent) => Some(inputs::classic_reads(sent)),
+        None => tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
+            .await
+            .ok()
+            .flatten(),
+    };
     if let Some(reads) = reads {
         run.builds.remember(
             key,
@@ -220,7 +224,8 @@ pub(super) async fn build_unit(
         )
         .await?;
     if let Some(key) = &settings {
-        remember_reads(run, image, key, &built.id, &built.transfers).await;
+        let sent = built.sent_context.as_deref();
+        remember_reads(run, image, key, &built.id, &built.transfers, sent).await;
     }
     let build = build_info(builder, unit, emulated, built.seconds, run);
     if let Some(pushed) = built.pushed.clone() {
