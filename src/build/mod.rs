@@ -6,10 +6,10 @@
 use crate::buildkit::{self, filesync::Transfer};
 use crate::digest::Digest;
 use crate::engine::Engine;
-use crate::error::one_line;
 use crate::oci::ConfigPlatform;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
+use crate::text::one_line;
 use crate::{Error, Platform, Result};
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod builder;
+mod builders;
 mod classic;
 mod error;
 #[cfg(test)]
@@ -32,6 +33,7 @@ mod log;
 mod platforms;
 
 pub use builder::Builder;
+pub use builders::Builders;
 pub use classic::classic_context_digest;
 use classic::*;
 pub use error::BuildError;
@@ -115,30 +117,33 @@ enum Attempt {
     Lost(String),
 }
 
-/// Builds `spec` for `platform` into the temporary tag; `export_started` is set once the
-/// engine begins writing the image (from then on it may appear even if the build is cut off).
+/// One image × platform to build, and who hears about it.
+#[derive(Clone, Copy)]
+pub struct UnitBuild<'a> {
+    pub spec: &'a ImageSpec,
+    pub platform: &'a Platform,
+    /// Makes the temporary tag unique to this run.
+    pub run_id: &'a str,
+    pub output: Output<'a>,
+    pub reporter: &'a dyn Reporter,
+}
+
+/// Builds `unit` into the temporary tag; `export_started` is set once the engine begins
+/// writing the image (from then on it may appear even if the build is cut off).
 pub async fn build(
     engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
-    run_id: &str,
-    output: Output<'_>,
+    unit: UnitBuild<'_>,
     export_started: &AtomicBool,
-    reporter: &dyn Reporter,
 ) -> Result<BuiltImage> {
+    let UnitBuild {
+        spec,
+        platform,
+        reporter,
+        ..
+    } = unit;
     let mut attempt = 1;
     loop {
-        match build_once(
-            engine,
-            spec,
-            platform,
-            run_id,
-            output,
-            export_started,
-            reporter,
-        )
-        .await?
-        {
+        match build_once(engine, unit, export_started).await? {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
                 return Err(Error::Build {
@@ -162,13 +167,16 @@ pub async fn build(
 
 async fn build_once(
     engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
-    run_id: &str,
-    output: Output<'_>,
+    unit: UnitBuild<'_>,
     export_started: &AtomicBool,
-    reporter: &dyn Reporter,
 ) -> Result<Attempt> {
+    let UnitBuild {
+        spec,
+        platform,
+        run_id,
+        output,
+        reporter,
+    } = unit;
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
     let failed = |source: BuildError| Error::Build {
@@ -464,7 +472,7 @@ async fn solve_in_session(
                         message: format!(
                             "{} {platform_names}: the cache {reference} could not be imported ({}); building without it",
                             spec.name,
-                            crate::error::one_line(&error)
+                            crate::text::one_line(&error)
                         ),
                     });
                 }

@@ -9,7 +9,8 @@ use super::unit::{
 };
 use super::Run;
 use crate::build;
-use crate::engine::{Builders, Engine};
+use crate::build::Builders;
+use crate::engine::Engine;
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::Phase;

@@ -11,9 +11,9 @@ use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
-use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
+use crate::record::BuildWindow;
 use crate::registry::BlobProgress;
 use crate::store::{first_tag, ImageStore};
 use crate::{Error, Result};
@@ -405,11 +405,18 @@ async fn push_exported(
         store.put_layer(&reference, layer, &progress).await?;
     }
     store.put_config(&reference, &exported).await?;
-    let manifest =
-        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|e| Error::Export {
-            image: image.name.clone(),
-            source: crate::export::ExportError::Content(e),
-        })?;
+    let manifest = oci::image_manifest(
+        (&exported.config_digest, exported.config.len()),
+        exported
+            .layers
+            .iter()
+            .map(|layer| (&layer.digest, layer.size)),
+        &image.annotations.manifest,
+    )
+    .map_err(|e| Error::Export {
+        image: image.name.clone(),
+        source: crate::export::ExportError::Content(e),
+    })?;
     store.put_manifest(&reference, &manifest).await?;
     Ok(IndexEntry {
         digest: manifest.digest.clone(),
