@@ -7,6 +7,11 @@ CARGO ?= cargo
 TEST_THREADS ?= 2
 # extra libtest arguments, e.g. TEST_ARGS="--skip some::test"
 TEST_ARGS ?=
+# The integration tests that talk to the engine (build, export, emulation, sessions);
+# the others (verify, gate, values, …) read registries and files only.
+ENGINE_TESTS ?= --test binfmt --test build --test builders --test dependencies \
+  --test differential --test export --test interrupt --test registry --test reproducible \
+  --test runners --test session --test token_auth
 
 .PHONY: all build demo test lint fmt bench env fixtures
 
@@ -27,11 +32,17 @@ demo: build
 # Every test on the machine's engine (Docker 20.10, classic store), then the integration
 # tests again on Docker 26.1 with the containerd image store (scripts/engine26.sh). The
 # `netns_` tests bring their own Docker 26.1 on a test host (tests/remote_builders.rs)
-# and run once.
+# and run once. Then the integration tests whose outcome depends on the engine
+# (ENGINE_TESTS) on Docker 28.5 with the containerd store (scripts/engine28.sh), and the
+# `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
 test: env
-	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
+	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine26.sh host containerd) \
-	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ $(TEST_ARGS)
+	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ $(TEST_ARGS)
+	DOCKER_HOST=$$(bash scripts/engine28.sh host containerd) \
+	  $(CARGO) test $(ENGINE_TESTS) --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ $(TEST_ARGS)
+	DOCKER_HOST=$$(bash scripts/podman.sh host) \
+	  $(CARGO) test --test podman --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
 
 lint:
 	$(CARGO) clippy --all-targets -- -D warnings

@@ -9,6 +9,10 @@
 #   Docker 26.1 (containerd image store, scripts/engine26.sh): buildx 0.13.1 with the
 #     default `docker` driver: cold 2-platform, warm rerun, a 500 MB context with a
 #     changed package.json, and 10 images x 2 platforms against `docker buildx bake`.
+#   Docker 28.5 (containerd image store, scripts/engine28.sh): buildx 0.29.1 with the
+#     default `docker` driver: cold 2-platform, warm rerun.
+#   Podman 4.3 (scripts/podman.sh): cold 2-platform against `podman build --platform
+#     linux/amd64,linux/arm64 --manifest` + `podman manifest push --all`; warm rerun.
 #
 #   BENCH_RUNS=N         runs per figure (default 3; median reported)
 #   BENCH_VERIFY_RUNS    runs of each verify-only command (default 100: a run is ~20 ms)
@@ -16,7 +20,7 @@
 #   BENCH_BIG_CLASSIC    1 (default) also time docker build+push of the big layer once
 #   BENCH_CTX_MB         size of the big context in MB (default 500)
 #   BENCH_IMAGES         images in the many-images figure (default 10)
-#   BENCH_ENGINES        "20 26" (default), "20" or "26": which engines' figures to run
+#   BENCH_ENGINES        "20 26 28 podman" (default) or a subset: which engines' figures to run
 #   BENCH_PROFILE=0      no profile runs for missed targets
 #   BENCH_KEEP=1         keep the temp dir (logs, contexts, registry data)
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
@@ -43,9 +47,11 @@ BIG_MB="${BENCH_BIG_MB:-1024}"
 BIG_CLASSIC="${BENCH_BIG_CLASSIC:-1}"
 CTX_MB="${BENCH_CTX_MB:-500}"
 NIMG="${BENCH_IMAGES:-10}"
-ENGINES="${BENCH_ENGINES:-20 26}"
+ENGINES="${BENCH_ENGINES:-20 26 28 podman}"
 PROFILE="${BENCH_PROFILE:-1}"
-on20=0 on26=0
+on20=0 on26=0 on28=0 onpm=0
+[[ " $ENGINES " == *" 28 "* ]] && on28=1
+[[ " $ENGINES " == *" podman "* ]] && onpm=1
 [[ " $ENGINES " == *" 20 "* ]] && on20=1
 [[ " $ENGINES " == *" 26 "* ]] && on26=1
 started=$(date +%s)
@@ -169,6 +175,23 @@ if [[ $on26 == 1 ]]; then
   d26 buildx inspect default >/dev/null # the docker driver's default builder answers
 fi
 
+if [[ $on28 == 1 ]]; then
+  H28="$(bash scripts/engine28.sh start containerd)"
+  D28BIN="$(bash scripts/engine28.sh bin)"
+  D28CFG="$tmp/docker28-config"
+  mkdir -p "$D28CFG/cli-plugins"
+  ln -s "$(bash scripts/engine28.sh docker-config)/cli-plugins/docker-buildx" "$D28CFG/cli-plugins/docker-buildx"
+  printf '{}\n' >"$D28CFG/config.json"
+  d28() { DOCKER_HOST="$H28" DOCKER_CONFIG="$D28CFG" "$D28BIN/docker" "$@"; }
+  engine28_version="$(d28 version --format '{{.Server.Version}}')"
+  buildx28_version="$(d28 buildx version | awk '{print $2}')"
+fi
+if [[ $onpm == 1 ]]; then
+  HPM="$(bash scripts/podman.sh start)"
+  pm() { bash "$root/scripts/podman.sh" podman "$@"; }
+  podman_version="$(pm version --format '{{.Server.Version}}' 2>/dev/null || pm --version | awk '{print $3}')"
+fi
+
 # ------------------------------------------------------------------ helpers
 WITH_RUN=1 BINFMT=auto run_note=""
 # make_ctx DIR: FROM scratch, busybox per arch, RUN under QEMU for arm64, 20 MB blob.
@@ -281,16 +304,33 @@ run_classic() { # DIR REPO "amd64 arm64"
 }
 # buildx on Docker 26.1: one multi-platform build pushed as an index, then the same
 # read-back the classic workflow does (skopeo inspect --raw of the tag).
+BX=d26 # which engine's docker CLI runs buildx (d26, d28)
 run_buildx() { # DIR REPO "amd64 arm64"
   local dir="$1" repo="$2" a t0 plats=""
   for a in $3; do plats+="${plats:+,}linux/$a"; done
   t0=$(now)
   {
-    d26 buildx build -q --platform "$plats" --provenance=false --network none --push -t "$repo:t" "$dir" &&
+    "$BX" buildx build -q --platform "$plats" --provenance=false --network none --push -t "$repo:t" "$dir" &&
       skopeo inspect --raw --tls-verify=false "docker://$repo:t"
   } >>"$tmp/buildx.out" 2>>"$tmp/buildx.err" </dev/null \
     || { log "buildx build failed"; tail -n 20 "$tmp/buildx.err" >&2; return 1; }
   since "$t0"
+}
+# Podman's own multi-platform workflow: one build into a local manifest list, then a
+# push of the list and all its images, then the same read-back.
+run_podman() { # DIR REPO "amd64 arm64"
+  local dir="$1" repo="$2" a t0 plats="" list
+  for a in $3; do plats+="${plats:+,}linux/$a"; done
+  list="localhost/bench-list-$RANDOM$RANDOM"
+  t0=$(now)
+  {
+    pm build -q --network none --platform "$plats" --manifest "$list" "$dir" &&
+      pm manifest push --all --tls-verify=false "$list" "docker://$repo:t" &&
+      skopeo inspect --raw --tls-verify=false "docker://$repo:t"
+  } >>"$tmp/podman.out" 2>>"$tmp/podman.err" </dev/null \
+    || { log "podman build failed"; tail -n 20 "$tmp/podman.err" >&2; return 1; }
+  since "$t0"
+  pm manifest rm "$list" >/dev/null 2>&1 || true
 }
 # run_bake FILE TAG...: docker buildx bake of a generated docker-bake.hcl, then a
 # read-back of every tag.
@@ -335,7 +375,7 @@ add() { T[$1]+="$2 "; log "$1 run $3: $2s"; }
 failed_run() {
   local f
   log "$1 run $2 failed; the logs end with:"
-  for f in polyarch classic buildx; do [[ -s "$tmp/$f.err" ]] && { echo "== $f" && tail -n 6 "$tmp/$f.err"; } >&2; done
+  for f in polyarch classic buildx podman; do [[ -s "$tmp/$f.err" ]] && { echo "== $f" && tail -n 6 "$tmp/$f.err"; } >&2; done
   return 0
 }
 # cold CONTENDER KEY DIR REPO PLATFORMS RUN: a fresh context, then one timed run. A run
@@ -557,6 +597,43 @@ HCL
   done
 fi
 
+if [[ $on28 == 1 ]]; then
+  # ================================================================ Docker 28.5
+  PA_ENGINE=28 PA_HOST="$H28" BX=d28
+  log "28.5 warm-up: polyarch build (emulation memory for this engine), buildx build"
+  warmup
+  make_ctx "$tmp/warmup-bx28"
+  qemu_ok || ensure_qemu
+  run_buildx "$tmp/warmup-bx28" "$host/warmup/buildx28" "amd64 arm64" >/dev/null
+  use_cache c28
+  for ((i = 1; i <= RUNS; i++)); do
+    for c in polyarch buildx; do
+      key="c28-$c-2p"
+      cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
+      warm "$c" "c28-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
+    done
+  done
+  BX=d26
+fi
+
+if [[ $onpm == 1 ]]; then
+  # ================================================================ Podman 4.3
+  PA_ENGINE=podman PA_HOST="$HPM"
+  log "Podman warm-up: polyarch build (emulation memory for this engine), podman build"
+  warmup
+  make_ctx "$tmp/warmup-pm"
+  qemu_ok || ensure_qemu
+  run_podman "$tmp/warmup-pm" "$host/warmup/podman" "amd64 arm64" >/dev/null
+  use_cache cpm
+  for ((i = 1; i <= RUNS; i++)); do
+    for c in polyarch podman; do
+      key="cpm-$c-2p"
+      cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
+      warm "$c" "cpm-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
+    done
+  done
+fi
+
 for k in "${!T[@]}"; do
   # shellcheck disable=SC2086
   M[$k]=$(median ${T[$k]})
@@ -578,6 +655,14 @@ if [[ $on26 == 1 ]]; then
   row ctx "Docker $engine26_version" "${CTX_MB} MB context, changed package.json, 2 platforms" "${M[ctx-polyarch]}" "buildx $buildx_version" "${M[ctx-buildx]}" 1.0
   row many "Docker $engine26_version" "$NIMG images × 2 platforms, cold" "${M[many-polyarch]}" "buildx bake" "${M[many-bake]}" 1.0
   row many1 "Docker $engine26_version" "$NIMG images ÷ 1 image (polyarch, cold)" "${M[many-polyarch]}" "polyarch, 1 image" "${M[one-polyarch]}" 4.0
+fi
+if [[ $on28 == 1 ]]; then
+  row c28-2p "Docker $engine28_version" "cold build+push+verify, 2 platforms" "${M[c28-polyarch-2p]}" "buildx $buildx28_version" "${M[c28-buildx-2p]}" 1.0
+  row c28-warm "Docker $engine28_version" "warm no-change rerun, 2 platforms" "${M[c28-polyarch-warm]}" "buildx $buildx28_version" "${M[c28-buildx-warm]}" 0.5
+fi
+if [[ $onpm == 1 ]]; then
+  row cpm-2p "Podman $podman_version" "cold build+push+verify, 2 platforms" "${M[cpm-polyarch-2p]}" "podman build --manifest + manifest push" "${M[cpm-podman-2p]}" 1.0
+  row cpm-warm "Podman $podman_version" "warm no-change rerun, 2 platforms" "${M[cpm-polyarch-warm]}" "podman build --manifest + manifest push" "${M[cpm-podman-warm]}" 0.5
 fi
 declare -A R V
 failed=()
@@ -683,6 +768,8 @@ table() {
   echo "- date: $(date -u '+%Y-%m-%d %H:%M UTC'); nproc: $(nproc) (shared with other jobs; load average at the end: $(cut -d' ' -f1-3 /proc/loadavg))"
   [[ $on20 == 1 ]] && echo "- Docker $engine_version ($engine_driver storage, classic image store) at $H20; classic client: $DOCKER $("$DOCKER" version --format '{{.Client.Version}}')"
   [[ $on26 == 1 ]] && echo "- Docker $engine26_version (containerd image store: $engine26_driver) at $H26 (scripts/engine26.sh); buildx $buildx_version, default \`docker\` driver"
+  [[ $on28 == 1 ]] && echo "- Docker $engine28_version (containerd image store) at $H28 (scripts/engine28.sh); buildx $buildx28_version, default \`docker\` driver, the same commands as on 26.1"
+  [[ $onpm == 1 ]] && echo "- Podman $podman_version at $HPM (scripts/podman.sh, rootful \`podman system service\`): polyarch builds each platform through its Docker-compatible \`/build\` and pushes; the contender is \`podman build -q --network none --platform linux/amd64,linux/arm64 --manifest LIST DIR\` + \`podman manifest push --all LIST docker://REG/x:t\` + \`skopeo inspect --raw\` (its warm rerun: the same commands again, on Podman's layer cache)"
   echo "- polyarch: $(git -C "$root" rev-parse --short HEAD)$([[ -n "$(git -C "$root" status --porcelain -- src Cargo.toml Cargo.lock)" ]] && echo ' + uncommitted changes in the working tree') ($("$bin" --version 2>/dev/null || echo '?')), release build"
   echo "- runs per figure: $RUNS (median); verify-only: $VRUNS runs each (hyperfine median); total bench time ${elapsed}s"
   echo

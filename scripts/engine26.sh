@@ -7,6 +7,12 @@
 # and unpacked with `dpkg-deb -x` into a private prefix. The machine's engine
 # (/var/run/docker.sock, /etc/docker/daemon.json) is never touched.
 #
+# POLYARCH_DOCKER_SERIES=28 (or scripts/engine28.sh) does the same for Docker
+# 28.5 (API 1.51, containerd 2.1, buildx 0.29.1) from Debian sid: prefix
+# /opt/polyarch/docker28, names docker28-STORE, bridges pa28-containerd
+# (198.18.228.1/24) and pa28-classic (198.18.229.1/24), knobs
+# POLYARCH_DOCKER28_*; both series run side by side.
+#
 # Usage: engine26.sh COMMAND [STORE]      STORE: containerd (default) | classic
 #   install          unpack the engine into the prefix (no-op when the stamp
 #                    matches); apt-get installs bookworm's runc and tini only
@@ -65,20 +71,31 @@ export DEBIAN_FRONTEND=noninteractive
 # DOCKER_TLS_VERIFY / DOCKER_CERT_PATH) nor into our own `docker info` probes.
 unset DOCKER_HOST DOCKER_CONTEXT DOCKER_TLS_VERIFY DOCKER_CERT_PATH DOCKER_CONFIG NOTIFY_SOCKET
 
-prefix="${POLYARCH_DOCKER26_PREFIX:-/opt/polyarch/docker26}"
+# The series: 26 (trixie's 26.1) or 28 (sid's 28.5, containerd 2.1, buildx
+# 0.29). Everything of one series (prefix, sockets, data roots, bridges) is
+# named after it, so both run side by side.
+series="${POLYARCH_DOCKER_SERIES:-26}"
+case "$series" in
+  26) suite=trixie expect_version="26.1." bip_c=198.18.226.1/24 bip_k=198.18.227.1/24 ;;
+  28) suite=sid expect_version="28.5." bip_c=198.18.228.1/24 bip_k=198.18.229.1/24 ;;
+  *) printf 'engine%s: ERROR: POLYARCH_DOCKER_SERIES must be 26 or 28\n' "$series" >&2; exit 2 ;;
+esac
+name="docker$series"
+prefix_var="POLYARCH_DOCKER${series}_PREFIX" wait_var="POLYARCH_DOCKER${series}_WAIT"
+prefix="${!prefix_var:-/opt/polyarch/$name}"
 prefix="${prefix%/}"
 run_dir=/run/polyarch
 state_dir=/var/lib/polyarch
 log_dir=/var/log/polyarch
-wait_secs="${POLYARCH_DOCKER26_WAIT:-90}"
-suite=trixie
+wait_secs="${!wait_var:-90}"
 pkgs=(docker.io docker-cli containerd docker-buildx)
-expect_version="26.1." # dockerd --version must contain this
 # Bump when the prefix layout or the way it is made changes: forces a reinstall.
 layout=1
-stamp="$prefix/.polyarch-docker26"
+stamp="$prefix/.polyarch-$name"
 
-log() { printf 'engine26: %s\n' "$*" >&2; }
+# knob NAME DEFAULT : $POLYARCH_DOCKER<series>_NAME, else DEFAULT
+knob() { local v="POLYARCH_DOCKER${series}_$1"; printf '%s\n' "${!v:-$2}"; }
+log() { printf 'engine%s: %s\n' "$series" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 need_root() { [[ $(id -u) -eq 0 ]] || die "$1 needs root"; }
 
@@ -89,15 +106,15 @@ store_of() { # store_of [STORE] -> validated store name
     *) die "unknown store '$s' (containerd or classic)" ;;
   esac
 }
-sock_of() { printf '%s/docker26-%s.sock\n' "$run_dir" "$1"; }
+sock_of() { printf '%s/%s-%s.sock\n' "$run_dir" "$name" "$1"; }
 host_of() { printf 'unix://%s\n' "$(sock_of "$1")"; }
-pidfile_of() { printf '%s/docker26-%s.pid\n' "$run_dir" "$1"; }
-log_of() { printf '%s/docker26-%s.log\n' "$log_dir" "$1"; }
-bridge_of() { printf 'pa26-%s\n' "$1"; } # at most 15 characters
+pidfile_of() { printf '%s/%s-%s.pid\n' "$run_dir" "$name" "$1"; }
+log_of() { printf '%s/%s-%s.log\n' "$log_dir" "$name" "$1"; }
+bridge_of() { printf 'pa%s-%s\n' "$series" "$1"; } # at most 15 characters
 bip_of() {
   case "$1" in
-    containerd) printf '%s\n' "${POLYARCH_DOCKER26_BIP_CONTAINERD:-198.18.226.1/24}" ;;
-    classic) printf '%s\n' "${POLYARCH_DOCKER26_BIP_CLASSIC:-198.18.227.1/24}" ;;
+    containerd) printf '%s\n' "$(knob BIP_CONTAINERD "$bip_c")" ;;
+    classic) printf '%s\n' "$(knob BIP_CLASSIC "$bip_k")" ;;
   esac
 }
 
@@ -131,8 +148,10 @@ apt_install_host() { # apt_install_host PKG... (bookworm packages for the host)
 # The Debian archive the host already uses for bookworm (a local mirror or
 # proxy keeps working), else Debian's CDN.
 debian_mirror() {
-  if [[ -n "${POLYARCH_DOCKER26_MIRROR:-}" ]]; then
-    printf '%s\n' "${POLYARCH_DOCKER26_MIRROR%/}"
+  local m
+  m="$(knob MIRROR "")"
+  if [[ -n "$m" ]]; then
+    printf '%s\n' "${m%/}"
     return
   fi
   local uri rel comp
@@ -153,7 +172,7 @@ do_install() {
   exec 9>"$prefix.lock"
   flock -w 900 9 || die "timed out waiting for $prefix.lock"
   if installed; then exec 9>&-; return 0; fi # another process finished it
-  [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "Docker 26.1 not installed in $prefix (POLYARCH_SKIP_INSTALL=1)"
+  [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "Docker $expect_version not installed in $prefix (POLYARCH_SKIP_INSTALL=1)"
   local t0=$SECONDS
 
   # bookworm's runc (trixie's needs glibc 2.38) and tini-static as docker-init
@@ -165,7 +184,7 @@ do_install() {
   tini_ok || die "/usr/bin/tini-static still missing"
 
   local tmp arch mirror keyring opts=()
-  tmp="$(mktemp -d /var/tmp/polyarch-docker26.XXXXXX)"
+  tmp="$(mktemp -d /var/tmp/polyarch-$name.XXXXXX)"
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp' '$prefix.new.$$'" EXIT
   arch="$(dpkg --print-architecture)"
@@ -218,7 +237,7 @@ do_install() {
     printf 'layout=%s\n' "$layout"
     printf '%s\n' "${versions[@]}"
     printf '# %s\n# %s\n# %s\n' "$dv" "$cv" "$bv"
-  } >"$stage/.polyarch-docker26"
+  } >"$stage/.polyarch-$name"
 
   if [[ -e "$prefix" ]]; then
     mv "$prefix" "$prefix.old.$$"
@@ -262,8 +281,8 @@ engine_pid() {
 
 lock_store() { # holds fd 8 until the script exits
   mkdir -p "$run_dir"
-  exec 8>"$run_dir/docker26-$1.lock"
-  flock -w $((wait_secs + 120)) 8 || die "timed out waiting for $run_dir/docker26-$1.lock"
+  exec 8>"$run_dir/$name-$1.lock"
+  flock -w $((wait_secs + 120)) 8 || die "timed out waiting for $run_dir/$name-$1.lock"
 }
 
 write_config() { # write_config STORE FILE
@@ -271,8 +290,8 @@ write_config() { # write_config STORE FILE
   [[ "$1" == containerd ]] && snap=true
   {
     printf '{\n  "features": {"containerd-snapshotter": %s}' "$snap"
-    if [[ "$1" == classic && -n "${POLYARCH_DOCKER26_STORAGE_DRIVER:-}" ]]; then
-      printf ',\n  "storage-driver": "%s"' "$POLYARCH_DOCKER26_STORAGE_DRIVER"
+    if [[ "$1" == classic && -n "$(knob STORAGE_DRIVER "")" ]]; then
+      printf ',\n  "storage-driver": "%s"' "$(knob STORAGE_DRIVER "")"
     fi
     printf '\n}\n'
   } >"$2.tmp"
@@ -289,7 +308,7 @@ ensure_bridge() { # ensure_bridge STORE
     [[ -n "$(ip -4 -o addr show dev "$br")" ]] && return 0
   else
     other="$(ip -4 route show to match "${bip%/*}" | grep -v '^default' || true)"
-    [[ -z "$other" ]] || die "the bridge address $bip of $br overlaps a route: $other (set POLYARCH_DOCKER26_BIP_${1^^})"
+    [[ -z "$other" ]] || die "the bridge address $bip of $br overlaps a route: $other (set POLYARCH_DOCKER${series}_BIP_${1^^})"
     log "creating bridge $br with $bip"
     ip link add name "$br" type bridge
   fi
@@ -324,18 +343,18 @@ do_start() {
   pid="$(engine_pid "$s" || true)"
   if [[ -z "$pid" ]]; then
     rm -f "$(pidfile_of "$s")"
-    cfg="$state_dir/docker26-$s.json"
+    cfg="$state_dir/$name-$s.json"
     write_config "$s" "$cfg"
     ensure_bridge "$s"
     if [[ -f "$lg" && $(stat -c %s "$lg") -gt 10000000 ]]; then mv -f "$lg" "$lg.1"; fi
     args=(
       --config-file "$cfg"
       --host "$(host_of "$s")"
-      --data-root "$state_dir/docker26-$s"
-      --exec-root "$run_dir/docker26-$s"
+      --data-root "$state_dir/$name-$s"
+      --exec-root "$run_dir/$name-$s"
       --pidfile "$(pidfile_of "$s")"
-      --containerd-namespace "polyarch-docker26-$s"
-      --containerd-plugins-namespace "polyarch-docker26-$s-plugins"
+      --containerd-namespace "polyarch-$name-$s"
+      --containerd-plugins-namespace "polyarch-$name-$s-plugins"
       --init-path "$prefix/usr/bin/docker-init"
       --bridge "$(bridge_of "$s")"
       --iptables=false --ip6tables=false --ip-forward=false
@@ -349,7 +368,7 @@ do_start() {
       exec setsid "$prefix/usr/sbin/dockerd" "${args[@]}"
     ) >>"$lg" 2>&1 </dev/null 8>&- 9>&- &
     pid=$!
-    log "starting dockerd 26.1 ($s store, pid $pid, log $lg)"
+    log "starting dockerd $expect_version ($s store, pid $pid, log $lg)"
   else
     log "dockerd $pid ($s store) is running but does not answer yet; waiting"
   fi
@@ -368,7 +387,7 @@ do_start() {
     fi
     sleep 0.1 # poll interval
   done
-  log "docker26-$s up: DOCKER_HOST=$(host_of "$s") ($(docker26 "$s" info --format '{{.ServerVersion}}, {{.Driver}}'))"
+  log "$name-$s up: DOCKER_HOST=$(host_of "$s") ($(docker26 "$s" info --format '{{.ServerVersion}}, {{.Driver}}'))"
   host_of "$s"
 }
 
@@ -380,12 +399,12 @@ do_stop() {
     log "stopping dockerd $pid ($s store)"
     kill_engine "$pid"
   else
-    log "docker26-$s is not running"
+    log "$name-$s is not running"
   fi
   # A dockerd that was SIGKILLed leaves its managed containerd behind.
-  cpid="$(cat "$run_dir/docker26-$s/containerd/containerd.pid" 2>/dev/null || true)"
+  cpid="$(cat "$run_dir/$name-$s/containerd/containerd.pid" 2>/dev/null || true)"
   if [[ "$cpid" =~ ^[0-9]+$ ]] && tr '\0' ' ' <"/proc/$cpid/cmdline" 2>/dev/null |
-    grep -qF "$run_dir/docker26-$s/containerd/"; then
+    grep -qF "$run_dir/$name-$s/containerd/"; then
     log "stopping leftover containerd $cpid"
     kill "$cpid" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do kill -0 "$cpid" 2>/dev/null || break; sleep 0.1; done
@@ -393,8 +412,8 @@ do_stop() {
   rm -f "$(pidfile_of "$s")"
   # dockerd bind-mounts its data root onto itself (shared propagation) and
   # does not always undo it; unmount so that the directory can be removed.
-  if mountpoint -q "$state_dir/docker26-$s" 2>/dev/null; then
-    umount "$state_dir/docker26-$s" || log "could not unmount $state_dir/docker26-$s"
+  if mountpoint -q "$state_dir/$name-$s" 2>/dev/null; then
+    umount "$state_dir/$name-$s" || log "could not unmount $state_dir/$name-$s"
   fi
   if command -v ip >/dev/null 2>&1 && ip link show dev "$(bridge_of "$s")" >/dev/null 2>&1; then
     ip link del dev "$(bridge_of "$s")" || log "could not delete bridge $(bridge_of "$s")"

@@ -142,6 +142,17 @@ if [[ "${POLYARCH_SKIP_DOCKER26:-}" != 1 ]]; then
   bash "$root/scripts/engine26.sh" install
   bash "$root/scripts/engine26.sh" start containerd >/dev/null
 fi
+# Docker 28.5 with the containerd image store (scripts/engine28.sh;
+# POLYARCH_SKIP_DOCKER28=1 skips it).
+if [[ "${POLYARCH_SKIP_DOCKER28:-}" != 1 ]]; then
+  bash "$root/scripts/engine28.sh" install
+  bash "$root/scripts/engine28.sh" start containerd >/dev/null
+fi
+# Podman 4.3's Docker-compatible API on its own socket (scripts/podman.sh;
+# POLYARCH_SKIP_PODMAN=1 skips it).
+if [[ "${POLYARCH_SKIP_PODMAN:-}" != 1 ]]; then
+  bash "$root/scripts/podman.sh" start >/dev/null
+fi
 # A standalone buildkitd (scripts/buildkitd.sh; POLYARCH_SKIP_BUILDKITD=1 skips it).
 if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
   bash "$root/scripts/buildkitd.sh" start >/dev/null

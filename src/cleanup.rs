@@ -1,7 +1,7 @@
 //! What a run created in the engines (temporary images), removed when it ends, fails or
 //! is interrupted.
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Product};
 use crate::progress::{Event, Reporter};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,6 +79,15 @@ impl Cleanup {
             }
             if first {
                 first = false;
+                if let Some(podman) = left.iter().find(|i| i.engine.product == Product::Podman) {
+                    reporter.report(Event::Warning {
+                        message: format!(
+                            "{} at {} cannot cancel a build in flight: its current step runs to its end before Podman drops the build and its Buildah containers (`podman ps -a --external` lists them meanwhile; `podman rm -f ID` removes one at once)",
+                            podman.engine.product_version(),
+                            podman.engine.endpoint
+                        ),
+                    });
+                }
                 reporter.report(Event::Note {
                     message: format!(
                         "waiting up to {}s for {} cut-off build(s) to end in the engine, to remove their temporary images; interrupt again to exit now",

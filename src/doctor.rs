@@ -109,7 +109,14 @@ async fn plan_lines(
                     .collect::<Vec<_>>()
                     .join(", ")
             })
-            .unwrap_or_else(|| format!("{} ({})", engine.endpoint, engine.native));
+            .unwrap_or_else(|| {
+                format!(
+                    "{} ({}, {})",
+                    engine.endpoint,
+                    engine.product_version(),
+                    engine.native
+                )
+            });
         lines.push(PlanLine {
             image: unit.image.name.clone(),
             platform: unit.platform.clone(),
@@ -158,8 +165,11 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
                 "engine",
                 Verdict::Ok,
                 format!(
-                    "{} reachable: Docker {} (API {}), {}",
-                    engine.endpoint, engine.server_version, engine.api_version, engine.native
+                    "{} reachable: {} (API {}), {}",
+                    engine.endpoint,
+                    engine.product_version(),
+                    engine.api_version,
+                    engine.native
                 ),
                 None,
             ));
@@ -210,6 +220,16 @@ fn host_checks(engine: &Engine) -> Vec<Check> {
                 }
             ),
             None,
+        )
+    } else if engine.product == crate::engine::Product::Podman {
+        check(
+            "buildkit",
+            Verdict::Warn,
+            format!(
+                "{} has no BuildKit: each platform builds through its Docker-compatible /build (Buildah), one request per platform; secrets, ssh and registry cache are refused",
+                engine.product_version()
+            ),
+            Some("for BuildKit-only features build on a Docker engine (DOCKER_HOST) or give the platform a Docker builder under `builders:`"),
         )
     } else {
         check(
@@ -316,9 +336,9 @@ async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check
         Err(e) => return check(&name, Verdict::Fail, e.to_string(), None),
     };
     let reached = format!(
-        "{} reachable: Docker {} (API {}), {}",
+        "{} reachable: {} (API {}), {}",
         engine.location.address(),
-        engine.server_version,
+        engine.product_version(),
         engine.api_version,
         engine.native
     );

@@ -1,13 +1,9 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
 use crate::endpoint::{Endpoint, EndpointError};
-use crate::plan::{Plan, Unit};
 use crate::platform::Platform;
-use crate::progress::{Event, Reporter};
-use crate::project::{BuilderSpec, Fallback};
-use crate::{Error, Result};
+use crate::Result;
 use bollard::Docker;
-use std::collections::BTreeMap;
 
 #[derive(Clone)]
 pub struct Engine {
@@ -16,6 +12,8 @@ pub struct Engine {
     pub native: Platform,
     pub api_version: String,
     pub server_version: String,
+    /// Which engine answers the Docker API: Docker, or Podman's compatible service.
+    pub product: Product,
     /// Whether the engine has BuildKit, reached through `/grpc` and `/session`.
     pub buildkit: bool,
     /// Whether images live in containerd's image store rather than the classic one.
@@ -29,6 +27,36 @@ pub struct Engine {
     pub identity: String,
 }
 
+/// The engine behind the Docker API, told by `/version`'s components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Product {
+    Docker,
+    /// Podman's Docker-compatible service: no BuildKit (`/grpc`, `/session`), its `/build`
+    /// is Buildah's, one platform per request.
+    Podman,
+}
+
+impl std::fmt::Display for Product {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Product::Docker => "Docker",
+            Product::Podman => "Podman",
+        })
+    }
+}
+
+impl Product {
+    /// Podman names itself "Podman Engine" among `/version`'s components; Docker names
+    /// "Engine".
+    fn from_components<'a>(mut names: impl Iterator<Item = &'a str>) -> Product {
+        if names.any(|name| name.starts_with("Podman")) {
+            Product::Podman
+        } else {
+            Product::Docker
+        }
+    }
+}
+
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
@@ -40,6 +68,11 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
+    /// The engine's product and version, e.g. "Docker 28.5.2" or "Podman 4.3.1".
+    pub fn product_version(&self) -> String {
+        format!("{} {}", self.product, self.server_version)
+    }
+
     /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
     /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
     /// the local socket) and negotiates the API version.
@@ -73,16 +106,25 @@ impl Engine {
             .unwrap_or_else(|| std::env::consts::ARCH.into());
         let native = Platform::new(&os, &arch, None);
         let api_version = version.api_version.clone().unwrap_or_default();
-        let buildkit = api_at_least(&api_version, 1, 39) && os == "linux";
+        let product =
+            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
+        // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
+        let buildkit =
+            api_at_least(&api_version, 1, 39) && os == "linux" && product == Product::Docker;
         let containerd_store = info.driver_status.iter().flatten().any(|pair| {
             pair.first().is_some_and(|k| k == "driver-type")
                 && pair
                     .get(1)
                     .is_some_and(|v| v == "io.containerd.snapshotter.v1")
         });
+        // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
+        let id = match product {
+            Product::Docker => info.id.as_deref(),
+            Product::Podman => info.docker_root_dir.as_deref(),
+        };
         let identity = format!(
             "{endpoint}|{}|{}",
-            info.id.as_deref().unwrap_or_default(),
+            id.unwrap_or_default(),
             info.kernel_version.as_deref().unwrap_or_default()
         );
         Ok(Engine {
@@ -91,105 +133,12 @@ impl Engine {
             native,
             api_version,
             server_version: version.version.unwrap_or_default(),
+            product,
             buildkit,
             containerd_store,
             endpoint,
             location,
         })
-    }
-}
-
-/// The engines a build uses: the default one, and native builders per platform from
-/// the project's `builders:`.
-#[derive(Debug, Clone)]
-pub struct Builders {
-    pub default: Engine,
-    /// The reachable builders of each platform, in the file's order.
-    pub by_platform: BTreeMap<Platform, Vec<Engine>>,
-    /// Platforms whose builders were all unreachable and that build on the default engine
-    /// instead (`fallback: emulate`), with why.
-    pub fallbacks: BTreeMap<Platform, String>,
-    /// The plan's images in order: the i-th image's build of a platform goes to that
-    /// platform's builder i mod n, spreading images over a list of builders.
-    images: Vec<String>,
-}
-
-impl Builders {
-    /// Connects every builder the plan needs, so an unreachable one fails before any
-    /// build. In a list, an unreachable builder is left out (with a warning) while another
-    /// answers; when none does and one has `fallback: emulate`, the default engine takes
-    /// the platform.
-    pub async fn connect(
-        default: Engine,
-        specs: &BTreeMap<Platform, Vec<BuilderSpec>>,
-        plan: &Plan<'_>,
-        reporter: &dyn Reporter,
-    ) -> Result<Builders> {
-        let mut by_platform = BTreeMap::new();
-        let mut fallbacks = BTreeMap::new();
-        for (platform, specs) in specs {
-            if !plan.units.iter().any(|u| &u.platform == platform) {
-                continue;
-            }
-            let mut reachable = Vec::new();
-            let mut failures = Vec::new();
-            for spec in specs {
-                match async { Engine::connect_to(spec.endpoint()?).await }.await {
-                    Ok(engine) => reachable.push(engine),
-                    Err(source) => failures.push((spec, source)),
-                }
-            }
-            if !reachable.is_empty() {
-                for (spec, source) in failures {
-                    reporter.report(Event::Warning {
-                        message: format!(
-                            "builder {spec} for {platform} is unreachable: {source}; its builds go to the platform's other builders"
-                        ),
-                    });
-                }
-                by_platform.insert(platform.clone(), reachable);
-                continue;
-            }
-            let emulate = specs.iter().any(|s| s.fallback == Fallback::Emulate);
-            let Some((spec, source)) = failures.into_iter().next() else {
-                continue;
-            };
-            if !emulate {
-                return Err(Error::Builder {
-                    platform: platform.to_string(),
-                    source,
-                });
-            }
-            let why = format!("builder {spec} is unreachable: {source}");
-            reporter.report(Event::Warning {
-                message: format!(
-                    "{why}; building {platform} on {} instead, under QEMU where it runs anything (fallback: emulate)",
-                    default.endpoint
-                ),
-            });
-            fallbacks.insert(platform.clone(), why);
-        }
-        Ok(Builders {
-            default,
-            by_platform,
-            fallbacks,
-            images: plan.images.iter().map(|i| i.name.clone()).collect(),
-        })
-    }
-
-    /// The engine that builds `unit`: one of its platform's builders, else the default.
-    pub fn for_unit(&self, unit: &Unit<'_>) -> &Engine {
-        match self.by_platform.get(&unit.platform) {
-            Some(engines) if !engines.is_empty() => {
-                let slot = self
-                    .images
-                    .iter()
-                    .position(|name| *name == unit.image.name)
-                    .unwrap_or(0);
-                &engines[slot % engines.len()]
-            }
-            _ => &self.default,
-        }
     }
 }
 
@@ -201,6 +150,21 @@ fn api_at_least(version: &str, major: u32, minor: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tells_podman_from_docker_by_its_components() {
+        use super::Product;
+        let podman = ["Podman Engine", "Conmon", "OCI Runtime (runc)"];
+        assert_eq!(
+            Product::from_components(podman.into_iter()),
+            Product::Podman
+        );
+        let docker = ["Engine", "containerd", "runc", "docker-init"];
+        assert_eq!(
+            Product::from_components(docker.into_iter()),
+            Product::Docker
+        );
+    }
+
     #[test]
     fn compares_api_versions() {
         assert!(super::api_at_least("1.41", 1, 39));

@@ -19,6 +19,10 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// A reference (on the command line or in a file) that does not parse.
+    #[error(transparent)]
+    Reference(#[from] crate::reference::ReferenceError),
+
     /// The default engine cannot be resolved or reached.
     #[error("docker engine: {0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),
@@ -76,20 +80,16 @@ pub enum Error {
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Project { .. } | Error::Usage(_) => 2,
+            Error::Project { .. } | Error::Usage(_) | Error::Reference(_) => 2,
             Error::Interrupted => 130,
             _ => 3,
         }
     }
 
-    /// A file named on the command line that cannot be read: a usage error, not a failure.
-    pub fn input(path: &std::path::Path, source: std::io::Error) -> Self {
-        Error::Usage(format!(
-            "{}: cannot read it ({source}); check the path on the command line",
-            path.display()
-        ))
-    }
-
+    /// A file polyarch reads or writes on its own (project-relative paths, the cache, the
+    /// spool, outputs) that fails: a failure (exit 3). A file the user named on the command
+    /// line that cannot be read is theirs to fix: a usage error (exit 2) worded by
+    /// [`crate::text::unreadable_argument`].
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
@@ -98,13 +98,24 @@ impl Error {
     }
 }
 
-/// Collapses a multi-line message (engine or registry output, a quoted project value)
-/// into one line: no control characters reach the terminal.
-pub fn one_line(text: &str) -> String {
-    text.split(|c: char| c.is_whitespace() || c.is_control())
-        .filter(|word| !word.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+/// Gate input mistakes stay usage errors (exit 2), failures to read stay I/O errors (exit 3).
+impl From<crate::k8s::K8sError> for Error {
+    fn from(error: crate::k8s::K8sError) -> Self {
+        match error {
+            crate::k8s::K8sError::Usage(message) => Error::Usage(message),
+            crate::k8s::K8sError::Io { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
+/// A part file's mistakes stay usage errors (exit 2), failures to write stay I/O errors (3).
+impl From<crate::record::RecordError> for Error {
+    fn from(error: crate::record::RecordError) -> Self {
+        match error {
+            crate::record::RecordError::Usage(message) => Error::Usage(message),
+            crate::record::RecordError::Io { path, source } => Error::Io { path, source },
+        }
+    }
 }
 
 /// Exit codes as documented in `--help` and the README.

@@ -38,20 +38,31 @@ pub struct RememberedBuild {
     pub reads: Vec<ContextRead>,
 }
 
+/// The one read of a classic build (no BuildKit: old Docker, Podman): the whole context
+/// tar it was sent, by its sha256 ([`build::classic_context_digest`]).
+const CLASSIC_CONTEXT: &str = "classic-context-tar";
+
+/// What a classic build read: the context tar whose sha256 is `sent`.
+pub fn classic_reads(sent: &str) -> Vec<ContextRead> {
+    vec![ContextRead {
+        dir: CLASSIC_CONTEXT.into(),
+        include: Vec::new(),
+        exclude: Vec::new(),
+        follow: Vec::new(),
+        digest: sent.to_string(),
+    }]
+}
+
 /// The digest of the build's settings and of the images its Dockerfile names (the
 /// engine's image ID, or the registry's digest for one the engine does not hold). None
-/// when no key can be trusted: an engine without BuildKit (its reads are not seen), a
-/// Dockerfile reading something no key can pin (see [`dockerfile::external_images`]), or
-/// an image that cannot be resolved.
+/// when no key can be trusted: a Dockerfile reading something no key can pin (see
+/// [`dockerfile::external_images`]), or an image that cannot be resolved.
 pub async fn settings_key(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
     remote: &RemoteBases,
 ) -> Result<Option<String>> {
-    if !engine.buildkit {
-        return Ok(None);
-    }
     let path = spec.context.join(&spec.dockerfile);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     let mut args: HashMap<String, String> = build::platform_build_args(platform, &engine.native)
@@ -203,10 +214,13 @@ impl Replays {
             let (spec, replayed) = (spec.clone(), read.clone());
             let now = cell
                 .get_or_init(|| async move {
-                    tokio::task::spawn_blocking(move || replay(&spec, &replayed).map(|(_, d)| d))
-                        .await
-                        .ok()
-                        .flatten()
+                    tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
+                        CLASSIC_CONTEXT => build::classic_context_digest(&spec).ok(),
+                        _ => replay(&spec, &replayed).map(|(_, d)| d),
+                    })
+                    .await
+                    .ok()
+                    .flatten()
                 })
                 .await;
             if now.as_deref() != Some(read.digest.as_str()) {

@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod assemble;
+pub mod attachment;
 pub mod binfmt;
 pub mod build;
 pub mod buildkit;
@@ -40,6 +41,7 @@ pub mod reference;
 pub mod registry;
 pub mod reproducible;
 pub mod store;
+pub mod text;
 pub mod verify;
 pub use error::{Error, Result};
 pub use platform::Platform;

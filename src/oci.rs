@@ -2,7 +2,6 @@
 //! and reading what registries hold (OCI index/manifest, Docker manifest list/v2 schema 2).
 
 use crate::digest::{Digest, DigestError};
-use crate::export::ExportedImage;
 use crate::platform::Platform;
 use oci_spec::image::{
     Arch, Descriptor, DescriptorBuilder, ImageIndex, ImageIndexBuilder, ImageManifest,
@@ -128,27 +127,28 @@ impl ConfigPlatform {
     }
 }
 
-/// The image manifest for one exported platform image (its config as exported: the
-/// engine's own bytes, unless rewritten for SOURCE_DATE_EPOCH), with `annotations` when
-/// there are any.
-pub fn image_manifest(
-    image: &ExportedImage,
+/// The image manifest for one exported platform image: its config as exported (the
+/// engine's own bytes, unless rewritten for SOURCE_DATE_EPOCH) and its layers in rootfs
+/// order, each as (digest, size), with `annotations` when there are any.
+pub fn image_manifest<'a>(
+    config: (&Digest, usize),
+    layers: impl IntoIterator<Item = (&'a Digest, u64)>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<ManifestBlob, OciError> {
+    let (config_digest, config_size) = config;
     let config = DescriptorBuilder::default()
         .media_type(MediaType::ImageConfig)
-        .digest(image.config_digest.to_oci())
-        .size(image.config.len() as u64)
+        .digest(config_digest.to_oci())
+        .size(config_size as u64)
         .build()
         .map_err(OciError::Build)?;
-    let layers = image
-        .layers
-        .iter()
-        .map(|layer| {
+    let layers = layers
+        .into_iter()
+        .map(|(digest, size)| {
             DescriptorBuilder::default()
                 .media_type(MediaType::ImageLayerGzip)
-                .digest(layer.digest.to_oci())
-                .size(layer.size)
+                .digest(digest.to_oci())
+                .size(size)
                 .build()
                 .map_err(OciError::Build)
         })

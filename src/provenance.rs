@@ -3,47 +3,24 @@
 //! attached as an OCI referrer of the platform manifest (`subject` set) rather than as an
 //! index entry: the index keeps exactly the platform manifests, which every runtime reads.
 
+use crate::attachment::{Referrer, IN_TOTO, PREDICATE_TYPE, SLSA_PROVENANCE};
 use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
 use crate::platform::Platform;
 use crate::project::ImageSpec;
 use crate::publish::Pushed;
-use crate::record::Attached;
 use crate::{build, dockerfile};
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use time::format_description::well_known::Rfc3339;
 
-/// The artifact type (and layer media type) of an in-toto statement.
-pub const IN_TOTO: &str = "application/vnd.in-toto+json";
+/// The in-toto statement format this writes.
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
-pub const SLSA_PROVENANCE: &str = "https://slsa.dev/provenance/v1";
-/// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
-pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
 /// What `externalParameters` mean: documented in the README's "Provenance" section.
 pub const BUILD_TYPE: &str = "urn:polyarch:build:dockerfile:v1";
 const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const EMPTY_JSON: &[u8] = b"{}";
-
-/// A referrer ready to push: its blobs, then its manifest by digest, then listed for its
-/// subject.
-#[derive(Debug, Clone)]
-pub struct Referrer {
-    /// The platform manifest it is attached to.
-    pub subject: Digest,
-    pub manifest: ManifestBlob,
-    /// `(bytes, digest)` of the config and layer.
-    pub blobs: Vec<(Vec<u8>, Digest)>,
-    pub predicate_type: String,
-}
-
-/// When one platform's build ran, for the statement's metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BuildWindow {
-    pub started: time::OffsetDateTime,
-    pub finished: time::OffsetDateTime,
-}
 
 /// The in-toto statement (SLSA provenance v1) for one pushed platform image. It names
 /// build-arg and secret ids, never their values.
@@ -143,15 +120,6 @@ fn dependencies(image: &ImageSpec, platform: &Platform) -> Vec<Value> {
         .collect()
 }
 
-impl BuildWindow {
-    /// A build's window from its duration, taken when it has just finished.
-    pub fn ending_now(seconds: f64) -> Self {
-        let finished = time::OffsetDateTime::now_utc();
-        let started = finished - time::Duration::seconds_f64(seconds.max(0.0));
-        BuildWindow { started, finished }
-    }
-}
-
 fn rfc3339(at: time::OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
 }
@@ -200,86 +168,6 @@ pub fn referrer(pushed: &Pushed, statement: &Value) -> Referrer {
         blobs: vec![(EMPTY_JSON.to_vec(), empty_digest), (layer, layer_digest)],
         predicate_type: SLSA_PROVENANCE.to_string(),
     }
-}
-
-impl Referrer {
-    /// The descriptor a referrers listing holds for it.
-    pub fn descriptor(&self) -> Value {
-        json!({
-            "mediaType": self.manifest.media_type,
-            "digest": self.manifest.digest,
-            "size": self.manifest.bytes.len(),
-            "artifactType": IN_TOTO,
-            "annotations": { PREDICATE_TYPE: self.predicate_type },
-        })
-    }
-
-    /// Whether `listed` (a referrers listing of the subject) already holds a statement of
-    /// this predicate type: a platform image keeps the provenance it has, so a rebuild to
-    /// the same digest or a rerun adds no second one.
-    pub fn already_in(&self, listed: &[Value]) -> bool {
-        attached(listed)
-            .iter()
-            .any(|a| a.predicate_type.as_deref() == Some(self.predicate_type.as_str()))
-    }
-}
-
-/// The referrers tag schema's tag for a subject: `sha256-<hex>`.
-pub fn referrers_tag(subject: &Digest) -> String {
-    format!("{}-{}", subject.algorithm(), subject.hex())
-}
-
-/// The tag schema's index after adding `descriptor`: every entry it had is kept, one with
-/// the same digest replaced.
-pub fn tag_schema_index(listed: Vec<Value>, descriptor: Value) -> ManifestBlob {
-    let mut manifests: Vec<Value> = listed
-        .into_iter()
-        .filter(|d| d["digest"] != descriptor["digest"])
-        .collect();
-    manifests.push(descriptor);
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": oci::OCI_INDEX,
-        "manifests": manifests,
-    });
-    let bytes = serde_json::to_vec(&index).expect("an index serialises");
-    ManifestBlob {
-        digest: Digest::of(&bytes),
-        bytes,
-        media_type: oci::OCI_INDEX,
-    }
-}
-
-/// What a referrers listing says is attached, read from its descriptors.
-pub fn attached(listed: &[Value]) -> Vec<Attached> {
-    listed
-        .iter()
-        .filter_map(|d| {
-            let text = |v: &Value| v.as_str().map(str::to_string);
-            Some(Attached {
-                digest: text(&d["digest"])?,
-                artifact_type: text(&d["artifactType"]),
-                predicate_type: text(&d["annotations"][PREDICATE_TYPE]),
-            })
-        })
-        .collect()
-}
-
-/// Reads a referrer manifest as verify checks it: it must name `subject`. The predicate
-/// type of its in-toto layer, when it has one.
-pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, String> {
-    let manifest: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("is not valid JSON: {e}"))?;
-    let named = manifest["subject"]["digest"].as_str().unwrap_or("none");
-    if *subject != named {
-        return Err(format!("names subject {named}, not {subject}"));
-    }
-    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
-    Ok(layers
-        .iter()
-        .find(|l| l["mediaType"] == IN_TOTO)
-        .and_then(|l| l["annotations"][PREDICATE_TYPE].as_str())
-        .map(str::to_string))
 }
 
 #[cfg(test)]

@@ -1,8 +1,10 @@
 //! The coverage record (`polyarch/coverage/v1`): what was verified, as data.
 //! Field names are a contract documented in the README and `schema/coverage.schema.json`.
 
+use crate::attachment::Attached;
 use crate::digest::Digest;
 use crate::platform::Platform;
+use crate::project::ValueSource;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -18,17 +20,6 @@ pub struct CoverageRecord {
     /// Project-file values that came from the job (environment or `--set`), not the file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values: Vec<ValueSource>,
-}
-
-/// Where one project-file value came from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ValueSource {
-    /// The field path, e.g. `images.api.tags[0]`.
-    pub field: String,
-    /// `env:NAME` (the variable's value), `default:NAME` (`${NAME:-…}`'s default, NAME being
-    /// unset) or `set` (`--set`); for a `reproducible: true` image's epoch also
-    /// `flag:--source-date-epoch` or `git:COMMIT`.
-    pub source: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -95,22 +86,6 @@ pub struct PlatformCoverage {
     pub attached: Vec<Attached>,
 }
 
-/// One referrer of a platform manifest: a provenance statement, a signature, an SBOM, …
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attached {
-    pub artifact_type: Option<String>,
-    pub digest: String,
-    /// The in-toto predicate type, for statements.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub predicate_type: Option<String>,
-}
-
-impl Attached {
-    pub fn is_provenance(&self) -> bool {
-        self.predicate_type.as_deref() == Some(crate::provenance::SLSA_PROVENANCE)
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeepCheck {
     pub executable: Option<String>,
@@ -154,7 +129,7 @@ pub struct BuildInfo {
     pub fallback: Option<String>,
     /// When the build ran, for its provenance (not recorded: the record has `seconds`).
     #[serde(skip)]
-    pub window: Option<crate::provenance::BuildWindow>,
+    pub window: Option<BuildWindow>,
 }
 
 impl CoverageRecord {
@@ -181,8 +156,11 @@ impl CoverageRecord {
         serde_json::to_string_pretty(self).expect("record serialises")
     }
 
-    pub fn write(&self, path: &std::path::Path) -> crate::Result<()> {
-        std::fs::write(path, self.to_json() + "\n").map_err(|e| crate::Error::io(path, e))
+    pub fn write(&self, path: &std::path::Path) -> Result<(), RecordError> {
+        std::fs::write(path, self.to_json() + "\n").map_err(|source| RecordError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -224,16 +202,17 @@ impl PartRecord {
     }
 
     /// Reads a part file; anything else is a one-line error naming the file.
-    pub fn load(path: &std::path::Path) -> crate::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| crate::Error::input(path, e))?;
+    pub fn load(path: &std::path::Path) -> Result<Self, RecordError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| RecordError::Usage(crate::text::unreadable_argument(path, &e)))?;
         let part: PartRecord = serde_json::from_str(&text).map_err(|e| {
-            crate::Error::Usage(format!(
+            RecordError::Usage(format!(
                 "{}: not a polyarch part record ({e}); write it with `polyarch build --push-by-digest --record FILE`",
                 path.display()
             ))
         })?;
         if part.schema != PART_SCHEMA {
-            return Err(crate::Error::Usage(format!(
+            return Err(RecordError::Usage(format!(
                 "{}: schema `{}` is not {PART_SCHEMA}",
                 path.display(),
                 part.schema
@@ -262,6 +241,37 @@ fn now_rfc3339() -> String {
 
 /// The record's JSON Schema, shipped as `schema/coverage.schema.json`.
 pub const SCHEMA_JSON: &str = include_str!("../schema/coverage.schema.json");
+
+/// When one platform's build ran, for its provenance statement's metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildWindow {
+    pub started: time::OffsetDateTime,
+    pub finished: time::OffsetDateTime,
+}
+
+impl BuildWindow {
+    /// A build's window from its duration, taken when it has just finished.
+    pub fn ending_now(seconds: f64) -> Self {
+        let finished = time::OffsetDateTime::now_utc();
+        let started = finished - time::Duration::seconds_f64(seconds.max(0.0));
+        BuildWindow { started, finished }
+    }
+}
+
+/// Reading a part file or writing a record. The crate-wide `Error` keeps the kind: `Usage`
+/// exits 2, `Io` 3.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A part file named on the command line that cannot be read or is not a part record.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 #[cfg(test)]
 mod tests {

@@ -4,19 +4,24 @@
 //! wording its own messages.
 
 use crate::digest::Digest;
-use crate::{Error, Result};
 use oci_client::Reference;
 
 /// Repository paths (as normalised: `library/` included) are at most this long.
 pub const MAX_PATH_LENGTH: usize = 255;
 
+/// A text that is not an image reference: the message quotes it and names the forms
+/// accepted. A usage error wherever it surfaces.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReferenceError(String);
+
 /// Parses `[host[:port]/]path[:tag][@digest]` with the grammar and Docker Hub
 /// normalisation of distribution's `reference` package. Written out rather than taken
 /// from oci-spec, whose regex (Unicode `\w` repeated 128 times) costs ~15 ms to compile in
 /// every process; unlike it, bracketed IPv6 hosts are accepted.
-pub fn parse_reference(reference: &str) -> Result<Reference> {
+pub fn parse_reference(reference: &str) -> Result<Reference, ReferenceError> {
     let invalid = |why: String| {
-        Error::Usage(format!(
+        ReferenceError(format!(
             "`{reference}` is not an image reference ({why}); use host[:port]/path:tag or host[:port]/path@sha256:…"
         ))
     };
@@ -133,7 +138,7 @@ impl HostError<'_> {
 
 /// `host[:port]`: DNS labels, an IPv4 address or a bracketed IPv6 address; the port a
 /// number a socket can use (distribution takes any digits, but such a host is unreachable).
-pub fn check_host(host: &str) -> std::result::Result<(), HostError<'_>> {
+pub fn check_host(host: &str) -> Result<(), HostError<'_>> {
     let (name, port) = match host.strip_prefix('[') {
         Some(rest) => {
             let (address, after) = rest.split_once(']').ok_or(HostError::Unclosed)?;

@@ -2,6 +2,7 @@
 //! as containers, and the run's clean-up.
 
 use super::*;
+use bollard::models::ResourcesUlimits;
 
 pub(super) struct RunOutcome {
     pub(super) exit: Option<i64>,
@@ -167,6 +168,18 @@ impl Emulation {
             network_disabled: Some(true),
             host_config: Some(HostConfig {
                 network_mode: Some("none".into()),
+                // Rootful Podman passes on the Docker API's default limits (1048576 open
+                // files) which runc may not raise to; these containers need few of either.
+                ulimits: Some(
+                    ["nofile", "nproc"]
+                        .into_iter()
+                        .map(|name| ResourcesUlimits {
+                            name: Some(name.into()),
+                            soft: Some(1024),
+                            hard: Some(1024),
+                        })
+                        .collect(),
+                ),
                 ..host_config
             }),
             ..Default::default()

@@ -2,7 +2,7 @@
 //! their order and decisions are unit-tested against the in-memory builder of
 //! `fake.rs`, while [`Engine`] does the real work through Docker.
 
-use super::{build, temporary_tag, BuiltImage, Output};
+use super::{build, temporary_tag, BuiltImage, Output, UnitBuild};
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
 use crate::export::{self, ExportedImage};
@@ -100,7 +100,14 @@ impl Builder for Engine {
             // Nothing is written to the engine.
             Output::Registry(_) => Default::default(),
         };
-        build(self, spec, platform, run_id, output, &may_appear, reporter).await
+        let unit = UnitBuild {
+            spec,
+            platform,
+            run_id,
+            output,
+            reporter,
+        };
+        build(self, unit, &may_appear).await
     }
 
     async fn export(

@@ -2,16 +2,26 @@
 //! REST `/build`, `.dockerignore` applied here.
 
 use super::*;
+use crate::credentials::Credential;
+use crate::engine::Product;
+use bollard::auth::DockerCredentials;
+
+/// How a classic build ended: the error message when it failed, and the sha256 of the
+/// context tar the engine was sent in full (what the warm path compares next time).
+pub(super) struct ClassicOutcome {
+    pub(super) failed: Option<String>,
+    pub(super) sent_context: Option<String>,
+}
 
 /// The build through the classic builder (`POST /build`, the context uploaded as a tar),
-/// for engines without BuildKit; the error message when it failed.
+/// for engines without BuildKit (old Docker, Podman).
 pub(super) async fn build_classic(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
     tag: &str,
     log: &mut BuildLog<'_>,
-) -> Result<Option<String>> {
+) -> Result<ClassicOutcome> {
     let needs_buildkit = [
         (!spec.secrets.is_empty(), "secrets"),
         (!spec.ssh.is_empty(), "ssh"),
@@ -21,12 +31,20 @@ pub(super) async fn build_classic(
         ),
     ];
     if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
+        let fix = match engine.product {
+            Product::Podman => {
+                "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)"
+            }
+            Product::Docker => "upgrade it to Docker 18.09+ or build on another engine",
+        };
         return Err(Error::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source: BuildError::Request(format!(
-                "`{what}` needs BuildKit, and the engine at {} (API {}) has none; upgrade it to Docker 18.09+ or build on another engine",
-                engine.endpoint, engine.api_version
+                "`{what}` needs BuildKit, and the engine at {} ({}, API {}) has none; {fix}",
+                engine.endpoint,
+                engine.product_version(),
+                engine.api_version
             )),
         });
     }
@@ -58,47 +76,141 @@ pub(super) async fn build_classic(
         version: BuilderVersion::BuilderV1,
         ..Default::default()
     };
-    let context = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
-    let mut stream = engine
-        .docker
-        .build_image(options, None, Some(bollard::body_stream(context)));
+    let credentials = registry_config(spec, options.buildargs.as_ref())?;
+    let (context, sent) = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let mut stream =
+        engine
+            .docker
+            .build_image(options, credentials, Some(bollard::body_stream(context)));
     while let Some(item) = stream.next().await {
-        match item {
-            Ok(info) => log.consume(info),
-            Err(e) => return Ok(Some(e.to_string())),
+        if let Err(e) = item.map(|info| log.consume(info)) {
+            return Ok(ClassicOutcome {
+                failed: Some(e.to_string()),
+                sent_context: None,
+            });
         }
     }
-    Ok(None)
+    Ok(ClassicOutcome {
+        failed: None,
+        sent_context: sent.await.ok(),
+    })
+}
+
+/// The credentials the classic builder pulls the Dockerfile's base images with (sent as
+/// `X-Registry-Config`, as the Docker CLI does): the command line's for the image's own
+/// registry, else what the Docker config holds for each base's registry. None when no
+/// base needs any.
+fn registry_config(
+    spec: &ImageSpec,
+    args: Option<&HashMap<String, String>>,
+) -> Result<Option<HashMap<String, DockerCredentials>>> {
+    let path = spec.context.join(&spec.dockerfile);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let images = crate::dockerfile::external_images(&text, args.unwrap_or(&HashMap::new()))
+        .unwrap_or_default();
+    let push = crate::registry::parse_reference(&spec.repository)
+        .ok()
+        .map(|r| crate::credentials::normalize_key(r.registry()));
+    let mut config = HashMap::new();
+    for (image, _) in images {
+        let Ok(reference) = crate::registry::parse_reference(&image) else {
+            continue;
+        };
+        let registry = reference.registry().to_string();
+        let key = crate::credentials::normalize_key(&registry);
+        let given = spec.login.clone().filter(|_| push.as_ref() == Some(&key));
+        let found = match given {
+            Some(login) => Some(login),
+            None => crate::credentials::resolve(&registry, None)?,
+        };
+        let Some(credential) = found else { continue };
+        // The engine looks Docker Hub up under its index URL, others under host[:port].
+        let server = match key.as_str() {
+            "docker.io" => "https://index.docker.io/v1/".to_string(),
+            _ => registry,
+        };
+        let (username, password, identitytoken) = match credential {
+            Credential::Basic { username, password } => (Some(username), Some(password), None),
+            Credential::IdentityToken(token) => (None, None, Some(token)),
+        };
+        config.insert(
+            server.clone(),
+            DockerCredentials {
+                username,
+                password,
+                identitytoken,
+                serveraddress: Some(server),
+                ..Default::default()
+            },
+        );
+    }
+    Ok((!config.is_empty()).then_some(config))
 }
 
 /// Streams the build context as a tar from a blocking thread, so a large context is
-/// never held in memory.
+/// never held in memory; the receiver gets the tar's sha256 once all of it was sent.
 fn stream_context(
     context: PathBuf,
     dockerfile: PathBuf,
-) -> Result<impl futures_util::Stream<Item = Bytes> + Send + 'static> {
+) -> Result<(
+    impl futures_util::Stream<Item = Bytes> + Send + 'static,
+    tokio::sync::oneshot::Receiver<String>,
+)> {
     let files = ContextFilter::load(&context, &dockerfile)?.files(&context)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    let (digest_tx, digest_rx) = tokio::sync::oneshot::channel();
     tokio::task::spawn_blocking(move || {
-        let mut tar = tar::Builder::new(ChannelWriter {
+        let writer = ChannelWriter {
             tx,
             buf: Vec::new(),
-        });
-        tar.follow_symlinks(false);
-        for relative in files {
-            // A send error means the engine hung up; the build stream reports why.
-            if tar
-                .append_path_with_name(context.join(&relative), &relative)
-                .is_err()
-            {
-                return;
-            }
-        }
-        if let Ok(mut writer) = tar.into_inner() {
-            let _ = writer.flush();
+        };
+        // An error means the engine hung up; the build stream reports why.
+        if let Ok(digest) = write_context(&context, &files, writer) {
+            let _ = digest_tx.send(digest);
         }
     });
-    Ok(tokio_stream_from(rx))
+    Ok((tokio_stream_from(rx), digest_rx))
+}
+
+/// Writes the context tar of `files` to `out`; the sha256 of the tar written.
+fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io::Result<String> {
+    let mut tar = tar::Builder::new(HashingWriter {
+        inner: out,
+        hash: sha2::Sha256::default(),
+    });
+    tar.follow_symlinks(false);
+    for relative in files {
+        tar.append_path_with_name(context.join(relative), relative)?;
+    }
+    let mut hashing = tar.into_inner()?;
+    hashing.flush()?;
+    use sha2::Digest as _;
+    Ok(hex::encode(hashing.hash.finalize()))
+}
+
+/// The sha256 of the context tar a classic build of `spec` would be sent now, without
+/// sending it: equal to an earlier build's [`ClassicOutcome::sent_context`] when nothing the
+/// engine was sent has changed (file list, contents, modes, times). Blocking.
+pub fn classic_context_digest(spec: &ImageSpec) -> Result<String> {
+    let files = ContextFilter::load(&spec.context, &spec.dockerfile)?.files(&spec.context)?;
+    write_context(&spec.context, &files, std::io::sink()).map_err(|e| Error::io(&spec.context, e))
+}
+
+struct HashingWriter<W> {
+    inner: W,
+    hash: sha2::Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(data)?;
+        sha2::Digest::update(&mut self.hash, &data[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 fn tokio_stream_from(

@@ -150,6 +150,7 @@ impl Builder for FakeBuilder {
             tag: temporary_tag(&spec.name, platform, run_id),
             seconds: 1.0,
             transfers: Vec::new(),
+            sent_context: None,
             pushed,
         })
     }

@@ -6,10 +6,10 @@
 use crate::buildkit::{self, filesync::Transfer};
 use crate::digest::Digest;
 use crate::engine::Engine;
-use crate::error::one_line;
 use crate::oci::ConfigPlatform;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
+use crate::text::one_line;
 use crate::{Error, Platform, Result};
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 mod builder;
+mod builders;
 mod classic;
 mod error;
 #[cfg(test)]
@@ -32,6 +33,8 @@ mod log;
 mod platforms;
 
 pub use builder::Builder;
+pub use builders::Builders;
+pub use classic::classic_context_digest;
 use classic::*;
 pub use error::BuildError;
 use error::Stopped;
@@ -51,6 +54,9 @@ pub struct BuiltImage {
     pub seconds: f64,
     /// What BuildKit read of the context (empty for the classic builder).
     pub transfers: Vec<Transfer>,
+    /// The sha256 of the context tar the classic builder was sent in full (None for
+    /// BuildKit, which reads what it needs through `transfers`).
+    pub sent_context: Option<String>,
     /// The manifest the engine pushed itself ([`Output::Registry`]); `id` is its digest
     /// then, and nothing was written to the engine.
     pub pushed: Option<PushedManifest>,
@@ -111,30 +117,33 @@ enum Attempt {
     Lost(String),
 }
 
-/// Builds `spec` for `platform` into the temporary tag; `export_started` is set once the
-/// engine begins writing the image (from then on it may appear even if the build is cut off).
+/// One image × platform to build, and who hears about it.
+#[derive(Clone, Copy)]
+pub struct UnitBuild<'a> {
+    pub spec: &'a ImageSpec,
+    pub platform: &'a Platform,
+    /// Makes the temporary tag unique to this run.
+    pub run_id: &'a str,
+    pub output: Output<'a>,
+    pub reporter: &'a dyn Reporter,
+}
+
+/// Builds `unit` into the temporary tag; `export_started` is set once the engine begins
+/// writing the image (from then on it may appear even if the build is cut off).
 pub async fn build(
     engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
-    run_id: &str,
-    output: Output<'_>,
+    unit: UnitBuild<'_>,
     export_started: &AtomicBool,
-    reporter: &dyn Reporter,
 ) -> Result<BuiltImage> {
+    let UnitBuild {
+        spec,
+        platform,
+        reporter,
+        ..
+    } = unit;
     let mut attempt = 1;
     loop {
-        match build_once(
-            engine,
-            spec,
-            platform,
-            run_id,
-            output,
-            export_started,
-            reporter,
-        )
-        .await?
-        {
+        match build_once(engine, unit, export_started).await? {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
                 return Err(Error::Build {
@@ -158,13 +167,16 @@ pub async fn build(
 
 async fn build_once(
     engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
-    run_id: &str,
-    output: Output<'_>,
+    unit: UnitBuild<'_>,
     export_started: &AtomicBool,
-    reporter: &dyn Reporter,
 ) -> Result<Attempt> {
+    let UnitBuild {
+        spec,
+        platform,
+        run_id,
+        output,
+        reporter,
+    } = unit;
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
     let failed = |source: BuildError| Error::Build {
@@ -175,7 +187,8 @@ async fn build_once(
 
     let foreign = platform.os_arch() != engine.native.os_arch();
     let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
-    let (error, solved) = run_build(engine, spec, platform, &tag, output, &mut log).await?;
+    let (error, solved, sent_context) =
+        run_build(engine, spec, platform, &tag, output, &mut log).await?;
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
@@ -193,14 +206,20 @@ async fn build_once(
             tag,
             seconds: started.elapsed().as_secs_f64(),
             transfers,
+            sent_context,
             pushed: Some(pushed),
         }));
     }
-    built_in_engine(engine, spec, platform, tag, started, transfers).await
+    let read = (transfers, sent_context);
+    built_in_engine(engine, spec, platform, tag, started, read).await
 }
 
+/// How a build stopped when it did not succeed, what BuildKit answered, and the digest of
+/// the context the classic builder was sent.
+type Ran = (Option<Stopped>, Option<buildkit::Solved>, Option<String>);
+
 /// Runs the build through BuildKit, or the classic builder where the engine has no
-/// BuildKit; how it stopped when it did not succeed, else what BuildKit answered.
+/// BuildKit.
 async fn run_build(
     engine: &Engine,
     spec: &ImageSpec,
@@ -208,10 +227,14 @@ async fn run_build(
     tag: &str,
     output: Output<'_>,
     log: &mut BuildLog<'_>,
-) -> Result<(Option<Stopped>, Option<buildkit::Solved>)> {
+) -> Result<Ran> {
     if !engine.buildkit {
-        let failed = build_classic(engine, spec, platform, tag, log).await?;
-        return Ok((failed.map(Stopped::Failed), None));
+        let outcome = build_classic(engine, spec, platform, tag, log).await?;
+        return Ok((
+            outcome.failed.map(Stopped::Failed),
+            None,
+            outcome.sent_context,
+        ));
     }
     let exporter = match output {
         Output::Engine => buildkit::Exporter {
@@ -230,8 +253,8 @@ async fn run_build(
     let platforms = std::slice::from_ref(platform);
     Ok(
         match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
-            Ok(solved) => (None, Some(solved)),
-            Err(error) => (Some(Stopped::from(error)), None),
+            Ok(solved) => (None, Some(solved), None),
+            Err(error) => (Some(Stopped::from(error)), None, None),
         },
     )
 }
@@ -244,7 +267,7 @@ async fn built_in_engine(
     platform: &Platform,
     tag: String,
     started: Instant,
-    transfers: Vec<Transfer>,
+    (transfers, sent_context): (Vec<Transfer>, Option<String>),
 ) -> Result<Attempt> {
     let inspected = match engine.docker.inspect_image(&tag).await {
         Ok(inspected) => inspected,
@@ -264,6 +287,7 @@ async fn built_in_engine(
         tag,
         seconds: started.elapsed().as_secs_f64(),
         transfers,
+        sent_context,
         pushed: None,
     }))
 }
@@ -448,7 +472,7 @@ async fn solve_in_session(
                         message: format!(
                             "{} {platform_names}: the cache {reference} could not be imported ({}); building without it",
                             spec.name,
-                            crate::error::one_line(&error)
+                            crate::text::one_line(&error)
                         ),
                     });
                 }

@@ -2,6 +2,7 @@
 //! turn it into the documented exit code.
 
 use super::args::*;
+use super::report::{JsonReporter, PlainReporter, TerminalReporter};
 use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
 use polyarch::dependencies::Graph;
@@ -9,7 +10,7 @@ use polyarch::engine::Engine;
 use polyarch::epoch::EpochSource;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions};
-use polyarch::progress::{JsonReporter, PlainReporter, Reporter, TerminalReporter};
+use polyarch::progress::Reporter;
 use polyarch::project::{BuildFlags, LoadOptions, Override, Project, Purpose};
 use polyarch::record::{CoverageRecord, PartRecord};
 use polyarch::registry::RegistryOptions;

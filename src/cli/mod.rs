@@ -5,3 +5,4 @@ pub mod args;
 pub mod commands;
 pub mod plugin;
 pub mod render;
+pub mod report;

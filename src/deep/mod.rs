@@ -9,9 +9,9 @@
 //! Layers may be given decompressed or gzip-compressed: the gzip magic is detected.
 //! zstd-compressed layers are reported as [`Finding::Unreadable`].
 
-use crate::error::one_line;
 use crate::platform::Platform;
 use crate::registry::RegistryError;
+use crate::text::one_line;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};

@@ -1,4 +1,5 @@
-//! Reading a `docker save` stream (the classic `manifest.json` layout or an OCI layout),
+//! Reading a `docker save` stream (the classic `manifest.json` layout, as Docker or
+//! Podman writes it, or an OCI layout),
 //! spooling its layers as it goes.
 
 use super::*;
@@ -154,7 +155,9 @@ impl Spooler<'_> {
         if !entry_type.is_file() {
             return Ok(None);
         }
-        let is_layer_tar = path.ends_with("/layer.tar");
+        // Docker writes `<id>/layer.tar`; Podman writes its layers as top-level `<hex>.tar`.
+        let is_layer_tar =
+            path.ends_with("/layer.tar") || (!path.contains('/') && path.ends_with(".tar"));
         let is_blob = path.starts_with("blobs/");
         let is_top_json = !path.contains('/') && path.ends_with(".json");
         if !(is_layer_tar || is_blob || is_top_json) {

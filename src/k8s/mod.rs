@@ -7,10 +7,9 @@
 //! a closure.
 //!
 //! Inputs are parsed as generic values (`serde_norway::Value`) so unknown fields never break
-//! parsing; every malformed input becomes one `Error::Usage` line naming
+//! parsing; every malformed input becomes one `K8sError::Usage` line naming
 //! `file#document` (1-based), the field path and the fix.
 
-use crate::error::{Error, Result};
 use crate::platform::Platform;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
@@ -29,6 +28,37 @@ pub use nodes::*;
 pub use scheduling::*;
 pub use workloads::*;
 pub(crate) use yaml::documents;
+
+/// What reading node lists and manifests refuses. The crate-wide `Error` keeps the kind:
+/// `Usage` exits 2, `Io` 3.
+#[derive(Debug, thiserror::Error)]
+pub enum K8sError {
+    /// A malformed input, or a file named on the command line that cannot be read: one
+    /// line naming `file#document`, the field path and the fix.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl K8sError {
+    fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        K8sError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    fn unreadable_argument(path: &Path, source: std::io::Error) -> Self {
+        K8sError::Usage(crate::text::unreadable_argument(path, &source))
+    }
+}
+
+pub type Result<T, E = K8sError> = std::result::Result<T, E>;
 
 /// Schema tag of [`GateRecord`].
 pub const GATE_SCHEMA: &str = "polyarch/gate/v1";

@@ -76,7 +76,7 @@ pub fn parse_nodes(file: &Path, text: &str) -> Result<Vec<NodePool>> {
     }
     pools.extend(group_nodes(nodes));
     if pools.is_empty() {
-        return Err(Error::Usage(format!(
+        return Err(K8sError::Usage(format!(
             "{}: no nodes or pools found; {NODES_HINT}",
             file.display()
         )));
@@ -84,7 +84,7 @@ pub fn parse_nodes(file: &Path, text: &str) -> Result<Vec<NodePool>> {
     let mut seen = BTreeSet::new();
     for p in &pools {
         if !seen.insert(p.name.as_str()) {
-            return Err(Error::Usage(format!(
+            return Err(K8sError::Usage(format!(
                 "{}: pool `{}` is defined twice; give each pool a unique name",
                 file.display(),
                 p.name

@@ -52,7 +52,7 @@ pub fn parse_workloads(file: &Path, text: &str) -> Result<Vec<Workload>> {
 }
 
 fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::input(path, e))?;
+    let meta = std::fs::metadata(path).map_err(|e| K8sError::unreadable_argument(path, e))?;
     if !meta.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -60,7 +60,7 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
     walk(path, &mut out)?;
     out.sort();
     if out.is_empty() {
-        return Err(Error::Usage(format!(
+        return Err(K8sError::Usage(format!(
             "{}: the directory has no *.yaml, *.yml or *.json files; pass rendered manifests \
              (e.g. `helm template … > deploy.yaml` or `kustomize build … > deploy.yaml`)",
             path.display()
@@ -70,14 +70,14 @@ fn manifest_files(path: &Path) -> Result<Vec<PathBuf>> {
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let entries = std::fs::read_dir(dir).map_err(|e| Error::input(dir, e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| K8sError::unreadable_argument(dir, e))?;
     for entry in entries {
-        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let entry = entry.map_err(|e| K8sError::io(dir, e))?;
         let path = entry.path();
         if entry.file_name().to_string_lossy().starts_with('.') {
             continue;
         }
-        let file_type = entry.file_type().map_err(|e| Error::io(&path, e))?;
+        let file_type = entry.file_type().map_err(|e| K8sError::io(&path, e))?;
         // Symlinked directories are not followed (no loops); symlinked files are read.
         if file_type.is_dir() {
             walk(&path, out)?;
@@ -95,9 +95,9 @@ fn is_manifest_name(path: &Path) -> bool {
 }
 
 pub(super) fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::input(path, e))?;
+    let bytes = std::fs::read(path).map_err(|e| K8sError::unreadable_argument(path, e))?;
     String::from_utf8(bytes).map_err(|_| {
-        Error::Usage(format!(
+        K8sError::Usage(format!(
             "{}: not UTF-8 text; pass Kubernetes YAML or JSON",
             path.display()
         ))

@@ -17,14 +17,14 @@ pub(crate) fn documents(file: &Path, text: &str) -> Result<Vec<(usize, Value)>> 
         for (i, item) in stream.enumerate() {
             let index = i + 1;
             let json = item.map_err(|e| {
-                Error::Usage(format!(
+                K8sError::Usage(format!(
                     "{}#{index}: not valid JSON: {}; fix the file or export it again",
                     file.display(),
                     one_line(&e)
                 ))
             })?;
             let value = serde_norway::to_value(json).map_err(|e| {
-                Error::Usage(format!("{}#{index}: {}", file.display(), one_line(&e)))
+                K8sError::Usage(format!("{}#{index}: {}", file.display(), one_line(&e)))
             })?;
             if !value.is_null() {
                 docs.push((index, value));
@@ -35,7 +35,7 @@ pub(crate) fn documents(file: &Path, text: &str) -> Result<Vec<(usize, Value)>> 
         for (i, de) in serde_norway::Deserializer::from_str(text).enumerate() {
             let index = i + 1;
             let syntax = |e: serde_norway::Error| {
-                Error::Usage(format!(
+                K8sError::Usage(format!(
                     "{}#{index}: not valid YAML: {}; fix the document (render Helm charts with \
                      `helm template` and kustomizations with `kustomize build` first)",
                     file.display(),
@@ -58,11 +58,11 @@ pub(super) struct At<'a> {
 }
 
 impl At<'_> {
-    pub(super) fn err(&self, path: &str, message: impl fmt::Display) -> Error {
+    pub(super) fn err(&self, path: &str, message: impl fmt::Display) -> K8sError {
         if path.is_empty() {
-            Error::Usage(format!("{}: {message}", self.src))
+            K8sError::Usage(format!("{}: {message}", self.src))
         } else {
-            Error::Usage(format!("{}: {path}: {message}", self.src))
+            K8sError::Usage(format!("{}: {path}: {message}", self.src))
         }
     }
 }

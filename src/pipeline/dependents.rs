@@ -7,9 +7,9 @@
 //! rebuilt base also rebuilds its dependents on the warm path.
 
 use super::Run;
+use crate::build::Builders;
 use crate::dependencies::{self, Graph};
 use crate::digest::Digest;
-use crate::engine::Builders;
 use crate::plan::Plan;
 use crate::progress::Event;
 use crate::project::ImageSpec;

@@ -3,9 +3,10 @@
 
 use super::BuildOptions;
 use crate::binfmt::{Emulation, EmulationStatus};
+use crate::build::Builders;
 use crate::cache::EmulationMemory;
 use crate::dockerfile;
-use crate::engine::{Builders, Engine};
+use crate::engine::Engine;
 use crate::plan::{self, Unit};
 use crate::progress::{Event, Reporter};
 use crate::project::{BinfmtMode, ImageSpec, Project};

@@ -8,9 +8,10 @@ mod together;
 mod unit;
 
 use crate::build::Builder;
+use crate::build::Builders;
 use crate::cache::{BuildMemory, PushCache};
 use crate::cleanup::Cleanup;
-use crate::engine::{Builders, Engine};
+use crate::engine::Engine;
 use crate::inputs;
 use crate::layout::OciLayout;
 use crate::plan::{self, Unit};

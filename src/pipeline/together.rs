@@ -9,7 +9,8 @@ use super::unit::{
 };
 use super::Run;
 use crate::build;
-use crate::engine::{Builders, Engine};
+use crate::build::Builders;
+use crate::engine::Engine;
 use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::Phase;
@@ -114,7 +115,8 @@ async fn build_together(
     for (unit, settings, emulated) in units {
         let entry = platform_entry(&index, &index_ref, unit)?;
         if let Some(key) = settings {
-            remember_reads(run, image, key, entry.digest.as_str(), &built.transfers).await;
+            let digest = entry.digest.as_str();
+            remember_reads(run, image, key, digest, &built.transfers, None).await;
         }
         remember_pushed(run, image, entry.digest.as_str(), &entry);
         let message = format!("pushed {} (by the engine)", entry.digest);

@@ -11,9 +11,9 @@ use crate::oci::{self, ConfigPlatform, IndexEntry};
 use crate::plan::Unit;
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
-use crate::provenance::BuildWindow;
 use crate::publish::Pushed;
 use crate::record::BuildInfo;
+use crate::record::BuildWindow;
 use crate::registry::BlobProgress;
 use crate::store::{first_tag, ImageStore};
 use crate::{Error, Result};
@@ -159,12 +159,16 @@ pub(super) async fn remember_reads(
     key: &str,
     built: &str,
     transfers: &[crate::buildkit::filesync::Transfer],
+    sent_context: Option<&str>,
 ) {
     let (spec, transfers) = (image.clone(), transfers.to_vec());
-    let reads = tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
-        .await
-        .ok()
-        .flatten();
+    let reads = match sent_context {
+        Some(sent) => Some(inputs::classic_reads(sent)),
+        None => tokio::task::spawn_blocking(move || inputs::reads_of(&spec, &transfers))
+            .await
+            .ok()
+            .flatten(),
+    };
     if let Some(reads) = reads {
         run.builds.remember(
             key,
@@ -220,7 +224,8 @@ pub(super) async fn build_unit(
         )
         .await?;
     if let Some(key) = &settings {
-        remember_reads(run, image, key, &built.id, &built.transfers).await;
+        let sent = built.sent_context.as_deref();
+        remember_reads(run, image, key, &built.id, &built.transfers, sent).await;
     }
     let build = build_info(builder, unit, emulated, built.seconds, run);
     if let Some(pushed) = built.pushed.clone() {
@@ -400,11 +405,18 @@ async fn push_exported(
         store.put_layer(&reference, layer, &progress).await?;
     }
     store.put_config(&reference, &exported).await?;
-    let manifest =
-        oci::image_manifest(&exported, &image.annotations.manifest).map_err(|e| Error::Export {
-            image: image.name.clone(),
-            source: crate::export::ExportError::Content(e),
-        })?;
+    let manifest = oci::image_manifest(
+        (&exported.config_digest, exported.config.len()),
+        exported
+            .layers
+            .iter()
+            .map(|layer| (&layer.digest, layer.size)),
+        &image.annotations.manifest,
+    )
+    .map_err(|e| Error::Export {
+        image: image.name.clone(),
+        source: crate::export::ExportError::Content(e),
+    })?;
     store.put_manifest(&reference, &manifest).await?;
     Ok(IndexEntry {
         digest: manifest.digest.clone(),

@@ -7,8 +7,9 @@ use super::{
     FALLBACKS, SUPPORTED_VERSION,
 };
 use crate::endpoint::{self, TlsFiles};
-use crate::error::{one_line, Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::Platform;
+use crate::text::one_line;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

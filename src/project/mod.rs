@@ -14,8 +14,9 @@ use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
 use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
-use crate::error::{one_line, Error, Result};
+use crate::error::{Error, Result};
 use crate::platform::Platform;
+use crate::text::one_line;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -30,7 +31,7 @@ mod values;
 use checks::Cx;
 use diagnostics::q;
 use raw::RawProject;
-pub use values::Override;
+pub use values::{Override, ValueSource};
 
 pub const SUPPORTED_VERSION: u32 = 1;
 
@@ -223,10 +224,7 @@ impl CacheRef {
     /// A tag reference (no digest: the platform is appended to the tag); without a tag,
     /// `latest`, as Docker reads it. The error is the problem and the fix.
     pub fn parse(text: &str) -> std::result::Result<CacheRef, String> {
-        let reference = crate::registry::parse_reference(text).map_err(|e| match e {
-            Error::Usage(message) => message,
-            other => other.to_string(),
-        })?;
+        let reference = crate::registry::parse_reference(text).map_err(|e| e.to_string())?;
         if reference.digest().is_some() {
             return Err(format!(
                 "{} names a digest; a cache is a tag (polyarch appends the platform to it), e.g. registry.example.com/app:buildcache",
@@ -458,7 +456,7 @@ impl Project {
 
     /// Where the values of these images (all when none are named), and the file's
     /// top-level ones, came from when not from the file.
-    pub fn values_for(&self, names: &[String]) -> Vec<crate::record::ValueSource> {
+    pub fn values_for(&self, names: &[String]) -> Vec<ValueSource> {
         let chosen = |field: &str| match field.strip_prefix("images.") {
             None => true,
             Some(rest) => {

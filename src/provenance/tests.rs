@@ -1,7 +1,9 @@
 use super::*;
+use crate::attachment::*;
 use crate::oci::{ConfigPlatform, IndexEntry};
 use crate::project::{LoadOptions, Project, Purpose};
 use crate::record::BuildInfo;
+use crate::record::BuildWindow;
 
 fn image() -> ImageSpec {
     let text = "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/team/api\n    tags: [v1]\n    platforms: [linux/amd64, linux/arm64]\n    target: release\n    build_args: {TOKEN: s3cr3t-value, GREETING: hello}\n    secrets: {npmrc: {env: NPM_TOKEN}}\n    provenance: true\n";

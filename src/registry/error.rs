@@ -121,7 +121,7 @@ pub enum RegistryError {
         detail: String,
     },
     /// A layer stream that broke off during a deep inspection.
-    #[error("cannot read layer {digest} of {reference}: {}", crate::error::one_line(&source.to_string()))]
+    #[error("cannot read layer {digest} of {reference}: {}", crate::text::one_line(&source.to_string()))]
     Layer {
         digest: String,
         reference: String,

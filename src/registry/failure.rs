@@ -2,7 +2,7 @@
 
 use super::probe::certs_d_root;
 use super::RegistryError;
-use crate::error::one_line;
+use crate::text::one_line;
 use crate::Error;
 use oci_client::errors::OciDistributionError;
 use oci_client::Reference;

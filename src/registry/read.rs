@@ -6,7 +6,7 @@
 use super::failure::Attempt;
 use super::probe::PlainAnswer;
 use super::{Registry, Scheme, MAX_JSON_BLOB};
-use crate::error::one_line;
+use crate::text::one_line;
 use crate::Result;
 use futures_util::TryStreamExt;
 use oci_client::secrets::RegistryAuth;

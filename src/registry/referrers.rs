@@ -5,7 +5,7 @@
 use super::read::read_limited;
 use super::{ListingError, Registry, RegistryError};
 use crate::digest::Digest;
-use crate::{oci, provenance, Error, Result};
+use crate::{attachment, oci, Error, Result};
 use oci_client::Reference;
 use serde_json::Value;
 
@@ -39,7 +39,7 @@ impl Registry {
         reference: &Reference,
         subject: &Digest,
     ) -> Result<Vec<Value>> {
-        let tag = provenance::referrers_tag(subject);
+        let tag = attachment::referrers_tag(subject);
         let (what, path) = (
             format!("read the referrers tag {tag}"),
             format!("manifests/{tag}"),

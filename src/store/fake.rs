@@ -1,12 +1,12 @@
 //! An image store in memory for unit tests of the flows that write through the seam.
 
 use super::{Attachment, ImageStore};
+use crate::attachment::{self, Referrer};
 use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::{ImageSpec, LoadOptions, Project, Purpose};
-use crate::provenance::{self, Referrer};
 use crate::record::{ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::registry::{BlobProgress, RegistryError};
 use crate::{Error, Platform, Result};
@@ -115,7 +115,7 @@ impl ImageStore for FakeStore {
             .lock()
             .unwrap()
             .push(format!("attach {}", referrer.subject));
-        Ok(Attachment::TagSchema(provenance::referrers_tag(
+        Ok(Attachment::TagSchema(attachment::referrers_tag(
             &referrer.subject,
         )))
     }

@@ -4,13 +4,13 @@
 #[cfg(test)]
 pub(crate) mod fake;
 
+use crate::attachment::{self, Referrer};
 use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
 use crate::layout::{LayoutSource, OciLayout};
 use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
-use crate::provenance::{self, Referrer};
 use crate::record::ImageCoverage;
 use crate::registry::{self, BlobProgress, Registry, RegistryError, RegistryOptions};
 use crate::verify::{self, Target};
@@ -237,8 +237,8 @@ async fn attach_in_registry(
     {
         return Ok(Attachment::Registry);
     }
-    let tag = provenance::referrers_tag(&referrer.subject);
-    let index = provenance::tag_schema_index(listed, referrer.descriptor());
+    let tag = attachment::referrers_tag(&referrer.subject);
+    let index = attachment::tag_schema_index(listed, referrer.descriptor());
     registry
         .push_manifest(&repository_reference(&image.repository, &tag)?, &index)
         .await
@@ -331,5 +331,5 @@ pub fn first_tag(image: &ImageSpec) -> Result<Reference> {
 }
 
 pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
-    registry::parse_reference(&format!("{repository}:{tag}"))
+    Ok(registry::parse_reference(&format!("{repository}:{tag}"))?)
 }

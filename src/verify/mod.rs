@@ -115,6 +115,15 @@ struct Entry {
     size: u64,
 }
 
+/// What an index and the indexes nested in it hold.
+#[derive(Default)]
+struct Collected {
+    entries: Vec<Entry>,
+    /// Attestation entries, skipped: their digests.
+    attestations: Vec<String>,
+    warnings: Vec<String>,
+}
+
 /// What a reference holds, entry by entry, before any platform is declared: the deploy gate
 /// judges each entry against the nodes that would pull it.
 pub struct Contents {
@@ -173,16 +182,10 @@ pub async fn read_contents<S: ContentSource>(
                 .unwrap_or_default()
                 .into_iter()
                 .collect();
-            collect_entries(
-                source,
-                target,
-                index,
-                0,
-                &mut entries,
-                &mut attestations,
-                &mut warnings,
-            )
-            .await?;
+            let collected = collect_entries(source, target, index).await?;
+            entries = collected.entries;
+            attestations = collected.attestations;
+            warnings.extend(collected.warnings);
             media_type
         }
     };
@@ -366,23 +369,20 @@ async fn collect_entries<S: ContentSource>(
     source: &S,
     target: &Target,
     index: Box<oci_spec::image::ImageIndex>,
-    depth: usize,
-    entries: &mut Vec<Entry>,
-    attestations: &mut Vec<String>,
-    warnings: &mut Vec<String>,
-) -> Result<()> {
-    let mut pending = vec![(index, depth)];
+) -> Result<Collected> {
+    let mut found = Collected::default();
+    let mut pending = vec![(index, 0)];
     while let Some((index, depth)) = pending.pop() {
         for descriptor in index.manifests() {
             let media_type = descriptor.media_type().to_string();
             if oci::is_attestation(descriptor) {
-                attestations.push(descriptor.digest().to_string());
+                found.attestations.push(descriptor.digest().to_string());
                 continue;
             }
             let digest = parse_digest(target, descriptor.digest())?;
             if oci::is_index_media_type(&media_type) {
                 if depth + 1 >= MAX_INDEX_DEPTH {
-                    warnings.push(format!(
+                    found.warnings.push(format!(
                         "index {digest} is nested more than {MAX_INDEX_DEPTH} deep; not followed"
                     ));
                     continue;
@@ -390,23 +390,25 @@ async fn collect_entries<S: ContentSource>(
                 let bytes = source.manifest(&digest).await?;
                 match oci::parse_manifest(&bytes) {
                     Ok(Parsed::Index { index, .. }) => pending.push((index, depth + 1)),
-                    Ok(_) => warnings.push(format!("{digest} claims to be an index but is not")),
-                    Err(e) => warnings.push(format!("nested index {digest}: {e}")),
+                    Ok(_) => found
+                        .warnings
+                        .push(format!("{digest} claims to be an index but is not")),
+                    Err(e) => found.warnings.push(format!("nested index {digest}: {e}")),
                 }
             } else if oci::is_image_media_type(&media_type) {
-                entries.push(Entry {
+                found.entries.push(Entry {
                     platform: oci::descriptor_platform(descriptor),
                     digest,
                     size: descriptor.size(),
                 });
             } else {
-                warnings.push(format!(
+                found.warnings.push(format!(
                     "entry {digest} has unknown media type {media_type}; ignored"
                 ));
             }
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Fetches an entry's manifest and config and compares the config's platform with the entry's.

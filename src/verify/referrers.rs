@@ -3,9 +3,9 @@
 //! the target requires is there.
 
 use super::{ContentSource, Target};
+use crate::attachment::{self, Attached};
 use crate::digest::Digest;
-use crate::provenance;
-use crate::record::{Attached, PlatformCoverage, PlatformStatus};
+use crate::record::{PlatformCoverage, PlatformStatus};
 use crate::Result;
 use std::collections::BTreeMap;
 
@@ -71,7 +71,7 @@ pub(super) fn apply(
 /// The referrers of one entry that check out, and why each other one listed does not.
 async fn attached_to<S: ContentSource>(source: &S, digest: &Digest) -> Listing {
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
-    for found in provenance::attached(&source.referrers(digest).await?) {
+    for found in attachment::attached(&source.referrers(digest).await?) {
         match checked(source, &found, digest).await {
             Ok(one) => attached.push(one),
             Err(why) => ignored.push(format!("{} which {why}", found.digest)),
@@ -92,7 +92,7 @@ async fn checked<S: ContentSource>(
         .manifest(&digest)
         .await
         .map_err(|e| format!("cannot be read ({e})"))?;
-    let predicate_type = provenance::check_referrer(&bytes, subject)?;
+    let predicate_type = attachment::check_referrer(&bytes, subject)?;
     Ok(Attached {
         predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
         ..found.clone()
@@ -187,9 +187,9 @@ mod tests {
     fn statement_manifest(subject: &str) -> Vec<u8> {
         json!({
             "schemaVersion": 2,
-            "artifactType": provenance::IN_TOTO,
-            "layers": [{"mediaType": provenance::IN_TOTO, "digest": digest('9'), "size": 1,
-                        "annotations": {provenance::PREDICATE_TYPE: provenance::SLSA_PROVENANCE}}],
+            "artifactType": attachment::IN_TOTO,
+            "layers": [{"mediaType": attachment::IN_TOTO, "digest": digest('9'), "size": 1,
+                        "annotations": {attachment::PREDICATE_TYPE: attachment::SLSA_PROVENANCE}}],
             "subject": {"digest": subject, "size": 400},
         })
         .to_string()
@@ -198,7 +198,7 @@ mod tests {
 
     fn listed(c: char) -> Value {
         json!({"mediaType": crate::oci::OCI_MANIFEST, "digest": digest(c), "size": 1,
-               "artifactType": provenance::IN_TOTO})
+               "artifactType": attachment::IN_TOTO})
     }
 
     fn target(require_provenance: bool) -> Target {

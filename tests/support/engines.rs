@@ -120,3 +120,37 @@ pub fn engine_pushes_itself() -> bool {
         String::from_utf8_lossy(&out.stdout).contains("io.containerd.snapshotter.v1")
     })
 }
+
+/// `DOCKER_HOST` (`unix:///run/polyarch/podman.sock`) of Podman 4.3's Docker-compatible
+/// service, started once per test process by `scripts/podman.sh start` (installs Podman
+/// and starts the service when needed). Panics with the script's output when that fails.
+pub fn podman_host() -> String {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        let script = repo_root().join("scripts/podman.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("spawn bash {}: {e}", script.display()));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "bash scripts/podman.sh start failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout.trim().to_string()
+    })
+    .clone()
+}
+
+/// The `podman` CLI on the storage of the service [`podman_host`] starts
+/// (`scripts/podman.sh podman ARGS…`).
+pub fn podman_cli() -> Command {
+    podman_host();
+    let mut cmd = Command::new("bash");
+    cmd.arg(repo_root().join("scripts/podman.sh")).arg("podman");
+    cmd
+}

@@ -8,8 +8,19 @@ use super::diagnostics::{closest, q};
 use super::raw::{
     Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTls,
 };
-use crate::record::ValueSource;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
+
+/// Where one project-file value came from, as the coverage record lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValueSource {
+    /// The field path, e.g. `images.api.tags[0]`.
+    pub field: String,
+    /// `env:NAME` (the variable's value), `default:NAME` (`${NAME:-…}`'s default, NAME being
+    /// unset) or `set` (`--set`); for a `reproducible: true` image's epoch also
+    /// `flag:--source-date-epoch` or `git:COMMIT`.
+    pub source: String,
+}
 
 /// Where a field's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,331 @@
+//! Podman 4.3 as the engine, through its Docker-compatible API (`scripts/podman.sh`):
+//! what a Podman user checks after `polyarch build`. The tests are named `podman_` so that
+//! `make test` runs them once, in a pass of their own.
+
+mod support;
+
+use serde_json::Value;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+use support::engines::{podman_cli, podman_host};
+use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+
+/// busybox per platform, a nonce so no other build made these layers, and a RUN step that
+/// writes the architecture it ran on (QEMU for arm64 on this host).
+const UNAME: &str = "FROM scratch
+ARG TARGETARCH
+COPY bin/${TARGETARCH}/busybox /bin/busybox
+COPY nonce /nonce
+RUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]
+ENTRYPOINT [\"/bin/busybox\", \"cat\", \"/arch\"]
+";
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A two-platform project in `dir` whose one image is named `name`, its context in
+/// `dir/ctx` (the classic builder is sent the whole context: the run's cache directory
+/// beside the project file must not be part of it).
+fn project(dir: &Path, name: &str, repository: &str) -> std::path::PathBuf {
+    let context = dir.join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    hello_context(&context, UNAME);
+    fs::write(context.join("nonce"), unique_name("nonce")).unwrap();
+    let file = dir.join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {name}:\n    repository: {repository}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// polyarch aimed at Podman's service.
+fn on_podman() -> Command {
+    let mut cmd = polyarch();
+    cmd.env("DOCKER_HOST", podman_host());
+    cmd
+}
+
+/// `podman run --platform P REF` on the service's storage: what the image prints. Rootful
+/// Podman's default open-files limit is refused on this kind of host, so ask for less.
+fn podman_run(platform: &str, reference: &str) -> String {
+    let out = run(podman_cli().args([
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--ulimit",
+        "nofile=1024:1024",
+        "--ulimit",
+        "nproc=1024:1024",
+        "--tls-verify=false",
+        "--pull",
+        "always",
+        "--platform",
+        platform,
+        reference,
+    ]));
+    assert!(
+        out.status.success(),
+        "podman run {platform}: {}",
+        stderr(&out)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn podman_two_platform_build_with_a_qemu_run_step_is_one_index_podman_runs() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("pmtwo");
+    let repo = registry.repo(&unique_name("podman/two"));
+    let file = project(dir.path(), &name, &repo);
+
+    let out = run(on_podman()
+        .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+
+    // skopeo reads back one index with exactly the two platforms.
+    let index = skopeo_inspect_raw(&format!("{repo}:v1"));
+    let mut platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an index: {index:#}"))
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
+        .collect();
+    platforms.sort();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
+
+    // Podman itself runs each platform's image; the RUN step ran on that architecture.
+    assert_eq!(podman_run("linux/arm64", &format!("{repo}:v1")), "aarch64");
+    assert_eq!(podman_run("linux/amd64", &format!("{repo}:v1")), "x86_64");
+    let _ = run(podman_cli().args(["rmi", "-f", &format!("{repo}:v1")]));
+}
+
+#[test]
+fn podman_doctor_names_podman_and_its_version() {
+    let out = run(on_podman().args(["doctor", "--output-format", "json"]));
+    let checks: Value = serde_json::from_slice(&out.stdout).expect("checks");
+    let text = checks.to_string();
+    assert!(text.contains("Podman 4."), "{checks:#}");
+    assert!(text.contains("has no BuildKit"), "{checks:#}");
+}
+
+/// `polyarch build --output-format json` on Podman with its own cache directory (other
+/// tests' runs never change what this one remembers) and, when given, the registry's
+/// credentials on the command line; the record.
+fn build_on_podman(file: &Path, creds: Option<(&str, &str)>) -> (String, Value) {
+    let mut cmd = on_podman();
+    cmd.args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(file)
+        .env("POLYARCH_CACHE_DIR", file.parent().unwrap().join("cache"));
+    let out = match creds {
+        Some((user, password)) => {
+            let config = file.parent().unwrap().join("docker-config");
+            fs::create_dir_all(&config).unwrap();
+            cmd.args(["--username", user, "--password-stdin"])
+                .env("DOCKER_CONFIG", config);
+            support::run_with_stdin(&mut cmd, password)
+        }
+        None => run(&mut cmd),
+    };
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    (
+        stderr(&out),
+        serde_json::from_slice(&out.stdout).expect("record"),
+    )
+}
+
+fn reused(record: &Value) -> Vec<bool> {
+    record["images"][0]["platforms"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no platforms: {record:#}"))
+        .iter()
+        .map(|p| p["build"]["reused"] == true)
+        .collect()
+}
+
+/// Podman has no BuildKit to say what a build read: the classic build's whole context tar
+/// stands in, so an unchanged rerun builds nothing and a changed file builds again.
+#[test]
+fn podman_warm_rerun_builds_nothing_and_a_changed_file_builds_again() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("pmwarm");
+    let file = project(
+        dir.path(),
+        &name,
+        &registry.repo(&unique_name("podman/warm")),
+    );
+
+    let (_, cold) = build_on_podman(&file, None);
+    assert_eq!(reused(&cold), [false, false], "{cold:#}");
+    let (warm_log, warm) = build_on_podman(&file, None);
+    assert_eq!(reused(&warm), [true, true], "{warm_log}");
+    assert!(!warm_log.contains("building with"), "{warm_log}");
+    assert_eq!(warm["images"][0]["digest"], cold["images"][0]["digest"]);
+
+    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    let (_, changed) = build_on_podman(&file, None);
+    assert_eq!(reused(&changed), [false, false], "{changed:#}");
+    assert_ne!(changed["images"][0]["digest"], cold["images"][0]["digest"]);
+}
+
+/// A base image in a registry that needs a login: Podman's `/build` gets the command
+/// line's credentials as `X-Registry-Config` and pulls it; the RUN step runs on top of it.
+#[test]
+fn podman_builds_from_a_base_in_a_private_registry() {
+    const USER: &str = "pmuser";
+    const PASS: &str = "pm-Pa55-7d1e";
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start_htpasswd(USER, PASS);
+    let base_dir = tempfile::tempdir().unwrap();
+    hello_context(
+        base_dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\n",
+    );
+    let base = registry.repo(&unique_name("podman/base"));
+    let base_file = base_dir.path().join("polyarch.yaml");
+    fs::write(
+        &base_file,
+        format!("version: 1\nimages:\n  {}:\n    repository: {base}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n", unique_name("pmbase")),
+    )
+    .unwrap();
+    build_on_podman(&base_file, Some((USER, PASS)));
+
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("Dockerfile"),
+        format!("FROM {base}:v1\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]\nENTRYPOINT [\"/bin/busybox\", \"cat\", \"/arch\"]\n"),
+    )
+    .unwrap();
+    let app = registry.repo(&unique_name("podman/app"));
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!("version: 1\nimages:\n  {}:\n    repository: {app}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n", unique_name("pmapp")),
+    )
+    .unwrap();
+    let (_, record) = build_on_podman(&file, Some((USER, PASS)));
+    assert_eq!(record["covered"], true, "{record:#}");
+    let index = support::skopeo_inspect_raw_creds(&format!("{app}:v1"), Some((USER, PASS)));
+    assert_eq!(
+        index["manifests"].as_array().map(Vec::len),
+        Some(2),
+        "{index:#}"
+    );
+}
+
+/// Processes on this host whose command line is exactly `args` (Buildah runs RUN steps as
+/// host processes under runc).
+fn processes_running(args: &[&str]) -> bool {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    fs::read_dir("/proc").unwrap().any(|e| {
+        e.ok()
+            .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .is_some_and(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+    })
+}
+
+/// Buildah's build containers (`podman ps -a --external`).
+fn build_containers() -> Vec<String> {
+    let out = run(podman_cli().args(["ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}"]));
+    assert!(out.status.success(), "podman ps: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Ctrl-C mid RUN step: Podman cannot cancel the step, so polyarch says so, waits for it
+/// to end, exits 130, and neither a build container nor a temporary image is left.
+#[test]
+fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
+    // Also keeps the other Podman tests' build containers out of the before/after lists.
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let context = dir.path().join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    let name = unique_name("pmint");
+    // A sleep no other test runs (so its process names this build's step), shorter than
+    // the 10 s polyarch waits for a cut-off build.
+    let seconds = format!("2.{}", 100 + name.bytes().map(u32::from).sum::<u32>() % 900);
+    hello_context(
+        &context,
+        &format!("FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n"),
+    );
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {name}:\n    repository: {}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64]\n    network: none\n",
+            registry.repo(&unique_name("podman/int"))
+        ),
+    )
+    .unwrap();
+    let before = build_containers();
+    let child = on_podman()
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("CI")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn polyarch");
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !processes_running(&sleep) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the RUN step never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let sent = run(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    assert!(sent.status.success());
+    let out = child.wait_with_output().unwrap();
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(130), "{log}");
+    assert!(log.contains("cannot cancel a build in flight"), "{log}");
+    assert!(
+        !processes_running(&sleep),
+        "the RUN step still runs:\n{log}"
+    );
+    let left: Vec<String> = build_containers()
+        .into_iter()
+        .filter(|c| !before.contains(c))
+        .collect();
+    assert!(left.is_empty(), "build containers left: {left:?}\n{log}");
+    let images = run(podman_cli().args([
+        "images",
+        "-q",
+        "--filter",
+        &format!("reference=polyarch-build/{name}"),
+    ]));
+    assert!(
+        String::from_utf8_lossy(&images.stdout).trim().is_empty(),
+        "temporary image left: {images:?}"
+    );
+}
