@@ -153,4 +153,8 @@ fi
 if [[ "${POLYARCH_SKIP_PODMAN:-}" != 1 ]]; then
   bash "$root/scripts/podman.sh" start >/dev/null
 fi
+# A standalone buildkitd (scripts/buildkitd.sh; POLYARCH_SKIP_BUILDKITD=1 skips it).
+if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
+  bash "$root/scripts/buildkitd.sh" start >/dev/null
+fi
 log "ok"

@@ -4,9 +4,11 @@
 //! and SSH agents.
 
 mod connection;
+pub mod daemon;
 pub mod filesync;
 pub mod secrets;
 mod session;
+mod session_stream;
 pub mod ssh;
 
 use crate::endpoint::Endpoint;
@@ -139,6 +141,28 @@ pub async fn solve(
     auth: SessionAuth,
     on_status: impl FnMut(StatusResponse) + Send,
 ) -> Result<Solved, SolveError> {
+    solve_on(Target::Engine(endpoint), build, auth, on_status).await
+}
+
+/// Where a solve runs: an engine's BuildKit (`/grpc` and `/session` upgrades) or a
+/// standalone daemon (plain gRPC, the session through `Control/Session`).
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    Engine(&'a Endpoint),
+    Daemon(&'a daemon::Daemon),
+}
+
+/// Runs `build` on `target`, as [`solve`] does on an engine.
+pub async fn solve_on(
+    target: Target<'_>,
+    build: DockerfileBuild<'_>,
+    auth: SessionAuth,
+    on_status: impl FnMut(StatusResponse) + Send,
+) -> Result<Solved, SolveError> {
+    let endpoint = match target {
+        Target::Engine(endpoint) => endpoint,
+        Target::Daemon(daemon) => &daemon.endpoint,
+    };
     let connect = |source: std::io::Error| SolveError::Connect {
         endpoint: endpoint.name.clone(),
         source,
@@ -150,10 +174,21 @@ pub async fn solve(
         secrets: build.secrets,
         ssh: build.ssh,
     };
-    let session = Session::start(endpoint, &shared_key(build.context), services)
-        .await
-        .map_err(connect)?;
-    let control = control_client(endpoint).await.map_err(connect)?;
+    let key = shared_key(build.context);
+    let (session, control) = match target {
+        Target::Engine(endpoint) => {
+            let session = Session::start(endpoint, &key, services)
+                .await
+                .map_err(connect)?;
+            (session, control_client(endpoint).await.map_err(connect)?)
+        }
+        Target::Daemon(daemon) => {
+            let session = Session::attach(daemon.control(), &key, services)
+                .await
+                .map_err(connect)?;
+            (session, daemon.control())
+        }
+    };
 
     let build_ref = uuid::Uuid::new_v4().simple().to_string();
     let mut frontend_attrs = build.frontend_attrs;

@@ -13,6 +13,7 @@ use bollard_buildkit_proto::health::{
     HealthListRequest, HealthListResponse,
 };
 use bollard_buildkit_proto::moby::buildkit::secrets::v1::secrets_server::SecretsServer;
+use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
 use bollard_buildkit_proto::moby::filesync::v1::auth_server::{Auth, AuthServer};
 use bollard_buildkit_proto::moby::filesync::v1::file_sync_server::FileSyncServer;
 use bollard_buildkit_proto::moby::filesync::v1::{
@@ -21,11 +22,11 @@ use bollard_buildkit_proto::moby::filesync::v1::{
     VerifyTokenAuthorityResponse,
 };
 use bollard_buildkit_proto::moby::sshforward::v1::ssh_server::SshServer;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 /// The gRPC methods the session serves; the engine calls only what is announced.
@@ -74,17 +75,26 @@ impl Session {
         services: Services,
     ) -> std::io::Result<Session> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let mut headers = vec![
-            ("X-Docker-Expose-Session-Uuid", id.clone()),
-            ("X-Docker-Expose-Session-Name", "polyarch".to_string()),
-            ("X-Docker-Expose-Session-Sharedkey", shared_key.to_string()),
-        ];
-        headers.extend(
-            METHODS
-                .iter()
-                .map(|m| ("X-Docker-Expose-Session-Grpc-Method", m.to_string())),
-        );
-        let upgraded = connection::upgrade(endpoint, "/session", &headers).await?;
+        let upgraded = connection::upgrade(endpoint, "/session", &headers(&id, shared_key)).await?;
+        Ok(Session::serve(id, TokioIo::new(upgraded), services))
+    }
+
+    /// Opens a session on a standalone daemon through its `Control/Session`.
+    pub async fn attach(
+        control: ControlClient<Channel>,
+        shared_key: &str,
+        services: Services,
+    ) -> std::io::Result<Session> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let stream = super::session_stream::open(control, &headers(&id, shared_key)).await?;
+        Ok(Session::serve(id, stream, services))
+    }
+
+    /// Serves `services` on the session's one connection `io`.
+    fn serve<S>(id: String, io: S, services: Services) -> Session
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let router = tonic::transport::Server::builder()
             .add_service(HealthServer::new(Healthy))
             .add_service(FileSyncServer::new(services.dirs))
@@ -93,28 +103,42 @@ impl Session {
             .add_service(SshServer::new(services.ssh));
         // One connection, then nothing more: the server lives as long as the session.
         let incoming = futures_util::StreamExt::chain(
-            futures_util::stream::iter([Ok::<_, std::io::Error>(SessionStream(TokioIo::new(
-                upgraded,
-            )))]),
+            futures_util::stream::iter([Ok::<_, std::io::Error>(SessionStream(io))]),
             futures_util::stream::pending(),
         );
         let server = tokio::spawn(async move {
             // A failed session shows as the build's own error ("no active session").
             let _ = router.serve_with_incoming(incoming).await;
         });
-        Ok(Session { id, server })
+        Session { id, server }
     }
 }
 
-/// The engine's side of the hijacked connection, as tonic's server wants a stream.
-struct SessionStream(TokioIo<Upgraded>);
+/// The session's name for the daemon: headers of `/session`, metadata of
+/// `Control/Session`.
+fn headers(id: &str, shared_key: &str) -> Vec<(&'static str, String)> {
+    let mut headers = vec![
+        ("X-Docker-Expose-Session-Uuid", id.to_string()),
+        ("X-Docker-Expose-Session-Name", "polyarch".to_string()),
+        ("X-Docker-Expose-Session-Sharedkey", shared_key.to_string()),
+    ];
+    headers.extend(
+        METHODS
+            .iter()
+            .map(|m| ("X-Docker-Expose-Session-Grpc-Method", m.to_string())),
+    );
+    headers
+}
 
-impl tonic::transport::server::Connected for SessionStream {
+/// The engine's side of the session's connection, as tonic's server wants a stream.
+struct SessionStream<S>(S);
+
+impl<S> tonic::transport::server::Connected for SessionStream<S> {
     type ConnectInfo = ();
     fn connect_info(&self) {}
 }
 
-impl AsyncRead for SessionStream {
+impl<S: AsyncRead + Unpin> AsyncRead for SessionStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -124,7 +148,7 @@ impl AsyncRead for SessionStream {
     }
 }
 
-impl AsyncWrite for SessionStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for SessionStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -452,6 +452,12 @@ impl Endpoint {
     }
 
     /// Tells a TLS failure (untrusted engine, refused client certificate) from a down engine.
+    /// A TLS failure seen after the handshake (TLS 1.3 reports a refused client
+    /// certificate at the first read), typed as one seen during it.
+    pub(crate) fn classify_tls(&self, error: rustls::Error) -> EndpointError {
+        self.classify(io::Error::new(io::ErrorKind::InvalidData, error))
+    }
+
     fn classify(&self, error: io::Error) -> EndpointError {
         let endpoint = self.name.clone();
         let Some(tls) = error

@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod binfmt;
+pub mod buildkitd;
 pub mod engines;
 pub mod token;
 
