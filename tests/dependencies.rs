@@ -19,7 +19,9 @@ fn project(dir: &Path, base: &str, app: &str, tool: &str) -> std::path::PathBuf 
     let write = |name: &str, dockerfile: String, file: &str| {
         fs::create_dir_all(dir.join(name)).unwrap();
         fs::write(dir.join(name).join("Dockerfile"), dockerfile).unwrap();
-        fs::write(dir.join(name).join(file), format!("{name}\n")).unwrap();
+        // The base's repository name is unique to this run: no earlier build in the
+        // engine's cache (with other file times) can stand in for these layers.
+        fs::write(dir.join(name).join(file), format!("{name} {base}\n")).unwrap();
     };
     write(
         "base",
