@@ -155,3 +155,119 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
     // The context travelled through the session's file sync.
     assert!(!solved.transfers.is_empty());
 }
+
+/// A busybox context whose build RUNs a step for the target platform (under QEMU for
+/// arm64 on this amd64 host), and a project building it for `platforms`.
+fn run_step_project(dir: &Path, repository: &str, platforms: &str) -> std::path::PathBuf {
+    support::hello_context(
+        dir,
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]\n",
+    );
+    let file = support::write_project(dir, repository, "[v1]", platforms);
+    let name = support::unique_name("bkd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
+    file
+}
+
+/// polyarch with `BUILDKIT_HOST` set and no Docker engine anywhere.
+fn polyarch_on(daemon: &str) -> Command {
+    let mut cmd = support::polyarch();
+    cmd.env("BUILDKIT_HOST", daemon)
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .env_remove("DOCKER_CONTEXT");
+    cmd
+}
+
+#[test]
+fn buildkitd_builds_two_platforms_with_a_qemu_run_and_no_docker_engine() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/two"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/arm64]");
+    let record = dir.path().join("coverage.json");
+
+    let out = support::run(
+        polyarch_on(&bk.unix)
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("on BuildKit daemon {}", bk.unix)),
+        "{stderr}"
+    );
+
+    // An independent client reads one index with both platforms.
+    let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
+    let platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index}");
+    let arm64 = support::skopeo_config(&format!("{repo}:v1"), "arm64", None);
+    assert_eq!(arm64["architecture"], "arm64", "{arm64}");
+
+    // The record names the daemon as the builder of each platform.
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        text.matches(&format!("\"{}\"", bk.unix)).count(),
+        2,
+        "{text}"
+    );
+
+    // verify needs no engine either.
+    let out = support::run(polyarch_on(&bk.unix).args(["verify", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn buildkitd_refuses_a_platform_its_workers_cannot_run_before_any_build() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/s390x"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/s390x]");
+
+    let out = support::run(polyarch_on(&bk.unix).args(["build", "-f"]).arg(&file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.contains("linux/s390x"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        error.contains(&format!("BuildKit daemon {}", bk.unix))
+            && error.contains("QEMU")
+            && error.contains("native daemon"),
+        "{error}"
+    );
+    // Nothing was built, so nothing was pushed.
+    assert!(!stderr.contains("building on"), "{stderr}");
+    let tags = support::run(
+        Command::new("skopeo")
+            .args(["list-tags", "--tls-verify=false"])
+            .arg(format!("docker://{repo}")),
+    );
+    assert!(
+        !String::from_utf8_lossy(&tags.stdout).contains("v1"),
+        "{tags:?}"
+    );
+}

@@ -82,6 +82,13 @@ async fn build_and_push_all<'a>(
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    if let (Some(dir), Some(_)) = (&options.layout, &engine.daemon) {
+        return Err(Error::Usage(format!(
+            "--output oci:{} is not supported on {} yet: push to a registry, or unset BUILDKIT_HOST to build on a Docker engine",
+            dir.display(),
+            engine.described()
+        )));
+    }
     let destination = destination(&plan, options).await?;
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
