@@ -271,3 +271,56 @@ fn buildkitd_refuses_a_platform_its_workers_cannot_run_before_any_build() {
         "{tags:?}"
     );
 }
+
+#[test]
+fn buildkitd_named_in_builders_builds_its_platform_over_mutual_tls_beside_the_engine() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/mixed"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/arm64]");
+    // The machine's engine may have no default bridge for RUN steps.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{text}    network: none\n")).unwrap();
+    // The client's TLS files beside the project, named relative to it.
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    for name in ["ca.pem", "cert.pem", "key.pem"] {
+        std::fs::copy(bk.tls.join(name), dir.path().join("certs").join(name)).unwrap();
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    let builders = format!(
+        "builders:\n  linux/arm64: {{buildkit: \"{}\", tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n",
+        bk.tcp
+    );
+    std::fs::write(&file, format!("{builders}{text}")).unwrap();
+    let record = dir.path().join("coverage.json");
+
+    // amd64 on the machine's engine, arm64 on the daemon.
+    let out = support::run(
+        support::polyarch()
+            .env_remove("BUILDKIT_HOST")
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "linux/arm64 [build] building on BuildKit daemon {}",
+            bk.tcp
+        )),
+        "{stderr}"
+    );
+    let arm64 = support::skopeo_config(&format!("{repo}:v1"), "arm64", None);
+    assert_eq!(arm64["architecture"], "arm64", "{arm64}");
+    let amd64 = support::skopeo_config(&format!("{repo}:v1"), "amd64", None);
+    assert_eq!(amd64["architecture"], "amd64", "{amd64}");
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        text.matches(&format!("\"{}\"", bk.tcp)).count(),
+        1,
+        "{text}"
+    );
+}

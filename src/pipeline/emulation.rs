@@ -94,8 +94,14 @@ impl<'a> EmulationPlan<'a> {
                 if builders.by_platform.contains_key(&unit.platform) {
                     reporter.report(Event::Warning {
                         message: format!(
-                            "builder {} for {} is a {} engine",
-                            engine.endpoint, unit.platform, engine.native
+                            "builder {} for {} is a {} {}",
+                            engine.endpoint,
+                            unit.platform,
+                            engine.native,
+                            match engine.daemon {
+                                Some(_) => "BuildKit daemon",
+                                None => "engine",
+                            }
                         ),
                     });
                 }
