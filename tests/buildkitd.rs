@@ -324,3 +324,50 @@ fn buildkitd_named_in_builders_builds_its_platform_over_mutual_tls_beside_the_en
         "{text}"
     );
 }
+
+#[test]
+fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/secret"));
+    // The build itself checks: the secret arrives, the ignored file does not.
+    support::hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nCOPY . /ctx/\nRUN --mount=type=secret,id=token [\"/bin/busybox\", \"sh\", \"-c\", \"test \\\"$(/bin/busybox cat /run/secrets/token)\\\" = s3cret && test -e /ctx/kept.txt && test ! -e /ctx/ignored.txt\"]\n",
+    );
+    std::fs::write(dir.path().join("kept.txt"), "kept").unwrap();
+    std::fs::write(dir.path().join("ignored.txt"), "ignored").unwrap();
+    std::fs::write(dir.path().join(".dockerignore"), "ignored.txt\n").unwrap();
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let name = support::unique_name("bkd");
+    let text = text.replace("  hello:", &format!("  {name}:"));
+    std::fs::write(
+        &file,
+        format!("{text}    secrets:\n      token: {{env: BKD_TOKEN}}\n"),
+    )
+    .unwrap();
+
+    // --no-cache: BuildKit's cache key of a step leaves secrets out.
+    let build = |token: &str| {
+        support::run(
+            polyarch_on(&bk.unix)
+                .env("BKD_TOKEN", token)
+                .args(["build", "--no-cache", "-f"])
+                .arg(&file),
+        )
+    };
+    let out = build("s3cret");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same check fails with another secret: the step really ran its test.
+    let out = build("other");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("exit code: 1"), "{stderr}");
+}
