@@ -371,3 +371,72 @@ fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("exit code: 1"), "{stderr}");
 }
+
+/// Processes on this host whose command line is exactly `args`: buildkitd runs RUN steps
+/// as host processes.
+fn processes_running(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+        .collect()
+}
+
+/// Polls `done` until it holds, failing with `what` after 30 s.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = support::unique_name("bkdint");
+    // A sleep no other test runs, so its process names this build's RUN step.
+    let seconds = (3000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    support::hello_context(
+        dir.path(),
+        &format!(
+            "{}RUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n",
+            support::HELLO
+        ),
+    );
+    let repo = registry.repo(&support::unique_name("bkd/int"));
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
+
+    let child = polyarch_on(&bk.unix)
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("CI")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    wait_until("the RUN step never started", || {
+        !processes_running(&sleep).is_empty()
+    });
+    let kill = support::run(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    assert!(kill.status.success(), "{kill:?}");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(out.stdout.is_empty(), "a record was printed");
+    // The daemon cancels the solve when its client goes: the step does not run on.
+    wait_until(
+        "the daemon still runs the RUN step after the interrupt",
+        || processes_running(&sleep).is_empty(),
+    );
+}
