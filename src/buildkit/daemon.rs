@@ -78,9 +78,11 @@ impl Daemon {
                 let tls_failure = tls_failure.clone();
                 async move {
                     match endpoint.connect().await {
-                        Ok(inner) => {
-                            Ok(hyper_util::rt::TokioIo::new(Watched { inner, tls_failure }))
-                        }
+                        Ok(inner) => Ok(hyper_util::rt::TokioIo::new(Watched {
+                            inner,
+                            tls_failure,
+                            closed_write: None,
+                        })),
                         Err(error) => {
                             let message = error.to_string();
                             *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(error);
@@ -190,6 +192,9 @@ impl Daemon {
 struct Watched {
     inner: crate::endpoint::Stream,
     tls_failure: TlsFailure,
+    /// A write that failed because the daemon closed: held back until the daemon's
+    /// last words (a TLS alert) are read.
+    closed_write: Option<std::io::Error>,
 }
 
 impl Watched {
@@ -218,18 +223,62 @@ impl AsyncRead for Watched {
     }
 }
 
+impl Watched {
+    /// A daemon refusing the client certificate sends a TLS alert and closes; a write
+    /// racing the alert fails with a broken pipe before anyone reads it. Hold such a
+    /// failure back until the alert (or the end) has been read, so the refusal is told
+    /// by kind rather than as a bare broken pipe.
+    fn after_write<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match result {
+            Poll::Ready(Err(error))
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                self.closed_write = Some(error);
+                self.read_last_words(cx)
+            }
+            other => self.watch(other),
+        }
+    }
+
+    fn read_last_words<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        let mut scratch = [0u8; 512];
+        let mut unread = ReadBuf::new(&mut scratch);
+        let read = Pin::new(&mut self.inner).poll_read(cx, &mut unread);
+        match self.watch(read) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(_) => Poll::Ready(Err(self
+                .closed_write
+                .take()
+                .unwrap_or_else(|| std::io::ErrorKind::BrokenPipe.into()))),
+        }
+    }
+}
+
 impl AsyncWrite for Watched {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.closed_write.is_some() {
+            return self.read_last_words(cx);
+        }
         let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        self.watch(result)
+        self.after_write(cx, result)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.closed_write.is_some() {
+            return self.read_last_words(cx);
+        }
         let result = Pin::new(&mut self.inner).poll_flush(cx);
-        self.watch(result)
+        self.after_write(cx, result)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let result = Pin::new(&mut self.inner).poll_shutdown(cx);
