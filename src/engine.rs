@@ -1,6 +1,7 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
-use crate::endpoint::{Endpoint, EndpointError};
+use crate::buildkit::daemon::{Daemon, DaemonError};
+use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
 use crate::platform::Platform;
 use crate::Result;
 use bollard::Docker;
@@ -25,6 +26,17 @@ pub struct Engine {
     /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
     /// kernel (registered emulators) are remembered under.
     pub identity: String,
+    /// Set when this is a standalone BuildKit daemon rather than a Docker engine: no Docker
+    /// API answers there, so builds solve through its control API and push by digest.
+    pub daemon: Option<Standalone>,
+}
+
+/// A standalone BuildKit daemon in place of an engine, and what its workers run.
+#[derive(Clone)]
+pub struct Standalone {
+    pub daemon: Daemon,
+    /// The platforms its workers list (natively or through the host's QEMU).
+    pub platforms: Vec<Platform>,
 }
 
 /// The engine behind the Docker API, told by `/version`'s components.
@@ -34,6 +46,8 @@ pub enum Product {
     /// Podman's Docker-compatible service: no BuildKit (`/grpc`, `/session`), its `/build`
     /// is Buildah's, one platform per request.
     Podman,
+    /// A standalone BuildKit daemon (`buildkitd`): no Docker API at all.
+    BuildKit,
 }
 
 impl std::fmt::Display for Product {
@@ -41,6 +55,7 @@ impl std::fmt::Display for Product {
         f.write_str(match self {
             Product::Docker => "Docker",
             Product::Podman => "Podman",
+            Product::BuildKit => "BuildKit",
         })
     }
 }
@@ -81,6 +96,24 @@ impl Engine {
         Ok(Self::connect_to(location).await?)
     }
 
+    /// Where builds go: the BuildKit daemon `BUILDKIT_HOST` names (buildctl's variable;
+    /// for `tcp://` with mutual TLS, `BUILDKIT_TLS_DIR` holds `ca.pem`, `cert.pem`,
+    /// `key.pem` or `ca.crt`, `tls.crt`, `tls.key`, as buildctl's `--tlsdir`), else the
+    /// Docker engine [`Engine::connect`] finds.
+    pub async fn connect_builder() -> Result<Engine> {
+        let Some(address) = std::env::var("BUILDKIT_HOST")
+            .ok()
+            .filter(|a| !a.is_empty())
+        else {
+            return Self::connect().await;
+        };
+        let tls = std::env::var_os("BUILDKIT_TLS_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|dir| tls_dir(std::path::Path::new(&dir)));
+        let location = Endpoint::resolve(&address, tls.as_ref())?;
+        Ok(Self::connect_daemon(location).await?)
+    }
+
     /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
     /// failure is told as such, then the version and info the build needs.
     pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
@@ -119,7 +152,7 @@ impl Engine {
         });
         // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
         let id = match product {
-            Product::Docker => info.id.as_deref(),
+            Product::Docker | Product::BuildKit => info.id.as_deref(),
             Product::Podman => info.docker_root_dir.as_deref(),
         };
         let identity = format!(
@@ -138,7 +171,64 @@ impl Engine {
             containerd_store,
             endpoint,
             location,
+            daemon: None,
         })
+    }
+
+    /// Reaches the BuildKit daemon at `location` (as `BUILDKIT_HOST` names one): its
+    /// version and its workers' platforms, the first being its native one.
+    pub async fn connect_daemon(location: Endpoint) -> Result<Engine, DaemonError> {
+        let daemon = Daemon::connect(&location).await?;
+        let version = daemon.version().await?;
+        let platforms = daemon.platforms().await?;
+        let endpoint = location.name.clone();
+        let native = platforms
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Platform::new("linux", std::env::consts::ARCH, None));
+        // Never called for a daemon: every build goes through its control API. Creating
+        // the client connects nothing.
+        let docker = location.docker().map_err(|source| EndpointError::Api {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+        Ok(Engine {
+            identity: format!("{endpoint}|buildkitd"),
+            docker,
+            native,
+            api_version: String::new(),
+            server_version: version,
+            product: Product::BuildKit,
+            buildkit: true,
+            // It pushes images to registries itself, as containerd's image store does.
+            containerd_store: true,
+            endpoint,
+            location,
+            daemon: Some(Standalone { daemon, platforms }),
+        })
+    }
+
+    /// How messages name it: "BuildKit daemon unix:///…" or "the engine at …".
+    pub fn described(&self) -> String {
+        match self.daemon {
+            Some(_) => format!("BuildKit daemon {}", self.endpoint),
+            None => format!("the engine at {}", self.endpoint),
+        }
+    }
+}
+
+/// The TLS files in `dir` under either of the names buildctl's `--tlsdir` takes.
+fn tls_dir(dir: &std::path::Path) -> TlsFiles {
+    let kubernetes = dir.join("tls.crt").exists() && !dir.join("cert.pem").exists();
+    let (ca, cert, key) = match kubernetes {
+        true => ("ca.crt", "tls.crt", "tls.key"),
+        false => ("ca.pem", "cert.pem", "key.pem"),
+    };
+    TlsFiles {
+        ca: Some(dir.join(ca)),
+        cert: Some(dir.join(cert)),
+        key: Some(dir.join(key)),
+        skip_verify: false,
     }
 }
 

@@ -27,6 +27,11 @@ pub enum Error {
     #[error("docker engine: {0}")]
     Endpoint(#[from] crate::endpoint::EndpointError),
 
+    /// A standalone BuildKit daemon cannot be reached or cannot build what is asked;
+    /// its messages name the daemon. Boxed, as `Registry`'s.
+    #[error(transparent)]
+    Daemon(Box<crate::buildkit::daemon::DaemonError>),
+
     /// A native builder from `builders:` cannot be resolved or reached.
     #[error("docker engine: builder for {platform}: {source}")]
     Builder {
@@ -95,6 +100,12 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+impl From<crate::buildkit::daemon::DaemonError> for Error {
+    fn from(error: crate::buildkit::daemon::DaemonError) -> Self {
+        Error::Daemon(Box::new(error))
     }
 }
 

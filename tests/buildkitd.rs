@@ -155,3 +155,288 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
     // The context travelled through the session's file sync.
     assert!(!solved.transfers.is_empty());
 }
+
+/// A busybox context whose build RUNs a step for the target platform (under QEMU for
+/// arm64 on this amd64 host), and a project building it for `platforms`.
+fn run_step_project(dir: &Path, repository: &str, platforms: &str) -> std::path::PathBuf {
+    support::hello_context(
+        dir,
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox uname -m > /arch\"]\n",
+    );
+    let file = support::write_project(dir, repository, "[v1]", platforms);
+    let name = support::unique_name("bkd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
+    file
+}
+
+/// polyarch with `BUILDKIT_HOST` set and no Docker engine anywhere.
+fn polyarch_on(daemon: &str) -> Command {
+    let mut cmd = support::polyarch();
+    cmd.env("BUILDKIT_HOST", daemon)
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .env_remove("DOCKER_CONTEXT");
+    cmd
+}
+
+#[test]
+fn buildkitd_builds_two_platforms_with_a_qemu_run_and_no_docker_engine() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/two"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/arm64]");
+    let record = dir.path().join("coverage.json");
+
+    let out = support::run(
+        polyarch_on(&bk.unix)
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!("on BuildKit daemon {}", bk.unix)),
+        "{stderr}"
+    );
+
+    // An independent client reads one index with both platforms.
+    let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
+    let platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index}");
+    let arm64 = support::skopeo_config(&format!("{repo}:v1"), "arm64", None);
+    assert_eq!(arm64["architecture"], "arm64", "{arm64}");
+
+    // The record names the daemon as the builder of each platform.
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        text.matches(&format!("\"{}\"", bk.unix)).count(),
+        2,
+        "{text}"
+    );
+
+    // verify needs no engine either.
+    let out = support::run(polyarch_on(&bk.unix).args(["verify", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn buildkitd_refuses_a_platform_its_workers_cannot_run_before_any_build() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/s390x"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/s390x]");
+
+    let out = support::run(polyarch_on(&bk.unix).args(["build", "-f"]).arg(&file));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|l| l.contains("linux/s390x"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(
+        error.contains(&format!("BuildKit daemon {}", bk.unix))
+            && error.contains("QEMU")
+            && error.contains("native daemon"),
+        "{error}"
+    );
+    // Nothing was built, so nothing was pushed.
+    assert!(!stderr.contains("building on"), "{stderr}");
+    let tags = support::run(
+        Command::new("skopeo")
+            .args(["list-tags", "--tls-verify=false"])
+            .arg(format!("docker://{repo}")),
+    );
+    assert!(
+        !String::from_utf8_lossy(&tags.stdout).contains("v1"),
+        "{tags:?}"
+    );
+}
+
+#[test]
+fn buildkitd_named_in_builders_builds_its_platform_over_mutual_tls_beside_the_engine() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/mixed"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/arm64]");
+    // The machine's engine may have no default bridge for RUN steps.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, format!("{text}    network: none\n")).unwrap();
+    // The client's TLS files beside the project, named relative to it.
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    for name in ["ca.pem", "cert.pem", "key.pem"] {
+        std::fs::copy(bk.tls.join(name), dir.path().join("certs").join(name)).unwrap();
+    }
+    let text = std::fs::read_to_string(&file).unwrap();
+    let builders = format!(
+        "builders:\n  linux/arm64: {{buildkit: \"{}\", tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n",
+        bk.tcp
+    );
+    std::fs::write(&file, format!("{builders}{text}")).unwrap();
+    let record = dir.path().join("coverage.json");
+
+    // amd64 on the machine's engine, arm64 on the daemon.
+    let out = support::run(
+        support::polyarch()
+            .env_remove("BUILDKIT_HOST")
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "linux/arm64 [build] building on BuildKit daemon {}",
+            bk.tcp
+        )),
+        "{stderr}"
+    );
+    let arm64 = support::skopeo_config(&format!("{repo}:v1"), "arm64", None);
+    assert_eq!(arm64["architecture"], "arm64", "{arm64}");
+    let amd64 = support::skopeo_config(&format!("{repo}:v1"), "amd64", None);
+    assert_eq!(amd64["architecture"], "amd64", "{amd64}");
+    let text = std::fs::read_to_string(&record).unwrap();
+    assert_eq!(
+        text.matches(&format!("\"{}\"", bk.tcp)).count(),
+        1,
+        "{text}"
+    );
+}
+
+#[test]
+fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/secret"));
+    // The build itself checks: the secret arrives, the ignored file does not.
+    support::hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nCOPY . /ctx/\nRUN --mount=type=secret,id=token [\"/bin/busybox\", \"sh\", \"-c\", \"test \\\"$(/bin/busybox cat /run/secrets/token)\\\" = s3cret && test -e /ctx/kept.txt && test ! -e /ctx/ignored.txt\"]\n",
+    );
+    std::fs::write(dir.path().join("kept.txt"), "kept").unwrap();
+    std::fs::write(dir.path().join("ignored.txt"), "ignored").unwrap();
+    std::fs::write(dir.path().join(".dockerignore"), "ignored.txt\n").unwrap();
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let name = support::unique_name("bkd");
+    let text = text.replace("  hello:", &format!("  {name}:"));
+    std::fs::write(
+        &file,
+        format!("{text}    secrets:\n      token: {{env: BKD_TOKEN}}\n"),
+    )
+    .unwrap();
+
+    // --no-cache: BuildKit's cache key of a step leaves secrets out.
+    let build = |token: &str| {
+        support::run(
+            polyarch_on(&bk.unix)
+                .env("BKD_TOKEN", token)
+                .args(["build", "--no-cache", "-f"])
+                .arg(&file),
+        )
+    };
+    let out = build("s3cret");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The same check fails with another secret: the step really ran its test.
+    let out = build("other");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("exit code: 1"), "{stderr}");
+}
+
+/// Processes on this host whose command line is exactly `args`: buildkitd runs RUN steps
+/// as host processes.
+fn processes_running(args: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = args
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
+        .collect()
+}
+
+/// Polls `done` until it holds, failing with `what` after 30 s.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = support::unique_name("bkdint");
+    // A sleep no other test runs, so its process names this build's RUN step.
+    let seconds = (3000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    support::hello_context(
+        dir.path(),
+        &format!(
+            "{}RUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n",
+            support::HELLO
+        ),
+    );
+    let repo = registry.repo(&support::unique_name("bkd/int"));
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
+
+    let child = polyarch_on(&bk.unix)
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("CI")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    wait_until("the RUN step never started", || {
+        !processes_running(&sleep).is_empty()
+    });
+    let kill = support::run(Command::new("kill").args(["-INT", &child.id().to_string()]));
+    assert!(kill.status.success(), "{kill:?}");
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(out.stdout.is_empty(), "a record was printed");
+    // The daemon cancels the solve when its client goes: the step does not run on.
+    wait_until(
+        "the daemon still runs the RUN step after the interrupt",
+        || processes_running(&sleep).is_empty(),
+    );
+}

@@ -21,6 +21,9 @@ pub trait Builder {
     /// Whether it keeps images in containerd's image store, whose BuildKit can push an
     /// image to a registry itself.
     fn containerd_store(&self) -> bool;
+    /// Whether it is a standalone BuildKit daemon, which has no image store to export
+    /// from: it always pushes to the registry itself.
+    fn standalone(&self) -> bool;
     /// Whether it runs on this machine, and so reaches this machine's loopback registries.
     fn is_local(&self) -> bool;
     /// Whether it answers now: a builder lost mid-run is only retried on one that does.
@@ -67,6 +70,10 @@ impl Builder for Engine {
 
     fn containerd_store(&self) -> bool {
         self.containerd_store
+    }
+
+    fn standalone(&self) -> bool {
+        self.daemon.is_some()
     }
 
     fn is_local(&self) -> bool {

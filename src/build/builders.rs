@@ -25,6 +25,15 @@ pub struct Builders {
     images: Vec<String>,
 }
 
+/// Connects one builder of `builders:`: a Docker engine, or a BuildKit daemon.
+async fn connect(spec: &BuilderSpec) -> Result<Engine> {
+    let endpoint = spec.endpoint()?;
+    Ok(match spec.buildkit {
+        true => Engine::connect_daemon(endpoint).await?,
+        false => Engine::connect_to(endpoint).await?,
+    })
+}
+
 impl Builders {
     /// Connects every builder the plan needs, so an unreachable one fails before any
     /// build. In a list, an unreachable builder is left out (with a warning) while another
@@ -45,7 +54,7 @@ impl Builders {
             let mut reachable = Vec::new();
             let mut failures = Vec::new();
             for spec in specs {
-                match async { Engine::connect_to(spec.endpoint()?).await }.await {
+                match connect(spec).await {
                     Ok(engine) => reachable.push(engine),
                     Err(source) => failures.push((spec, source)),
                 }
@@ -66,9 +75,13 @@ impl Builders {
                 continue;
             };
             if !emulate {
-                return Err(Error::Builder {
-                    platform: platform.to_string(),
-                    source,
+                return Err(match source {
+                    Error::Endpoint(source) => Error::Builder {
+                        platform: platform.to_string(),
+                        source,
+                    },
+                    // A daemon's errors name it and the fix already.
+                    other => other,
                 });
             }
             let why = format!("builder {spec} is unreachable: {source}");

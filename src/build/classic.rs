@@ -35,7 +35,10 @@ pub(super) async fn build_classic(
             Product::Podman => {
                 "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)"
             }
-            Product::Docker => "upgrade it to Docker 18.09+ or build on another engine",
+            // A daemon always builds with BuildKit.
+            Product::Docker | Product::BuildKit => {
+                "upgrade it to Docker 18.09+ or build on another engine"
+            }
         };
         return Err(Error::Build {
             image: spec.name.clone(),

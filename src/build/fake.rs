@@ -87,6 +87,10 @@ impl Builder for FakeBuilder {
         self.containerd_store
     }
 
+    fn standalone(&self) -> bool {
+        false
+    }
+
     fn is_local(&self) -> bool {
         true
     }

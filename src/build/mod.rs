@@ -241,7 +241,7 @@ async fn run_build(
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.to_string())]),
         },
-        Output::Registry(repository) => registry_exporter(repository, spec),
+        Output::Registry(repository) => registry_exporter(engine, repository, spec),
     };
     let reporter = log.reporter;
     let mut on_status = |status| {
@@ -330,7 +330,7 @@ fn stopped_build(
 /// BuildKit's image exporter pushing by digest to `repository`: compressed once, never
 /// stored in the engine; each platform manifest gets the image's annotations, and with
 /// `SOURCE_DATE_EPOCH` the exporter clamps the layers' file times to it.
-fn registry_exporter(repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
+fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
     let mut attrs: HashMap<String, String> = [
         ("name", repository),
         ("push", "true"),
@@ -347,6 +347,13 @@ fn registry_exporter(repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
     }
     if spec.source_date_epoch.is_some() {
         attrs.insert("rewrite-timestamp".into(), "true".into());
+    }
+    // An engine's BuildKit talks plain HTTP to loopback registries by itself (the
+    // engine's own insecure list); a daemon's needs telling.
+    let loopback = crate::registry::parse_reference(repository)
+        .is_ok_and(|r| crate::registry::is_loopback(r.registry()));
+    if engine.daemon.is_some() && loopback {
+        attrs.insert("registry.insecure".into(), "true".into());
     }
     buildkit::Exporter {
         kind: "image".into(),
@@ -463,7 +470,11 @@ async fn solve_in_session(
     // once, instead of taking the import's failed step for the build's failure.
     const IMPORTING: &str = "importing cache manifest from ";
     let mut not_imported = std::collections::BTreeSet::new();
-    buildkit::solve(&engine.location, build, auth, |mut status| {
+    let target = match &engine.daemon {
+        Some(standalone) => buildkit::Target::Daemon(&standalone.daemon),
+        None => buildkit::Target::Engine(&engine.location),
+    };
+    buildkit::solve_on(target, build, auth, |mut status| {
         for vertex in &mut status.vertexes {
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);

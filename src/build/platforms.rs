@@ -37,7 +37,7 @@ pub async fn build_platforms(
     );
     let solved = {
         let mut on_status = |status| logs.route(status);
-        let exporter = registry_exporter(repository, spec);
+        let exporter = registry_exporter(engine, repository, spec);
         solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
     };
     let (stopped, failed) = match solved {

@@ -20,9 +20,24 @@ pub enum DaemonError {
     /// refused), as for an engine.
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
+    /// Nothing answers at the address.
+    #[error("BuildKit daemon {daemon} is down or unreachable ({source}); start buildkitd there or correct the address (BUILDKIT_HOST)")]
+    Down {
+        daemon: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The daemon's workers cannot run a platform whose build RUNs something.
+    #[error("BuildKit daemon {daemon} cannot run {platform} (its workers run {runs}); register QEMU for it on that host (docker run --privileged tonistiigi/binfmt --install {arch}, then restart buildkitd) or add a native daemon for {platform}")]
+    Unrunnable {
+        daemon: String,
+        platform: Platform,
+        runs: String,
+        arch: String,
+    },
     /// The daemon closed the connection without speaking gRPC: a plain-text client on a
     /// TLS listener, or not a BuildKit daemon at all.
-    #[error("{daemon} closed the connection without answering gRPC ({reason}); if buildkitd listens there with --tlscacert, give tls: ca, cert, key (as buildctl --tlsdir); check the address")]
+    #[error("BuildKit daemon {daemon} closed the connection without answering gRPC ({reason}); if buildkitd listens there with --tlscacert, give tls: ca, cert, key (BUILDKIT_TLS_DIR, as buildctl --tlsdir); check the address")]
     NotGrpc { daemon: String, reason: String },
     /// The daemon answered, with an error.
     #[error("{daemon} refused {call}: {source}")]
@@ -35,6 +50,7 @@ pub enum DaemonError {
 }
 
 /// A connected daemon: its control API.
+#[derive(Clone)]
 pub struct Daemon {
     pub endpoint: Endpoint,
     control: ControlClient<Channel>,
@@ -84,6 +100,10 @@ impl Daemon {
             Err(error) => {
                 let kept = failed.lock().unwrap_or_else(|p| p.into_inner()).take();
                 return Err(match kept {
+                    Some(EndpointError::Down { endpoint, source }) => DaemonError::Down {
+                        daemon: endpoint,
+                        source,
+                    },
                     Some(error) => error.into(),
                     None => DaemonError::NotGrpc {
                         daemon: endpoint.name.clone(),

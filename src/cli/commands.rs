@@ -168,7 +168,7 @@ async fn run_build(
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
-    let engine = Engine::connect().await?;
+    let engine = Engine::connect_builder().await?;
     let cleanup = Cleanup::default();
     if push_by_digest {
         let outcome =

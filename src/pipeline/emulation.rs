@@ -4,6 +4,7 @@
 use super::BuildOptions;
 use crate::binfmt::{Emulation, EmulationStatus};
 use crate::build::Builders;
+use crate::buildkit::daemon::DaemonError;
 use crate::cache::EmulationMemory;
 use crate::dockerfile;
 use crate::engine::Engine;
@@ -93,8 +94,14 @@ impl<'a> EmulationPlan<'a> {
                 if builders.by_platform.contains_key(&unit.platform) {
                     reporter.report(Event::Warning {
                         message: format!(
-                            "builder {} for {} is a {} engine",
-                            engine.endpoint, unit.platform, engine.native
+                            "builder {} for {} is a {} {}",
+                            engine.endpoint,
+                            unit.platform,
+                            engine.native,
+                            match engine.daemon {
+                                Some(_) => "BuildKit daemon",
+                                None => "engine",
+                            }
                         ),
                     });
                 }
@@ -115,6 +122,28 @@ impl<'a> EmulationPlan<'a> {
             }
             let mode = binfmt_mode(self.project, image, self.options);
             for (engine, platform) in foreign {
+                if let Some(standalone) = &engine.daemon {
+                    // polyarch registers nothing on a daemon's host: its workers say what runs.
+                    if !standalone.platforms.contains(&platform) {
+                        return Err(DaemonError::Unrunnable {
+                            daemon: engine.endpoint.clone(),
+                            runs: standalone
+                                .platforms
+                                .iter()
+                                .map(Platform::to_string)
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            arch: platform.architecture.clone(),
+                            platform,
+                        }
+                        .into());
+                    }
+                    let status = EmulationStatus::Emulated {
+                        registered_now: false,
+                    };
+                    self.mark(&image.name, &platform, status);
+                    continue;
+                }
                 // `never` decides from the platforms alone; the others may trust a verdict.
                 let remembered = (mode != BinfmtMode::Never)
                     .then(|| self.memory.runs(&engine.identity, &platform))

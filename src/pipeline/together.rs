@@ -4,8 +4,8 @@
 use super::emulation::EmulationPlan;
 use super::retry::missing_emulation;
 use super::unit::{
-    build_info, build_unit, check_platform, remember_pushed, remember_reads, report_phase, reuse,
-    warn_if_emulated, Reuse,
+    build_info, build_unit, building, check_platform, pusher, remember_pushed, remember_reads,
+    report_phase, reuse, warn_if_emulated, Reuse,
 };
 use super::Run;
 use crate::build;
@@ -104,7 +104,11 @@ async fn build_together(
     let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     for (unit, _, emulated) in units {
         warn_if_emulated(unit, *emulated, run.reporter);
-        let message = format!("building with BuildKit ({} in one solve)", names.join(", "));
+        let message = format!(
+            "building {} ({} in one solve)",
+            building(engine),
+            names.join(", ")
+        );
         report_phase(run, unit, Phase::Build, message);
     }
     let built =
@@ -119,7 +123,7 @@ async fn build_together(
             remember_reads(run, image, key, digest, &built.transfers, None).await;
         }
         remember_pushed(run, image, entry.digest.as_str(), &entry);
-        let message = format!("pushed {} (by the engine)", entry.digest);
+        let message = format!("pushed {} (by {})", entry.digest, pusher(engine));
         report_phase(run, unit, Phase::Done, message);
         pushed.push(Pushed {
             image: image.name.clone(),

@@ -207,11 +207,12 @@ pub(super) async fn build_unit(
 ) -> Result<Pushed> {
     let image = unit.image;
     warn_if_emulated(unit, emulated, run.reporter);
-    let with = match builder.buildkit() {
-        true => "BuildKit",
-        false => "the classic builder",
-    };
-    report_phase(run, unit, Phase::Build, format!("building with {with}"));
+    report_phase(
+        run,
+        unit,
+        Phase::Build,
+        format!("building {}", building(builder)),
+    );
     let output = build_output(builder, store, image, run);
     let built = builder
         .build(
@@ -229,7 +230,7 @@ pub(super) async fn build_unit(
     }
     let build = build_info(builder, unit, emulated, built.seconds, run);
     if let Some(pushed) = built.pushed.clone() {
-        return pushed_by_engine(unit, &built.id, pushed, build, run);
+        return pushed_by_engine(unit, &built.id, pushed, build, pusher(builder), run);
     }
     if let Some(cached) = already_pushed(store, &run.cache, image, &built.id).await {
         builder.remove(run.cleanup, &built.tag).await;
@@ -257,8 +258,26 @@ pub(super) async fn build_unit(
     })
 }
 
+/// How progress names what builds: "with BuildKit", "on BuildKit daemon unix:///…".
+pub(super) fn building(builder: &impl Builder) -> String {
+    match (builder.standalone(), builder.buildkit()) {
+        (true, _) => format!("on BuildKit daemon {}", builder.endpoint()),
+        (false, true) => "with BuildKit".into(),
+        (false, false) => "with the classic builder".into(),
+    }
+}
+
+/// How progress names what pushed a platform manifest itself.
+pub(super) fn pusher(builder: &impl Builder) -> &'static str {
+    match builder.standalone() {
+        true => "the BuildKit daemon",
+        false => "the engine",
+    }
+}
+
 /// Where a build's image goes: pushed by the engine itself when its BuildKit can push to
-/// the registry polyarch pushes to, else into the engine, to be exported.
+/// the registry polyarch pushes to (a standalone daemon always does), else into the
+/// engine, to be exported.
 fn build_output<'i>(
     builder: &impl Builder,
     store: &impl ImageStore,
@@ -268,7 +287,7 @@ fn build_output<'i>(
     if store.is_registry()
         && builder.buildkit()
         && builder.containerd_store()
-        && run.engine_reaches(image, builder)
+        && (builder.standalone() || run.engine_reaches(image, builder))
     {
         build::Output::Registry(&image.repository)
     } else {
@@ -300,6 +319,7 @@ fn pushed_by_engine(
     id: &str,
     pushed: build::PushedManifest,
     build: BuildInfo,
+    by: &str,
     run: &Run<'_>,
 ) -> Result<Pushed> {
     let image = unit.image;
@@ -314,7 +334,7 @@ fn pushed_by_engine(
         run,
         unit,
         Phase::Done,
-        format!("pushed {} (by the engine)", entry.digest),
+        format!("pushed {} (by {by})", entry.digest),
     );
     Ok(Pushed {
         image: image.name.clone(),

@@ -178,27 +178,39 @@ impl Cx {
     /// A `builders:` entry, checked as far as the file can say: the address's form, and
     /// TLS files only for `tcp://` hosts, in pairs, present when building.
     pub(super) fn builder(&self, field: &str, raw: RawBuilder) -> Result<BuilderSpec> {
-        let (host, raw_tls, host_field, fallback) = match raw {
+        let (host, raw_tls, host_field, fallback, buildkit) = match raw {
             RawBuilder::List(_) => {
                 return Err(self.err(
                     field,
                     "is a list inside a list; write the platform's builders as one list",
                 ))
             }
-            RawBuilder::Address(host) => (host, None, field.to_string(), Fallback::None),
+            RawBuilder::Address(host) => (host, None, field.to_string(), Fallback::None, false),
             RawBuilder::Map(map) => {
-                let host = map.host.ok_or_else(|| {
-                    self.err(
+                let (host, buildkit, key) = match (map.host, map.buildkit) {
+                    (Some(host), None) => (host, false, "host"),
+                    (None, Some(daemon)) => (daemon, true, "buildkit"),
+                    (Some(_), Some(_)) => return Err(self.err(
+                        field,
+                        "has both host and buildkit; give host for a Docker engine or buildkit for a BuildKit daemon",
+                    )),
+                    (None, None) => return Err(self.err(
                         format!("{field}.host"),
-                        "is missing; give the engine's address, e.g. `host: tcp://arm-box:2376`",
-                    )
-                })?;
+                        "is missing; give the engine's address, e.g. `host: tcp://arm-box:2376`, or a BuildKit daemon's, e.g. `buildkit: tcp://arm-bk:1234`",
+                    )),
+                };
+                if buildkit && !endpoint::is_address(&host) {
+                    return Err(self.err(
+                        format!("{field}.buildkit"),
+                        format!("{} is not an address; write unix:///path/buildkitd.sock, tcp://host:port or ssh://user@host", q(&host)),
+                    ));
+                }
                 let fallback = match map.fallback {
                     Some(s) => pick(&s, FALLBACKS, "fallback")
                         .map_err(|m| self.err(format!("{field}.fallback"), m))?,
                     None => Fallback::None,
                 };
-                (host, map.tls, format!("{field}.host"), fallback)
+                (host, map.tls, format!("{field}.{key}"), fallback, buildkit)
             }
         };
         if host.trim().is_empty() {
@@ -213,6 +225,7 @@ impl Cx {
                 host,
                 tls: None,
                 fallback,
+                buildkit,
             });
         };
         let tls_field = format!("{field}.tls");
@@ -226,6 +239,7 @@ impl Cx {
             host,
             tls: Some(self.builder_tls(&tls_field, raw_tls)?),
             fallback,
+            buildkit,
         })
     }
 

@@ -80,6 +80,8 @@ pub struct BuilderSpec {
     pub tls: Option<TlsFiles>,
     /// What to do when the builder cannot be reached.
     pub fallback: Fallback,
+    /// A standalone BuildKit daemon (`buildkit:`) rather than a Docker engine (`host:`).
+    pub buildkit: bool,
 }
 
 /// What a build does when a platform's builder cannot be reached.
@@ -103,6 +105,9 @@ impl BuilderSpec {
 
 impl fmt::Display for BuilderSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.buildkit {
+            f.write_str("BuildKit daemon ")?;
+        }
         f.write_str(&self.host)?;
         if self.tls.is_some() {
             f.write_str(" (TLS)")?;

@@ -29,6 +29,8 @@ pub(super) enum RawBuilder {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBuilderMap {
     pub(super) host: Option<String>,
+    /// A standalone BuildKit daemon's address, in place of `host`.
+    pub(super) buildkit: Option<String>,
     pub(super) tls: Option<RawTls>,
     pub(super) fallback: Option<String>,
 }
@@ -48,7 +50,7 @@ impl<'de> Deserialize<'de> for RawBuilder {
             type Value = RawBuilder;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
-                    "an engine address, a context name, a mapping with host and tls, or a list of them",
+                    "an engine address, a context name, a mapping with host (or buildkit) and tls, or a list of them",
                 )
             }
             fn visit_seq<A: serde::de::SeqAccess<'de>>(

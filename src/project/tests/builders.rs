@@ -84,10 +84,40 @@ fn builder_map_errors() {
         (b("[ssh://a, {host: \"ftp://b\"}]"), "builders.linux/arm64[1].host",
             "unsupported scheme", &[]),
         (b("[[ssh://a]]"), "builders.linux/arm64[0]", "one list", &[]),
+        (b("{host: \"tcp://h:2376\", buildkit: \"tcp://h:1234\"}"), f,
+            "host for a Docker engine or buildkit for a BuildKit daemon", &[]),
+        (b("{buildkit: arm-ctx}"), "builders.linux/arm64.buildkit", "not an address", &[]),
+        (b("{buildkit: \"unix:///bk.sock\", tls: {ca: cert.pem}}"), "builders.linux/arm64.tls",
+            "tcp:// hosts only", &[]),
         (b("{host: \"tcp://h:2376\", fallback: qemu}"), "builders.linux/arm64.fallback",
             "use one of none, emulate", &[]),
         (b("{host: \"tcp://h:2376\", tsl: {}}"), "builders.linux/arm64.tsl", "did you mean tls?",
-            &["host, tls"]),
+            &["host, buildkit, tls"]),
     ];
     expect_all(&d, cases);
+}
+
+#[test]
+fn a_builder_can_be_a_buildkit_daemon() {
+    let d = fixture();
+    fs::create_dir(d.path().join("certs")).unwrap();
+    for f in ["ca.pem", "cert.pem", "key.pem"] {
+        fs::write(d.path().join("certs").join(f), "").unwrap();
+    }
+    let text = format!(
+        "builders:\n  linux/arm64: {{buildkit: tcp://arm-bk:1234, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n  linux/s390x: [unix:///run/docker.sock, {{buildkit: unix:///run/buildkit/buildkitd.sock}}]\n{}",
+        with_image("")
+    );
+    let p = parse_in(&d, &text).unwrap();
+    let get = |platform: &str| p.builders[&platform.parse::<Platform>().unwrap()].clone();
+    let arm64 = &get("linux/arm64")[0];
+    assert!(arm64.buildkit);
+    assert_eq!(arm64.host, "tcp://arm-bk:1234");
+    assert_eq!(
+        arm64.tls.as_ref().unwrap().cert,
+        Some(d.path().join("certs/cert.pem"))
+    );
+    assert_eq!(arm64.to_string(), "BuildKit daemon tcp://arm-bk:1234 (TLS)");
+    let s390x = get("linux/s390x");
+    assert!(!s390x[0].buildkit && s390x[1].buildkit);
 }

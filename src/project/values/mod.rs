@@ -324,10 +324,12 @@ fn builder_strings<E>(
         RawBuilder::Address(host) => f(at, host),
         RawBuilder::Map(RawBuilderMap {
             host,
+            buildkit,
             tls,
             fallback,
         }) => {
             one(f, &format!("{at}.host"), host)?;
+            one(f, &format!("{at}.buildkit"), buildkit)?;
             one(f, &format!("{at}.fallback"), fallback)?;
             if let Some(RawTls { ca, cert, key }) = tls {
                 one(f, &format!("{at}.tls.ca"), ca)?;
