@@ -61,5 +61,10 @@ fn main() {
             error.exit_code()
         }
     };
+    // Work an interrupt or failure cut off may still hold temporary files (a layer
+    // spool, an upload): shutting the runtime down drops those tasks, so their files
+    // are removed before the exit. The bound keeps a stuck blocking call from holding
+    // the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     std::process::exit(code);
 }
