@@ -1,14 +1,19 @@
 //! The HTTP clients of a run, each built on first use: building one loads the system's
 //! CA store.
 
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use oci_client::Client;
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The registry clients, each built on first use.
 pub(super) struct Clients {
-    pub(super) extra_root_certificates: Vec<oci_client::client::Certificate>,
+    /// Extra CAs to trust (`--ca-cert`, often `SSL_CERT_FILE`, the whole system bundle;
+    /// Docker's `certs.d`), read by the first verified client only: a run that speaks
+    /// plain HTTP or unverified TLS never reads them.
+    pub(super) ca_files: Vec<PathBuf>,
+    pub(super) extra_root_certificates: OnceLock<Vec<Certificate>>,
     /// HTTPS, verified against the system roots plus the extra CAs.
     pub(super) https: OnceLock<Client>,
     /// HTTPS without certificate checks: telling TLS from plain HTTP, and
@@ -23,13 +28,29 @@ pub(super) struct Clients {
 }
 
 impl Clients {
+    /// The extra CAs, read on first use. `Registry::new` saw each file exist; one that
+    /// cannot be read now is left out, as a file that is no PEM certificate is, and the
+    /// registry's certificate is then refused with the `--ca-cert` advice.
+    fn extra_root_certificates(&self) -> &[Certificate] {
+        self.extra_root_certificates.get_or_init(|| {
+            self.ca_files
+                .iter()
+                .filter_map(|path| std::fs::read(path).ok())
+                .map(|data| Certificate {
+                    encoding: CertificateEncoding::Pem,
+                    data,
+                })
+                .collect()
+        })
+    }
+
     fn config(&self, protocol: ClientProtocol, verified: bool) -> ClientConfig {
         ClientConfig {
             protocol,
             // One streaming PUT per blob: the size is known from the spool file.
             use_monolithic_push: true,
             extra_root_certificates: if verified {
-                self.extra_root_certificates.clone()
+                self.extra_root_certificates().to_vec()
             } else {
                 Vec::new()
             },
@@ -63,7 +84,7 @@ impl Clients {
                 .danger_accept_invalid_certs(!verified);
             if verified {
                 // A file that is no PEM certificate fails oci-client's clients already.
-                for pem in &self.extra_root_certificates {
+                for pem in self.extra_root_certificates() {
                     if let Ok(certificate) = reqwest::Certificate::from_pem(&pem.data) {
                         builder = builder.add_root_certificate(certificate);
                     }

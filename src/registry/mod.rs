@@ -174,17 +174,19 @@ impl Registry {
         for registry in registries {
             ca_files.extend(certs_d_files(registry));
         }
-        let mut extra_root_certificates = Vec::new();
+        // Checked now, so a wrong path is refused before any work; read when a verified
+        // client is first built (see `Clients::ca_files`).
         for path in &ca_files {
-            let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-            extra_root_certificates.push(oci_client::client::Certificate {
-                encoding: oci_client::client::CertificateEncoding::Pem,
-                data,
+            let file = std::fs::metadata(path).and_then(|m| match m.is_dir() {
+                true => Err(std::io::ErrorKind::IsADirectory.into()),
+                false => Ok(()),
             });
+            file.map_err(|e| Error::io(path, e))?;
         }
         let registry = Registry(Box::new(Inner {
             clients: Clients {
-                extra_root_certificates,
+                ca_files,
+                extra_root_certificates: OnceLock::new(),
                 https: OnceLock::new(),
                 unverified: OnceLock::new(),
                 plain: OnceLock::new(),
@@ -605,6 +607,44 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `SSL_CERT_FILE` is often the whole system bundle: a run that only speaks plain HTTP
+    /// (a loopback `verify`) must not read it; a path that is not there is refused up front.
+    #[test]
+    fn ca_files_are_read_by_the_first_verified_client_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("bundle.pem");
+        std::fs::write(&ca, "not read yet").unwrap();
+        let options = RegistryOptions {
+            ca_certs: vec![ca.clone()],
+            credentials: Some(("user".into(), "secret".into())),
+            ..Default::default()
+        };
+        let registry = Registry::new(&["127.0.0.1:5000".into()], &options).unwrap();
+        let _ = registry.clients.http(false);
+        assert!(registry.clients.extra_root_certificates.get().is_none());
+        let _ = registry.clients.http(true);
+        assert_eq!(
+            registry
+                .clients
+                .extra_root_certificates
+                .get()
+                .unwrap()
+                .len(),
+            1
+        );
+
+        let gone = RegistryOptions {
+            ca_certs: vec![dir.path().join("missing.pem")],
+            ..options
+        };
+        let refused = Registry::new(&["127.0.0.1:5000".into()], &gone);
+        assert!(
+            matches!(refused, Err(Error::Io { .. })),
+            "{:?}",
+            refused.err()
+        );
+    }
 
     #[test]
     fn retries_back_off_within_bounds() {
