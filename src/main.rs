@@ -44,10 +44,13 @@ fn main() {
             std::process::exit(code);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = match cli.command {
+        // A few small concurrent reads: one thread polls them all, with no worker threads
+        // to start and no wake-ups between threads.
+        cli::args::Command::Verify(_) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
