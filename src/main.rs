@@ -46,8 +46,11 @@ fn main() {
     };
     let mut builder = match cli.command {
         // A few small concurrent reads: one thread polls them all, with no worker threads
-        // to start and no wake-ups between threads.
-        cli::args::Command::Verify(_) => tokio::runtime::Builder::new_current_thread(),
+        // to start and no wake-ups between threads. `--deep` hashes whole layers as they
+        // stream: those keep a thread per core.
+        cli::args::Command::Verify(ref args) if !args.deep => {
+            tokio::runtime::Builder::new_current_thread()
+        }
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     let runtime = match builder.enable_all().build() {
