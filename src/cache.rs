@@ -250,9 +250,43 @@ impl EmulationMemory {
     }
 }
 
+/// Which config each image manifest names, by the manifest's digest: `verify` asks for
+/// an entry's config beside its manifest (see [`crate::verify::KnownConfigs`]).
+pub struct ConfigMemory(Store<Digest>);
+
+impl ConfigMemory {
+    pub fn open() -> ConfigMemory {
+        ConfigMemory(Store::open("configs.json"))
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+impl crate::verify::KnownConfigs for ConfigMemory {
+    fn config_of(&self, manifest: &Digest) -> Option<Digest> {
+        self.0.get(manifest.as_str())
+    }
+
+    fn remember(&self, manifest: &Digest, config: &Digest) {
+        self.0.put(manifest.to_string(), config.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_remembered_config_is_found_by_its_manifest_digest() {
+        use crate::verify::KnownConfigs;
+        let memory = ConfigMemory(Store::in_memory());
+        let (manifest, config) = (Digest::of(b"manifest"), Digest::of(b"config"));
+        assert_eq!(memory.config_of(&manifest), None);
+        memory.remember(&manifest, &config);
+        assert_eq!(memory.config_of(&manifest), Some(config));
+    }
 
     #[test]
     fn survives_a_round_trip_and_ignores_corruption() {

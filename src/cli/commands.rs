@@ -240,6 +240,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         require_provenance: args.require_provenance,
     };
     let reporter = reporter(&args.output);
+    let configs = polyarch::cache::ConfigMemory::open();
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
             polyarch::verify::verify_reference(
@@ -247,20 +248,29 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 &args.platform,
                 &options,
                 checks,
+                &configs,
                 reporter.as_ref(),
             )
             .await
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::verify::verify_project(&project, images, &options, checks, reporter.as_ref())
-                .await
-                .map(|record| record.with_values(&project))
+            polyarch::verify::verify_project(
+                &project,
+                images,
+                &options,
+                checks,
+                &configs,
+                reporter.as_ref(),
+            )
+            .await
+            .map(|record| record.with_values(&project))
         }
         _ => Err(Error::Usage(
             "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),
         )),
     };
+    configs.save();
     drop(reporter);
     finish(&outcome?, &args.output)
 }

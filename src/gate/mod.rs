@@ -274,6 +274,7 @@ async fn read_images(
         let source = RegistrySource {
             registry,
             reference: reference.clone(),
+            configs: &(),
         };
         let contents = verify::read_contents(&source, &target, reporter).await;
         (text.clone(), contents)

@@ -200,6 +200,7 @@ impl ImageStore for Destination {
                     image,
                     Some(expected),
                     verify::Checks::default(),
+                    &(),
                     reporter,
                 )
                 .await

@@ -1,6 +1,6 @@
 //! Verifying images by name: a project's images through their tags, or any reference.
 
-use super::{verify, Checks, RegistrySource, Target};
+use super::{verify, Checks, KnownConfigs, RegistrySource, Target};
 use crate::digest::Digest;
 use crate::layout::{LayoutSource, OciLayout};
 use crate::plan;
@@ -19,6 +19,7 @@ pub async fn verify_image(
     image: &ImageSpec,
     expected: Option<&Digest>,
     checks: Checks,
+    configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
     let first = first_tag(image)?;
@@ -33,6 +34,7 @@ pub async fn verify_image(
     let source = RegistrySource {
         registry,
         reference: first,
+        configs,
     };
     let mut coverage = verify(&source, &target, reporter).await?;
     let missing = missing_annotations(image, &coverage);
@@ -94,13 +96,14 @@ pub async fn verify_project(
     selected: &[String],
     options: &RegistryOptions,
     checks: Checks,
+    configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let images = plan::select(project, selected)?;
     let registry = connect_registry(&images, options, false).await?;
     let mut coverage = Vec::new();
     for image in &images {
-        coverage.push(verify_image(&registry, image, None, checks, reporter).await?);
+        coverage.push(verify_image(&registry, image, None, checks, configs, reporter).await?);
     }
     Ok(CoverageRecord::new(coverage))
 }
@@ -111,6 +114,7 @@ pub async fn verify_reference(
     declared: &[Platform],
     options: &RegistryOptions,
     checks: Checks,
+    configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let Checks {
@@ -159,6 +163,7 @@ pub async fn verify_reference(
     let source = RegistrySource {
         registry: &registry,
         reference: parsed,
+        configs,
     };
     Ok(CoverageRecord::new(vec![
         verify(&source, &target, reporter).await?,

@@ -36,6 +36,13 @@ pub trait ContentSource {
     ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
+    /// The config an earlier run saw the manifest `digest` name: asked for beside the
+    /// manifest rather than after it.
+    fn known_config(&self, _manifest: &Digest) -> Option<Digest> {
+        None
+    }
+    /// The config the manifest `digest` names, for [`ContentSource::known_config`].
+    fn learned_config(&self, _manifest: &Digest, _config: &Digest) {}
     /// `--deep`: streams the layers and checks the entrypoint's binary against `platform`.
     fn inspect(
         &self,
@@ -48,6 +55,23 @@ pub trait ContentSource {
 pub struct RegistrySource<'a> {
     pub registry: &'a Registry,
     pub reference: Reference,
+    pub configs: &'a dyn KnownConfigs,
+}
+
+/// Which config each image manifest names, remembered across runs. A manifest's digest
+/// fixes its config's, so a remembered one is never stale; it only lets `verify` ask for
+/// an entry's manifest and config in one wave. Both are still read and checked.
+pub trait KnownConfigs: Sync {
+    fn config_of(&self, manifest: &Digest) -> Option<Digest>;
+    fn remember(&self, manifest: &Digest, config: &Digest);
+}
+
+/// Nothing remembered.
+impl KnownConfigs for () {
+    fn config_of(&self, _: &Digest) -> Option<Digest> {
+        None
+    }
+    fn remember(&self, _: &Digest, _: &Digest) {}
 }
 
 impl ContentSource for RegistrySource<'_> {
@@ -75,6 +99,14 @@ impl ContentSource for RegistrySource<'_> {
             self.reference.registry(),
             self.reference.repository()
         )
+    }
+
+    fn known_config(&self, manifest: &Digest) -> Option<Digest> {
+        self.configs.config_of(manifest)
+    }
+
+    fn learned_config(&self, manifest: &Digest, config: &Digest) {
+        self.configs.remember(manifest, config)
     }
 
     async fn inspect(
@@ -458,9 +490,26 @@ async fn check_entry<S: ContentSource>(
     entry: &Entry,
 ) -> Result<(PlatformCoverage, Vec<String>)> {
     let mut warnings = Vec::new();
-    let manifest = entry_manifest(source, target, entry).await?;
+    // The config a remembered manifest names is asked for at once, so an entry costs one
+    // round trip, not two; it counts only if the manifest, read and checked, names it.
+    let guess = source.known_config(&entry.digest);
+    let early = async {
+        match &guess {
+            Some(config) => Some(source.json_blob(config).await),
+            None => None,
+        }
+    };
+    let (manifest, early) =
+        futures_util::future::join(entry_manifest(source, target, entry), early).await;
+    let manifest = manifest?;
     let config_digest = parse_digest(target, manifest.config().digest())?;
-    let config = source.json_blob(&config_digest).await?;
+    let config = match early {
+        Some(Ok(config)) if guess.as_ref() == Some(&config_digest) => config,
+        _ => source.json_blob(&config_digest).await?,
+    };
+    if guess.as_ref() != Some(&config_digest) {
+        source.learned_config(&entry.digest, &config_digest);
+    }
     let (config_platform, detail) = match ConfigPlatform::from_config(&config) {
         Ok(p) => (Some(p.normalized()), None),
         Err(e) => {
@@ -549,6 +598,156 @@ fn mismatch_detail(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deep::DeepReport;
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// A registry's content by digest; each read records whether any read had finished
+    /// when it was asked (it had, if it waited for another).
+    #[derive(Default)]
+    struct Fake {
+        index: Vec<u8>,
+        blobs: BTreeMap<Digest, Vec<u8>>,
+        known: BTreeMap<Digest, Digest>,
+        finished: AtomicUsize,
+        asked: Mutex<Vec<(String, usize)>>,
+    }
+
+    impl Fake {
+        /// A 2-platform index; `remembered`: the configs its manifests name are known.
+        fn two_platforms(remembered: bool) -> Fake {
+            let mut fake = Fake::default();
+            let mut entries = Vec::new();
+            for arch in ["amd64", "arm64"] {
+                let config = json!({"architecture": arch, "os": "linux"}).to_string();
+                let config_digest = fake.put(config.into_bytes());
+                let manifest = json!({"schemaVersion": 2, "mediaType": oci::OCI_MANIFEST,
+                    "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                               "digest": config_digest.as_str(), "size": 1},
+                    "layers": []});
+                let digest = fake.put(manifest.to_string().into_bytes());
+                if remembered {
+                    fake.known.insert(digest.clone(), config_digest);
+                }
+                entries.push(
+                    json!({"mediaType": oci::OCI_MANIFEST, "digest": digest.as_str(),
+                    "size": 1, "platform": {"architecture": arch, "os": "linux"}}),
+                );
+            }
+            fake.index = json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX,
+                "manifests": entries})
+            .to_string()
+            .into_bytes();
+            fake
+        }
+
+        fn put(&mut self, bytes: Vec<u8>) -> Digest {
+            let digest = Digest::of(&bytes);
+            self.blobs.insert(digest.clone(), bytes);
+            digest
+        }
+
+        async fn read(&self, what: &str, digest: &Digest) -> Result<Vec<u8>> {
+            let finished = self.finished.load(Ordering::SeqCst);
+            let name = format!("{what} {}", digest.short());
+            self.asked.lock().unwrap().push((name, finished));
+            // Every read that is asked at once is asked before any of them finishes.
+            tokio::task::yield_now().await;
+            self.finished.fetch_add(1, Ordering::SeqCst);
+            Ok(self.blobs.get(digest).cloned().unwrap_or_default())
+        }
+
+        fn asked_late(&self) -> Vec<String> {
+            let asked = self.asked.lock().unwrap();
+            asked
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(name, _)| name.clone())
+                .collect()
+        }
+    }
+
+    impl ContentSource for Fake {
+        async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
+            Ok((self.index.clone(), Digest::of(&self.index)))
+        }
+        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
+            self.read("manifest", digest).await
+        }
+        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+            self.read("config", digest).await
+        }
+        async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
+            self.read("referrers", digest).await.map(|_| Vec::new())
+        }
+        fn repository(&self) -> String {
+            "fake".into()
+        }
+        fn known_config(&self, manifest: &Digest) -> Option<Digest> {
+            self.known.get(manifest).cloned()
+        }
+        async fn inspect(
+            &self,
+            _: &[u8],
+            _: &[(Digest, String)],
+            _: &Platform,
+        ) -> Result<DeepReport> {
+            unreachable!("no deep checks here")
+        }
+    }
+
+    fn target() -> Target {
+        Target {
+            name: "app".into(),
+            reference: "r.io/app:v1".into(),
+            tags: vec!["v1".into()],
+            declared: vec![
+                Platform::linux("amd64", None),
+                Platform::linux("arm64", None),
+            ],
+            deep: false,
+            require_provenance: false,
+        }
+    }
+
+    /// After the index, every entry's manifest, config and referrers are asked for in one
+    /// wave when the configs are remembered; otherwise each config waits for its manifest.
+    #[tokio::test]
+    async fn remembered_configs_are_read_in_the_same_wave_as_their_manifests() {
+        let fake = Fake::two_platforms(true);
+        let coverage = verify(&fake, &target(), &crate::progress::Silent)
+            .await
+            .unwrap();
+        assert!(coverage.covered, "{:?}", coverage.warnings);
+        assert_eq!(fake.asked.lock().unwrap().len(), 6);
+        assert_eq!(fake.asked_late(), Vec::<String>::new());
+
+        let cold = Fake::two_platforms(false);
+        let coverage = verify(&cold, &target(), &crate::progress::Silent)
+            .await
+            .unwrap();
+        assert!(coverage.covered, "{:?}", coverage.warnings);
+        let late = cold.asked_late();
+        assert!(
+            late.len() == 2 && late.iter().all(|r| r.starts_with("config")),
+            "{late:?}"
+        );
+    }
+
+    /// A remembered config the manifest does not name is not used: the named one is read.
+    #[tokio::test]
+    async fn a_wrongly_remembered_config_is_not_trusted() {
+        let mut fake = Fake::two_platforms(true);
+        let amd64 = fake.known.keys().next().unwrap().clone();
+        let other = fake.known.values().nth(1).unwrap().clone();
+        fake.known.insert(amd64, other);
+        let coverage = verify(&fake, &target(), &crate::progress::Silent)
+            .await
+            .unwrap();
+        assert!(coverage.covered, "{:?}", coverage.platforms);
+        assert_eq!(fake.asked_late().len(), 1, "{:?}", fake.asked_late());
+    }
 
     fn found(arch: &str) -> PlatformCoverage {
         PlatformCoverage {
