@@ -34,6 +34,13 @@ pub trait ContentSource {
         &self,
         digest: &Digest,
     ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
+    /// [`ContentSource::referrers`] of each of `digests`, in order, asked at once.
+    fn referrers_of(
+        &self,
+        digests: &[&Digest],
+    ) -> impl std::future::Future<Output = Vec<Result<Vec<serde_json::Value>>>> {
+        futures_util::future::join_all(digests.iter().map(|d| self.referrers(d)))
+    }
     /// `repo` part for `repo@sha256:…` pins.
     fn repository(&self) -> String;
     /// The config an earlier run saw the manifest `digest` name: asked for beside the
@@ -91,6 +98,10 @@ impl ContentSource for RegistrySource<'_> {
 
     async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
         self.registry.referrers(&self.reference, digest).await
+    }
+
+    async fn referrers_of(&self, digests: &[&Digest]) -> Vec<Result<Vec<serde_json::Value>>> {
+        self.registry.referrers_of(&self.reference, digests).await
     }
 
     fn repository(&self) -> String {

@@ -17,8 +17,12 @@ pub(super) async fn list<S: ContentSource>(
     source: &S,
     digests: &[&Digest],
 ) -> BTreeMap<Digest, Listing> {
-    let listings =
-        futures_util::future::join_all(digests.iter().map(|d| attached_to(source, d))).await;
+    let listed = source.referrers_of(digests).await;
+    let checks = digests
+        .iter()
+        .zip(listed)
+        .map(|(d, l)| attached_to(source, d, l));
+    let listings = futures_util::future::join_all(checks).await;
     digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
 
@@ -69,9 +73,13 @@ pub(super) fn apply(
 }
 
 /// The referrers of one entry that check out, and why each other one listed does not.
-async fn attached_to<S: ContentSource>(source: &S, digest: &Digest) -> Listing {
+async fn attached_to<S: ContentSource>(
+    source: &S,
+    digest: &Digest,
+    listed: Result<Vec<serde_json::Value>>,
+) -> Listing {
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
-    for found in attachment::attached(&source.referrers(digest).await?) {
+    for found in attachment::attached(&listed?) {
         match checked(source, &found, digest).await {
             Ok(one) => attached.push(one),
             Err(why) => ignored.push(format!("{} which {why}", found.digest)),
