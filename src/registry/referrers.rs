@@ -217,7 +217,7 @@ mod tests {
                 credentials: Some(("user".into(), "secret".into())),
                 ..Default::default()
             };
-            let registry = Registry::new(&[address.clone()], &options).unwrap();
+            let registry = Registry::new(std::slice::from_ref(&address), &options).unwrap();
             let reference: Reference = format!("{address}/r:t").parse().unwrap();
             let listed = registry.referrers_of(&reference, &[&bare, &attached]).await;
             let listed: Vec<usize> = listed.into_iter().map(|l| l.unwrap().len()).collect();
