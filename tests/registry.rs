@@ -507,4 +507,43 @@ fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
             && l.contains("\" 201 ")),
         "{requests:#?}"
     );
+
+    // A repository remembered for a blob it no longer has (deleted since): the registry
+    // declines the mount (202) and the blob goes up on the session that opened; the
+    // stale repository is forgotten.
+    let places = cache.join("blobs.json");
+    let gone = unique_name("mounts/gone");
+    let text = std::fs::read_to_string(&places).unwrap();
+    assert!(text.contains(&b), "{text}");
+    std::fs::write(&places, text.replace(&b, &gone)).unwrap();
+    let c = unique_name("mounts/c");
+    run_project("c", &c, "Dockerfile.b");
+    assert_eq!(layers(&c), in_b);
+    let log = registry.log();
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("127.0.0.1 ") && l.contains(&format!("/v2/{c}/blobs/")))
+        .collect();
+    for layer in &in_b {
+        let declined = format!("mount={layer}&from={gone} HTTP/1.1\" 202 ");
+        assert!(
+            requests.iter().any(|l| l.contains(&declined)),
+            "{requests:#?}"
+        );
+        let encoded = layer.replace(':', "%3A");
+        let puts: Vec<_> = requests
+            .iter()
+            .filter(|l| l.contains("\"PUT ") && l.contains(&encoded))
+            .collect();
+        assert_eq!(puts.len(), 1, "{requests:#?}");
+        assert!(puts[0].contains("\" 201 "), "{requests:#?}");
+    }
+    // One POST per blob: the declined mount's session carried the upload.
+    let posts = requests.iter().filter(|l| l.contains("\"POST ")).count();
+    assert_eq!(
+        posts,
+        requests.iter().filter(|l| l.contains("\"PUT ")).count()
+    );
+    let text = std::fs::read_to_string(&places).unwrap();
+    assert!(!text.contains(&gone), "{text}");
 }

@@ -388,6 +388,13 @@ mod tests {
         tokens.reject("t2");
         assert_eq!(tokens.current("a", true, now), None);
         assert_eq!(tokens.ask_with("a", true).parameters().len(), 2);
+        // A source the token server refused is not asked for again; pushed ones stay.
+        tokens.unwant("src");
+        tokens.unwant("a");
+        assert_eq!(
+            tokens.ask_with("a", true).parameters(),
+            ["repository:a:pull,push"]
+        );
     }
 
     #[test]
