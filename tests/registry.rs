@@ -436,13 +436,12 @@ fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
     .unwrap();
     let (a, b) = (unique_name("mounts/a"), unique_name("mounts/b"));
     let cache = dir.path().join("cache");
-    let run_project = |name: &str, repository: &str, dockerfile: &str| {
+    let run_project = |name: &str, reference: &str, dockerfile: &str| {
         let file = dir.path().join(format!("{name}.yaml"));
         std::fs::write(
             &file,
             format!(
-                "version: 1\nimages:\n  {name}:\n    repository: {}\n    tags: [v1]\n    context: .\n    dockerfile: {dockerfile}\n    platforms: [linux/amd64]\n",
-                registry.repo(repository)
+                "version: 1\nimages:\n  {name}:\n    repository: {reference}\n    tags: [v1]\n    context: .\n    dockerfile: {dockerfile}\n    platforms: [linux/amd64]\n",
             ),
         )
         .unwrap();
@@ -453,8 +452,8 @@ fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
             .env("POLYARCH_CACHE_DIR", &cache));
         assert_exit(&out, 0);
     };
-    run_project("a", &a, "Dockerfile");
-    run_project("b", &b, "Dockerfile.b");
+    run_project("a", &registry.repo(&a), "Dockerfile");
+    run_project("b", &registry.repo(&b), "Dockerfile.b");
 
     let layers = |repository: &str| -> Vec<String> {
         let index = support::skopeo_inspect_raw(&registry.repo(&format!("{repository}:v1")));
@@ -510,14 +509,26 @@ fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
 
     // A repository remembered for a blob it no longer has (deleted since): the registry
     // declines the mount (202) and the blob goes up on the session that opened; the
-    // stale repository is forgotten.
+    // stale repository is forgotten. The third run goes through a proxy that fails one
+    // such upload: that blob goes up on a new session.
+    let proxy = Proxy::start(registry.port);
     let places = cache.join("blobs.json");
     let gone = unique_name("mounts/gone");
     let text = std::fs::read_to_string(&places).unwrap();
     assert!(text.contains(&b), "{text}");
-    std::fs::write(&places, text.replace(&b, &gone)).unwrap();
+    let text = text.replace(&b, &gone).replace(&registry.host, &proxy.host);
+    std::fs::write(&places, text).unwrap();
+    let failed = in_b[1].replace(':', "%3A");
+    proxy.add(Rule::new(
+        "PUT",
+        &failed,
+        Fault::Status {
+            code: 500,
+            retry_after: None,
+        },
+    ));
     let c = unique_name("mounts/c");
-    run_project("c", &c, "Dockerfile.b");
+    run_project("c", &proxy.repo(&c), "Dockerfile.b");
     assert_eq!(layers(&c), in_b);
     let log = registry.log();
     let requests: Vec<&str> = log
@@ -538,12 +549,18 @@ fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
         assert_eq!(puts.len(), 1, "{requests:#?}");
         assert!(puts[0].contains("\" 201 "), "{requests:#?}");
     }
-    // One POST per blob: the declined mount's session carried the upload.
-    let posts = requests.iter().filter(|l| l.contains("\"POST ")).count();
-    assert_eq!(
-        posts,
-        requests.iter().filter(|l| l.contains("\"PUT ")).count()
+    assert!(
+        proxy
+            .log()
+            .iter()
+            .any(|l| l.starts_with("PUT ") && l.contains(&failed) && l.contains("500")),
+        "{:#?}",
+        proxy.log()
     );
+    // One POST per blob (the declined mount's session carried its upload), and one more
+    // for the new session of the failed upload.
+    let count = |method: &str| requests.iter().filter(|l| l.contains(method)).count();
+    assert_eq!(count("\"POST "), count("\"PUT ") + 1, "{requests:#?}");
     let text = std::fs::read_to_string(&places).unwrap();
     assert!(!text.contains(&gone), "{text}");
 }

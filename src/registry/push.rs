@@ -2,7 +2,7 @@
 //! put the blob in another repository, then a streamed upload) and manifests, with
 //! progress.
 
-use super::failure::Attempt;
+use super::failure::{Attempt, Failure};
 use super::mount::Mount;
 use super::Registry;
 use crate::digest::Digest;
@@ -210,12 +210,15 @@ impl Registry {
                     }
                 }
                 .await;
-                if answer.is_err() {
+                answer.map_err(|mut failed| {
                     if let Some(c) = &counter {
                         c.fetch_sub(sent.load(Ordering::Relaxed), Ordering::Relaxed);
                     }
-                }
-                answer
+                    // Not retried here: a session a failed PUT reached may be gone, and
+                    // the caller's fallback uploads on a new one, with retries.
+                    failed.failure = Failure::Permanent;
+                    failed
+                })
             }
         })
         .await
