@@ -414,3 +414,153 @@ fn shared_layers_upload_once_and_mount_across_repositories() {
     assert_eq!(puts, 1, "layer {layer} uploaded {puts} times: {log:#?}");
     assert!(mounts >= 1, "no cross-repository mount: {log:#?}");
 }
+
+#[test]
+fn a_layer_an_earlier_run_pushed_is_mounted_into_a_new_repository() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here (its pusher mounts from the repositories its content store labels); polyarch's uploader runs on the classic-store pass");
+        return;
+    }
+    let registry = Registry::start();
+    // A monorepo: two services on one base layer, each its own project, built by two runs
+    // that share polyarch's cache directory (as on one CI runner).
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\n",
+    );
+    std::fs::write(
+        dir.path().join("Dockerfile.b"),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nCOPY Dockerfile.b /etc/service\n",
+    )
+    .unwrap();
+    let (a, b) = (unique_name("mounts/a"), unique_name("mounts/b"));
+    let cache = dir.path().join("cache");
+    let run_project = |name: &str, reference: &str, dockerfile: &str| {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "version: 1\nimages:\n  {name}:\n    repository: {reference}\n    tags: [v1]\n    context: .\n    dockerfile: {dockerfile}\n    platforms: [linux/amd64]\n",
+            ),
+        )
+        .unwrap();
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .env("DOCKER_CONFIG", dir.path())
+            .env("POLYARCH_CACHE_DIR", &cache));
+        assert_exit(&out, 0);
+    };
+    run_project("a", &registry.repo(&a), "Dockerfile");
+    run_project("b", &registry.repo(&b), "Dockerfile.b");
+
+    let layers = |repository: &str| -> Vec<String> {
+        let index = support::skopeo_inspect_raw(&registry.repo(&format!("{repository}:v1")));
+        let manifest = support::skopeo_inspect_raw(&format!(
+            "{}@{}",
+            registry.repo(repository),
+            index["manifests"][0]["digest"].as_str().unwrap()
+        ));
+        manifest["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["digest"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (in_a, in_b) = (layers(&a), layers(&b));
+    let shared = &in_a[0];
+    assert_eq!(
+        &in_b[0], shared,
+        "the base layer differs: {in_a:?} {in_b:?}"
+    );
+    // skopeo reads the second image, its shared layer from its own repository.
+    let copied = tempfile::tempdir().unwrap();
+    let out = run(Command::new("skopeo")
+        .args(["copy", "--src-tls-verify=false", "--all"])
+        .arg(format!("docker://{}:v1", registry.repo(&b)))
+        .arg(format!("oci:{}:b", copied.path().display())));
+    assert_exit(&out, 0);
+
+    // The registry's access log: the second run mounted the shared layer (201) and
+    // uploaded only its own one.
+    let log = registry.log();
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("/v2/{b}/blobs/")))
+        .collect();
+    let uploads = |digest: &str| {
+        let encoded = digest.replace(':', "%3A");
+        requests
+            .iter()
+            .filter(|l| l.contains("\"PUT ") && l.contains(&encoded))
+            .count()
+    };
+    assert_eq!(uploads(shared), 0, "{requests:#?}");
+    assert_eq!(uploads(&in_b[1]), 1, "{requests:#?}");
+    assert!(
+        requests.iter().any(|l| l.contains("\"POST ")
+            && l.contains(&format!("mount={shared}"))
+            && l.contains(&format!("from={a}"))
+            && l.contains("\" 201 ")),
+        "{requests:#?}"
+    );
+
+    // A repository remembered for a blob it no longer has (deleted since): the registry
+    // declines the mount (202) and the blob goes up on the session that opened; the
+    // stale repository is forgotten. The third run goes through a proxy that fails one
+    // such upload: that blob goes up on a new session.
+    let proxy = Proxy::start(registry.port);
+    let places = cache.join("blobs.json");
+    let gone = unique_name("mounts/gone");
+    let text = std::fs::read_to_string(&places).unwrap();
+    assert!(text.contains(&b), "{text}");
+    let text = text.replace(&b, &gone).replace(&registry.host, &proxy.host);
+    std::fs::write(&places, text).unwrap();
+    let failed = in_b[1].replace(':', "%3A");
+    proxy.add(Rule::new(
+        "PUT",
+        &failed,
+        Fault::Status {
+            code: 500,
+            retry_after: None,
+        },
+    ));
+    let c = unique_name("mounts/c");
+    run_project("c", &proxy.repo(&c), "Dockerfile.b");
+    assert_eq!(layers(&c), in_b);
+    let log = registry.log();
+    let requests: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("127.0.0.1 ") && l.contains(&format!("/v2/{c}/blobs/")))
+        .collect();
+    for layer in &in_b {
+        let declined = format!("mount={layer}&from={gone} HTTP/1.1\" 202 ");
+        assert!(
+            requests.iter().any(|l| l.contains(&declined)),
+            "{requests:#?}"
+        );
+        let encoded = layer.replace(':', "%3A");
+        let puts: Vec<_> = requests
+            .iter()
+            .filter(|l| l.contains("\"PUT ") && l.contains(&encoded))
+            .collect();
+        assert_eq!(puts.len(), 1, "{requests:#?}");
+        assert!(puts[0].contains("\" 201 "), "{requests:#?}");
+    }
+    assert!(
+        proxy
+            .log()
+            .iter()
+            .any(|l| l.starts_with("PUT ") && l.contains(&failed) && l.contains("500")),
+        "{:#?}",
+        proxy.log()
+    );
+    // One POST per blob (the declined mount's session carried its upload), and one more
+    // for the new session of the failed upload.
+    let count = |method: &str| requests.iter().filter(|l| l.contains(method)).count();
+    assert_eq!(count("\"POST "), count("\"PUT ") + 1, "{requests:#?}");
+    let text = std::fs::read_to_string(&places).unwrap();
+    assert!(!text.contains(&gone), "{text}");
+}
