@@ -103,6 +103,12 @@ impl Error {
     }
 }
 
+impl From<crate::binfmt::EmulationError> for Error {
+    fn from(error: crate::binfmt::EmulationError) -> Self {
+        Error::Emulation(Box::new(error))
+    }
+}
+
 impl From<crate::buildkit::daemon::DaemonError> for Error {
     fn from(error: crate::buildkit::daemon::DaemonError) -> Self {
         Error::Daemon(Box::new(error))
@@ -136,4 +142,44 @@ pub mod exit {
     pub const USAGE: i32 = 2;
     pub const FAILURE: i32 = 3;
     pub const INTERRUPTED: i32 = 130;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::Platform;
+
+    fn platform(text: &str) -> Platform {
+        text.parse().unwrap()
+    }
+
+    /// Each area's error keeps its exit code through `?` into the crate-wide `Error`.
+    fn exit_of(error: impl Into<Error>) -> i32 {
+        error.into().exit_code()
+    }
+
+    #[test]
+    fn emulation_errors_are_failures_and_say_their_area() {
+        use crate::binfmt::EmulationError;
+        let never = EmulationError::Never {
+            platforms: vec![platform("linux/arm64")],
+            native: platform("linux/amd64"),
+        };
+        let archive = EmulationError::Archive {
+            path: "probe".into(),
+            source: std::io::ErrorKind::OutOfMemory.into(),
+        };
+        assert_eq!(
+            Error::from(archive).to_string(),
+            "emulation: probe: out of memory"
+        );
+        for error in [
+            never,
+            EmulationError::NoStatus {
+                container: "polyarch-probe-1".into(),
+            },
+        ] {
+            assert_eq!(exit_of(error), exit::FAILURE);
+        }
+    }
 }

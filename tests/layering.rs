@@ -75,7 +75,6 @@ const AREAS: &[(&str, &[&str], &[&str])] = &[
 /// (importing module, imported module).
 const NOT_YET: &[(&str, &str)] = &[
     // Areas still return the crate-wide `Error` that lives at the top.
-    ("binfmt", "error"),
     ("build", "error"),
     ("credentials", "error"),
     ("deep", "error"),
