@@ -103,6 +103,27 @@ impl Error {
     }
 }
 
+/// A project file's mistakes and bad command-line values stay usage errors (exit 2), a
+/// file it names that cannot be read stays an I/O error (exit 3).
+impl From<crate::project::ProjectError> for Error {
+    fn from(error: crate::project::ProjectError) -> Self {
+        use crate::project::ProjectError;
+        match error {
+            ProjectError::File {
+                file,
+                field,
+                message,
+            } => Error::Project {
+                file,
+                field,
+                message,
+            },
+            ProjectError::Usage(message) => Error::Usage(message),
+            ProjectError::Read { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -156,6 +177,28 @@ mod tests {
     /// Each area's error keeps its exit code through `?` into the crate-wide `Error`.
     fn exit_of(error: impl Into<Error>) -> i32 {
         error.into().exit_code()
+    }
+
+    #[test]
+    fn project_mistakes_are_usage_errors_and_unreadable_files_failures() {
+        use crate::project::ProjectError;
+        let file = ProjectError::File {
+            file: "polyarch.yaml".into(),
+            field: "images.a.dockerfile".into(),
+            message: "line 2: FROM polyarch:c names no image".into(),
+        };
+        let file = Error::from(file);
+        assert_eq!(
+            file.to_string(),
+            "polyarch.yaml: images.a.dockerfile: line 2: FROM polyarch:c names no image"
+        );
+        assert_eq!(file.exit_code(), exit::USAGE);
+        assert_eq!(exit_of(ProjectError::Usage("--set".into())), exit::USAGE);
+        let read = ProjectError::Read {
+            path: "a/Dockerfile".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(exit_of(read), exit::FAILURE);
     }
 
     #[test]

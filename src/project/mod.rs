@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 mod checks;
 mod diagnostics;
+mod error;
 mod images;
 mod names;
 mod raw;
@@ -30,6 +31,7 @@ mod values;
 
 use checks::Cx;
 use diagnostics::q;
+pub use error::ProjectError;
 use raw::RawProject;
 pub use values::{Override, ValueSource};
 
