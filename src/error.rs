@@ -71,6 +71,10 @@ pub enum Error {
         source: Box<crate::registry::RegistryError>,
     },
 
+    /// A build's settings key cannot be computed (its Dockerfile cannot be read).
+    #[error(transparent)]
+    Inputs(#[from] crate::inputs::InputsError),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -199,6 +203,16 @@ mod tests {
             source: std::io::ErrorKind::PermissionDenied.into(),
         };
         assert_eq!(exit_of(read), exit::FAILURE);
+    }
+
+    #[test]
+    fn an_unreadable_dockerfile_on_the_warm_path_is_a_failure() {
+        let error = Error::from(crate::inputs::InputsError::Dockerfile {
+            path: "app/Dockerfile".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        });
+        assert_eq!(error.to_string(), "app/Dockerfile: permission denied");
+        assert_eq!(error.exit_code(), exit::FAILURE);
     }
 
     #[test]

@@ -79,7 +79,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("credentials", "error"),
     ("engine", "error"),
     ("export", "error"),
-    ("inputs", "error"),
     ("layout", "error"),
     ("plan", "error"),
     ("project", "error"),
