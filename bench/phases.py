@@ -3,6 +3,10 @@
 
     phases.py LOG T0 T_END [--brief]
 
+With --overheads it prints only polyarch's own time outside the engine's work, as two
+numbers in seconds: the start-up (process start to BuildKit's first step status) and the
+tail (the last platform pushed to the process's exit: index, read-back, record).
+
 LOG holds one line per stderr line of `polyarch … --output-format json`, each prefixed
 with the epoch time it arrived at (bench/run.sh stamps them: `EPOCH JSON`); T0 and T_END
 are the epoch times the process was started and exited. Prints markdown: per phase, when
@@ -20,6 +24,7 @@ ORDER = ["plan", "probe", "emulation", "build", "export", "push", "publish", "ve
 def main() -> None:
     log, t0, t_end = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     brief = "--brief" in sys.argv[4:]
+    overheads = "--overheads" in sys.argv[4:]
     events = []  # (t, event dict or None, raw)
     for raw in open(log, encoding="utf-8", errors="replace"):
         raw = raw.rstrip("\n")
@@ -36,6 +41,14 @@ def main() -> None:
             ev = None
         events.append((t - t0, ev, rest))
     end = t_end - t0
+    if overheads:
+        first_step = next((t for t, ev, _ in events if ev and ev.get("event") == "step"), None)
+        pushed = [t for t, ev, _ in events
+                  if ev and ev.get("event") == "phase" and ev.get("phase") == "done" and ev.get("platform")]
+        if first_step is None or not pushed:
+            sys.exit("phases.py: no step or per-platform done event: not a cold build?")
+        print(f"{first_step:.3f} {end - max(pushed):.3f}")
+        return
     if not events:
         print(f"(no progress events; wall {end:.2f}s)")
         return
