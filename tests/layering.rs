@@ -80,7 +80,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("engine", "error"),
     ("export", "error"),
     ("layout", "error"),
-    ("project", "error"),
     ("publish", "error"),
     ("registry", "error"),
     ("store", "error"),
