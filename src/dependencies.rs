@@ -5,11 +5,12 @@
 //! naming no image, or images building `FROM` each other, is a project error.
 
 use crate::dockerfile;
-use crate::project::{ImageSpec, Project};
+use crate::project::{ImageSpec, Project, ProjectError};
 use crate::registry::parse_reference;
-use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
+
+type Result<T, E = ProjectError> = std::result::Result<T, E>;
 
 /// How a Dockerfile names another image of the project without its registry.
 pub const PREFIX: &str = "polyarch:";
@@ -41,7 +42,10 @@ impl Graph {
         for image in &project.images {
             let path = image.context.join(&image.dockerfile);
             // Lossy: FROM lines are ASCII, and a stray byte elsewhere is BuildKit's to judge.
-            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let bytes = std::fs::read(&path).map_err(|source| ProjectError::Read {
+                path: path.clone(),
+                source,
+            })?;
             texts.push((image, String::from_utf8_lossy(&bytes).into_owned()));
         }
         Graph::from_texts(&project.file, &texts)
@@ -219,8 +223,8 @@ fn edges_of(file: &Path, spec: &ImageSpec, text: &str, specs: &[&ImageSpec]) -> 
     Ok(edges)
 }
 
-fn project_error(file: &Path, field: String, message: String) -> Error {
-    Error::Project {
+fn project_error(file: &Path, field: String, message: String) -> ProjectError {
+    ProjectError::File {
         file: file.to_path_buf(),
         field,
         message,

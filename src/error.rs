@@ -71,6 +71,10 @@ pub enum Error {
         source: Box<crate::registry::RegistryError>,
     },
 
+    /// A build's settings key cannot be computed (its Dockerfile cannot be read).
+    #[error(transparent)]
+    Inputs(#[from] crate::inputs::InputsError),
+
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -100,6 +104,33 @@ impl Error {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// A project file's mistakes and bad command-line values stay usage errors (exit 2), a
+/// file it names that cannot be read stays an I/O error (exit 3).
+impl From<crate::project::ProjectError> for Error {
+    fn from(error: crate::project::ProjectError) -> Self {
+        use crate::project::ProjectError;
+        match error {
+            ProjectError::File {
+                file,
+                field,
+                message,
+            } => Error::Project {
+                file,
+                field,
+                message,
+            },
+            ProjectError::Usage(message) => Error::Usage(message),
+            ProjectError::Read { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
+impl From<crate::binfmt::EmulationError> for Error {
+    fn from(error: crate::binfmt::EmulationError) -> Self {
+        Error::Emulation(Box::new(error))
     }
 }
 
@@ -136,4 +167,76 @@ pub mod exit {
     pub const USAGE: i32 = 2;
     pub const FAILURE: i32 = 3;
     pub const INTERRUPTED: i32 = 130;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::platform::Platform;
+
+    fn platform(text: &str) -> Platform {
+        text.parse().unwrap()
+    }
+
+    /// Each area's error keeps its exit code through `?` into the crate-wide `Error`.
+    fn exit_of(error: impl Into<Error>) -> i32 {
+        error.into().exit_code()
+    }
+
+    #[test]
+    fn project_mistakes_are_usage_errors_and_unreadable_files_failures() {
+        use crate::project::ProjectError;
+        let file = ProjectError::File {
+            file: "polyarch.yaml".into(),
+            field: "images.a.dockerfile".into(),
+            message: "line 2: FROM polyarch:c names no image".into(),
+        };
+        let file = Error::from(file);
+        assert_eq!(
+            file.to_string(),
+            "polyarch.yaml: images.a.dockerfile: line 2: FROM polyarch:c names no image"
+        );
+        assert_eq!(file.exit_code(), exit::USAGE);
+        assert_eq!(exit_of(ProjectError::Usage("--set".into())), exit::USAGE);
+        let read = ProjectError::Read {
+            path: "a/Dockerfile".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(exit_of(read), exit::FAILURE);
+    }
+
+    #[test]
+    fn an_unreadable_dockerfile_on_the_warm_path_is_a_failure() {
+        let error = Error::from(crate::inputs::InputsError::Dockerfile {
+            path: "app/Dockerfile".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        });
+        assert_eq!(error.to_string(), "app/Dockerfile: permission denied");
+        assert_eq!(error.exit_code(), exit::FAILURE);
+    }
+
+    #[test]
+    fn emulation_errors_are_failures_and_say_their_area() {
+        use crate::binfmt::EmulationError;
+        let never = EmulationError::Never {
+            platforms: vec![platform("linux/arm64")],
+            native: platform("linux/amd64"),
+        };
+        let archive = EmulationError::Archive {
+            path: "probe".into(),
+            source: std::io::ErrorKind::OutOfMemory.into(),
+        };
+        assert_eq!(
+            Error::from(archive).to_string(),
+            "emulation: probe: out of memory"
+        );
+        for error in [
+            never,
+            EmulationError::NoStatus {
+                container: "polyarch-probe-1".into(),
+            },
+        ] {
+            assert_eq!(exit_of(error), exit::FAILURE);
+        }
+    }
 }

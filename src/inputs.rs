@@ -13,12 +13,24 @@ use crate::dockerfile;
 use crate::engine::Engine;
 use crate::project::ImageSpec;
 use crate::registry::{self, Registry, RegistryOptions, RetryPolicy};
-use crate::{build, Error, Platform, Result};
+use crate::{build, Platform};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// Why a build's settings key cannot be computed: a failure, not a reason to rebuild (a
+/// Dockerfile that cannot be read would fail the build too).
+#[derive(Debug, thiserror::Error)]
+pub enum InputsError {
+    #[error("{}: {source}", path.display())]
+    Dockerfile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// One file-sync transfer of a build: the session directory BuildKit asked for, its
 /// patterns, and a digest of every entry sent (path, mode, size, link target, content).
@@ -62,9 +74,10 @@ pub async fn settings_key(
     spec: &ImageSpec,
     platform: &Platform,
     remote: &RemoteBases,
-) -> Result<Option<String>> {
+) -> Result<Option<String>, InputsError> {
     let path = spec.context.join(&spec.dockerfile);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = std::fs::read_to_string(&path)
+        .map_err(|source| InputsError::Dockerfile { path, source })?;
     let mut args: HashMap<String, String> = build::platform_build_args(platform, &engine.native)
         .into_iter()
         .collect();

@@ -235,7 +235,7 @@ impl ContentSource for LayoutSource {
         let (config, platform) = (config.to_vec(), platform.clone());
         tokio::task::spawn_blocking(move || crate::deep::inspect(&config, readers, &platform))
             .await
-            .map_err(|e| Error::Usage(format!("deep inspection stopped: {e}")))?
+            .map_err(|e| Error::Usage(format!("deep inspection stopped: {e}")))
     }
 }
 

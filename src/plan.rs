@@ -1,8 +1,10 @@
 //! The build plan: which image × platform units to build, resolved against the engine.
 
 use crate::dependencies::Graph;
-use crate::project::{ImageSpec, Project};
-use crate::{Error, Platform, Result};
+use crate::project::{ImageSpec, Project, ProjectError};
+use crate::Platform;
+
+type Result<T, E = ProjectError> = std::result::Result<T, E>;
 
 #[derive(Debug, Clone)]
 pub struct Unit<'a> {
@@ -43,7 +45,7 @@ pub fn plan<'a>(
         .collect();
     for platform in only {
         if !images.iter().any(|i| i.platforms.contains(platform)) {
-            return Err(Error::Usage(format!(
+            return Err(ProjectError::Usage(format!(
                 "--platform {platform} is not declared by any selected image in {}",
                 project.file.display()
             )));
@@ -67,7 +69,7 @@ pub fn plan<'a>(
     for unit in &units {
         for base in dependencies.dependencies(&unit.image.name) {
             if !units.iter().any(|u| u.image.name == base) {
-                return Err(Error::Usage(format!(
+                return Err(ProjectError::Usage(format!(
                     "{} builds FROM {base}, which this run builds for no platform (--platform {}); add a platform of {base} to --platform",
                     unit.image.name,
                     only.iter().map(Platform::to_string).collect::<Vec<_>>().join(",")
@@ -89,7 +91,7 @@ pub fn select<'a>(project: &'a Project, selected: &[String]) -> Result<Vec<&'a I
     for name in selected {
         if !project.images.iter().any(|i| &i.name == name) {
             let known: Vec<&str> = project.images.iter().map(|i| i.name.as_str()).collect();
-            return Err(Error::Usage(format!(
+            return Err(ProjectError::Usage(format!(
                 "no image named `{name}` in {}; it declares: {}",
                 project.file.display(),
                 known.join(", ")

@@ -4,11 +4,11 @@
 //! a guard that saves the host's binfmt_misc state first and restores exactly that state
 //! on drop (also when a case panics).
 
-use polyarch::binfmt::{Emulation, EmulationStatus, Runnable, BINFMT_MISC};
+use polyarch::binfmt::{Emulation, EmulationError, EmulationStatus, Runnable, BINFMT_MISC};
 use polyarch::engine::Engine;
 use polyarch::progress::{Event, Reporter};
 use polyarch::project::BinfmtMode;
-use polyarch::{Error, Platform};
+use polyarch::Platform;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -202,7 +202,7 @@ async fn binfmt_on_the_real_engine() {
         .unwrap_err();
     let msg = err.to_string();
     eprintln!("never: {msg}");
-    assert!(matches!(err, Error::Emulation(_)));
+    assert!(matches!(err, EmulationError::Never { .. }));
     assert!(msg.contains("linux/arm64"), "{msg}");
     assert!(
         msg.contains("binfmt: auto") && msg.contains("builders:"),
@@ -223,7 +223,7 @@ async fn binfmt_on_the_real_engine() {
         .await
         .unwrap_err();
     eprintln!("require: {err}");
-    assert!(matches!(err, Error::Emulation(_)));
+    assert!(matches!(err, EmulationError::Required { .. }));
     assert!(err.to_string().contains("linux/arm64"));
     assert_eq!(entries(), before, "require must not register");
 

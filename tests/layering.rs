@@ -75,17 +75,11 @@ const AREAS: &[(&str, &[&str], &[&str])] = &[
 /// (importing module, imported module).
 const NOT_YET: &[(&str, &str)] = &[
     // Areas still return the crate-wide `Error` that lives at the top.
-    ("binfmt", "error"),
     ("build", "error"),
     ("credentials", "error"),
-    ("deep", "error"),
-    ("dependencies", "error"),
     ("engine", "error"),
     ("export", "error"),
-    ("inputs", "error"),
     ("layout", "error"),
-    ("plan", "error"),
-    ("project", "error"),
     ("publish", "error"),
     ("registry", "error"),
     ("store", "error"),

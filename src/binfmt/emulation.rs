@@ -47,11 +47,17 @@ pub(super) fn tar_context(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
         header.set_entry_type(tar::EntryType::Regular);
         builder
             .append_data(&mut header, path, *data)
-            .map_err(|e| Error::io(*path, e))?;
+            .map_err(|source| EmulationError::Archive {
+                path: path.to_string(),
+                source,
+            })?;
     }
     builder
         .into_inner()
-        .map_err(|e| Error::io("build context", e))
+        .map_err(|source| EmulationError::Archive {
+            path: "build context".into(),
+            source,
+        })
 }
 
 impl Emulation {
@@ -88,10 +94,8 @@ impl Emulation {
         if let Some(tag) = images.get(platform) {
             return Ok(tag.clone());
         }
-        let elf = probe_elf(platform).ok_or_else(|| {
-            Error::Emulation(Box::new(EmulationError::NoProbe {
-                platform: platform.clone(),
-            }))
+        let elf = probe_elf(platform).ok_or_else(|| EmulationError::NoProbe {
+            platform: platform.clone(),
         })?;
         let tag = format!("polyarch-probe:{}-{}", self.run_id, slug(platform));
         self.load_scratch_image(&tag, platform, &[("probe", &elf, 0o755)], "/probe")
@@ -140,7 +144,7 @@ impl Emulation {
         while let Some(item) = stream.next().await {
             item.map_err(|source| {
                 let tag = tag.to_string();
-                Error::Emulation(Box::new(EmulationError::Load { tag, source }))
+                EmulationError::Load { tag, source }
             })?;
         }
         Ok(())
@@ -228,18 +232,18 @@ impl Emulation {
             .await
             .map_err(|_| {
                 let container = name.to_string();
-                Error::Emulation(Box::new(EmulationError::Timeout { container, timeout }))
+                EmulationError::Timeout { container, timeout }
             })?;
         match waited {
             Some(Ok(r)) => Ok((Some(r.status_code), None)),
             Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok((Some(code), None)),
-            Some(Err(source)) => Err(Error::Emulation(Box::new(EmulationError::Wait {
+            Some(Err(source)) => Err(EmulationError::Wait {
                 container: name.to_string(),
                 source,
-            }))),
-            None => Err(Error::Emulation(Box::new(EmulationError::NoStatus {
+            }),
+            None => Err(EmulationError::NoStatus {
                 container: name.to_string(),
-            }))),
+            }),
         }
     }
 
@@ -310,12 +314,10 @@ impl Emulation {
             (None, Some(e)) if e.contains("exec format error") || e.contains("no such file") => {
                 Ok(Some(format!("the probe did not start: {e}")))
             }
-            (None, Some(refusal)) => {
-                Err(Error::Emulation(Box::new(EmulationError::ProbeRefused {
-                    platform: platform.clone(),
-                    refusal,
-                })))
-            }
+            (None, Some(refusal)) => Err(EmulationError::ProbeRefused {
+                platform: platform.clone(),
+                refusal,
+            }),
             (None, None) => Ok(Some("the probe did not run".into())),
         }
     }
@@ -363,7 +365,7 @@ impl Emulation {
             match mode {
                 BinfmtMode::Never => unreachable!("handled above"),
                 BinfmtMode::Require => {
-                    return Err(Error::Emulation(Box::new(EmulationError::Required {
+                    return Err(EmulationError::Required {
                         installer_names: missing
                             .iter()
                             .filter_map(arch_info)
@@ -371,7 +373,7 @@ impl Emulation {
                             .collect(),
                         platforms: missing,
                         native: native.clone(),
-                    })))
+                    })
                 }
                 BinfmtMode::Auto => {
                     self.register_missing(&mut statuses, &missing, installer_image, reporter)
@@ -419,9 +421,7 @@ impl Emulation {
             .cloned()
             .collect();
         if !unknown.is_empty() {
-            return Err(Error::Emulation(Box::new(EmulationError::NoEmulator {
-                platforms: unknown,
-            })));
+            return Err(EmulationError::NoEmulator { platforms: unknown });
         }
         let registration = self.register(missing, installer_image, reporter).await?;
         for p in missing {
@@ -446,13 +446,11 @@ impl Emulation {
             .filter_map(|p| self.probe_detail(p).map(|d| format!("{p}: {d}")))
             .collect::<Vec<_>>()
             .join("; ");
-        Err(Error::Emulation(Box::new(
-            EmulationError::StillNotRunnable {
-                platforms: still,
-                registration,
-                why,
-            },
-        )))
+        Err(EmulationError::StillNotRunnable {
+            platforms: still,
+            registration,
+            why,
+        })
     }
 
     /// Registers QEMU emulators for `platforms` on the engine's kernel.
@@ -506,9 +504,7 @@ impl Emulation {
         if errors.is_empty() {
             Ok(())
         } else {
-            Err(Error::Emulation(Box::new(EmulationError::Cleanup {
-                failures: errors,
-            })))
+            Err(EmulationError::Cleanup { failures: errors })
         }
     }
 }
@@ -562,8 +558,8 @@ fn refuse_emulation<'a>(
     if platforms.is_empty() {
         return Ok(());
     }
-    Err(Error::Emulation(Box::new(EmulationError::Never {
+    Err(EmulationError::Never {
         platforms,
         native: native.clone(),
-    })))
+    })
 }

@@ -15,10 +15,8 @@ impl Emulation {
         let arches: Vec<ArchInfo> = {
             let mut v: Vec<ArchInfo> = vec![];
             for p in platforms {
-                let a = arch_info(p).ok_or_else(|| {
-                    Error::Emulation(Box::new(EmulationError::UnknownArch {
-                        platform: p.clone(),
-                    }))
+                let a = arch_info(p).ok_or_else(|| EmulationError::UnknownArch {
+                    platform: p.clone(),
                 })?;
                 if !v.contains(&a) {
                     v.push(a);
@@ -64,16 +62,16 @@ impl Emulation {
         let (image, privileged) =
             self.register_assembled(&arches, reporter)
                 .await
-                .map_err(|e| match e {
-                    Error::Emulation(source) if !source.is_engine() => {
-                        Error::Emulation(Box::new(EmulationError::Register {
-                            platforms: platforms.to_vec(),
-                            installer: image.to_string(),
-                            installer_error: image_error,
-                            source,
-                        }))
+                .map_err(|source| {
+                    if source.is_engine() {
+                        return source;
                     }
-                    other => other,
+                    EmulationError::Register {
+                        platforms: platforms.to_vec(),
+                        installer: image.to_string(),
+                        installer_error: Box::new(image_error),
+                        source: Box::new(source),
+                    }
                 })?;
         Ok(Registration::Assembled { image, privileged })
     }
@@ -188,10 +186,10 @@ impl Emulation {
                 });
             }
         }
-        Err(Error::Emulation(Box::new(EmulationError::Installer {
+        Err(EmulationError::Installer {
             image: image.to_string(),
             failures,
-        })))
+        })
     }
 
     async fn register_assembled(
@@ -202,25 +200,22 @@ impl Emulation {
         let native = &self.engine.native;
         let host = Platform::linux(std::env::consts::ARCH, None);
         if native.os != "linux" || native.architecture != "amd64" {
-            return Err(Error::Emulation(Box::new(
-                EmulationError::AssembledNeedsAmd64 {
-                    native: native.clone(),
-                },
-            )));
+            return Err(EmulationError::AssembledNeedsAmd64 {
+                native: native.clone(),
+            });
         }
         if host.architecture != native.architecture {
-            return Err(Error::Emulation(Box::new(EmulationError::HostDiffers {
-                host,
+            return Err(EmulationError::HostDiffers {
+                host: Box::new(host),
                 native: native.clone(),
-            })));
+            });
         }
         let mut files: Vec<(String, Vec<u8>)> = vec![];
         let mut lines = vec![];
         for a in arches {
             let path = PathBuf::from(a.interpreter());
-            let data = std::fs::read(&path).map_err(|source| {
-                Error::Emulation(Box::new(EmulationError::NoQemu { path, source }))
-            })?;
+            let data =
+                std::fs::read(&path).map_err(|source| EmulationError::NoQemu { path, source })?;
             files.push((a.interpreter().trim_start_matches('/').to_string(), data));
             lines.push(a.register_line(&a.interpreter()));
         }

@@ -13,7 +13,6 @@ use crate::engine::Engine;
 use crate::platform::Platform;
 use crate::progress::{Event, Phase, Reporter};
 use crate::project::BinfmtMode;
-use crate::{Error, Result};
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
@@ -36,6 +35,8 @@ mod programs;
 pub use emulation::Emulation;
 pub use error::{EmulationError, InstallerError};
 pub use programs::{installer_elf, probe_elf};
+
+type Result<T, E = EmulationError> = std::result::Result<T, E>;
 
 /// The exit code every probe executable returns when it runs.
 pub const PROBE_EXIT: u8 = 42;

@@ -90,7 +90,7 @@ impl Builder for Engine {
         platform: &Platform,
         bases: &RemoteBases,
     ) -> Result<Option<String>> {
-        inputs::settings_key(self, spec, platform, bases).await
+        Ok(inputs::settings_key(self, spec, platform, bases).await?)
     }
 
     async fn build(

@@ -1,4 +1,5 @@
 use super::*;
+use crate::export::ChannelReader;
 use std::io::Cursor;
 
 fn p(s: &str) -> Platform {
@@ -156,7 +157,7 @@ fn config(entrypoint: &[&str], cmd: &[&str]) -> Vec<u8> {
 }
 
 fn run(cfg: &[u8], layers: Vec<Box<dyn Read + Send>>, platform: &str) -> DeepReport {
-    inspect(cfg, layers, &p(platform)).unwrap()
+    inspect(cfg, layers, &p(platform))
 }
 
 #[test]
@@ -420,8 +421,7 @@ fn garbage_never_panics() {
             &config(&["/bin/app"], &[]),
             vec![Box::new(Cursor::new(input))],
             &p("linux/arm64"),
-        )
-        .unwrap();
+        );
         assert!(
             matches!(r.finding, Finding::Unreadable | Finding::MissingEntrypoint),
             "{r:?}"
@@ -630,21 +630,8 @@ fn channel_streaming_does_not_deadlock_on_trailing_padding() {
     }
     let r = done_rx
         .recv_timeout(std::time::Duration::from_secs(20))
-        .expect("no deadlock")
-        .unwrap();
+        .expect("no deadlock");
     assert_eq!(r.finding, Finding::Match, "{}", r.detail);
-}
-
-#[allow(dead_code)]
-fn inspect_remote_is_send(registry: &crate::registry::Registry, reference: &oci_client::Reference) {
-    fn is_send<T: Send>(_: T) {}
-    is_send(inspect_remote(
-        registry,
-        reference,
-        b"",
-        &[],
-        &p("linux/arm64"),
-    ));
 }
 
 #[test]
@@ -658,9 +645,9 @@ fn retention_cap_is_reported_only_when_it_matters() {
         ])]
     };
     let cap = 4096 + 100;
-    let r = inspect_capped(&config(&["/a"], &[]), layers(), &p("linux/arm64"), cap).unwrap();
+    let r = inspect_capped(&config(&["/a"], &[]), layers(), &p("linux/arm64"), cap);
     assert_eq!(r.finding, Finding::Match, "{}", r.detail);
-    let r = inspect_capped(&config(&["/b"], &[]), layers(), &p("linux/arm64"), cap).unwrap();
+    let r = inspect_capped(&config(&["/b"], &[]), layers(), &p("linux/arm64"), cap);
     assert_eq!(r.finding, Finding::Unreadable);
     assert!(r.detail.contains("4196 bytes"), "{}", r.detail);
     assert!(format!("{} MiB", MAX_RETAINED >> 20) == "64 MiB");

@@ -126,7 +126,7 @@ fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
     for (dockerfiles, holds, ends) in cases {
         let error = graph(&p, dockerfiles).unwrap_err();
         let text = error.to_string();
-        assert_eq!(error.exit_code(), 2, "{text}");
+        assert!(matches!(error, ProjectError::File { .. }), "{text}");
         for h in *holds {
             assert!(text.contains(h), "{dockerfiles:?}: lacks {h:?}: {text}");
         }

@@ -6,8 +6,8 @@ use super::{
     values, BinfmtMode, BuilderSpec, Fallback, ImageSpec, Project, Purpose, BINFMT_MODES, BOOLEANS,
     FALLBACKS, SUPPORTED_VERSION,
 };
+use super::{ProjectError, Result};
 use crate::endpoint::{self, TlsFiles};
-use crate::error::{Error, Result};
 use crate::platform::Platform;
 use crate::text::one_line;
 use std::collections::BTreeMap;
@@ -23,10 +23,10 @@ pub(super) struct Cx {
 }
 
 impl Cx {
-    pub(super) fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> Error {
+    pub(super) fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> ProjectError {
         let field = field.as_ref();
         let note = values::note(self.values.iter().filter(|p| p.covers(field)));
-        Error::Project {
+        ProjectError::File {
             file: self.file.clone(),
             field: one_line(field),
             message: one_line(&format!("{}{note}", message.as_ref())),
@@ -127,7 +127,7 @@ impl Cx {
         }
     }
 
-    pub(super) fn unsupported(&self, version: &str) -> Error {
+    pub(super) fn unsupported(&self, version: &str) -> ProjectError {
         self.err(
             "version",
             format!(
@@ -137,7 +137,10 @@ impl Cx {
         )
     }
 
-    pub(super) fn serde_error(&self, e: serde_path_to_error::Error<serde_norway::Error>) -> Error {
+    pub(super) fn serde_error(
+        &self,
+        e: serde_path_to_error::Error<serde_norway::Error>,
+    ) -> ProjectError {
         let segs: Vec<Seg> = e
             .path()
             .iter()

@@ -7,10 +7,10 @@ use super::raw::{Entries, RawCache, RawImage, RawSecret};
 use super::{
     CacheRef, ImageSpec, Network, Origin, Purpose, Secret, SshAgent, BINFMT_MODES, NETWORKS,
 };
+use super::{ProjectError, Result};
 use crate::annotations::Annotations;
 use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh;
-use crate::error::{Error, Result};
 use crate::platform::Platform;
 use crate::reference::is_tag;
 use std::collections::BTreeMap;
@@ -170,7 +170,7 @@ impl Cx {
     }
 
     /// A required field that is absent, with an example to copy.
-    fn missing(&self, name: &str, field: &str, example: &str) -> Error {
+    fn missing(&self, name: &str, field: &str, example: &str) -> ProjectError {
         self.err(
             format!("images.{name}.{field}"),
             format!("missing; add it, e.g. `{example}`"),

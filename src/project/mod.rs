@@ -1,5 +1,5 @@
 //! The project file, `polyarch.yaml` (version 1): parsing and validation into typed specs.
-//! Every mistake becomes one `Error::Project` naming the file, the field path
+//! Every mistake becomes one `ProjectError::File` naming the file, the field path
 //! (e.g. `images.hello.platforms[1]`) and the fix.
 //!
 //! Parsing runs in two passes over the text: first into a generic YAML value (so syntax
@@ -14,7 +14,6 @@ use crate::buildkit::secrets::{self, SecretSource};
 use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
 use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
-use crate::error::{Error, Result};
 use crate::platform::Platform;
 use crate::text::one_line;
 use std::collections::BTreeMap;
@@ -23,6 +22,7 @@ use std::path::{Path, PathBuf};
 
 mod checks;
 mod diagnostics;
+mod error;
 mod images;
 mod names;
 mod raw;
@@ -30,6 +30,9 @@ mod values;
 
 use checks::Cx;
 use diagnostics::q;
+pub use error::ProjectError;
+
+type Result<T, E = ProjectError> = std::result::Result<T, E>;
 use raw::RawProject;
 pub use values::{Override, ValueSource};
 
@@ -398,10 +401,10 @@ const BINFMT_MODES: &[(&str, BinfmtMode)] = &[
 ];
 
 impl Project {
-    /// Reads and validates a project file; every failure is an `Error::Project` naming
-    /// `path`, or an `Error::Usage` naming a bad `--set`.
+    /// Reads and validates a project file; every failure is an `ProjectError::File` naming
+    /// `path`, or an `ProjectError::Usage` naming a bad `--set`.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Project> {
-        let whole = |message: String| Error::Project {
+        let whole = |message: String| ProjectError::File {
             file: path.to_path_buf(),
             field: String::new(),
             message: one_line(&message),
@@ -452,7 +455,7 @@ impl Project {
         cx.values =
             values::resolve(&mut raw, file, options.overrides, options.env).map_err(|problem| {
                 match problem {
-                    values::Problem::Set(message) => Error::Usage(one_line(&message)),
+                    values::Problem::Set(message) => ProjectError::Usage(one_line(&message)),
                     values::Problem::Variable(field, message) => cx.err(field, message),
                 }
             })?;
@@ -504,7 +507,7 @@ impl Project {
     ) -> Result<()> {
         let count = self.selected(names).count();
         if let (Some(to), true) = (&flags.cache_to, count > 1) {
-            return Err(Error::Usage(format!(
+            return Err(ProjectError::Usage(format!(
                 "--cache-to {to}: the {count} images built would overwrite each other's cache; name one image on the command line, or give each image its own `cache: {{to: …}}` in {}",
                 self.file.display()
             )));
@@ -516,7 +519,7 @@ impl Project {
             }
             flags.apply_to(image, login.clone())?;
             self.values
-                .extend(epoch_for(image, flags).map_err(|m| Error::Project {
+                .extend(epoch_for(image, flags).map_err(|m| ProjectError::File {
                     file: file.clone(),
                     field: format!("images.{}.reproducible", image.name),
                     message: one_line(&m),
@@ -562,7 +565,7 @@ impl BuildFlags {
         }
         for reference in self.cache_from.iter().chain(&self.cache_to) {
             if let Some(tag) = reference.too_long(&image.platforms) {
-                return Err(Error::Usage(format!(
+                return Err(ProjectError::Usage(format!(
                     "--cache-from/--cache-to {reference}: the tag of image {} would be {tag}, longer than 128 characters; shorten the tag",
                     image.name
                 )));
@@ -581,12 +584,12 @@ impl BuildFlags {
 /// is named (by its field or flag) before anything builds.
 fn check_sources(image: &ImageSpec, file: &Path) -> Result<()> {
     let at = |origin: &Origin, message: String| match origin {
-        Origin::Field(field) => Error::Project {
+        Origin::Field(field) => ProjectError::File {
             file: file.to_path_buf(),
             field: field.clone(),
             message: one_line(&message),
         },
-        Origin::Flag(flag) => Error::Usage(one_line(&format!("{flag}: {message}"))),
+        Origin::Flag(flag) => ProjectError::Usage(one_line(&format!("{flag}: {message}"))),
     };
     for secret in image.secrets.values() {
         secret

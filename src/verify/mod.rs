@@ -2,7 +2,7 @@
 //! platforms: one entry per platform, each entry's config agreeing with the entry, and no
 //! attestation entries (older containerd fails on them with "unknown media type").
 
-use crate::deep::{self, DeepReport, Finding};
+use crate::deep::{DeepReport, Finding};
 use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 
 mod image;
 mod referrers;
+mod remote_layers;
 
 pub use image::{verify_image, verify_project, verify_reference};
 
@@ -126,7 +127,8 @@ impl ContentSource for RegistrySource<'_> {
         layers: &[(Digest, String)],
         platform: &Platform,
     ) -> Result<DeepReport> {
-        deep::inspect_remote(self.registry, &self.reference, config, layers, platform).await
+        remote_layers::inspect_remote(self.registry, &self.reference, config, layers, platform)
+            .await
     }
 }
 

@@ -237,7 +237,7 @@ fn garbage_never_panics() {
                     !s.contains('\n') && !s.contains('\r'),
                     "multi-line for {input:?}: {s:?}"
                 );
-                assert!(matches!(e, Error::Project { .. }), "{s}");
+                assert!(matches!(e, ProjectError::File { .. }), "{s}");
             }
         }
     }

@@ -430,7 +430,7 @@ fn build_flags_add_to_and_override_the_file() {
             None,
         )
         .unwrap_err();
-    assert_eq!(error.exit_code(), 2);
+    assert!(matches!(error, ProjectError::Usage(_)), "{error}");
     assert!(
             error
                 .to_string()

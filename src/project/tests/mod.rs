@@ -56,9 +56,9 @@ fn replacing(key: &str, line: &str) -> String {
 
 fn project_err(r: Result<Project>) -> (String, String, String) {
     match r {
-        Err(e @ Error::Project { .. }) => {
+        Err(e @ ProjectError::File { .. }) => {
             let shown = e.to_string();
-            let Error::Project { field, message, .. } = e else {
+            let ProjectError::File { field, message, .. } = e else {
                 unreachable!()
             };
             assert!(

@@ -151,7 +151,7 @@ fn set_overrides_the_file() {
 fn a_bad_set_is_a_usage_error_naming_it() {
     let d = fixture();
     let usage = |sets: &[&str]| match parse_job(&d, JOB, sets, Purpose::Build) {
-        Err(Error::Usage(m)) => m,
+        Err(ProjectError::Usage(m)) => m,
         other => panic!("not a usage error: {other:?}"),
     };
     let m = usage(&["apx.tags=v1"]);

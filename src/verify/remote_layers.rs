@@ -1,0 +1,130 @@
+//! `verify --deep` against a registry: an image's layers streamed from the registry into
+//! [`deep::inspect`], which reads them on a blocking thread. It sits in verify, not in
+//! `deep`, because the registry client still returns the crate-wide `Error`; `deep` itself
+//! cannot fail (what it cannot read is a [`Finding::Unreadable`]).
+
+use crate::deep::{self, DeepReport, Finding};
+use crate::export::ChannelReader;
+use crate::platform::Platform;
+use crate::registry::RegistryError;
+use crate::{Error, Result};
+use std::io::{self, Read};
+
+/// Streams an image's layers from the registry, one after another (bounded memory), and
+/// runs [`deep::inspect`] on them. gzip layers are decompressed (by media type or magic);
+/// zstd layers give [`Finding::Unreadable`]; non-distributable (foreign) layers are skipped
+/// with a note in `detail`. Registry failures are `Err`.
+pub async fn inspect_remote(
+    registry: &crate::registry::Registry,
+    reference: &oci_client::Reference,
+    config: &[u8],
+    layer_digests: &[(crate::digest::Digest, String)],
+    platform: &Platform,
+) -> Result<DeepReport> {
+    let mut skipped = Vec::new();
+    let mut wanted = Vec::new();
+    for (digest, media_type) in layer_digests {
+        if media_type.contains("nondistributable") || media_type.contains("foreign") {
+            skipped.push(digest.short().to_string());
+            continue;
+        }
+        if media_type.contains("zstd") {
+            return Ok(DeepReport {
+                executable: None,
+                finding: Finding::Unreadable,
+                detail: format!(
+                    "layer {} is zstd-compressed ({media_type}); zstd layers not supported",
+                    digest.short()
+                ),
+            });
+        }
+        wanted.push(digest.clone());
+    }
+    let mut senders = Vec::new();
+    let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
+    for _ in &wanted {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        senders.push(tx);
+        readers.push(Box::new(ChannelReader::new(rx)));
+    }
+    let config_bytes = config.to_vec();
+    let owned_platform = platform.clone();
+    let inspector =
+        tokio::task::spawn_blocking(move || deep::inspect(&config_bytes, readers, &owned_platform));
+    let pump = pump_layers(registry, reference, &wanted, senders);
+    let (pumped, inspected) = tokio::join!(pump, inspector);
+    pumped?;
+    let mut report = inspected.map_err(|source| Error::Registry {
+        registry: reference.registry().to_string(),
+        source: RegistryError::Inspection {
+            reference: reference.to_string(),
+            source,
+        }
+        .into(),
+    })?;
+    if !skipped.is_empty() {
+        report.detail += &format!(
+            " (skipped non-distributable layer{} {})",
+            if skipped.len() == 1 { "" } else { "s" },
+            skipped.join(", ")
+        );
+    }
+    Ok(report)
+}
+
+/// Streams each wanted layer from the registry to the inspector's reader, until the
+/// inspector stops reading; a failed read is handed to the inspector too.
+async fn pump_layers(
+    registry: &crate::registry::Registry,
+    reference: &oci_client::Reference,
+    wanted: &[crate::digest::Digest],
+    senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
+) -> Result<()> {
+    use futures_util::StreamExt;
+    for (digest, tx) in wanted.iter().zip(senders) {
+        if tx.is_closed() {
+            // The inspector has stopped reading (it reached a verdict or failed).
+            return Ok(());
+        }
+        let stream = registry.blob_stream(reference, digest).await?;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(bytes) => {
+                    if tx.send(Ok(bytes)).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                Err(e) => {
+                    let kind = e.kind();
+                    let error = RegistryError::Layer {
+                        digest: digest.to_string(),
+                        reference: reference.to_string(),
+                        source: e,
+                    };
+                    let _ = tx.send(Err(io::Error::new(kind, error.to_string()))).await;
+                    return Err(Error::Registry {
+                        registry: reference.registry().to_string(),
+                        source: error.into(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(dead_code)]
+    fn inspect_remote_is_send(
+        registry: &crate::registry::Registry,
+        reference: &oci_client::Reference,
+    ) {
+        fn is_send<T: Send>(_: T) {}
+        let platform: Platform = "linux/arm64".parse().unwrap();
+        is_send(inspect_remote(registry, reference, b"", &[], &platform));
+    }
+}
