@@ -27,8 +27,7 @@
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
 #
 #   Token auth (bench/tokens.sh): token fetches, requests, uploads and mounts of one
-#     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1, and of a
-#     later run of 2 more images on the same layer in new repositories (mounted, not uploaded).
+#     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1.
 #
 # Fairness (see results.md): every cold run gets a fresh nonce file as the first
 # Dockerfile step (so every later step misses the build cache, for both contenders,

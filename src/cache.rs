@@ -1,15 +1,12 @@
 //! What earlier runs learned, so a warm rerun skips work: what they pushed, keyed by
 //! registry repository and engine image ID (export and upload are skipped; an entry is
 //! used after the registry confirms the manifest exists), which image each set of build
-//! inputs produced (the build is skipped), which platforms each engine ran (the
-//! emulation probe is skipped), and which repositories each blob went to (a push to
-//! another repository of the registry mounts it instead of uploading it).
+//! inputs produced (the build is skipped), and which platforms each engine ran (the
+//! emulation probe is skipped).
 
 use crate::digest::Digest;
 use crate::inputs::RememberedBuild;
 use crate::oci::ConfigPlatform;
-use crate::progress::{Event, Reporter};
-use crate::registry::BlobMemory;
 use crate::Platform;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -79,37 +76,17 @@ struct Store<V> {
 impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
     /// In [`dir`].
     fn open(file: &str) -> Store<V> {
-        Store::read(dir().map(|d| d.join(file))).0
-    }
-
-    /// The store kept in `path`, and what was wrong with a file that could not be used.
-    fn read(path: Option<PathBuf>) -> (Store<V>, Option<String>) {
-        let (entries, problem) = match path.as_ref().map(|p| (p, std::fs::read(p))) {
-            None => (BTreeMap::new(), None),
-            Some((_, Err(e))) if e.kind() == std::io::ErrorKind::NotFound => {
-                (BTreeMap::new(), None)
-            }
-            Some((p, Err(e))) => (
-                BTreeMap::new(),
-                Some(format!("cannot read {}: {e}", p.display())),
-            ),
-            Some((p, Ok(bytes))) => match serde_json::from_slice(&bytes) {
-                Ok(entries) => (entries, None),
-                Err(e) => (
-                    BTreeMap::new(),
-                    Some(format!(
-                        "ignoring {} ({e}); it is written anew",
-                        p.display()
-                    )),
-                ),
-            },
-        };
-        let store = Store {
+        let path = dir().map(|d| d.join(file));
+        let entries = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        Store {
             path,
             entries: Mutex::new(entries),
             changed: AtomicBool::new(false),
-        };
-        (store, problem)
+        }
     }
 
     #[cfg(test)]
@@ -134,28 +111,19 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
 
     fn put(&self, key: String, value: V) {
         let mut entries = self.entries.lock().expect("cache lock");
-        insert(&mut entries, key, value);
-        self.changed.store(true, Ordering::Relaxed);
-    }
-
-    /// Changes the value under `key` in place (`None`: absent; left `None`: removed), under
-    /// one lock so concurrent edits of one key all count. An edit that changes nothing
-    /// leaves the file as it is.
-    fn edit(&self, key: &str, edit: impl FnOnce(&mut Option<V>))
-    where
-        V: PartialEq,
-    {
-        let mut entries = self.entries.lock().expect("cache lock");
-        let before = entries.get(key).map(|e| e.value.clone());
-        let mut value = before.clone();
-        edit(&mut value);
-        if value == before {
-            return;
-        }
-        match value {
-            Some(value) => insert(&mut entries, key.to_string(), value),
-            None => {
-                entries.remove(key);
+        entries.insert(
+            key,
+            Stamped {
+                value,
+                used: unix_now(),
+            },
+        );
+        if entries.len() > MAX_ENTRIES {
+            let mut by_use: Vec<(u64, String)> =
+                entries.iter().map(|(k, e)| (e.used, k.clone())).collect();
+            by_use.sort();
+            for (_, oldest) in by_use.into_iter().take(entries.len() - MAX_ENTRIES) {
+                entries.remove(&oldest);
             }
         }
         self.changed.store(true, Ordering::Relaxed);
@@ -192,26 +160,6 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
         };
         if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
             let _ = partial.persist(path);
-        }
-    }
-}
-
-/// Stamps `value` as used now and drops the least recently used entries past
-/// [`MAX_ENTRIES`].
-fn insert<V>(entries: &mut BTreeMap<String, Stamped<V>>, key: String, value: V) {
-    entries.insert(
-        key,
-        Stamped {
-            value,
-            used: unix_now(),
-        },
-    );
-    if entries.len() > MAX_ENTRIES {
-        let mut by_use: Vec<(u64, String)> =
-            entries.iter().map(|(k, e)| (e.used, k.clone())).collect();
-        by_use.sort();
-        for (_, oldest) in by_use.into_iter().take(entries.len() - MAX_ENTRIES) {
-            entries.remove(&oldest);
         }
     }
 }
@@ -316,36 +264,6 @@ impl ConfigMemory {
     }
 }
 
-/// Repositories a blob is known to be in, per registry, kept for each blob.
-const PLACES_PER_BLOB: usize = 4;
-
-/// The repositories each blob was pushed to or found in, per registry, newest first: a
-/// later run pushing it to another repository of that registry mounts it from one of
-/// them instead of uploading it. Only a hint: a repository that no longer gives the blob
-/// to a mount is forgotten.
-pub struct BlobPlaces(Store<Vec<String>>);
-
-impl BlobPlaces {
-    /// A file that cannot be read or parsed is reported as a debug event and ignored.
-    pub fn open(reporter: &dyn Reporter) -> BlobPlaces {
-        BlobPlaces::at(dir().map(|d| d.join("blobs.json")), reporter)
-    }
-
-    fn at(path: Option<PathBuf>, reporter: &dyn Reporter) -> BlobPlaces {
-        let (store, problem) = Store::read(path);
-        if let Some(problem) = problem {
-            reporter.report(Event::Debug {
-                message: format!("blob places: {problem}"),
-            });
-        }
-        BlobPlaces(store)
-    }
-
-    pub fn save(&self) {
-        self.0.save()
-    }
-}
-
 impl crate::verify::KnownConfigs for ConfigMemory {
     fn config_of(&self, manifest: &Digest) -> Option<Digest> {
         self.0.get(manifest.as_str())
@@ -353,34 +271,6 @@ impl crate::verify::KnownConfigs for ConfigMemory {
 
     fn remember(&self, manifest: &Digest, config: &Digest) {
         self.0.put(manifest.to_string(), config.clone());
-    }
-}
-
-impl BlobMemory for BlobPlaces {
-    fn repositories(&self, registry: &str, digest: &Digest) -> Vec<String> {
-        self.0
-            .get(&key(registry, digest.as_str()))
-            .unwrap_or_default()
-    }
-
-    fn remember(&self, registry: &str, digest: &Digest, repository: &str) {
-        self.0.edit(&key(registry, digest.as_str()), |places| {
-            let places = places.get_or_insert_with(Vec::new);
-            places.retain(|r| r != repository);
-            places.insert(0, repository.to_string());
-            places.truncate(PLACES_PER_BLOB);
-        });
-    }
-
-    fn forget(&self, registry: &str, digest: &Digest, repository: &str) {
-        self.0.edit(&key(registry, digest.as_str()), |places| {
-            if let Some(list) = places {
-                list.retain(|r| r != repository);
-                if list.is_empty() {
-                    *places = None;
-                }
-            }
-        });
     }
 }
 
@@ -459,77 +349,5 @@ mod tests {
         assert_eq!(reopened.0.entries.lock().unwrap().len(), MAX_ENTRIES);
         assert!(reopened.get("inputs").is_none());
         assert!(reopened.get("new-0").is_some());
-    }
-
-    #[derive(Default)]
-    struct Debugs(Mutex<Vec<String>>);
-
-    impl Reporter for Debugs {
-        fn report(&self, event: Event) {
-            if let Event::Debug { message } = event {
-                self.0.lock().unwrap().push(message);
-            }
-        }
-    }
-
-    #[test]
-    fn blob_places_are_few_per_blob_newest_first_and_survive_a_bad_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("blobs.json");
-        let open = || {
-            let debugs = Debugs::default();
-            let places = BlobPlaces::at(Some(path.clone()), &debugs);
-            (places, debugs.0.into_inner().unwrap())
-        };
-        let layer: Digest = format!("sha256:{}", "b".repeat(64)).parse().unwrap();
-        let other: Digest = format!("sha256:{}", "c".repeat(64)).parse().unwrap();
-        let (places, debugs) = open();
-        assert!(debugs.is_empty(), "{debugs:?}");
-        for repository in ["r/1", "r/2", "r/3", "r/4", "r/5", "r/3"] {
-            places.remember("reg:5000", &layer, repository);
-        }
-        places.remember("other:5000", &layer, "r/9");
-        places.save();
-        let (places, _) = open();
-        assert_eq!(
-            places.repositories("reg:5000", &layer),
-            ["r/3", "r/5", "r/4", "r/2"]
-        );
-        assert_eq!(places.repositories("other:5000", &layer), ["r/9"]);
-        assert!(places.repositories("reg:5000", &other).is_empty());
-        places.forget("reg:5000", &layer, "r/5");
-        places.forget("other:5000", &layer, "r/9");
-        places.save();
-        let (places, _) = open();
-        assert_eq!(
-            places.repositories("reg:5000", &layer),
-            ["r/3", "r/4", "r/2"]
-        );
-        assert_eq!(places.0.entries.lock().unwrap().len(), 1);
-
-        // Unchanged: not written again (a warm run leaves the file alone).
-        std::fs::remove_file(&path).unwrap();
-        places.remember("reg:5000", &layer, "r/3");
-        places.save();
-        assert!(!path.exists());
-
-        // A corrupt file is ignored with a debug event, and written anew on the next save.
-        std::fs::write(&path, b"{\"reg:5000|sha").unwrap();
-        let (places, debugs) = open();
-        assert_eq!(debugs.len(), 1, "{debugs:?}");
-        assert!(debugs[0].contains("blobs.json"), "{debugs:?}");
-        assert!(places.repositories("reg:5000", &layer).is_empty());
-        places.remember("reg:5000", &layer, "r/1");
-        places.save();
-        assert_eq!(open().0.repositories("reg:5000", &layer), ["r/1"]);
-
-        // So is one that cannot be read at all.
-        std::fs::remove_file(&path).unwrap();
-        std::fs::create_dir(&path).unwrap();
-        let (places, debugs) = open();
-        assert_eq!(debugs.len(), 1, "{debugs:?}");
-        assert!(places.repositories("reg:5000", &layer).is_empty());
-        places.remember("reg:5000", &layer, "r/1");
-        places.save();
     }
 }

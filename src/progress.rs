@@ -58,11 +58,6 @@ pub enum Event {
     Note {
         message: String,
     },
-    /// What only someone looking into polyarch's own working wants to see (a cache file
-    /// that was ignored): JSON lines and `--verbose` show it.
-    Debug {
-        message: String,
-    },
     /// The whole (bounded) build log of a platform whose build failed.
     FailedLog {
         image: String,

@@ -112,11 +112,6 @@ impl Reporter for PlainReporter {
             }
             Event::Warning { message } => self.line(&format!("warning: {message}")),
             Event::Note { message } => self.line(&message),
-            Event::Debug { message } => {
-                if self.verbose {
-                    self.line(&format!("debug: {message}"));
-                }
-            }
         }
     }
 }
@@ -230,7 +225,6 @@ impl Reporter for TerminalReporter {
             Event::Note { message } => {
                 let _ = self.multi.println(message);
             }
-            Event::Debug { .. } => {}
         }
     }
 }

@@ -9,7 +9,7 @@ mod unit;
 
 use crate::build::Builder;
 use crate::build::Builders;
-use crate::cache::{BlobPlaces, BuildMemory, PushCache};
+use crate::cache::{BuildMemory, PushCache};
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
 use crate::inputs;
@@ -94,15 +94,6 @@ async fn build_and_push_all<'a>(
         )));
     }
     let destination = destination(&plan, options).await?;
-    // Layers an earlier run pushed to another repository of the registry are mounted.
-    let places = match &destination {
-        Destination::Registry(registry) => {
-            let places = std::sync::Arc::new(BlobPlaces::open(reporter));
-            registry.remember_blobs_in(places.clone());
-            Some(places)
-        }
-        Destination::Layout(_) => None,
-    };
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
@@ -150,9 +141,6 @@ async fn build_and_push_all<'a>(
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
-    if let Some(places) = places {
-        places.save();
-    }
     let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
     for (image, spec) in per_image? {
         pushed.extend(image);

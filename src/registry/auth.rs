@@ -76,13 +76,6 @@ impl Scopes {
         *self.0.entry(repository.to_string()).or_insert(push) |= push;
     }
 
-    /// Drops `repository` unless it is pushed to.
-    pub fn remove_pull(&mut self, repository: &str) {
-        if self.0.get(repository) == Some(&false) {
-            self.0.remove(repository);
-        }
-    }
-
     pub fn covers(&self, repository: &str, push: bool) -> bool {
         self.0
             .get(repository)
@@ -138,12 +131,6 @@ impl Tokens {
     /// Declares a repository the run will use, so the next fetch asks for it too.
     pub fn want(&mut self, repository: &str, push: bool) {
         self.wanted.add(repository, push);
-    }
-
-    /// Stops asking for pull access to `repository` (a mount source the token server
-    /// would not grant), so later fetches for the run's own repositories still succeed.
-    pub fn unwant(&mut self, repository: &str) {
-        self.wanted.remove_pull(repository);
     }
 
     /// The token held, when it covers `repository` (`push`) and is not about to expire.
@@ -388,13 +375,6 @@ mod tests {
         tokens.reject("t2");
         assert_eq!(tokens.current("a", true, now), None);
         assert_eq!(tokens.ask_with("a", true).parameters().len(), 2);
-        // A source the token server refused is not asked for again; pushed ones stay.
-        tokens.unwant("src");
-        tokens.unwant("a");
-        assert_eq!(
-            tokens.ask_with("a", true).parameters(),
-            ["repository:a:pull,push"]
-        );
     }
 
     #[test]

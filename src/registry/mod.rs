@@ -5,7 +5,6 @@ mod auth;
 mod clients;
 mod error;
 mod failure;
-mod mount;
 mod probe;
 mod push;
 mod read;
@@ -13,7 +12,6 @@ mod referrers;
 
 pub use crate::reference::parse_reference;
 pub use error::{HelperError, ListingError, RegistryError};
-pub use mount::BlobMemory;
 pub use probe::{certs_d_root, is_loopback};
 pub use push::BlobProgress;
 
@@ -146,8 +144,6 @@ pub struct Inner {
     known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
     uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
-    /// Where earlier runs put blobs, when the caller keeps that.
-    memory: OnceLock<Arc<dyn BlobMemory>>,
 }
 
 /// How a loopback or insecure registry is spoken to.
@@ -208,18 +204,11 @@ impl Registry {
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
             known: Mutex::default(),
             uploads: Mutex::default(),
-            memory: OnceLock::new(),
         }));
         for host in registries {
             registry.auth_for(host)?;
         }
         Ok(registry)
-    }
-
-    /// Blobs pushed from now on are recorded in `memory`, and a blob it says another
-    /// repository of the registry holds is mounted from there rather than uploaded.
-    pub fn remember_blobs_in(&self, memory: Arc<dyn BlobMemory>) {
-        let _ = self.memory.set(memory);
     }
 
     /// The auth for a registry, resolved on first use and then kept.

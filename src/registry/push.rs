@@ -1,14 +1,10 @@
-//! Pushing: blobs (HEAD first, a cross-repository mount when this run or an earlier one
-//! put the blob in another repository, then a streamed upload) and manifests, with
-//! progress.
+//! Pushing: blobs (HEAD first, a cross-repository mount when the run holds the blob in
+//! another repository, then a streamed upload) and manifests, with progress.
 
-use super::failure::{Attempt, Failure};
-use super::mount::Mount;
-use super::Registry;
+use super::{parse_reference, Registry};
 use crate::digest::Digest;
 use crate::oci::ManifestBlob;
 use crate::progress::{Event, Phase, Reporter};
-use crate::text::one_line;
 use crate::{Platform, Result};
 use futures_util::TryStreamExt;
 use oci_client::errors::OciDistributionError;
@@ -47,10 +43,9 @@ impl Registry {
             .await
     }
 
-    /// HEAD, then a cross-repository mount from a repository of the same registry that
-    /// this run or (with a [`BlobMemory`]) an earlier one put the blob in, then an upload.
-    /// Concurrent pushes of one digest to one registry wait for each other, so a shared
-    /// layer is uploaded once.
+    /// HEAD, then a cross-repository mount when this run put the blob in another
+    /// repository of the same registry, then an upload. Concurrent pushes of one digest
+    /// to one registry wait for each other, so a shared layer is uploaded once.
     async fn push_blob(
         &self,
         reference: &Reference,
@@ -58,9 +53,8 @@ impl Registry {
         body: Body<'_>,
         progress: Option<&BlobProgress<'_>>,
     ) -> Result<bool> {
-        let registry = reference.registry();
-        let key = (registry.to_string(), digest.to_string());
-        let repository = reference.repository();
+        let key = (reference.registry().to_string(), digest.to_string());
+        let repository = reference.repository().to_string();
         let size = match &body {
             Body::File { size, .. } => *size,
             Body::Bytes(b) => b.len() as u64,
@@ -78,29 +72,25 @@ impl Registry {
             .or_default()
             .clone();
         let _guard = lock.lock().await;
-        let in_run: Option<String> = {
+        let elsewhere: Vec<String> = {
             let known = self.known.lock().expect("known lock");
             match known.get(&key) {
-                Some(repos) if repos.contains(repository) => {
+                Some(repos) if repos.contains(&repository) => {
                     drop(known);
                     skipped(progress);
                     return Ok(false);
                 }
-                Some(repos) => repos.iter().next().cloned(),
-                None => None,
+                Some(repos) => repos.iter().cloned().collect(),
+                None => Vec::new(),
             }
         };
-        let memory = self.memory.get();
         let remember = || {
             self.known
                 .lock()
                 .expect("known lock")
                 .entry(key.clone())
                 .or_default()
-                .insert(repository.to_string());
-            if let Some(memory) = memory {
-                memory.remember(registry, digest, repository);
-            }
+                .insert(repository.clone());
         };
         if self.blob_exists(reference, digest).await? {
             remember();
@@ -109,140 +99,70 @@ impl Registry {
         }
         self.authenticate(reference, RegistryOperation::Push)
             .await?;
-        // One mount request: from where this run put the blob (certain), else from where
-        // an earlier run last did.
-        let remembered = || {
-            memory?
-                .repositories(registry, digest)
-                .into_iter()
-                .find(|r| r != repository)
-        };
-        let source = in_run.clone().or_else(remembered);
-        let mut session = None;
-        if let Some(source) = &source {
-            match self.mount(reference, digest, source).await {
-                Mount::Mounted => {
-                    remember();
-                    skipped(progress);
-                    return Ok(false);
-                }
-                Mount::Declined(url) => session = Some(url),
-                Mount::Failed => {}
-            }
-            if in_run.is_none() {
-                if let Some(memory) = memory {
-                    memory.forget(registry, digest, source);
-                }
-            }
+        if self.mounted(reference, digest, elsewhere).await? {
+            remember();
+            skipped(progress);
+            return Ok(false);
         }
-        // The session a declined mount opened saves a request; should it fail, a new one.
-        let on_session = match &session {
-            Some(url) => self
-                .upload_to(reference, url, digest, &body, progress)
-                .await
-                .is_ok(),
-            None => false,
-        };
-        if !on_session {
-            self.upload(reference, digest, &body, progress).await?;
-        }
-        if let Some(p) = progress {
-            p.report();
-        }
+        self.upload(reference, digest, body, progress).await?;
         remember();
         Ok(true)
     }
 
-    /// Uploads the blob with one PUT on an upload session the registry opened (`session`,
-    /// a declined mount's), streamed from its spool file or from memory.
-    async fn upload_to(
+    /// Mounts the blob from one of the repositories this run put it in; false when none
+    /// could (a registry that declines answers 202 and the blob is uploaded instead).
+    async fn mounted(
         &self,
         reference: &Reference,
-        session: &reqwest::Url,
         digest: &Digest,
-        body: &Body<'_>,
-        progress: Option<&BlobProgress<'_>>,
-    ) -> Result<()> {
-        let (base, client) = self.base(reference).await;
-        // Credentials go to the registry only, not to a storage host it redirects to.
-        let same_origin = reqwest::Url::parse(&base).is_ok_and(|b| b.origin() == session.origin());
-        let mut url = session.clone();
-        url.query_pairs_mut().append_pair("digest", digest.as_str());
-        let (url, counter) = (&url, progress.map(|p| p.counter()));
-        self.authorized(reference, &format!("upload blob {digest}"), |auth, _| {
-            let counter = counter.clone();
-            async move {
-                let sent = Arc::new(AtomicU64::new(0));
-                let (length, payload) = match body {
-                    Body::File { path, size } => {
-                        let stream = counted(path, &sent, counter.as_ref())
-                            .await
-                            .map_err(|e| Attempt::from(OciDistributionError::IoError(e)))?;
-                        (*size, reqwest::Body::wrap_stream(stream))
-                    }
-                    Body::Bytes(bytes) => (bytes.len() as u64, bytes.to_vec().into()),
-                };
-                let mut request = client
-                    .put(url.clone())
-                    .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
-                    .header(reqwest::header::CONTENT_LENGTH, length)
-                    .body(payload);
-                if same_origin {
-                    request = super::mount::authorize(request, &auth);
-                }
-                let answer = async {
-                    let response = request.send().await?;
-                    let status = response.status().as_u16();
-                    let announced = response
-                        .headers()
-                        .get("Docker-Content-Digest")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    match (status, announced) {
-                        (200 | 201 | 204, Some(d)) if d != digest.as_str() => Err(
-                            Attempt::answered(status, url.as_str(), format!("stored as {d}")),
-                        ),
-                        (200 | 201 | 204, _) => Ok(()),
-                        _ => {
-                            let text = response.text().await.unwrap_or_default();
-                            Err(Attempt::answered(status, url.as_str(), one_line(&text)))
-                        }
-                    }
-                }
-                .await;
-                answer.map_err(|mut failed| {
-                    if let Some(c) = &counter {
-                        c.fetch_sub(sent.load(Ordering::Relaxed), Ordering::Relaxed);
-                    }
-                    // Not retried here: a session a failed PUT reached may be gone, and
-                    // the caller's fallback uploads on a new one, with retries.
-                    failed.failure = Failure::Permanent;
-                    failed
+        elsewhere: Vec<String>,
+    ) -> Result<bool> {
+        for source_repo in elsewhere {
+            let Ok(source) =
+                parse_reference(&format!("{}/{source_repo}:latest", reference.registry()))
+            else {
+                continue;
+            };
+            let mounted = self
+                .call(reference, &format!("mount blob {digest}"), |c, _| {
+                    c.mount_blob(reference, &source, digest.as_str())
                 })
+                .await;
+            // A registry that declines the mount answers 202 and we upload instead.
+            if mounted.is_ok() && self.blob_exists(reference, digest).await? {
+                return Ok(true);
             }
-        })
-        .await
+        }
+        Ok(false)
     }
 
-    /// Uploads the blob on a new session, streamed from its spool file or from memory.
+    /// Uploads the blob, streamed from its spool file or from memory.
     async fn upload(
         &self,
         reference: &Reference,
         digest: &Digest,
-        body: &Body<'_>,
+        body: Body<'_>,
         progress: Option<&BlobProgress<'_>>,
     ) -> Result<()> {
         let what = format!("upload blob {digest}");
-        match *body {
+        match body {
             Body::File { path, size } => {
                 let counter = progress.map(|p| p.counter());
                 self.call(reference, &what, |c, _| {
                     let counter = counter.clone();
                     async move {
+                        let file = tokio::fs::File::open(path).await?;
                         // Bytes sent by a failed attempt are taken back before the retry.
                         let sent = Arc::new(AtomicU64::new(0));
-                        let stream = counted(path, &sent, counter.as_ref())
-                            .await?
+                        let sent_here = sent.clone();
+                        let counted = counter.clone();
+                        let stream = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20)
+                            .inspect_ok(move |chunk| {
+                                sent_here.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                if let Some(c) = &counted {
+                                    c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                                }
+                            })
                             .map_err(OciDistributionError::IoError);
                         let result = c
                             .push_blob_stream(reference, stream, digest.as_str(), Some(size))
@@ -256,6 +176,9 @@ impl Registry {
                     }
                 })
                 .await?;
+                if let Some(p) = progress {
+                    p.report();
+                }
             }
             Body::Bytes(bytes) => {
                 let bytes = bytes::Bytes::copy_from_slice(bytes);
@@ -290,26 +213,6 @@ impl Registry {
         })
         .await
     }
-}
-
-/// A spool file's bytes as they are read, counted into `sent` (this attempt's) and the
-/// progress `counter`.
-async fn counted(
-    path: &Path,
-    sent: &Arc<AtomicU64>,
-    counter: Option<&Arc<AtomicU64>>,
-) -> std::io::Result<impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> + Send + 'static>
-{
-    let file = tokio::fs::File::open(path).await?;
-    let (sent, counter) = (sent.clone(), counter.cloned());
-    Ok(
-        tokio_util::io::ReaderStream::with_capacity(file, 1 << 20).inspect_ok(move |chunk| {
-            sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            if let Some(c) = &counter {
-                c.fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            }
-        }),
-    )
 }
 
 /// Counts pushed bytes for one image × platform and reports them.
