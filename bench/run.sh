@@ -406,6 +406,21 @@ warm() {
   add "$2" "$s" "$6"
 }
 
+# measured_build NAME FILE: one polyarch build of FILE under /usr/bin/time -v; sets
+# measured_wall (seconds) and measured_rss_mib (the polyarch process's peak RSS; the
+# engine's and the registry's memory is not counted). A failed build ends the bench.
+measured_build() {
+  local name="$1" file="$2"
+  /usr/bin/time -v -o "$tmp/$name.time" env DOCKER_HOST="$PA_HOST" POLYARCH_CACHE_DIR="$PA_CACHE" \
+    "$bin" build -f "$file" --record "$file.record.json" --quiet \
+    >"$tmp/$name.out" 2>"$tmp/$name.err" </dev/null \
+    || { log "polyarch $name build failed"; tail -n 20 "$tmp/$name.err" >&2; exit 1; }
+  read -r measured_wall measured_rss_mib < <(awk -F': ' '
+    /Elapsed \(wall clock\)/ { n = split($2, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; wall = s }
+    /Maximum resident set size/ { rss = $2 / 1024 }
+    END { printf "%.2f %.1f\n", wall, rss }' "$tmp/$name.time")
+}
+
 # ------------------------------------------------------------------ profiles
 # profile_run NAME FILE: one more polyarch build of FILE with --output-format json,
 # every stderr line stamped on arrival; bench/phases.py turns it into a table.
@@ -523,13 +538,8 @@ PY
     gen_s=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
     use_cache big
     write_project "$big" "$host/big/polyarch" "linux/amd64"
-    /usr/bin/time -v -o "$tmp/big.time" env DOCKER_HOST="$PA_HOST" POLYARCH_CACHE_DIR="$PA_CACHE" \
-      "$bin" build -f "$big.polyarch.yaml" --record "$big.record.json" --quiet \
-      >"$tmp/big.out" 2>"$tmp/big.err" </dev/null \
-      || { log "polyarch big build failed"; tail -n 20 "$tmp/big.err" >&2; exit 1; }
-    big_wall=$(awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; printf "%.2f", s }' "$tmp/big.time")
-    big_rss_kb=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$tmp/big.time")
-    big_rss_mib=$(awk -v k="$big_rss_kb" 'BEGIN { printf "%.1f", k / 1024 }')
+    measured_build big "$big.polyarch.yaml"
+    big_wall=$measured_wall big_rss_mib=$measured_rss_mib
     if [[ "$BIG_CLASSIC" == 1 ]]; then
       t0=$(now)
       { "$DOCKER" build -q -t "$host/big/classic:t" "$big" && "$DOCKER" push -q "$host/big/classic:t"; } \
@@ -552,12 +562,8 @@ PY
     printf '%s\n' "$(date +%s%N)" >"$sync/nonce"
     use_cache sync
     write_project "$sync" "$host/sync/polyarch" "linux/amd64"
-    /usr/bin/time -v -o "$tmp/sync.time" env DOCKER_HOST="$PA_HOST" POLYARCH_CACHE_DIR="$PA_CACHE" \
-      "$bin" build -f "$sync.polyarch.yaml" --record "$sync.record.json" --quiet \
-      >"$tmp/sync.out" 2>"$tmp/sync.err" </dev/null \
-      || { log "polyarch huge-context build failed"; tail -n 20 "$tmp/sync.err" >&2; exit 1; }
-    sync_wall=$(awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, p, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + p[i]; printf "%.2f", s }' "$tmp/sync.time")
-    sync_rss_mib=$(awk -F': ' '/Maximum resident set size/ { printf "%.1f", $2 / 1024 }' "$tmp/sync.time")
+    measured_build sync "$sync.polyarch.yaml"
+    sync_wall=$measured_wall sync_rss_mib=$measured_rss_mib
     rm -rf "$sync/data"
   fi
 fi

@@ -710,15 +710,13 @@ mod tests {
         }
     }
 
-    fn target() -> Target {
+    /// `r.io/app:v1` declaring linux/`archs`, in that order.
+    fn target(archs: &[&str]) -> Target {
         Target {
             name: "app".into(),
             reference: "r.io/app:v1".into(),
             tags: vec!["v1".into()],
-            declared: vec![
-                Platform::linux("amd64", None),
-                Platform::linux("arm64", None),
-            ],
+            declared: archs.iter().map(|a| Platform::linux(a, None)).collect(),
             deep: false,
             require_provenance: false,
         }
@@ -729,17 +727,25 @@ mod tests {
     #[tokio::test]
     async fn remembered_configs_are_read_in_the_same_wave_as_their_manifests() {
         let fake = Fake::two_platforms(true);
-        let coverage = verify(&fake, &target(), &crate::progress::Silent)
-            .await
-            .unwrap();
+        let coverage = verify(
+            &fake,
+            &target(&["amd64", "arm64"]),
+            &crate::progress::Silent,
+        )
+        .await
+        .unwrap();
         assert!(coverage.covered, "{:?}", coverage.warnings);
         assert_eq!(fake.asked.lock().unwrap().len(), 6);
         assert_eq!(fake.asked_late(), Vec::<String>::new());
 
         let cold = Fake::two_platforms(false);
-        let coverage = verify(&cold, &target(), &crate::progress::Silent)
-            .await
-            .unwrap();
+        let coverage = verify(
+            &cold,
+            &target(&["amd64", "arm64"]),
+            &crate::progress::Silent,
+        )
+        .await
+        .unwrap();
         assert!(coverage.covered, "{:?}", coverage.warnings);
         let late = cold.asked_late();
         assert!(
@@ -755,9 +761,13 @@ mod tests {
         let amd64 = fake.known.keys().next().unwrap().clone();
         let other = fake.known.values().nth(1).unwrap().clone();
         fake.known.insert(amd64, other);
-        let coverage = verify(&fake, &target(), &crate::progress::Silent)
-            .await
-            .unwrap();
+        let coverage = verify(
+            &fake,
+            &target(&["amd64", "arm64"]),
+            &crate::progress::Silent,
+        )
+        .await
+        .unwrap();
         assert!(coverage.covered, "{:?}", coverage.platforms);
         assert_eq!(fake.asked_late().len(), 1, "{:?}", fake.asked_late());
     }
@@ -781,17 +791,7 @@ mod tests {
     /// is not called covered; one the index lacks is missing in declared order.
     #[test]
     fn declared_platforms_are_matched_once_each() {
-        let target = Target {
-            name: "app".into(),
-            reference: "r.io/app:v1".into(),
-            tags: vec!["v1".into()],
-            declared: vec![
-                Platform::linux("arm64", None),
-                Platform::linux("amd64", None),
-            ],
-            deep: false,
-            require_provenance: false,
-        };
+        let target = target(&["arm64", "amd64"]);
         let mut warnings = Vec::new();
         let once = match_declared(&target, &[found("amd64"), found("arm64")], &mut warnings);
         assert!(!once.duplicated && once.missing.is_empty() && warnings.is_empty());
