@@ -181,7 +181,9 @@ fn polyarch_on(daemon: &str) -> Command {
 
 #[test]
 fn buildkitd_builds_two_platforms_with_a_qemu_run_and_no_docker_engine() {
-    let bk = support::buildkitd::shared();
+    let binfmt = support::binfmt::BinfmtGuard::save();
+    support::binfmt::register_qemu_aarch64(&binfmt);
+    let bk = support::buildkitd::Private::start();
     let registry = support::Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let repo = registry.repo(&support::unique_name("bkd/two"));
@@ -274,7 +276,9 @@ fn buildkitd_refuses_a_platform_its_workers_cannot_run_before_any_build() {
 
 #[test]
 fn buildkitd_named_in_builders_builds_its_platform_over_mutual_tls_beside_the_engine() {
-    let bk = support::buildkitd::shared();
+    let binfmt = support::binfmt::BinfmtGuard::save();
+    support::binfmt::register_qemu_aarch64(&binfmt);
+    let bk = support::buildkitd::Private::start();
     let registry = support::Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let repo = registry.repo(&support::unique_name("bkd/mixed"));

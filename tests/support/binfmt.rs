@@ -159,3 +159,14 @@ impl Drop for BinfmtGuard {
         eprintln!("binfmt guard: restored; mounted={}", mounted());
     }
 }
+
+/// Registers Debian's static qemu-aarch64 with the `F` flag (the kernel opens it now, so
+/// it runs inside any container), in place of any entry of that name (one left by
+/// another tool may point at an interpreter that is gone). Call with a guard held.
+pub fn register_qemu_aarch64(_guard: &BinfmtGuard) {
+    if entries().contains_key("qemu-aarch64") {
+        unregister("qemu-aarch64");
+    }
+    let line = ":qemu-aarch64:M::\\x7f\\x45\\x4c\\x46\\x02\\x01\\x01\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x00\\x02\\x00\\xb7\\x00:\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\x00\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xff\\xfe\\xff\\xff\\xff:/usr/bin/qemu-aarch64-static:F";
+    fs::write(Path::new(BINFMT_MISC).join("register"), line).expect("register qemu-aarch64");
+}

@@ -36,3 +36,109 @@ pub fn shared() -> Buildkitd {
         tls: PathBuf::from(script("tls")),
     }
 }
+
+/// A buildkitd of one test's own: its state, socket and TCP port (mutual TLS with the
+/// machine daemon's certificates) are its alone, and it is killed on drop. BuildKit
+/// reads which emulators the host has once, when it starts, so a test that needs
+/// arm64 registers QEMU first (see `binfmt::register_qemu_aarch64`) and then starts one.
+pub struct Private {
+    pub unix: String,
+    pub tcp: String,
+    pub tls: PathBuf,
+    child: std::process::Child,
+    _state: tempfile::TempDir,
+}
+
+fn shared_binary(name: &str) -> PathBuf {
+    let var = name.to_ascii_uppercase();
+    std::env::var_os(&var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| super::repo_root().join("../shared/buildkit").join(name))
+}
+
+/// Whether the daemon at `address` answers `buildctl debug workers`.
+pub fn answers(address: &str, tls: Option<&std::path::Path>) -> bool {
+    let mut cmd = Command::new(shared_binary("buildctl"));
+    cmd.args(["--addr", address]);
+    if let Some(dir) = tls {
+        cmd.arg("--tlsdir").arg(dir);
+    }
+    cmd.args(["debug", "workers"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+impl Private {
+    pub fn start() -> Private {
+        let tls = shared().tls;
+        let state = tempfile::Builder::new()
+            .prefix("polyarch-bkd-")
+            .tempdir()
+            .unwrap();
+        let unix = format!("unix://{}", state.path().join("buildkitd.sock").display());
+        let tcp = format!("tcp://127.0.0.1:{}", super::free_port());
+        let log = std::fs::File::create(state.path().join("buildkitd.log")).unwrap();
+        let mut child = Command::new(shared_binary("buildkitd"))
+            .arg("--root")
+            .arg(state.path().join("root"))
+            .args(["--addr", &unix, "--addr", &tcp])
+            .arg("--tlscacert")
+            .arg(tls.join("ca.pem"))
+            .arg("--tlscert")
+            .arg(tls.join("server.pem"))
+            .arg("--tlskey")
+            .arg(tls.join("server.key"))
+            .args(["--oci-worker=true", "--containerd-worker=false"])
+            .env_remove("BUILDKIT_HOST")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start buildkitd");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !answers(&unix, None) {
+            let log =
+                std::fs::read_to_string(state.path().join("buildkitd.log")).unwrap_or_default();
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("buildkitd exited ({status}) before answering:\n{log}");
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("buildkitd did not answer within 60 s:\n{log}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Private {
+            unix,
+            tcp,
+            tls,
+            child,
+            _state: state,
+        }
+    }
+
+    /// Stops the daemon now (a farm member going down mid-test).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Private {
+    /// SIGTERM first so that the daemon unmounts its snapshots before its state goes.
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        self.kill();
+    }
+}

@@ -387,7 +387,7 @@ impl Drop for Registry {
 }
 
 /// A port that was free a moment ago (bind 127.0.0.1:0, read, release).
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
