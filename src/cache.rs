@@ -1,8 +1,9 @@
 //! What earlier runs learned, so a warm rerun skips work: what they pushed, keyed by
 //! registry repository and engine image ID (export and upload are skipped; an entry is
 //! used after the registry confirms the manifest exists), which image each set of build
-//! inputs produced (the build is skipped), and which platforms each engine ran (the
-//! emulation probe is skipped).
+//! inputs produced (the build is skipped), which platforms each engine ran (the
+//! emulation probe is skipped), and where each blob was pushed (it is mounted, not
+//! uploaded, to another repository of that registry).
 
 use crate::digest::Digest;
 use crate::inputs::RememberedBuild;
@@ -274,6 +275,55 @@ impl crate::verify::KnownConfigs for ConfigMemory {
     }
 }
 
+/// Repositories kept per blob: enough to find a live source after a few deletions,
+/// few enough that a failed mount costs little.
+const PLACES_PER_BLOB: usize = 4;
+
+/// Which repositories of each registry earlier runs put each blob in (`blobs.json`), so a
+/// later run mounts a shared layer instead of uploading it (see
+/// [`crate::registry::BlobPlaces`]).
+pub struct BlobMemory(Store<Vec<String>>);
+
+impl BlobMemory {
+    pub fn open() -> BlobMemory {
+        BlobMemory(Store::open("blobs.json"))
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+impl crate::registry::BlobPlaces for BlobMemory {
+    fn places(&self, registry: &str, digest: &Digest) -> Vec<String> {
+        self.0
+            .get(&key(registry, digest.as_str()))
+            .unwrap_or_default()
+    }
+
+    fn remember(&self, registry: &str, digest: &Digest, repository: &str) {
+        let key = key(registry, digest.as_str());
+        let mut places = self.0.get(&key).unwrap_or_default();
+        if places.first().map(String::as_str) == Some(repository) {
+            return;
+        }
+        places.retain(|p| p != repository);
+        places.insert(0, repository.to_string());
+        places.truncate(PLACES_PER_BLOB);
+        self.0.put(key, places);
+    }
+
+    fn forget(&self, registry: &str, digest: &Digest, repository: &str) {
+        let key = key(registry, digest.as_str());
+        let mut places = self.0.get(&key).unwrap_or_default();
+        places.retain(|p| p != repository);
+        match places.is_empty() {
+            true => self.0.remove(&key),
+            false => self.0.put(key, places),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,6 +336,24 @@ mod tests {
         assert_eq!(memory.config_of(&manifest), None);
         memory.remember(&manifest, &config);
         assert_eq!(memory.config_of(&manifest), Some(config));
+    }
+
+    #[test]
+    fn blob_places_keep_the_latest_few_per_registry_and_forget_refused_ones() {
+        use crate::registry::BlobPlaces;
+        let memory = BlobMemory(Store::in_memory());
+        let layer = Digest::of(b"layer");
+        for repo in ["a", "b", "c", "d", "e", "c"] {
+            memory.remember("r:5000", &layer, repo);
+        }
+        assert_eq!(memory.places("r:5000", &layer), ["c", "e", "d", "b"]);
+        assert!(memory.places("other:5000", &layer).is_empty());
+        memory.forget("r:5000", &layer, "e");
+        assert_eq!(memory.places("r:5000", &layer), ["c", "d", "b"]);
+        for repo in ["c", "d", "b"] {
+            memory.forget("r:5000", &layer, repo);
+        }
+        assert!(memory.0.entries.lock().unwrap().is_empty());
     }
 
     #[test]

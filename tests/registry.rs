@@ -414,3 +414,116 @@ fn shared_layers_upload_once_and_mount_across_repositories() {
     assert_eq!(puts, 1, "layer {layer} uploaded {puts} times: {log:#?}");
     assert!(mounts >= 1, "no cross-repository mount: {log:#?}");
 }
+
+/// A project building `FROM scratch` on a base layer of this test's own (`base`, the same
+/// bytes in every project of the test) and a layer of its own, for `repository`.
+fn project_on_shared_base(base: &str, own: &str, repository: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("base"), base).unwrap();
+    std::fs::write(dir.path().join("own"), own).unwrap();
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        "FROM scratch\nCOPY base /base\nCOPY own /own\n",
+    )
+    .unwrap();
+    let file = write_project(dir.path(), repository, "[v1]", "[linux/amd64]");
+    (dir, file)
+}
+
+fn first_layer(reference: &str) -> String {
+    let index = support::skopeo_inspect_raw(&format!("{reference}:v1"));
+    let manifest = support::skopeo_inspect_raw(&format!(
+        "{reference}@{}",
+        index["manifests"][0]["digest"].as_str().unwrap()
+    ));
+    manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// What a later run does with a layer an earlier one pushed to another repository of the
+/// registry: mounts it (the cache directory remembers where it went), and uploads it
+/// when the remembered repository no longer has it, forgetting that place.
+#[test]
+fn a_later_run_mounts_a_layer_an_earlier_run_pushed_to_another_repository() {
+    if support::engines::engine_pushes_itself() {
+        eprintln!("not on this engine: BuildKit pushes by itself here (and labels each layer with its source repository to mount it later); polyarch's uploader runs on the classic-store pass");
+        return;
+    }
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let cache = tempfile::tempdir().unwrap();
+    let base = unique_name("base");
+    let build = |own: &str, repository: &str| {
+        let (dir, file) = project_on_shared_base(&base, own, &proxy.repo(repository));
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .env("DOCKER_CONFIG", dir.path())
+            .env("POLYARCH_CACHE_DIR", cache.path()));
+        assert_exit(&out, 0);
+    };
+    let uploads_and_mounts = |from: usize, layer: &str| {
+        let log = proxy.log();
+        let quoted = layer.replace(':', "%3A");
+        let of_layer = |l: &&String| l.contains(layer) || l.contains(&quoted);
+        let uploads = log[from..]
+            .iter()
+            .filter(of_layer)
+            .filter(|l| l.starts_with("PUT ") && l.contains("/blobs/uploads/"))
+            .count();
+        let mounts: Vec<String> = log[from..]
+            .iter()
+            .filter(of_layer)
+            .filter(|l| l.starts_with("POST ") && l.contains("mount="))
+            .cloned()
+            .collect();
+        (uploads, mounts)
+    };
+
+    let (first, second, third) = (
+        unique_name("later/first"),
+        unique_name("later/second"),
+        unique_name("later/third"),
+    );
+    build("first", &first);
+    let layer = first_layer(&registry.repo(&first));
+    assert_eq!(uploads_and_mounts(0, &layer).0, 1, "{:#?}", proxy.log());
+
+    // Another project, another run: the base is mounted from the first repository.
+    let seen = proxy.log().len();
+    build("second", &second);
+    assert_eq!(first_layer(&registry.repo(&second)), layer);
+    let (uploads, mounts) = uploads_and_mounts(seen, &layer);
+    assert_eq!(uploads, 0, "uploaded again: {:#?}", &proxy.log()[seen..]);
+    assert_eq!(mounts.len(), 1, "{mounts:#?}");
+    assert!(
+        mounts[0].contains(&format!("from={}", first.replace('/', "%2F"))),
+        "{mounts:#?}"
+    );
+
+    // A remembered place that no longer holds the layer: the mount is declined, the layer
+    // is uploaded, the place is forgotten.
+    let blobs = cache.path().join("blobs.json");
+    let remembered = std::fs::read_to_string(&blobs).unwrap();
+    std::fs::write(
+        &blobs,
+        remembered
+            .replace(&first, "later/gone")
+            .replace(&second, "later/gone"),
+    )
+    .unwrap();
+    let seen = proxy.log().len();
+    build("third", &third);
+    let (uploads, mounts) = uploads_and_mounts(seen, &layer);
+    assert_eq!(
+        (uploads, mounts.len()),
+        (1, 1),
+        "{:#?}",
+        &proxy.log()[seen..]
+    );
+    let now: serde_json::Value = serde_json::from_slice(&std::fs::read(&blobs).unwrap()).unwrap();
+    let places = &now[format!("{}|{layer}", proxy.host)]["value"];
+    assert_eq!(places, &serde_json::json!([third]), "{now:#}");
+}

@@ -74,10 +74,13 @@ fn two_images_push_with_one_token_mount_shared_layers_and_verify() {
     )
     .unwrap();
     let config = docker_config(dir.path(), &proxy.host);
+    // Its own cache: no other test's memory of where blobs went on a reused port.
+    let cache = dir.path().join("cache");
     let out = run(polyarch()
         .args(["build", "-j", "4", "-f"])
         .arg(&file)
-        .env("DOCKER_CONFIG", &config));
+        .env("DOCKER_CONFIG", &config)
+        .env("POLYARCH_CACHE_DIR", &cache));
     assert_exit(&out, 0);
 
     let requests = server.requests();
@@ -126,6 +129,46 @@ fn two_images_push_with_one_token_mount_shared_layers_and_verify() {
     assert_exit(&out, 0);
     let verify_fetches = server.requests().len() - before;
     assert_eq!(verify_fetches, 1, "{:#?}", server.requests());
+
+    // A later run of another project: its token may also pull from where the shared
+    // layer went, so the layer is mounted from there, not uploaded.
+    let c = unique_name("tok/c");
+    std::fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  c:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n",
+            proxy.repo(&c)
+        ),
+    )
+    .unwrap();
+    let (before, seen) = (server.requests().len(), proxy.log().len());
+    let out = run(polyarch()
+        .args(["build", "-f"])
+        .arg(&file)
+        .env("DOCKER_CONFIG", &config)
+        .env("POLYARCH_CACHE_DIR", &cache));
+    assert_exit(&out, 0);
+    let scopes: Vec<String> = server.requests()[before..]
+        .iter()
+        .flat_map(|r| r.scopes.clone())
+        .collect();
+    assert!(
+        scopes
+            .iter()
+            .any(|s| s == &format!("repository:{a}:pull") || s == &format!("repository:{b}:pull")),
+        "the source was not asked for: {scopes:?}"
+    );
+    let log = &proxy.log()[seen..];
+    let (uploads, mounts) = (
+        log.iter()
+            .filter(|l| l.starts_with("PUT ") && l.contains("/blobs/uploads/"))
+            .count(),
+        log.iter()
+            .filter(|l| l.starts_with("POST ") && l.contains("mount="))
+            .count(),
+    );
+    // The same build as image a's amd64: its layer and config are both mounted.
+    assert_eq!((uploads, mounts), (0, 2), "{log:#?}");
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod unit;
 
 use crate::build::Builder;
 use crate::build::Builders;
-use crate::cache::{BuildMemory, PushCache};
+use crate::cache::{BlobMemory, BuildMemory, PushCache};
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
 use crate::inputs;
@@ -25,6 +25,7 @@ use crate::{Error, Platform, Result};
 pub use emulation::image_needs_emulation;
 use emulation::EmulationPlan;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use together::{build_and_push_image, solved_together};
 
 #[derive(Debug, Clone, Default)]
@@ -94,6 +95,10 @@ async fn build_and_push_all<'a>(
         )));
     }
     let destination = destination(&plan, options).await?;
+    let blobs = Arc::new(BlobMemory::open());
+    if let Destination::Registry(registry) = &destination {
+        registry.remember_blob_places(blobs.clone());
+    }
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
     let run = Run {
@@ -141,6 +146,7 @@ async fn build_and_push_all<'a>(
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
+    blobs.save();
     let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
     for (image, spec) in per_image? {
         pushed.extend(image);

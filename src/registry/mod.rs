@@ -13,7 +13,7 @@ mod referrers;
 pub use crate::reference::parse_reference;
 pub use error::{HelperError, ListingError, RegistryError};
 pub use probe::{certs_d_root, is_loopback};
-pub use push::BlobProgress;
+pub use push::{BlobPlaces, BlobProgress};
 
 use crate::credentials::{self, Credential};
 use crate::digest::Digest;
@@ -144,6 +144,8 @@ pub struct Inner {
     known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
     uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Where earlier runs put each blob, when the caller keeps that between runs.
+    places: OnceLock<Arc<dyn BlobPlaces>>,
 }
 
 /// How a loopback or insecure registry is spoken to.
@@ -204,6 +206,7 @@ impl Registry {
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
             known: Mutex::default(),
             uploads: Mutex::default(),
+            places: OnceLock::new(),
         }));
         for host in registries {
             registry.auth_for(host)?;

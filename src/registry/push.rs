@@ -1,5 +1,5 @@
-//! Pushing: blobs (HEAD first, a cross-repository mount when the run holds the blob in
-//! another repository, then a streamed upload) and manifests, with progress.
+//! Pushing: blobs (HEAD first, a cross-repository mount when this run or an earlier one
+//! put the blob in another repository, then a streamed upload) and manifests, with progress.
 
 use super::{parse_reference, Registry};
 use crate::digest::Digest;
@@ -13,6 +13,17 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Where earlier runs put each blob (the caller keeps it between runs, e.g. in the cache
+/// directory): a layer another project already pushed to the same registry is mounted
+/// from there instead of uploaded again.
+pub trait BlobPlaces: Send + Sync {
+    /// Repositories of `registry` an earlier run put `digest` in, most recent first.
+    fn places(&self, registry: &str, digest: &Digest) -> Vec<String>;
+    fn remember(&self, registry: &str, digest: &Digest, repository: &str);
+    /// The blob is no longer there (deleted, or the mount was refused).
+    fn forget(&self, registry: &str, digest: &Digest, repository: &str);
+}
+
 /// What a blob upload sends: a spooled file (restartable) or bytes in memory.
 enum Body<'a> {
     File { path: &'a Path, size: u64 },
@@ -20,6 +31,12 @@ enum Body<'a> {
 }
 
 impl Registry {
+    /// Remember where blobs go, and mount from where earlier runs put them. Set once, before
+    /// any push; a second call is ignored.
+    pub fn remember_blob_places(&self, places: Arc<dyn BlobPlaces>) {
+        let _ = self.places.set(places);
+    }
+
     /// Uploads a spooled blob unless the registry already has it; returns whether it uploaded.
     pub async fn push_blob_file(
         &self,
@@ -72,7 +89,7 @@ impl Registry {
             .or_default()
             .clone();
         let _guard = lock.lock().await;
-        let elsewhere: Vec<String> = {
+        let mut elsewhere: Vec<String> = {
             let known = self.known.lock().expect("known lock");
             match known.get(&key) {
                 Some(repos) if repos.contains(&repository) => {
@@ -84,6 +101,13 @@ impl Registry {
                 None => Vec::new(),
             }
         };
+        if let Some(places) = self.places.get() {
+            for place in places.places(&key.0, digest) {
+                if place != repository && !elsewhere.contains(&place) {
+                    elsewhere.push(place);
+                }
+            }
+        }
         let remember = || {
             self.known
                 .lock()
@@ -91,6 +115,9 @@ impl Registry {
                 .entry(key.clone())
                 .or_default()
                 .insert(repository.clone());
+            if let Some(places) = self.places.get() {
+                places.remember(&key.0, digest, &repository);
+            }
         };
         if self.blob_exists(reference, digest).await? {
             remember();
@@ -109,8 +136,9 @@ impl Registry {
         Ok(true)
     }
 
-    /// Mounts the blob from one of the repositories this run put it in; false when none
-    /// could (a registry that declines answers 202 and the blob is uploaded instead).
+    /// Mounts the blob from one of the repositories this run or an earlier one put it in;
+    /// false when none could (a registry that declines answers 202 and the blob is
+    /// uploaded instead). Only a mount the registry then shows the blob for counts.
     async fn mounted(
         &self,
         reference: &Reference,
@@ -123,14 +151,24 @@ impl Registry {
             else {
                 continue;
             };
-            let mounted = self
-                .call(reference, &format!("mount blob {digest}"), |c, _| {
-                    c.mount_blob(reference, &source, digest.as_str())
-                })
-                .await;
-            // A registry that declines the mount answers 202 and we upload instead.
-            if mounted.is_ok() && self.blob_exists(reference, digest).await? {
+            // With tokens, the run's token must let us pull the source, or the registry
+            // quietly starts an upload instead of the mount.
+            let readable = match self.challenge(&source).await {
+                Some(challenge) => self.token(&source, &challenge, false).await.is_ok(),
+                None => true,
+            };
+            let mounted = readable
+                && self
+                    .call(reference, &format!("mount blob {digest}"), |c, _| {
+                        c.mount_blob(reference, &source, digest.as_str())
+                    })
+                    .await
+                    .is_ok();
+            if mounted && self.blob_exists(reference, digest).await? {
                 return Ok(true);
+            }
+            if let Some(places) = self.places.get() {
+                places.forget(reference.registry(), digest, &source_repo);
             }
         }
         Ok(false)
