@@ -98,7 +98,8 @@ impl Engine {
 
     /// Where builds go: the BuildKit daemon `BUILDKIT_HOST` names (buildctl's variable;
     /// for `tcp://` with mutual TLS, `BUILDKIT_TLS_DIR` holds `ca.pem`, `cert.pem`,
-    /// `key.pem` or `ca.crt`, `tls.crt`, `tls.key`, as buildctl's `--tlsdir`), else the
+    /// `key.pem` or `ca.crt`, `tls.crt`, `tls.key`, as buildctl's `--tlsdir`, and
+    /// `BUILDKIT_TLS_SERVERNAME` its `--tlsservername`), else the
     /// Docker engine [`Engine::connect`] finds.
     pub async fn connect_builder() -> Result<Engine> {
         let Some(address) = std::env::var("BUILDKIT_HOST")
@@ -109,7 +110,12 @@ impl Engine {
         };
         let tls = std::env::var_os("BUILDKIT_TLS_DIR")
             .filter(|d| !d.is_empty())
-            .map(|dir| tls_dir(std::path::Path::new(&dir)));
+            .map(|dir| TlsFiles {
+                server_name: std::env::var("BUILDKIT_TLS_SERVERNAME")
+                    .ok()
+                    .filter(|n| !n.is_empty()),
+                ..tls_dir(std::path::Path::new(&dir))
+            });
         let location = Endpoint::resolve(&address, tls.as_ref())?;
         Ok(Self::connect_daemon(location).await?)
     }
@@ -229,6 +235,7 @@ fn tls_dir(dir: &std::path::Path) -> TlsFiles {
         cert: Some(dir.join(cert)),
         key: Some(dir.join(key)),
         skip_verify: false,
+        server_name: None,
     }
 }
 

@@ -15,6 +15,7 @@ fn tls(dir: &Path) -> TlsFiles {
         cert: Some(dir.join("cert.pem")),
         key: Some(dir.join("key.pem")),
         skip_verify: false,
+        server_name: None,
     }
 }
 
@@ -76,6 +77,27 @@ async fn buildkitd_mutual_tls_mistakes_are_refused_with_the_fix() {
         ),
         "{error:?}"
     );
+
+    // A name the daemon's certificate does not carry is refused, with the fix; the one it
+    // carries (not the address's host) is accepted.
+    let other_name = TlsFiles {
+        server_name: Some("buildkitd.example".into()),
+        ..tls(&bk.tls)
+    };
+    let error = connect(&bk.tcp, Some(&other_name)).await.err().unwrap();
+    assert!(
+        matches!(
+            error,
+            DaemonError::Endpoint(EndpointError::UntrustedServer { .. })
+        ),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("tls: servername"), "{error}");
+    let carried = TlsFiles {
+        server_name: Some("localhost".into()),
+        ..tls(&bk.tls)
+    };
+    connect(&bk.tcp, Some(&carried)).await.unwrap();
 
     // No client certificate, and one the daemon's CA did not sign.
     let no_cert = TlsFiles {

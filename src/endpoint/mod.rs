@@ -66,7 +66,7 @@ pub enum EndpointError {
         #[source]
         source: io::Error,
     },
-    #[error("{endpoint}: the engine's TLS certificate is not trusted ({source}); give the CA that signed it (tls: ca, or ca.pem in the context or DOCKER_CERT_PATH)")]
+    #[error("{endpoint}: the engine's TLS certificate is not trusted ({source}); give the CA that signed it (tls: ca, or ca.pem in the context or DOCKER_CERT_PATH), and when the certificate names another host than the address, that name as tls: servername")]
     UntrustedServer {
         endpoint: String,
         #[source]
@@ -111,6 +111,9 @@ pub struct TlsFiles {
     pub key: Option<PathBuf>,
     /// A Docker context's `SkipTLSVerify`: the engine's certificate is not checked.
     pub skip_verify: bool,
+    /// The name the server's certificate must carry when it is not the address's host
+    /// (buildctl's `--tlsservername`: a daemon reached through a load balancer or by IP).
+    pub server_name: Option<String>,
 }
 
 /// An engine's location, resolved (contexts read, TLS files loaded) and ready to connect.
@@ -174,6 +177,7 @@ impl Endpoint {
                         cert: Some(dir.join("cert.pem")),
                         key: Some(dir.join("key.pem")),
                         skip_verify: false,
+                        server_name: None,
                     }
                 });
             return Endpoint::from_address(&host, &host, tls.as_ref());
@@ -246,6 +250,7 @@ impl Endpoint {
             cert: present("cert.pem"),
             key: present("key.pem"),
             skip_verify: docker["SkipTLSVerify"].as_bool().unwrap_or(false),
+            server_name: None,
         };
         // As the Docker CLI: TLS when the context has TLS material or skips verification.
         let tls = (files.ca.is_some()

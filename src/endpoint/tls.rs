@@ -66,10 +66,11 @@ impl Tls {
             (Some(cert), None) => return Err(material(cert, "a client certificate needs its key")),
             (None, Some(key)) => return Err(material(key, "a client key needs its certificate")),
         };
+        let name = files.server_name.as_deref().unwrap_or(host);
         let server_name =
-            ServerName::try_from(host.to_string()).map_err(|_| EndpointError::Address {
+            ServerName::try_from(name.to_string()).map_err(|_| EndpointError::Address {
                 address: endpoint.to_string(),
-                reason: format!("`{host}` is not a host name or IP address TLS can check"),
+                reason: format!("`{name}` is not a host name or IP address TLS can check"),
             })?;
         Ok(Tls {
             config: Arc::new(config),

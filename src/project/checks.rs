@@ -288,6 +288,15 @@ impl Cx {
             cert: path("cert", raw_tls.cert)?,
             key: path("key", raw_tls.key)?,
             skip_verify: false,
+            server_name: match raw_tls.servername {
+                Some(name) if name.trim().is_empty() => {
+                    return Err(self.err(
+                        format!("{tls_field}.servername"),
+                        "is empty; give the host name the daemon's certificate carries, or leave it out to check the address's",
+                    ))
+                }
+                name => name,
+            },
         };
         match (&files.cert, &files.key) {
             (Some(_), None) => Err(self.err(tls_field, "has cert but no key; give both, or neither to connect without a client certificate")),

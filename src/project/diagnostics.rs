@@ -72,7 +72,7 @@ fn describe_expected(e: &str) -> String {
         "struct RawSecret" => "a mapping with file or env".into(),
         "struct RawCache" => "a mapping with from and to".into(),
         "struct RawBuilderMap" => "a mapping with host, tls and fallback".into(),
-        "struct RawTls" => "a mapping with ca, cert and key".into(),
+        "struct RawTls" => "a mapping with ca, cert, key and servername".into(),
         "a string" | "a borrowed string" => "a single value".into(),
         other => other.to_string(),
     }

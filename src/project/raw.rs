@@ -41,6 +41,7 @@ pub(super) struct RawTls {
     pub(super) ca: Option<String>,
     pub(super) cert: Option<String>,
     pub(super) key: Option<String>,
+    pub(super) servername: Option<String>,
 }
 
 impl<'de> Deserialize<'de> for RawBuilder {

@@ -27,7 +27,7 @@ fn builders_take_every_endpoint_form() {
         fs::write(d.path().join("certs").join(f), "").unwrap();
     }
     let text = format!(
-            "builders:\n  linux/arm64: ssh://ci@arm-box:2222\n  linux/arm/v7: {{host: tcp://10.0.0.7:2376, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem}}}}\n  linux/riscv64: riscv-ctx\n{}",
+            "builders:\n  linux/arm64: ssh://ci@arm-box:2222\n  linux/arm/v7: {{host: tcp://10.0.0.7:2376, tls: {{ca: certs/ca.pem, cert: certs/cert.pem, key: certs/key.pem, servername: engine.internal}}}}\n  linux/riscv64: riscv-ctx\n{}",
             with_image("")
         );
     let p = parse_in(&d, &text).unwrap();
@@ -41,6 +41,7 @@ fn builders_take_every_endpoint_form() {
         "relative to the file"
     );
     assert_eq!(tls.key, Some(d.path().join("certs/key.pem")));
+    assert_eq!(tls.server_name.as_deref(), Some("engine.internal"));
     assert_eq!(get("linux/riscv64").to_string(), "riscv-ctx");
     assert_eq!(get("linux/arm64").fallback, Fallback::None);
     let text = format!(
@@ -80,6 +81,8 @@ fn builder_map_errors() {
         (b("{host: \"tcp://h:2376\", tls: {cert: cert.pem}}"), "builders.linux/arm64.tls",
             "no key", &[]),
         (b("{host: \"tcp://h:2376\", tls: {}}"), "builders.linux/arm64.tls", "give ca", &[]),
+        (b("{buildkit: \"tcp://h:1234\", tls: {ca: cert.pem, servername: \" \"}}"),
+            "builders.linux/arm64.tls.servername", "give the host name", &[]),
         (b("[]"), f, "empty list", &[]),
         (b("[ssh://a, {host: \"ftp://b\"}]"), "builders.linux/arm64[1].host",
             "unsupported scheme", &[]),

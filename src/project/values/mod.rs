@@ -331,10 +331,17 @@ fn builder_strings<E>(
             one(f, &format!("{at}.host"), host)?;
             one(f, &format!("{at}.buildkit"), buildkit)?;
             one(f, &format!("{at}.fallback"), fallback)?;
-            if let Some(RawTls { ca, cert, key }) = tls {
+            if let Some(RawTls {
+                ca,
+                cert,
+                key,
+                servername,
+            }) = tls
+            {
                 one(f, &format!("{at}.tls.ca"), ca)?;
                 one(f, &format!("{at}.tls.cert"), cert)?;
                 one(f, &format!("{at}.tls.key"), key)?;
+                one(f, &format!("{at}.tls.servername"), servername)?;
             }
             Ok(())
         }
