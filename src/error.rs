@@ -1,6 +1,7 @@
 //! The library's typed errors. Each message says what failed, on what, and what to do;
 //! `exit_code` maps them to the CLI's documented exit codes.
 
+use crate::credentials::CredentialsError;
 use std::path::PathBuf;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,6 +72,11 @@ pub enum Error {
         source: Box<crate::registry::RegistryError>,
     },
 
+    /// Registry credentials cannot be found: a Docker config to fix (exit 2) or a file or
+    /// credential helper that fails (exit 3).
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+
     /// A build's settings key cannot be computed (its Dockerfile cannot be read).
     #[error(transparent)]
     Inputs(#[from] crate::inputs::InputsError),
@@ -90,6 +96,9 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Project { .. } | Error::Usage(_) | Error::Reference(_) => 2,
+            Error::Credentials(CredentialsError::Config { .. } | CredentialsError::Auth { .. }) => {
+                2
+            }
             Error::Interrupted => 130,
             _ => 3,
         }
@@ -213,6 +222,34 @@ mod tests {
         });
         assert_eq!(error.to_string(), "app/Dockerfile: permission denied");
         assert_eq!(error.exit_code(), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_docker_config_to_fix_is_a_usage_error_and_a_failing_helper_a_failure() {
+        use crate::credentials::HelperError;
+        let config = CredentialsError::Config {
+            path: "config.json".into(),
+            source: serde_json::from_str::<u8>("x").unwrap_err(),
+        };
+        assert_eq!(exit_of(config), exit::USAGE);
+        let auth = CredentialsError::Auth {
+            path: "config.json".into(),
+            registry: "r.io".into(),
+        };
+        assert_eq!(exit_of(auth), exit::USAGE);
+        let read = CredentialsError::Read {
+            path: "config.json".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        let read = Error::from(read);
+        assert_eq!(read.to_string(), "config.json: permission denied");
+        assert_eq!(read.exit_code(), exit::FAILURE);
+        let helper = CredentialsError::Helper {
+            registry: "r.io".into(),
+            program: "docker-credential-pass".into(),
+            source: HelperError::Wait(std::io::ErrorKind::Interrupted.into()),
+        };
+        assert_eq!(exit_of(helper), exit::FAILURE);
     }
 
     #[test]
