@@ -78,7 +78,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("build", "error"),
     ("engine", "error"),
     ("export", "error"),
-    ("layout", "error"),
     ("publish", "error"),
     ("registry", "error"),
     ("store", "error"),

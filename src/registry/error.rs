@@ -5,8 +5,8 @@ use crate::oci::OciError;
 use oci_client::errors::OciDistributionError;
 use std::path::PathBuf;
 
-/// Why a registry (or an OCI layout standing in for one) could not be used; its text
-/// follows `registry {registry}: ` in [`crate::Error::Registry`].
+/// Why a registry could not be used; its text follows `registry {registry}: ` in
+/// [`crate::Error::Registry`].
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// 401: no credentials, or wrong ones.
@@ -68,9 +68,6 @@ pub enum RegistryError {
         expected: String,
         computed: String,
     },
-    /// A blob of an OCI layout whose content is not its digest.
-    #[error("blob {digest} is corrupt (its content hashes to {computed})")]
-    CorruptBlob { digest: String, computed: String },
     #[error("manifest of {reference} is larger than {limit} bytes; refusing to read more")]
     ManifestTooLarge { reference: String, limit: usize },
     #[error("blob {digest} is larger than {limit} bytes; it is not an image config")]
