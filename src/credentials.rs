@@ -11,12 +11,55 @@
 //! file means anonymous access. Secrets never leave this module except inside the
 //! returned [`Credential`], whose `Debug` is redacted.
 
-use crate::registry::{HelperError, RegistryError};
-use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+
+type Result<T, E = CredentialsError> = std::result::Result<T, E>;
+
+/// Why the credentials for a registry cannot be found; the caller decides what it costs.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// The Docker config exists but cannot be read.
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The Docker config is not JSON of the shape Docker writes: the user's to fix.
+    #[error("{}: not a Docker config file ({source}); fix it or point DOCKER_CONFIG elsewhere", path.display())]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An `auths` entry whose `auth` does not decode: the user's to fix.
+    #[error("{}: auths.{registry}.auth is not base64 of user:password; run `docker login {registry}` again", path.display())]
+    Auth { path: PathBuf, registry: String },
+    /// A `docker-credential-*` helper the config names failed.
+    #[error("registry {registry}: credential helper {program}: {source}")]
+    Helper {
+        registry: String,
+        program: String,
+        #[source]
+        source: HelperError,
+    },
+}
+
+/// How a `docker-credential-*` helper failed; never its output, which may hold secrets.
+#[derive(Debug, thiserror::Error)]
+pub enum HelperError {
+    #[error("cannot run it ({0}); install it on PATH or remove it from the Docker config")]
+    Spawn(#[source] std::io::Error),
+    #[error("did not finish ({0})")]
+    Wait(#[source] std::io::Error),
+    #[error("`get` failed ({0})")]
+    Failed(std::process::ExitStatus),
+    #[error("`get` did not answer {{\"Username\",\"Secret\"}} JSON")]
+    Answer(#[source] serde_json::Error),
+}
 
 /// What a registry gets presented with.
 #[derive(Clone, PartialEq, Eq)]
@@ -131,14 +174,12 @@ pub fn resolve(registry: &str, cli: Option<&(String, String)>) -> Result<Option<
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io(&path, e)),
+        Err(source) => return Err(CredentialsError::Read { path, source }),
     };
-    let config: ConfigFile = serde_json::from_str(&text).map_err(|e| {
-        Error::Usage(format!(
-            "{}: not a Docker config file ({e}); fix it or point DOCKER_CONFIG elsewhere",
-            path.display()
-        ))
-    })?;
+    let config: ConfigFile = match serde_json::from_str(&text) {
+        Ok(config) => config,
+        Err(source) => return Err(CredentialsError::Config { path, source }),
+    };
     lookup(&config, registry, &path)
 }
 
@@ -181,10 +222,10 @@ fn lookup(
             });
         return match decoded {
             Some((username, password)) => Ok(Some(Credential::Basic { username, password })),
-            None => Err(Error::Usage(format!(
-                "{}: auths.{registry}.auth is not base64 of user:password; run `docker login {registry}` again",
-                path.display()
-            ))),
+            None => Err(CredentialsError::Auth {
+                path: path.to_path_buf(),
+                registry: registry.to_string(),
+            }),
         };
     }
     match (&entry.username, &entry.password) {
@@ -200,13 +241,10 @@ fn lookup(
 /// no credentials; anything else is an error naming the helper (never its output).
 fn run_helper(name: &str, registry: &str) -> Result<Option<Credential>> {
     let program = format!("docker-credential-{name}");
-    let fail = |source: HelperError| Error::Registry {
+    let fail = |source: HelperError| CredentialsError::Helper {
         registry: registry.to_string(),
-        source: RegistryError::CredentialHelper {
-            program: program.clone(),
-            source,
-        }
-        .into(),
+        program: program.clone(),
+        source,
     };
     let mut child = Command::new(&program)
         .arg("get")
@@ -313,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn a_helper_that_cannot_run_is_a_registry_error_keeping_why() {
+    fn a_helper_that_cannot_run_is_a_helper_error_keeping_why() {
         use std::error::Error as _;
         let error = run_helper("polyarch-test-absent", "r.io").unwrap_err();
         assert!(
@@ -322,12 +360,43 @@ mod tests {
             ),
             "{error}"
         );
-        let helper = error.source().and_then(|kind| kind.source()).unwrap();
-        assert!(matches!(
-            helper.downcast_ref::<HelperError>(),
-            Some(HelperError::Spawn(_))
-        ));
-        assert!(helper.source().unwrap().is::<std::io::Error>());
+        let CredentialsError::Helper { source, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert!(matches!(source, HelperError::Spawn(_)));
+        assert!(source.source().unwrap().is::<std::io::Error>());
+    }
+
+    #[test]
+    fn a_helper_answer_that_is_not_json_says_so_never_what_it_said() {
+        let error = CredentialsError::Helper {
+            registry: "r.io".into(),
+            program: "docker-credential-pass".into(),
+            source: HelperError::Answer(serde_json::from_slice::<u8>(b"x").unwrap_err()),
+        };
+        assert_eq!(
+            error.to_string(),
+            r#"registry r.io: credential helper docker-credential-pass: `get` did not answer {"Username","Secret"} JSON"#
+        );
+    }
+
+    #[test]
+    fn a_config_that_is_not_json_or_an_auth_that_does_not_decode_names_the_file() {
+        let error = CredentialsError::Config {
+            path: "config.json".into(),
+            source: serde_json::from_str::<ConfigFile>("{").unwrap_err(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "config.json: not a Docker config file (EOF while parsing an object at line 1 column 1); fix it or point DOCKER_CONFIG elsewhere"
+        );
+        let c = config(r#"{"auths":{"a:1":{"auth":"***"}}}"#);
+        let error = lookup(&c, "a:1", std::path::Path::new("config.json")).unwrap_err();
+        assert!(matches!(error, CredentialsError::Auth { .. }));
+        assert_eq!(
+            error.to_string(),
+            "config.json: auths.a:1.auth is not base64 of user:password; run `docker login a:1` again"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The library's typed errors. Each message says what failed, on what, and what to do;
 //! `exit_code` maps them to the CLI's documented exit codes.
 
+use crate::credentials::CredentialsError;
+use crate::layout::LayoutError;
 use std::path::PathBuf;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -63,13 +65,23 @@ pub enum Error {
         source: crate::export::ExportError,
     },
 
-    /// A registry (or OCI layout) call failed; `source` says what kind of failure.
+    /// A registry call failed; `source` says what kind of failure.
     #[error("registry {registry}: {source}")]
     Registry {
         registry: String,
         #[source]
         source: Box<crate::registry::RegistryError>,
     },
+
+    /// Registry credentials cannot be found: a Docker config to fix (exit 2) or a file or
+    /// credential helper that fails (exit 3).
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+
+    /// An OCI layout (`--output oci:DIR`, `verify oci:DIR`) cannot be written or read: not
+    /// what was asked for (exit 2), or I/O and corrupt blobs (exit 3).
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
 
     /// A build's settings key cannot be computed (its Dockerfile cannot be read).
     #[error(transparent)]
@@ -90,6 +102,20 @@ impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
             Error::Project { .. } | Error::Usage(_) | Error::Reference(_) => 2,
+            Error::Credentials(CredentialsError::Config { .. } | CredentialsError::Auth { .. }) => {
+                2
+            }
+            Error::Layout(error) => match error {
+                LayoutError::Io { .. } | LayoutError::CorruptBlob { .. } => 3,
+                LayoutError::NotSha256 { .. }
+                | LayoutError::NotALayout { .. }
+                | LayoutError::IndexJson { .. }
+                | LayoutError::NoManifestsList { .. }
+                | LayoutError::MissingBlob { .. }
+                | LayoutError::NoManifest { .. }
+                | LayoutError::SeveralManifests { .. }
+                | LayoutError::Inspection(_) => 2,
+            },
             Error::Interrupted => 130,
             _ => 3,
         }
@@ -213,6 +239,66 @@ mod tests {
         });
         assert_eq!(error.to_string(), "app/Dockerfile: permission denied");
         assert_eq!(error.exit_code(), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_docker_config_to_fix_is_a_usage_error_and_a_failing_helper_a_failure() {
+        use crate::credentials::HelperError;
+        let config = CredentialsError::Config {
+            path: "config.json".into(),
+            source: serde_json::from_str::<u8>("x").unwrap_err(),
+        };
+        assert_eq!(exit_of(config), exit::USAGE);
+        let auth = CredentialsError::Auth {
+            path: "config.json".into(),
+            registry: "r.io".into(),
+        };
+        assert_eq!(exit_of(auth), exit::USAGE);
+        let read = CredentialsError::Read {
+            path: "config.json".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        let read = Error::from(read);
+        assert_eq!(read.to_string(), "config.json: permission denied");
+        assert_eq!(read.exit_code(), exit::FAILURE);
+        let helper = CredentialsError::Helper {
+            registry: "r.io".into(),
+            program: "docker-credential-pass".into(),
+            source: HelperError::Wait(std::io::ErrorKind::Interrupted.into()),
+        };
+        assert_eq!(exit_of(helper), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_layout_that_is_not_what_was_asked_for_is_a_usage_error_and_damage_a_failure() {
+        let dir = std::path::PathBuf::from("out");
+        let not_a_layout = Error::from(LayoutError::NotALayout { dir: dir.clone() });
+        assert_eq!(
+            not_a_layout.to_string(),
+            "out is not an OCI image layout (no oci-layout/index.json); build into it with --output oci:out"
+        );
+        assert_eq!(not_a_layout.exit_code(), exit::USAGE);
+        let no_tag = LayoutError::NoManifest {
+            dir: dir.clone(),
+            tag: Some("v1".into()),
+        };
+        assert_eq!(no_tag.to_string(), "out: no manifest tagged `v1`");
+        assert_eq!(exit_of(no_tag), exit::USAGE);
+        let digest = crate::digest::Digest::of(b"a");
+        let corrupt = Error::from(LayoutError::CorruptBlob {
+            dir: dir.clone(),
+            digest: digest.clone(),
+            computed: crate::digest::Digest::of(b"b"),
+        });
+        assert!(corrupt
+            .to_string()
+            .starts_with(&format!("registry out: blob {digest} is corrupt (")));
+        assert_eq!(corrupt.exit_code(), exit::FAILURE);
+        let io = LayoutError::Io {
+            path: dir.join("index.json"),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(exit_of(io), exit::FAILURE);
     }
 
     #[test]

@@ -4,13 +4,60 @@
 
 use crate::digest::Digest;
 use crate::oci::{self, ManifestBlob};
-use crate::registry::RegistryError;
 use crate::verify::ContentSource;
-use crate::{Error, Result};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+type Result<T, E = LayoutError> = std::result::Result<T, E>;
+
+/// Why a layout cannot be written or read. A layout that is not what was asked for (not a
+/// layout, no such tag, a damaged index) is the user's to fix; I/O and a blob whose
+/// content is not its digest are failures.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Only sha256 blobs are stored here.
+    #[error("`{digest}` is not a sha256 digest")]
+    NotSha256 { digest: String },
+    #[error("{} is not an OCI image layout (no oci-layout/index.json); build into it with --output oci:{}", dir.display(), dir.display())]
+    NotALayout { dir: PathBuf },
+    #[error("{}: not valid JSON ({source}); remove the directory and build again", path.display())]
+    IndexJson {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: has no manifests list", path.display())]
+    NoManifestsList { path: PathBuf },
+    #[error("{}: blob {digest} is missing from the layout ({source})", dir.display())]
+    MissingBlob {
+        dir: PathBuf,
+        digest: Digest,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Read as a registry's content is: the message names the layout as its registry.
+    #[error("registry {}: blob {digest} is corrupt (its content hashes to {computed})", dir.display())]
+    CorruptBlob {
+        dir: PathBuf,
+        digest: Digest,
+        computed: Digest,
+    },
+    /// `tag`: the one asked for; none: the layout holds no manifest at all.
+    #[error("{}: no manifest {}", dir.display(), tag.as_ref().map_or("at all".into(), |t| format!("tagged `{t}`")))]
+    NoManifest { dir: PathBuf, tag: Option<String> },
+    #[error("{}: several manifests; name one as oci:{}:TAG", dir.display(), dir.display())]
+    SeveralManifests { dir: PathBuf },
+    #[error("deep inspection stopped: {0}")]
+    Inspection(#[source] tokio::task::JoinError),
+}
 
 /// `oci:DIR[:TAG]` split into its parts; None when the reference is not a layout.
 pub fn parse_layout_reference(reference: &str) -> Option<(PathBuf, Option<String>)> {
@@ -28,13 +75,17 @@ pub struct OciLayout {
     pub dir: PathBuf,
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
-    move |e| Error::io(path, e)
+fn io(path: &Path) -> impl Fn(std::io::Error) -> LayoutError + '_ {
+    move |source| LayoutError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
-/// Only sha256 blobs are stored here.
-fn not_sha256(digest: &str) -> Error {
-    Error::Usage(format!("`{digest}` is not a sha256 digest"))
+fn not_sha256(digest: &str) -> LayoutError {
+    LayoutError::NotSha256 {
+        digest: digest.to_string(),
+    }
 }
 
 fn blob_path(dir: &Path, digest: &Digest) -> Result<PathBuf> {
@@ -64,11 +115,9 @@ impl OciLayout {
 
     pub fn open(dir: &Path) -> Result<OciLayout> {
         if !dir.join("oci-layout").is_file() || !dir.join("index.json").is_file() {
-            return Err(Error::Usage(format!(
-                "{} is not an OCI image layout (no oci-layout/index.json); build into it with --output oci:{}",
-                dir.display(),
-                dir.display()
-            )));
+            return Err(LayoutError::NotALayout {
+                dir: dir.to_path_buf(),
+            });
         }
         Ok(OciLayout {
             dir: dir.to_path_buf(),
@@ -106,17 +155,12 @@ impl OciLayout {
     fn read_index(&self) -> Result<Value> {
         let path = self.dir.join("index.json");
         let text = std::fs::read(&path).map_err(io(&path))?;
-        let index: Value = serde_json::from_slice(&text).map_err(|e| {
-            Error::Usage(format!(
-                "{}: not valid JSON ({e}); remove the directory and build again",
-                path.display()
-            ))
-        })?;
+        let index: Value = match serde_json::from_slice(&text) {
+            Ok(index) => index,
+            Err(source) => return Err(LayoutError::IndexJson { path, source }),
+        };
         if !index["manifests"].is_array() {
-            return Err(Error::Usage(format!(
-                "{}: has no manifests list",
-                path.display()
-            )));
+            return Err(LayoutError::NoManifestsList { path });
         }
         Ok(index)
     }
@@ -141,21 +185,17 @@ impl OciLayout {
 
     fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         let path = blob_path(&self.dir, digest)?;
-        let bytes = std::fs::read(&path).map_err(|e| {
-            Error::Usage(format!(
-                "{}: blob {digest} is missing from the layout ({e})",
-                self.dir.display()
-            ))
+        let bytes = std::fs::read(&path).map_err(|source| LayoutError::MissingBlob {
+            dir: self.dir.clone(),
+            digest: digest.clone(),
+            source,
         })?;
         let computed = Digest::of(&bytes);
         if computed != *digest {
-            return Err(Error::Registry {
-                registry: self.dir.display().to_string(),
-                source: RegistryError::CorruptBlob {
-                    digest: digest.to_string(),
-                    computed: computed.to_string(),
-                }
-                .into(),
+            return Err(LayoutError::CorruptBlob {
+                dir: self.dir.clone(),
+                digest: digest.clone(),
+                computed,
             });
         }
         Ok(bytes)
@@ -169,6 +209,8 @@ pub struct LayoutSource {
 }
 
 impl ContentSource for LayoutSource {
+    type Error = LayoutError;
+
     async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
         let index = self.layout.read_index()?;
         let manifests = index["manifests"].as_array().expect("checked on read");
@@ -182,20 +224,15 @@ impl ContentSource for LayoutSource {
         let descriptor = match chosen.as_slice() {
             [one] => *one,
             [] => {
-                return Err(Error::Usage(format!(
-                    "{}: no manifest {}",
-                    self.layout.dir.display(),
-                    self.tag
-                        .as_ref()
-                        .map_or("at all".into(), |t| format!("tagged `{t}`"))
-                )))
+                return Err(LayoutError::NoManifest {
+                    dir: self.layout.dir.clone(),
+                    tag: self.tag.clone(),
+                })
             }
             _ => {
-                return Err(Error::Usage(format!(
-                    "{}: several manifests; name one as oci:{}:TAG",
-                    self.layout.dir.display(),
-                    self.layout.dir.display()
-                )))
+                return Err(LayoutError::SeveralManifests {
+                    dir: self.layout.dir.clone(),
+                })
             }
         };
         let digest = descriptor["digest"].as_str().unwrap_or_default();
@@ -229,13 +266,13 @@ impl ContentSource for LayoutSource {
         let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
         for (digest, _) in layers {
             let path = blob_path(&self.layout.dir, digest)?;
-            let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+            let file = std::fs::File::open(&path).map_err(io(&path))?;
             readers.push(Box::new(std::io::BufReader::new(file)));
         }
         let (config, platform) = (config.to_vec(), platform.clone());
         tokio::task::spawn_blocking(move || crate::deep::inspect(&config, readers, &platform))
             .await
-            .map_err(|e| Error::Usage(format!("deep inspection stopped: {e}")))
+            .map_err(LayoutError::Inspection)
     }
 }
 
@@ -275,7 +312,13 @@ mod tests {
         assert_eq!(index["manifests"].as_array().unwrap().len(), 1);
         assert_eq!(index["manifests"][0]["digest"], b.digest.as_str());
         std::fs::write(blob_path(dir.path(), &a.digest).unwrap(), b"tampered").unwrap();
-        assert!(layout.read_blob(&a.digest).is_err());
-        assert!(OciLayout::open(&dir.path().join("nope")).is_err());
+        assert!(matches!(
+            layout.read_blob(&a.digest),
+            Err(LayoutError::CorruptBlob { .. })
+        ));
+        assert!(matches!(
+            OciLayout::open(&dir.path().join("nope")),
+            Err(LayoutError::NotALayout { .. })
+        ));
     }
 }

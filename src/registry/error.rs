@@ -5,8 +5,8 @@ use crate::oci::OciError;
 use oci_client::errors::OciDistributionError;
 use std::path::PathBuf;
 
-/// Why a registry (or an OCI layout standing in for one) could not be used; its text
-/// follows `registry {registry}: ` in [`crate::Error::Registry`].
+/// Why a registry could not be used; its text follows `registry {registry}: ` in
+/// [`crate::Error::Registry`].
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// 401: no credentials, or wrong ones.
@@ -68,9 +68,6 @@ pub enum RegistryError {
         expected: String,
         computed: String,
     },
-    /// A blob of an OCI layout whose content is not its digest.
-    #[error("blob {digest} is corrupt (its content hashes to {computed})")]
-    CorruptBlob { digest: String, computed: String },
     #[error("manifest of {reference} is larger than {limit} bytes; refusing to read more")]
     ManifestTooLarge { reference: String, limit: usize },
     #[error("blob {digest} is larger than {limit} bytes; it is not an image config")]
@@ -141,12 +138,6 @@ pub enum RegistryError {
         #[source]
         source: Box<RegistryError>,
     },
-    #[error("credential helper {program}: {source}")]
-    CredentialHelper {
-        program: String,
-        #[source]
-        source: HelperError,
-    },
 }
 
 fn tries(attempts: u32) -> String {
@@ -174,19 +165,6 @@ pub enum ListingError {
     NotAList,
 }
 
-/// How a `docker-credential-*` helper failed; never its output, which may hold secrets.
-#[derive(Debug, thiserror::Error)]
-pub enum HelperError {
-    #[error("cannot run it ({0}); install it on PATH or remove it from the Docker config")]
-    Spawn(#[source] std::io::Error),
-    #[error("did not finish ({0})")]
-    Wait(#[source] std::io::Error),
-    #[error("`get` failed ({0})")]
-    Failed(std::process::ExitStatus),
-    #[error("`get` did not answer {{\"Username\",\"Secret\"}} JSON")]
-    Answer(#[source] serde_json::Error),
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,14 +183,6 @@ mod tests {
         assert_eq!(
             untrusted.to_string(),
             "TLS: cannot read manifest for r.io/a:v1: the certificate of r.io is not trusted (invalid peer certificate: UnknownIssuer); pass its CA with --ca-cert FILE (or SSL_CERT_FILE) or put it in /etc/docker/certs.d/r.io/ca.crt"
-        );
-        let helper = RegistryError::CredentialHelper {
-            program: "docker-credential-pass".into(),
-            source: HelperError::Answer(serde_json::from_slice::<u8>(b"x").unwrap_err()),
-        };
-        assert_eq!(
-            helper.to_string(),
-            r#"credential helper docker-credential-pass: `get` did not answer {"Username","Secret"} JSON"#
         );
         let layer = RegistryError::Layer {
             digest: "sha256:ab".into(),

@@ -11,7 +11,7 @@ mod read;
 mod referrers;
 
 pub use crate::reference::parse_reference;
-pub use error::{HelperError, ListingError, RegistryError};
+pub use error::{ListingError, RegistryError};
 pub use probe::{certs_d_root, is_loopback};
 pub use push::{BlobPlaces, BlobProgress};
 

@@ -159,9 +159,10 @@ impl ImageStore for Destination {
                 )
                 .await
             }
-            Destination::Layout(l) => l
-                .put_blob_bytes(&manifest.bytes, &manifest.digest)
-                .map(|_| ()),
+            Destination::Layout(l) => {
+                l.put_blob_bytes(&manifest.bytes, &manifest.digest)?;
+                Ok(())
+            }
         }
     }
 
@@ -171,7 +172,7 @@ impl ImageStore for Destination {
                 r.push_manifest(&repository_reference(&image.repository, tag)?, index)
                     .await
             }
-            Destination::Layout(l) => l.tag(index, tag),
+            Destination::Layout(l) => Ok(l.tag(index, tag)?),
         }
     }
 

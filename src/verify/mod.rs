@@ -24,22 +24,30 @@ const MAX_INDEX_DEPTH: usize = 4;
 
 /// Where manifests and configs are read from: a registry repository or an OCI layout.
 pub trait ContentSource {
+    /// The source's own failures; verify carries them up as the crate's `Error`.
+    type Error: Into<Error>;
     /// Resolves the reference being verified: manifest bytes and their digest.
-    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest)>>;
+    fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest), Self::Error>>;
     /// A manifest by digest, its content checked against the digest.
-    fn manifest(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn manifest(
+        &self,
+        digest: &Digest,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, Self::Error>>;
     /// A small JSON blob (a config) by digest, checked against the digest.
-    fn json_blob(&self, digest: &Digest) -> impl std::future::Future<Output = Result<Vec<u8>>>;
+    fn json_blob(
+        &self,
+        digest: &Digest,
+    ) -> impl std::future::Future<Output = Result<Vec<u8>, Self::Error>>;
     /// The descriptors listed as referrers of the manifest `digest` (empty: none).
     fn referrers(
         &self,
         digest: &Digest,
-    ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>>>;
+    ) -> impl std::future::Future<Output = Result<Vec<serde_json::Value>, Self::Error>>;
     /// [`ContentSource::referrers`] of each of `digests`, in order, asked at once.
     fn referrers_of(
         &self,
         digests: &[&Digest],
-    ) -> impl std::future::Future<Output = Vec<Result<Vec<serde_json::Value>>>> {
+    ) -> impl std::future::Future<Output = Vec<Result<Vec<serde_json::Value>, Self::Error>>> {
         futures_util::future::join_all(digests.iter().map(|d| self.referrers(d)))
     }
     /// `repo` part for `repo@sha256:…` pins.
@@ -57,7 +65,7 @@ pub trait ContentSource {
         config: &[u8],
         layers: &[(Digest, String)],
         platform: &Platform,
-    ) -> impl std::future::Future<Output = Result<DeepReport>>;
+    ) -> impl std::future::Future<Output = Result<DeepReport, Self::Error>>;
 }
 
 pub struct RegistrySource<'a> {
@@ -83,6 +91,8 @@ impl KnownConfigs for () {
 }
 
 impl ContentSource for RegistrySource<'_> {
+    type Error = Error;
+
     async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
         self.registry.get_manifest(&self.reference).await
     }
@@ -199,7 +209,7 @@ pub async fn read_contents<S: ContentSource>(
         phase: Phase::Verify,
         message: format!("reading {} back", target.reference),
     });
-    let (bytes, digest) = source.resolve().await?;
+    let (bytes, digest) = source.resolve().await.map_err(Into::into)?;
     let mut warnings = Vec::new();
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
@@ -432,7 +442,7 @@ async fn collect_entries<S: ContentSource>(
                     ));
                     continue;
                 }
-                let bytes = source.manifest(&digest).await?;
+                let bytes = source.manifest(&digest).await.map_err(Into::into)?;
                 match oci::parse_manifest(&bytes) {
                     Ok(Parsed::Index { index, .. }) => pending.push((index, depth + 1)),
                     Ok(_) => found
@@ -463,7 +473,7 @@ async fn entry_manifest<S: ContentSource>(
     target: &Target,
     entry: &Entry,
 ) -> Result<Box<ImageManifest>> {
-    let bytes = source.manifest(&entry.digest).await?;
+    let bytes = source.manifest(&entry.digest).await.map_err(Into::into)?;
     match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
         Parsed::Image { manifest, .. } => Ok(manifest),
         _ => Err(target_error(
@@ -494,7 +504,10 @@ async fn inspect_entry<S: ContentSource>(
             ))
         })
         .collect::<Result<Vec<_>>>()?;
-    source.inspect(config, &layers, platform).await
+    source
+        .inspect(config, &layers, platform)
+        .await
+        .map_err(Into::into)
 }
 
 async fn check_entry<S: ContentSource>(
@@ -518,7 +531,7 @@ async fn check_entry<S: ContentSource>(
     let config_digest = parse_digest(target, manifest.config().digest())?;
     let config = match early {
         Some(Ok(config)) if guess.as_ref() == Some(&config_digest) => config,
-        _ => source.json_blob(&config_digest).await?,
+        _ => source.json_blob(&config_digest).await.map_err(Into::into)?,
     };
     if guess.as_ref() != Some(&config_digest) {
         source.learned_config(&entry.digest, &config_digest);
@@ -682,6 +695,8 @@ mod tests {
     }
 
     impl ContentSource for Fake {
+        type Error = Error;
+
         async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
             Ok((self.index.clone(), Digest::of(&self.index)))
         }

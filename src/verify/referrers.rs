@@ -21,7 +21,7 @@ pub(super) async fn list<S: ContentSource>(
     let checks = digests
         .iter()
         .zip(listed)
-        .map(|(d, l)| attached_to(source, d, l));
+        .map(|(d, l)| attached_to(source, d, l.map_err(Into::into)));
     let listings = futures_util::future::join_all(checks).await;
     digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
@@ -99,7 +99,7 @@ async fn checked<S: ContentSource>(
     let bytes = source
         .manifest(&digest)
         .await
-        .map_err(|e| format!("cannot be read ({e})"))?;
+        .map_err(|e| format!("cannot be read ({})", Into::<crate::Error>::into(e)))?;
     let predicate_type = attachment::check_referrer(&bytes, subject)?;
     Ok(Attached {
         predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
@@ -132,6 +132,8 @@ mod tests {
     }
 
     impl ContentSource for Fake {
+        type Error = Error;
+
         async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
             unreachable!("not resolved here")
         }
