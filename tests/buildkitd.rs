@@ -466,3 +466,71 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
         || processes_running(&sleep).is_empty(),
     );
 }
+
+/// A CI job with no Docker engine: every platform has a daemon under `builders:`, so
+/// `plan` and `build` need no engine; a platform left without one still does.
+#[test]
+fn builders_on_daemons_for_every_platform_need_no_docker_engine() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/nodocker"));
+    support::hello_context(dir.path(), support::HELLO);
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "builders:\n  linux/amd64: [{{buildkit: \"{}\"}}]\n{text}",
+            bk.unix
+        ),
+    )
+    .unwrap();
+    let no_engine = |args: &[&str]| {
+        let mut cmd = support::polyarch();
+        cmd.args(args)
+            .arg("-f")
+            .arg(&file)
+            .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+            .env_remove("BUILDKIT_HOST")
+            .env_remove("DOCKER_CONTEXT");
+        support::run(&mut cmd)
+    };
+
+    let out = no_engine(&["plan"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("BuildKit daemon {}", bk.unix)),
+        "{stdout}"
+    );
+    let out = no_engine(&["build"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
+    assert_eq!(index["manifests"].as_array().unwrap().len(), 1, "{index}");
+
+    // A second platform with no builder of its own needs the engine, which is down.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("[linux/amd64]\n", "[linux/amd64, linux/arm64]\n"),
+    )
+    .unwrap();
+    let out = no_engine(&["build"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("unix:///nonexistent/docker.sock") && stderr.contains("down"),
+        "{stderr}"
+    );
+}

@@ -26,7 +26,7 @@ pub struct Builders {
 }
 
 /// Connects one builder of `builders:`: a Docker engine, or a BuildKit daemon.
-async fn connect(spec: &BuilderSpec) -> Result<Engine> {
+pub(super) async fn connect(spec: &BuilderSpec) -> Result<Engine> {
     let endpoint = spec.endpoint()?;
     Ok(match spec.buildkit {
         true => Engine::connect_daemon(endpoint).await?,

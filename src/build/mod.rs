@@ -26,6 +26,7 @@ use std::time::Instant;
 mod builder;
 mod builders;
 mod classic;
+mod default_engine;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
@@ -36,6 +37,7 @@ pub use builder::Builder;
 pub use builders::Builders;
 pub use classic::classic_context_digest;
 use classic::*;
+pub use default_engine::default_engine;
 pub use error::BuildError;
 use error::Stopped;
 use log::*;

@@ -6,7 +6,6 @@ use super::report::{JsonReporter, PlainReporter, TerminalReporter};
 use polyarch::cleanup::Cleanup;
 use polyarch::credentials::Credential;
 use polyarch::dependencies::Graph;
-use polyarch::engine::Engine;
 use polyarch::epoch::EpochSource;
 use polyarch::error::exit;
 use polyarch::pipeline::{self, BuildOptions};
@@ -168,7 +167,8 @@ async fn run_build(
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
-    let engine = Engine::connect_builder().await?;
+    let engine =
+        polyarch::build::default_engine(project, &options.images, &options.platforms).await?;
     let cleanup = Cleanup::default();
     if push_by_digest {
         let outcome =
@@ -301,12 +301,13 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
     tables_not_offered("plan", args.output_format)?;
     let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
-    let engine = Engine::connect().await?;
     let options = BuildOptions {
         images: args.images,
         binfmt: args.binfmt.map(Into::into),
         ..Default::default()
     };
+    let engine =
+        polyarch::build::default_engine(&project, &options.images, &options.platforms).await?;
     let lines = polyarch::doctor::plan_report(&project, &engine, &options).await?;
     match args.output_format {
         OutputFormat::Json => println!(

@@ -238,3 +238,24 @@ fn the_ssh_builder_example_takes_its_builder_from_the_environment() {
     assert_eq!(arm.host, "ssh://ci@arm-box.example.com");
     assert!(!arm.endpoint().unwrap().is_local());
 }
+
+/// The BuildKit farm example names two TLS daemons per platform, one certificate name.
+#[test]
+fn the_buildkit_farm_example_names_two_daemons_per_platform() {
+    let (file, options) = ci_example("polyarch-buildkit.yaml");
+    let p = Project::load(&file, &options).unwrap();
+    for arch in ["amd64", "arm64"] {
+        let daemons = &p.builders[&format!("linux/{arch}").parse::<Platform>().unwrap()];
+        assert_eq!(daemons.len(), 2);
+        for (n, daemon) in daemons.iter().enumerate() {
+            assert!(daemon.buildkit);
+            assert_eq!(
+                daemon.host,
+                format!("tcp://buildkitd-{arch}-{n}.buildkitd-{arch}.buildkit.svc:1234")
+            );
+            let tls = daemon.tls.as_ref().unwrap();
+            assert_eq!(tls.server_name.as_deref(), Some("buildkitd"));
+            assert_eq!(tls.ca, Some(file.parent().unwrap().join("certs/ca.pem")));
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! The run's default engine: where builds without a builder of their own go, and whose
+//! platform the plan calls native.
+
+use super::builders::connect;
+use crate::endpoint::EndpointError;
+use crate::engine::Engine;
+use crate::platform::Platform;
+use crate::project::Project;
+use crate::{plan, Error, Result};
+
+/// `BUILDKIT_HOST`'s daemon, else the Docker engine the CLI would use. When that engine
+/// is down but every platform of the selected images has builders (a CI job with no
+/// Docker whose platforms all build on BuildKit daemons or remote engines), nothing would
+/// build on it: the first builder that answers stands in for it.
+pub async fn default_engine(
+    project: &Project,
+    images: &[String],
+    platforms: &[Platform],
+) -> Result<Engine> {
+    let down = match Engine::connect_builder().await {
+        Err(Error::Endpoint(down @ EndpointError::Down { .. })) => down,
+        other => return other,
+    };
+    let selected = plan::select(project, images)?;
+    let all_have_builders = selected
+        .iter()
+        .flat_map(|image| &image.platforms)
+        .filter(|p| platforms.is_empty() || platforms.contains(p))
+        .all(|p| project.builders.contains_key(p));
+    if all_have_builders {
+        for spec in project.builders.values().flatten() {
+            if let Ok(engine) = connect(spec).await {
+                return Ok(engine);
+            }
+        }
+    }
+    Err(down.into())
+}
