@@ -79,7 +79,6 @@ const NOT_YET: &[(&str, &str)] = &[
     ("engine", "error"),
     ("export", "error"),
     ("publish", "error"),
-    ("registry", "error"),
     ("store", "error"),
     ("verify", "error"),
     // Read-back runs verify through the store seam; verify reaches back for tag helpers.
