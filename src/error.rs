@@ -167,6 +167,15 @@ impl From<crate::registry::ClientError> for Error {
     }
 }
 
+impl From<crate::export::ImageExportError> for Error {
+    fn from(error: crate::export::ImageExportError) -> Self {
+        Error::Export {
+            image: error.image,
+            source: error.source,
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
