@@ -291,7 +291,8 @@ async fn registry_checks(project: &Project, options: &BuildOptions) -> Vec<Check
         let outcome = async {
             let reference = first_tag(image)?;
             let registry = Registry::new(&[reference.registry().to_string()], &options.registry)?;
-            registry.probe(&reference, true).await
+            registry.probe(&reference, true).await?;
+            Ok::<_, crate::Error>(())
         }
         .await;
         checks.push(match outcome {

@@ -154,6 +154,28 @@ impl From<crate::project::ProjectError> for Error {
     }
 }
 
+/// A registry's failure keeps its registry and kind; credentials and a CA file that cannot
+/// be read keep theirs.
+impl From<crate::registry::ClientError> for Error {
+    fn from(error: crate::registry::ClientError) -> Self {
+        use crate::registry::ClientError;
+        match error {
+            ClientError::Registry { registry, source } => Error::Registry { registry, source },
+            ClientError::Credentials(error) => Error::Credentials(error),
+            ClientError::CaFile { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
+impl From<crate::export::ImageExportError> for Error {
+    fn from(error: crate::export::ImageExportError) -> Self {
+        Error::Export {
+            image: error.image,
+            source: error.source,
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -299,6 +321,39 @@ mod tests {
             source: std::io::ErrorKind::PermissionDenied.into(),
         };
         assert_eq!(exit_of(io), exit::FAILURE);
+    }
+
+    #[test]
+    fn registry_client_errors_keep_their_registry_kind_and_exit_code() {
+        use crate::registry::{ClientError, RegistryError};
+        let not_found = Error::from(ClientError::registry(
+            "r.io",
+            RegistryError::NotFound {
+                what: "read manifest".into(),
+                reference: "r.io/a:v1".into(),
+            },
+        ));
+        assert_eq!(
+            not_found.to_string(),
+            "registry r.io: cannot read manifest for r.io/a:v1: not found"
+        );
+        assert!(matches!(
+            &not_found,
+            Error::Registry { registry, source }
+                if registry == "r.io" && matches!(**source, RegistryError::NotFound { .. })
+        ));
+        assert_eq!(not_found.exit_code(), exit::FAILURE);
+        let ca_file = Error::from(ClientError::CaFile {
+            path: "ca.pem".into(),
+            source: std::io::ErrorKind::NotFound.into(),
+        });
+        assert!(matches!(ca_file, Error::Io { .. }));
+        assert_eq!(ca_file.to_string(), "ca.pem: entity not found");
+        let config = ClientError::from(CredentialsError::Auth {
+            path: "config.json".into(),
+            registry: "r.io".into(),
+        });
+        assert_eq!(exit_of(config), exit::USAGE);
     }
 
     #[test]

@@ -194,7 +194,9 @@ async fn unknown_image_is_an_export_error() {
     .await
     .expect_err("exporting a missing image must fail");
     let message = err.to_string();
+    let err = polyarch::Error::from(err);
     assert!(matches!(err, polyarch::Error::Export { .. }), "{message}");
+    assert_eq!(err.to_string(), message);
     assert!(
         message.contains("missing") && !message.contains('\n'),
         "{message}"

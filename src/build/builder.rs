@@ -124,14 +124,15 @@ impl Builder for Engine {
         platform: &Platform,
         reporter: &dyn Reporter,
     ) -> Result<ExportedImage> {
-        export::export_image(
+        let exported = export::export_image(
             &self.docker,
             &built.id,
             &spec.name,
             Some(platform),
             reporter,
         )
-        .await
+        .await?;
+        Ok(exported)
     }
 
     async fn remove(&self, cleanup: &Cleanup, tag: &str) -> bool {

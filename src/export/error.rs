@@ -7,6 +7,15 @@ use crate::reproducible::ReproducibleError;
 use std::io;
 use std::path::PathBuf;
 
+/// The export of one image failed: which image, and what kind of failure.
+#[derive(Debug, thiserror::Error)]
+#[error("export of {image}: {source}")]
+pub struct ImageExportError {
+    pub image: String,
+    #[source]
+    pub source: ExportError,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
     /// The engine refused the export, or its stream broke off.
@@ -95,9 +104,7 @@ mod tests {
     fn a_broken_save_stream_is_a_stream_error_with_the_read_error_kept() {
         let dir = tempfile::tempdir().unwrap();
         let error = super::super::read_save_stream(Broken, dir.path(), "api", None).unwrap_err();
-        let crate::Error::Export { image, source } = &error else {
-            panic!("expected an export error, got {error}");
-        };
+        let ImageExportError { image, source } = &error;
         assert_eq!(image, "api");
         assert!(matches!(source, ExportError::Stream { .. }), "{source:?}");
         assert!(error.to_string().contains("engine went away"), "{error}");

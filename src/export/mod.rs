@@ -25,7 +25,6 @@ use crate::digest::Digest;
 use crate::image_path;
 use crate::platform::Platform;
 use crate::progress::{Event, Phase, Reporter};
-use crate::{Error, Result};
 
 mod error;
 mod resolve;
@@ -33,7 +32,9 @@ mod save;
 mod spool;
 mod streams;
 
-pub use error::ExportError;
+pub use error::{ExportError, ImageExportError};
+
+type Result<T, E = ImageExportError> = std::result::Result<T, E>;
 use resolve::*;
 pub use save::read_save_stream;
 use save::*;
@@ -110,7 +111,7 @@ pub async fn export_image(
     platform: Option<&Platform>,
     reporter: &dyn Reporter,
 ) -> Result<ExportedImage> {
-    let export_err = |source: ExportError| Error::Export {
+    let export_err = |source: ExportError| ImageExportError {
         image: image_name.to_string(),
         source,
     };

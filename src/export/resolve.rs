@@ -67,12 +67,12 @@ pub(super) struct Resolver<'a> {
 }
 
 impl Resolver<'_> {
-    pub(super) fn err(&self, message: String) -> Error {
+    pub(super) fn err(&self, message: String) -> ImageExportError {
         self.fail(ExportError::Malformed(message))
     }
 
-    pub(super) fn fail(&self, source: ExportError) -> Error {
-        Error::Export {
+    pub(super) fn fail(&self, source: ExportError) -> ImageExportError {
+        ImageExportError {
             image: self.image.to_string(),
             source,
         }

@@ -89,19 +89,19 @@ pub fn read_save_stream(
     contents(resolver, platform, stream_bytes)
 }
 
-fn failed(image: &str, message: String) -> Error {
+fn failed(image: &str, message: String) -> ImageExportError {
     export_error(image, ExportError::Malformed(message))
 }
 
-fn export_error(image: &str, source: ExportError) -> Error {
-    Error::Export {
+fn export_error(image: &str, source: ExportError) -> ImageExportError {
+    ImageExportError {
         image: image.to_string(),
         source,
     }
 }
 
 /// Reading the save stream failed at `what`.
-fn stream(image: &str, what: String, source: io::Error) -> Error {
+fn stream(image: &str, what: String, source: io::Error) -> ImageExportError {
     export_error(image, ExportError::Stream { what, source })
 }
 

@@ -166,13 +166,12 @@ fn parse(stream: &[u8]) -> (Result<SaveContents>, tempfile::TempDir) {
 
 fn message(r: Result<SaveContents>) -> String {
     match r {
-        Err(Error::Export { image, source }) => {
+        Err(ImageExportError { image, source }) => {
             assert_eq!(image, "test/image");
             let message = source.to_string();
             assert!(!message.contains('\n'), "one line: {message}");
             message
         }
-        Err(other) => panic!("expected an export error, got {other}"),
         Ok(c) => panic!("expected an error, got {c:?}"),
     }
 }

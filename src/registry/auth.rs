@@ -5,8 +5,8 @@
 
 use super::failure::{registry_error, Attempt, Failure};
 use super::probe::has_port;
+use super::Result;
 use super::{Registry, Scheme};
-use crate::Result;
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
 use serde::Deserialize;

@@ -1,12 +1,44 @@
 //! What kind of registry failure happened, so that callers decide by kind and never by
 //! message text; each variant renders the message users have always seen.
 
+use crate::credentials::CredentialsError;
 use crate::oci::OciError;
 use oci_client::errors::OciDistributionError;
 use std::path::PathBuf;
 
+/// What a call of the registry client fails with: a registry's failure (which registry,
+/// what kind), credentials that cannot be found, or a CA file that cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("registry {registry}: {source}")]
+    Registry {
+        registry: String,
+        #[source]
+        source: Box<RegistryError>,
+    },
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// A `--ca-cert` file (or one under certs.d) that cannot be read.
+    #[error("{}: {source}", path.display())]
+    CaFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    /// A failure of `registry` of this kind.
+    pub fn registry(registry: impl Into<String>, kind: RegistryError) -> Self {
+        ClientError::Registry {
+            registry: registry.into(),
+            source: Box::new(kind),
+        }
+    }
+}
+
 /// Why a registry could not be used; its text follows `registry {registry}: ` in
-/// [`crate::Error::Registry`].
+/// [`ClientError::Registry`].
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// 401: no credentials, or wrong ones.

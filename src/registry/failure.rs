@@ -1,9 +1,8 @@
 //! How a failed registry call is classified (retried or not) and worded.
 
 use super::probe::certs_d_root;
-use super::RegistryError;
+use super::{ClientError, RegistryError};
 use crate::text::one_line;
-use crate::Error;
 use oci_client::errors::OciDistributionError;
 use oci_client::Reference;
 use std::time::Duration;
@@ -18,16 +17,19 @@ pub(super) enum Failure {
     Permanent,
 }
 
-pub(super) fn digest_mismatch(reference: &Reference, expected: &str, computed: &str) -> Error {
-    Error::Registry {
-        registry: reference.registry().to_string(),
-        source: RegistryError::DigestMismatch {
+pub(super) fn digest_mismatch(
+    reference: &Reference,
+    expected: &str,
+    computed: &str,
+) -> ClientError {
+    ClientError::registry(
+        reference.registry(),
+        RegistryError::DigestMismatch {
             reference: reference.to_string(),
             expected: expected.to_string(),
             computed: computed.to_string(),
-        }
-        .into(),
-    }
+        },
+    )
 }
 
 /// The error and its sources, on one line.
@@ -161,7 +163,7 @@ pub(super) fn registry_error(
     what: &str,
     attempt: Attempt,
     attempts: u32,
-) -> Error {
+) -> ClientError {
     let registry = reference.registry().to_string();
     let Attempt {
         status,
@@ -210,10 +212,7 @@ pub(super) fn registry_error(
             source,
         }
     };
-    Error::Registry {
-        registry,
-        source: kind.into(),
-    }
+    ClientError::registry(registry, kind)
 }
 
 #[cfg(test)]
@@ -244,7 +243,7 @@ mod tests {
             denied.to_string(),
             "registry r.io: 403 denied: cannot read manifest for r.io/a/b:v1: the credentials for r.io lack permission for this repository"
         );
-        let Error::Registry { source, .. } = &denied else {
+        let ClientError::Registry { source, .. } = &denied else {
             panic!("{denied:?}");
         };
         assert!(matches!(**source, RegistryError::Denied { .. }));
@@ -255,7 +254,7 @@ mod tests {
             Attempt::answered(503, "https://r.io/v2/", "down".into()),
             3,
         );
-        let Error::Registry { source, .. } = &failing else {
+        let ClientError::Registry { source, .. } = &failing else {
             panic!("{failing:?}");
         };
         assert!(matches!(

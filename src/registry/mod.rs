@@ -11,14 +11,15 @@ mod read;
 mod referrers;
 
 pub use crate::reference::parse_reference;
-pub use error::{ListingError, RegistryError};
+pub use error::{ClientError, ListingError, RegistryError};
 pub use probe::{certs_d_root, is_loopback};
 pub use push::{BlobPlaces, BlobProgress};
 
 use crate::credentials::{self, Credential};
 use crate::digest::Digest;
 use crate::oci;
-use crate::{Error, Result};
+
+type Result<T, E = ClientError> = std::result::Result<T, E>;
 use auth::{Challenge, Tokens};
 use clients::Clients;
 use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
@@ -183,7 +184,10 @@ impl Registry {
                 true => Err(std::io::ErrorKind::IsADirectory.into()),
                 false => Ok(()),
             });
-            file.map_err(|e| Error::io(path, e))?;
+            file.map_err(|source| ClientError::CaFile {
+                path: path.clone(),
+                source,
+            })?;
         }
         let registry = Registry(Box::new(Inner {
             clients: Clients {
@@ -535,14 +539,13 @@ impl Registry {
             )
             .await?;
         if bytes.len() > MAX_JSON_BLOB {
-            return Err(Error::Registry {
-                registry: reference.registry().to_string(),
-                source: RegistryError::ManifestTooLarge {
+            return Err(ClientError::registry(
+                reference.registry(),
+                RegistryError::ManifestTooLarge {
                     reference: reference.to_string(),
                     limit: MAX_JSON_BLOB,
-                }
-                .into(),
-            });
+                },
+            ));
         }
         let computed = Digest::of(&bytes);
         // Checked against the digest asked for, else the one the registry announced.
@@ -567,14 +570,13 @@ impl Registry {
             )
             .await?;
         if out.len() > MAX_JSON_BLOB {
-            return Err(Error::Registry {
-                registry: reference.registry().to_string(),
-                source: RegistryError::BlobTooLarge {
+            return Err(ClientError::registry(
+                reference.registry(),
+                RegistryError::BlobTooLarge {
                     digest: digest.to_string(),
                     limit: MAX_JSON_BLOB,
-                }
-                .into(),
-            });
+                },
+            ));
         }
         let computed = Digest::of(&out);
         if computed != *digest {
@@ -643,7 +645,7 @@ mod tests {
         };
         let refused = Registry::new(&["127.0.0.1:5000".into()], &gone);
         assert!(
-            matches!(refused, Err(Error::Io { .. })),
+            matches!(refused, Err(ClientError::CaFile { .. })),
             "{:?}",
             refused.err()
         );

@@ -1,11 +1,12 @@
 //! Pushing: blobs (HEAD first, a cross-repository mount when this run or an earlier one
 //! put the blob in another repository, then a streamed upload) and manifests, with progress.
 
+use super::Result;
 use super::{parse_reference, Registry};
 use crate::digest::Digest;
 use crate::oci::ManifestBlob;
 use crate::progress::{Event, Phase, Reporter};
-use crate::{Platform, Result};
+use crate::Platform;
 use futures_util::TryStreamExt;
 use oci_client::errors::OciDistributionError;
 use oci_client::{Reference, RegistryOperation};

@@ -5,9 +5,9 @@
 
 use super::failure::Attempt;
 use super::probe::PlainAnswer;
+use super::Result;
 use super::{Registry, Scheme, MAX_JSON_BLOB};
 use crate::text::one_line;
-use crate::Result;
 use futures_util::TryStreamExt;
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
@@ -108,13 +108,14 @@ impl Registry {
     {
         let found = self.get_if_there(reference, what, path, accept, read, false);
         // Without `absent_ok` a 404 is an error already; None cannot come back.
-        found.await?.ok_or_else(|| crate::Error::Registry {
-            registry: reference.registry().to_string(),
-            source: super::RegistryError::NotFound {
-                what: what.to_string(),
-                reference: reference.to_string(),
-            }
-            .into(),
+        found.await?.ok_or_else(|| {
+            super::ClientError::registry(
+                reference.registry(),
+                super::RegistryError::NotFound {
+                    what: what.to_string(),
+                    reference: reference.to_string(),
+                },
+            )
         })
     }
 

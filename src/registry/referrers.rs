@@ -3,9 +3,9 @@
 //! (`sha256-<hex>`), as the OCI distribution spec v1.1 has clients do.
 
 use super::read::read_limited;
-use super::{ListingError, Registry, RegistryError};
+use super::{ClientError, ListingError, Registry, RegistryError, Result};
 use crate::digest::Digest;
-use crate::{attachment, oci, Error, Result};
+use crate::{attachment, oci};
 use futures_util::future::{join, join_all};
 use oci_client::Reference;
 use serde_json::Value;
@@ -66,17 +66,16 @@ impl Registry {
         let Some(listing) = api.await? else {
             return Ok(None);
         };
-        listed(&listing)
-            .map(Some)
-            .map_err(|source| Error::Registry {
-                registry: reference.registry().to_string(),
-                source: RegistryError::BadListing {
+        listed(&listing).map(Some).map_err(|source| {
+            ClientError::registry(
+                reference.registry(),
+                RegistryError::BadListing {
                     what,
                     reference: reference.to_string(),
                     source,
-                }
-                .into(),
-            })
+                },
+            )
+        })
     }
 
     /// Every tag of the reference's repository, when one answer of at most 1000 lists them

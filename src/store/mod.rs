@@ -12,7 +12,7 @@ use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::record::ImageCoverage;
-use crate::registry::{self, BlobProgress, Registry, RegistryError, RegistryOptions};
+use crate::registry::{self, BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::verify::{self, Target};
 use crate::{Error, Result};
 use oci_client::Reference;
@@ -157,7 +157,8 @@ impl ImageStore for Destination {
                     &reference.clone_with_digest(manifest.digest.to_string()),
                     manifest,
                 )
-                .await
+                .await?;
+                Ok(())
             }
             Destination::Layout(l) => {
                 l.put_blob_bytes(&manifest.bytes, &manifest.digest)?;
@@ -170,7 +171,8 @@ impl ImageStore for Destination {
         match self {
             Destination::Registry(r) => {
                 r.push_manifest(&repository_reference(&image.repository, tag)?, index)
-                    .await
+                    .await?;
+                Ok(())
             }
             Destination::Layout(l) => Ok(l.tag(index, tag)?),
         }
@@ -250,16 +252,15 @@ async fn attach_in_registry(
 
 /// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
 /// cannot hold provenance: say so, and what to do.
-fn refused(error: Error, referrer: &Referrer) -> Error {
+fn refused(error: ClientError, referrer: &Referrer) -> ClientError {
     match error {
-        Error::Registry { registry, source } => Error::Registry {
+        ClientError::Registry { registry, source } => ClientError::registry(
             registry,
-            source: RegistryError::NotAttached {
+            RegistryError::NotAttached {
                 subject: referrer.subject.to_string(),
                 source,
-            }
-            .into(),
-        },
+            },
+        ),
         other => other,
     }
 }

@@ -7,7 +7,7 @@ use crate::digest::Digest;
 use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
 use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
-use crate::registry::{Registry, RegistryError};
+use crate::registry::{ClientError, Registry, RegistryError};
 use crate::{Error, Platform, Result};
 use oci_client::Reference;
 use oci_spec::image::ImageManifest;
@@ -91,27 +91,30 @@ impl KnownConfigs for () {
 }
 
 impl ContentSource for RegistrySource<'_> {
-    type Error = Error;
+    type Error = ClientError;
 
-    async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
+    async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
         self.registry.get_manifest(&self.reference).await
     }
 
-    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
+    async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
         let by_digest = self.reference.clone_with_digest(digest.to_string());
         let (bytes, _) = self.registry.get_manifest(&by_digest).await?;
         Ok(bytes)
     }
 
-    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+    async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
         self.registry.get_json_blob(&self.reference, digest).await
     }
 
-    async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
+    async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>, ClientError> {
         self.registry.referrers(&self.reference, digest).await
     }
 
-    async fn referrers_of(&self, digests: &[&Digest]) -> Vec<Result<Vec<serde_json::Value>>> {
+    async fn referrers_of(
+        &self,
+        digests: &[&Digest],
+    ) -> Vec<Result<Vec<serde_json::Value>, ClientError>> {
         self.registry.referrers_of(&self.reference, digests).await
     }
 
@@ -136,7 +139,7 @@ impl ContentSource for RegistrySource<'_> {
         config: &[u8],
         layers: &[(Digest, String)],
         platform: &Platform,
-    ) -> Result<DeepReport> {
+    ) -> Result<DeepReport, ClientError> {
         remote_layers::inspect_remote(self.registry, &self.reference, config, layers, platform)
             .await
     }

@@ -1,13 +1,12 @@
 //! `verify --deep` against a registry: an image's layers streamed from the registry into
-//! [`deep::inspect`], which reads them on a blocking thread. It sits in verify, not in
-//! `deep`, because the registry client still returns the crate-wide `Error`; `deep` itself
-//! cannot fail (what it cannot read is a [`Finding::Unreadable`]).
+//! [`deep::inspect`], which reads them on a blocking thread. Its failures are the registry
+//! client's ([`ClientError`]); `deep` itself cannot fail (what it cannot read is a
+//! [`Finding::Unreadable`]).
 
 use crate::deep::{self, DeepReport, Finding};
 use crate::export::ChannelReader;
 use crate::platform::Platform;
-use crate::registry::RegistryError;
-use crate::{Error, Result};
+use crate::registry::{ClientError, RegistryError};
 use std::io::{self, Read};
 
 /// Streams an image's layers from the registry, one after another (bounded memory), and
@@ -20,7 +19,7 @@ pub async fn inspect_remote(
     config: &[u8],
     layer_digests: &[(crate::digest::Digest, String)],
     platform: &Platform,
-) -> Result<DeepReport> {
+) -> Result<DeepReport, ClientError> {
     let mut skipped = Vec::new();
     let mut wanted = Vec::new();
     for (digest, media_type) in layer_digests {
@@ -54,13 +53,14 @@ pub async fn inspect_remote(
     let pump = pump_layers(registry, reference, &wanted, senders);
     let (pumped, inspected) = tokio::join!(pump, inspector);
     pumped?;
-    let mut report = inspected.map_err(|source| Error::Registry {
-        registry: reference.registry().to_string(),
-        source: RegistryError::Inspection {
-            reference: reference.to_string(),
-            source,
-        }
-        .into(),
+    let mut report = inspected.map_err(|source| {
+        ClientError::registry(
+            reference.registry(),
+            RegistryError::Inspection {
+                reference: reference.to_string(),
+                source,
+            },
+        )
     })?;
     if !skipped.is_empty() {
         report.detail += &format!(
@@ -79,7 +79,7 @@ async fn pump_layers(
     reference: &oci_client::Reference,
     wanted: &[crate::digest::Digest],
     senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
-) -> Result<()> {
+) -> Result<(), ClientError> {
     use futures_util::StreamExt;
     for (digest, tx) in wanted.iter().zip(senders) {
         if tx.is_closed() {
@@ -103,10 +103,7 @@ async fn pump_layers(
                         source: e,
                     };
                     let _ = tx.send(Err(io::Error::new(kind, error.to_string()))).await;
-                    return Err(Error::Registry {
-                        registry: reference.registry().to_string(),
-                        source: error.into(),
-                    });
+                    return Err(ClientError::registry(reference.registry(), error));
                 }
             }
         }
