@@ -11,7 +11,7 @@ use crate::publish::{publish, Pushed};
 use crate::record::{CoverageRecord, PartPlatform, PartRecord};
 use crate::registry::RegistryError::{self, Content, PartNotImage};
 use crate::registry::{Registry, RegistryOptions};
-use crate::store::{connect_registry, first_tag, Destination};
+use crate::store::{connect_registry, Destination};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -143,7 +143,9 @@ fn match_parts<'p>(
 /// Reads a part's manifest and config back from the registry (digest-checked) and takes
 /// the index entry's platform from the config, as a fresh build would.
 async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform) -> Result<Pushed> {
-    let reference = first_tag(image)?.clone_with_digest(part.digest.to_string());
+    let reference = image
+        .first_tag()?
+        .clone_with_digest(part.digest.to_string());
     let (bytes, _) = registry.get_manifest(&reference).await?;
     let not_image = |source: RegistryError| Error::Registry {
         registry: reference.registry().to_string(),

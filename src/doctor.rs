@@ -7,7 +7,6 @@ use crate::pipeline::{image_needs_emulation, BuildOptions};
 use crate::plan;
 use crate::project::{BinfmtMode, BuilderSpec, Fallback, Project};
 use crate::registry::Registry;
-use crate::store::first_tag;
 use crate::{Platform, Result};
 use serde::Serialize;
 
@@ -289,7 +288,7 @@ async fn registry_checks(project: &Project, options: &BuildOptions) -> Vec<Check
     let mut checks = Vec::new();
     for image in &project.images {
         let outcome = async {
-            let reference = first_tag(image)?;
+            let reference = image.first_tag()?;
             let registry = Registry::new(&[reference.registry().to_string()], &options.registry)?;
             registry.probe(&reference, true).await?;
             Ok::<_, crate::Error>(())

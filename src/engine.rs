@@ -3,8 +3,29 @@
 use crate::buildkit::daemon::{Daemon, DaemonError};
 use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
 use crate::platform::Platform;
-use crate::Result;
 use bollard::Docker;
+
+/// Why the engine, or the BuildKit daemon builds go to, cannot be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("docker engine: {0}")]
+    Engine(#[source] EndpointError),
+    /// Boxed, as the daemon's errors are large and every `Result` should stay small.
+    #[error(transparent)]
+    Daemon(Box<DaemonError>),
+}
+
+impl From<EndpointError> for ConnectError {
+    fn from(error: EndpointError) -> Self {
+        ConnectError::Engine(error)
+    }
+}
+
+impl From<DaemonError> for ConnectError {
+    fn from(error: DaemonError) -> Self {
+        ConnectError::Daemon(Box::new(error))
+    }
+}
 
 #[derive(Clone)]
 pub struct Engine {
@@ -91,7 +112,7 @@ impl Engine {
     /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
     /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
     /// the local socket) and negotiates the API version.
-    pub async fn connect() -> Result<Engine> {
+    pub async fn connect() -> Result<Engine, ConnectError> {
         let location = Endpoint::default_engine()?;
         Ok(Self::connect_to(location).await?)
     }
@@ -101,7 +122,7 @@ impl Engine {
     /// `key.pem` or `ca.crt`, `tls.crt`, `tls.key`, as buildctl's `--tlsdir`, and
     /// `BUILDKIT_TLS_SERVERNAME` its `--tlsservername`), else the
     /// Docker engine [`Engine::connect`] finds.
-    pub async fn connect_builder() -> Result<Engine> {
+    pub async fn connect_builder() -> Result<Engine, ConnectError> {
         let Some(address) = std::env::var("BUILDKIT_HOST")
             .ok()
             .filter(|a| !a.is_empty())

@@ -182,6 +182,16 @@ impl From<crate::binfmt::EmulationError> for Error {
     }
 }
 
+/// The engine or the BuildKit daemon keeps its own variant, and so its message.
+impl From<crate::engine::ConnectError> for Error {
+    fn from(error: crate::engine::ConnectError) -> Self {
+        match error {
+            crate::engine::ConnectError::Engine(error) => Error::Endpoint(error),
+            crate::engine::ConnectError::Daemon(error) => Error::Daemon(error),
+        }
+    }
+}
+
 impl From<crate::buildkit::daemon::DaemonError> for Error {
     fn from(error: crate::buildkit::daemon::DaemonError) -> Self {
         Error::Daemon(Box::new(error))
@@ -354,6 +364,28 @@ mod tests {
             registry: "r.io".into(),
         });
         assert_eq!(exit_of(config), exit::USAGE);
+    }
+
+    #[test]
+    fn an_engine_that_cannot_be_reached_says_so_as_before_and_is_a_failure() {
+        use crate::endpoint::EndpointError;
+        use crate::engine::ConnectError;
+        let unknown = || EndpointError::UnknownContext {
+            name: "nope".into(),
+            meta: "meta.json".into(),
+        };
+        let connect = ConnectError::from(unknown());
+        let error = Error::from(unknown());
+        assert_eq!(connect.to_string(), error.to_string());
+        assert!(error
+            .to_string()
+            .starts_with("docker engine: `nope` is neither"));
+        let error = Error::from(connect);
+        assert!(matches!(
+            error,
+            Error::Endpoint(EndpointError::UnknownContext { .. })
+        ));
+        assert_eq!(error.exit_code(), exit::FAILURE);
     }
 
     #[test]

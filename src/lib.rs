@@ -43,5 +43,6 @@ pub mod reproducible;
 pub mod store;
 pub mod text;
 pub mod verify;
+pub mod verify_by_name;
 pub use error::{Error, Result};
 pub use platform::Platform;

@@ -10,7 +10,7 @@ use crate::project::ImageSpec;
 use crate::provenance;
 use crate::record::{BuildInfo, ImageCoverage};
 use crate::registry::RegistryError;
-use crate::store::{first_tag, Attachment, ImageStore};
+use crate::store::{Attachment, ImageStore};
 use crate::{Error, Platform, Result};
 
 /// One platform's pushed manifest plus how it was built.
@@ -52,7 +52,7 @@ pub async fn publish(
         phase: Phase::Publish,
         message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
     });
-    let first = first_tag(image)?;
+    let first = image.first_tag()?;
     let mut moved = Vec::new();
     for tag in &image.tags {
         if destination.current(image, tag).await.as_ref() != Some(&index.digest) {

@@ -243,7 +243,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     let configs = polyarch::cache::ConfigMemory::open();
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
-            polyarch::verify::verify_reference(
+            polyarch::verify_by_name::verify_reference(
                 reference,
                 &args.platform,
                 &options,
@@ -255,7 +255,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::verify::verify_project(
+            polyarch::verify_by_name::verify_project(
                 &project,
                 images,
                 &options,

@@ -14,7 +14,7 @@ use crate::plan::Plan;
 use crate::progress::Event;
 use crate::project::ImageSpec;
 use crate::publish::{index_of, Pushed};
-use crate::store::{first_tag, Destination, ImageStore};
+use crate::store::{Destination, ImageStore};
 use crate::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,7 +50,9 @@ impl Pins {
         };
         let mut mine: Vec<&Pushed> = pushed.iter().collect();
         let index = index_of(image, &mut mine)?;
-        destination.put_manifest(&first_tag(image)?, &index).await?;
+        destination
+            .put_manifest(&image.first_tag()?, &index)
+            .await?;
         pin.send_replace(Some(format!("{}@{}", image.repository, index.digest)));
         Ok(())
     }

@@ -15,7 +15,7 @@ use crate::publish::Pushed;
 use crate::record::BuildInfo;
 use crate::record::BuildWindow;
 use crate::registry::BlobProgress;
-use crate::store::{first_tag, ImageStore};
+use crate::store::ImageStore;
 use crate::{Error, Result};
 
 /// An engine that cannot build for a platform may quietly build for its own.
@@ -420,7 +420,7 @@ async fn push_exported(
         reporter,
         done: Default::default(),
     };
-    let reference = first_tag(image)?;
+    let reference = image.first_tag()?;
     for layer in &exported.layers {
         store.put_layer(&reference, layer, &progress).await?;
     }

@@ -15,6 +15,7 @@ use crate::buildkit::ssh::{self, AgentSocket};
 use crate::credentials::Credential;
 use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
 use crate::platform::Platform;
+use crate::reference::{parse_reference, ReferenceError};
 use crate::text::one_line;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -345,6 +346,17 @@ impl std::str::FromStr for SshFlag {
 }
 
 impl ImageSpec {
+    /// The reference of the image's first tag, which polyarch reads back and pushes blobs
+    /// under.
+    pub fn first_tag(&self) -> Result<oci_client::Reference, ReferenceError> {
+        self.tagged(&self.tags[0])
+    }
+
+    /// The image's repository with `tag`.
+    pub fn tagged(&self, tag: &str) -> Result<oci_client::Reference, ReferenceError> {
+        parse_reference(&format!("{}:{tag}", self.repository))
+    }
+
     /// The binfmt mode that applies to this image, so callers need not repeat the fallback.
     pub fn binfmt_mode(&self, project_default: BinfmtMode) -> BinfmtMode {
         self.binfmt.unwrap_or(project_default)

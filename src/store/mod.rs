@@ -12,7 +12,7 @@ use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::record::ImageCoverage;
-use crate::registry::{self, BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
+use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::verify::{self, Target};
 use crate::{Error, Result};
 use oci_client::Reference;
@@ -129,7 +129,7 @@ impl ImageStore for Destination {
         let Destination::Registry(r) = self else {
             return false;
         };
-        let Ok(reference) = first_tag(image) else {
+        let Ok(reference) = image.first_tag() else {
             return false;
         };
         r.get_manifest(&reference.clone_with_digest(digest.to_string()))
@@ -140,7 +140,7 @@ impl ImageStore for Destination {
     async fn current(&self, image: &ImageSpec, tag: &str) -> Option<Digest> {
         match self {
             Destination::Registry(r) => {
-                let reference = repository_reference(&image.repository, tag).ok()?;
+                let reference = image.tagged(tag).ok()?;
                 r.get_manifest(&reference)
                     .await
                     .ok()
@@ -170,8 +170,7 @@ impl ImageStore for Destination {
     async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
         match self {
             Destination::Registry(r) => {
-                r.push_manifest(&repository_reference(&image.repository, tag)?, index)
-                    .await?;
+                r.push_manifest(&image.tagged(tag)?, index).await?;
                 Ok(())
             }
             Destination::Layout(l) => Ok(l.tag(index, tag)?),
@@ -222,7 +221,7 @@ async fn attach_in_registry(
     image: &ImageSpec,
     referrer: &Referrer,
 ) -> Result<Attachment> {
-    let reference = first_tag(image)?;
+    let reference = image.first_tag()?;
     if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
         return Ok(Attachment::Kept);
     }
@@ -244,7 +243,7 @@ async fn attach_in_registry(
     let tag = attachment::referrers_tag(&referrer.subject);
     let index = attachment::tag_schema_index(listed, referrer.descriptor());
     registry
-        .push_manifest(&repository_reference(&image.repository, &tag)?, &index)
+        .push_manifest(&image.tagged(&tag)?, &index)
         .await
         .map_err(|e| refused(e, referrer))?;
     Ok(Attachment::TagSchema(tag))
@@ -313,10 +312,10 @@ pub async fn connect_registry(
 ) -> Result<Registry> {
     let registry = Registry::new(&registry_hosts(images)?, options)?;
     for image in images {
-        registry.declare(&first_tag(image)?, push).await;
+        registry.declare(&image.first_tag()?, push).await;
     }
     for image in images {
-        registry.probe(&first_tag(image)?, push).await?;
+        registry.probe(&image.first_tag()?, push).await?;
     }
     Ok(registry)
 }
@@ -324,15 +323,6 @@ pub async fn connect_registry(
 fn registry_hosts(images: &[&ImageSpec]) -> Result<Vec<String>> {
     images
         .iter()
-        .map(|i| first_tag(i).map(|r| r.registry().to_string()))
+        .map(|i| Ok(i.first_tag()?.registry().to_string()))
         .collect()
-}
-
-/// The reference of an image's first tag, which polyarch reads back and pushes blobs under.
-pub fn first_tag(image: &ImageSpec) -> Result<Reference> {
-    repository_reference(&image.repository, &image.tags[0])
-}
-
-pub fn repository_reference(repository: &str, tag: &str) -> Result<Reference> {
-    Ok(registry::parse_reference(&format!("{repository}:{tag}"))?)
 }

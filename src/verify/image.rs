@@ -1,15 +1,12 @@
-//! Verifying images by name: a project's images through their tags, or any reference.
+//! Verifying a project's image through its tags.
 
 use super::{verify, Checks, KnownConfigs, RegistrySource, Target};
 use crate::digest::Digest;
-use crate::layout::{LayoutSource, OciLayout};
-use crate::plan;
 use crate::progress::Reporter;
-use crate::project::{ImageSpec, Project};
-use crate::record::{CoverageRecord, ImageCoverage};
-use crate::registry::{self, Registry, RegistryOptions};
-use crate::store::{connect_registry, first_tag, repository_reference};
-use crate::{Platform, Result};
+use crate::project::ImageSpec;
+use crate::record::ImageCoverage;
+use crate::registry::Registry;
+use crate::Result;
 use std::collections::BTreeMap;
 
 /// Reads an image's first tag back and checks it against the declared platforms; every
@@ -22,7 +19,7 @@ pub async fn verify_image(
     configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
-    let first = first_tag(image)?;
+    let first = image.first_tag()?;
     let target = Target {
         name: image.name.clone(),
         reference: format!("{}:{}", image.repository, image.tags[0]),
@@ -45,10 +42,7 @@ pub async fn verify_image(
         let digest = if n == 0 {
             coverage.digest.clone()
         } else {
-            registry
-                .get_manifest(&repository_reference(&image.repository, tag)?)
-                .await?
-                .1
+            registry.get_manifest(&image.tagged(tag)?).await?.1
         };
         if digest != wanted {
             coverage.covered = false;
@@ -88,84 +82,4 @@ fn missing_annotations(image: &ImageSpec, coverage: &ImageCoverage) -> Vec<Strin
         ));
     }
     out
-}
-
-/// `verify -f polyarch.yaml [IMAGE …]`: each selected image's tags against its platforms.
-pub async fn verify_project(
-    project: &Project,
-    selected: &[String],
-    options: &RegistryOptions,
-    checks: Checks,
-    configs: &dyn KnownConfigs,
-    reporter: &dyn Reporter,
-) -> Result<CoverageRecord> {
-    let images = plan::select(project, selected)?;
-    let registry = connect_registry(&images, options, false).await?;
-    let mut coverage = Vec::new();
-    for image in &images {
-        coverage.push(verify_image(&registry, image, None, checks, configs, reporter).await?);
-    }
-    Ok(CoverageRecord::new(coverage))
-}
-
-/// `verify REF --platform …`: a tag or digest someone else may have pushed.
-pub async fn verify_reference(
-    reference: &str,
-    declared: &[Platform],
-    options: &RegistryOptions,
-    checks: Checks,
-    configs: &dyn KnownConfigs,
-    reporter: &dyn Reporter,
-) -> Result<CoverageRecord> {
-    let Checks {
-        deep,
-        require_provenance,
-    } = checks;
-    if let Some((dir, tag)) = crate::layout::parse_layout_reference(reference) {
-        let target = Target {
-            name: dir
-                .file_name()
-                .map_or("image".into(), |n| n.to_string_lossy().into_owned()),
-            reference: reference.to_string(),
-            tags: tag.iter().cloned().collect(),
-            declared: declared.to_vec(),
-            deep,
-            require_provenance,
-        };
-        let source = LayoutSource {
-            layout: OciLayout::open(&dir)?,
-            tag,
-        };
-        return Ok(CoverageRecord::new(vec![
-            verify(&source, &target, reporter).await?,
-        ]));
-    }
-    let parsed = registry::parse_reference(reference)?;
-    let registry = Registry::new(&[parsed.registry().to_string()], options)?;
-    let name = parsed
-        .repository()
-        .rsplit('/')
-        .next()
-        .unwrap_or(parsed.repository())
-        .to_string();
-    let target = Target {
-        name,
-        reference: reference.to_string(),
-        tags: if parsed.digest().is_none() {
-            parsed.tag().map(str::to_string).into_iter().collect()
-        } else {
-            Vec::new()
-        },
-        declared: declared.to_vec(),
-        deep,
-        require_provenance,
-    };
-    let source = RegistrySource {
-        registry: &registry,
-        reference: parsed,
-        configs,
-    };
-    Ok(CoverageRecord::new(vec![
-        verify(&source, &target, reporter).await?,
-    ]))
 }

@@ -17,7 +17,7 @@ mod image;
 mod referrers;
 mod remote_layers;
 
-pub use image::{verify_image, verify_project, verify_reference};
+pub use image::verify_image;
 
 /// Nested indexes deeper than this are reported rather than followed.
 const MAX_INDEX_DEPTH: usize = 4;
