@@ -3,10 +3,10 @@
 
 use super::builders::connect;
 use crate::endpoint::EndpointError;
-use crate::engine::Engine;
+use crate::engine::{ConnectError, Engine};
 use crate::platform::Platform;
 use crate::project::Project;
-use crate::{plan, Error, Result};
+use crate::{plan, Result};
 
 /// `BUILDKIT_HOST`'s daemon, else the Docker engine the CLI would use. When that engine
 /// is down but every platform of the selected images has builders (a CI job with no
@@ -18,8 +18,8 @@ pub async fn default_engine(
     platforms: &[Platform],
 ) -> Result<Engine> {
     let down = match Engine::connect_builder().await {
-        Err(Error::Endpoint(down @ EndpointError::Down { .. })) => down,
-        other => return other,
+        Err(down @ ConnectError::Engine(EndpointError::Down { .. })) => down,
+        other => return Ok(other?),
     };
     let selected = plan::select(project, images)?;
     let all_have_builders = selected
