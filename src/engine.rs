@@ -144,16 +144,32 @@ impl Engine {
     /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
     /// failure is told as such, then the version and info the build needs.
     pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
-        location.probe().await?;
+        let pinged = location.ping().await?;
         let endpoint = location.name.clone();
         let unanswered = |source: bollard::errors::Error| EndpointError::Api {
             endpoint: endpoint.clone(),
             source,
         };
-        let docker = location.docker().map_err(unanswered)?;
-        let docker = docker.negotiate_version().await.map_err(unanswered)?;
-        let version = docker.version().await.map_err(unanswered)?;
-        let info = docker.info().await.map_err(unanswered)?;
+        // The API version the ping told, capped at bollard's; asked of `/version` only when
+        // the engine did not say.
+        let docker = match pinged {
+            Some(spoken) => {
+                let newest = bollard::API_DEFAULT_VERSION;
+                let version = match spoken < *newest {
+                    true => &spoken,
+                    false => newest,
+                };
+                location.docker_at(version).map_err(unanswered)?
+            }
+            None => location
+                .docker()
+                .map_err(unanswered)?
+                .negotiate_version()
+                .await
+                .map_err(unanswered)?,
+        };
+        let (version, info) =
+            tokio::try_join!(docker.version(), docker.info()).map_err(unanswered)?;
         let os = version
             .os
             .clone()
