@@ -527,3 +527,27 @@ fn a_later_run_mounts_a_layer_an_earlier_run_pushed_to_another_repository() {
     let places = &now[format!("{}|{layer}", proxy.host)]["value"];
     assert_eq!(places, &serde_json::json!([third]), "{now:#}");
 }
+
+/// A warm rerun reads each tag once: the read that finds it already at the index is the
+/// read-back. A run that moves the tag reads it again after the move.
+#[test]
+fn a_warm_rerun_reads_the_tag_once_and_a_moving_run_reads_it_back() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let name = unique_name("warm/once");
+    let project = Project::new(&proxy.repo(&name), "[linux/amd64]");
+    let tag_reads = |from: usize| {
+        proxy.log()[from..]
+            .iter()
+            .filter(|l| l.starts_with("GET ") && l.contains(&format!("{name}/manifests/v1")))
+            .count()
+    };
+    let cache = project.dir.path().join("cache");
+    let out = run(project.build().env("POLYARCH_CACHE_DIR", &cache));
+    assert_exit(&out, 0);
+    assert_eq!(tag_reads(0), 2, "{:#?}", proxy.log());
+    let seen = proxy.log().len();
+    let out = run(project.build().env("POLYARCH_CACHE_DIR", &cache));
+    assert_exit(&out, 0);
+    assert_eq!(tag_reads(seen), 1, "{:#?}", &proxy.log()[seen..]);
+}

@@ -104,6 +104,15 @@ impl RetryPolicy {
     }
 }
 
+/// Where a manifest read is kept: `registry/repository@digest` or `registry/repository:tag`.
+fn read_key(reference: &Reference) -> String {
+    let (registry, repository) = (reference.registry(), reference.repository());
+    match (reference.digest(), reference.tag()) {
+        (Some(digest), _) => format!("{registry}/{repository}@{digest}"),
+        (None, tag) => format!("{registry}/{repository}:{}", tag.unwrap_or("latest")),
+    }
+}
+
 /// `(registry, digest)`.
 type BlobKey = (String, String);
 
@@ -135,7 +144,9 @@ pub struct Inner {
     challenges: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<Challenge>>>>>,
     /// Per registry with a token realm: the run's one token and the scopes it wants.
     tokens: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Tokens>>>>,
-    /// Manifests read by digest in this run: content addressed, so never read twice.
+    /// Manifests read in this run, so none is read twice: by digest (content addressed),
+    /// and by tag until this run pushes to that tag (a warm rerun's read-back is then the
+    /// answer the check before publishing got).
     manifests: Mutex<HashMap<String, Arc<ManifestRead>>>,
     /// Per registry, resolved once (CLI, credential helpers, Docker config).
     auths: Mutex<HashMap<String, RegistryAuth>>,
@@ -501,14 +512,7 @@ impl Registry {
     /// Reads a manifest, checked against the requested digest or the registry's
     /// Docker-Content-Digest. Returns the bytes and their digest.
     pub async fn get_manifest(&self, reference: &Reference) -> Result<ManifestRead> {
-        let Some(by_digest) = reference.digest() else {
-            return self.read_manifest(reference).await;
-        };
-        let key = format!(
-            "{}/{}@{by_digest}",
-            reference.registry(),
-            reference.repository()
-        );
+        let key = read_key(reference);
         if let Some(read) = self.manifests.lock().expect("manifest lock").get(&key) {
             return Ok((read.0.clone(), read.1.clone()));
         }
@@ -518,6 +522,16 @@ impl Registry {
             .expect("manifest lock")
             .insert(key, Arc::new(read.clone()));
         Ok(read)
+    }
+
+    /// Forgets what a tag was read as: this run is about to move it.
+    fn forget_tag_read(&self, reference: &Reference) {
+        if reference.digest().is_none() {
+            self.manifests
+                .lock()
+                .expect("manifest lock")
+                .remove(&read_key(reference));
+        }
     }
 
     async fn read_manifest(&self, reference: &Reference) -> Result<ManifestRead> {

@@ -239,6 +239,7 @@ impl Registry {
     ) -> Result<()> {
         self.authenticate(reference, RegistryOperation::Push)
             .await?;
+        self.forget_tag_read(reference);
         self.call(reference, "push manifest", |c, _| async move {
             {
                 let content_type = manifest
