@@ -176,6 +176,18 @@ impl From<crate::export::ImageExportError> for Error {
     }
 }
 
+/// Verify's failures cost what the source's (registry, layout) or the content's cost.
+impl<E: Into<Error>> From<crate::verify::VerifyError<E>> for Error {
+    fn from(error: crate::verify::VerifyError<E>) -> Self {
+        use crate::verify::VerifyError;
+        match error {
+            VerifyError::Source(error) => error.into(),
+            VerifyError::Content(error) => error.into(),
+            VerifyError::Reference(error) => Error::Reference(error),
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -386,6 +398,35 @@ mod tests {
             Error::Endpoint(EndpointError::UnknownContext { .. })
         ));
         assert_eq!(error.exit_code(), exit::FAILURE);
+    }
+
+    #[test]
+    fn verify_errors_cost_what_their_source_or_content_costs() {
+        use crate::registry::{ClientError, RegistryError};
+        use crate::verify::VerifyError;
+        let layout = VerifyError::Source(LayoutError::NoManifest {
+            dir: "out".into(),
+            tag: None,
+        });
+        let layout = Error::from(layout);
+        assert_eq!(layout.to_string(), "out: no manifest at all");
+        assert_eq!(layout.exit_code(), exit::USAGE);
+        let content = VerifyError::<LayoutError>::Content(ClientError::registry(
+            "r.io",
+            RegistryError::EntryNotImage {
+                reference: "r.io/a:v1".into(),
+                digest: "sha256:ab".into(),
+            },
+        ));
+        let content = Error::from(content);
+        assert!(matches!(content, Error::Registry { .. }));
+        assert_eq!(
+            content.to_string(),
+            "registry r.io: cannot read r.io/a:v1: entry sha256:ab is not an image manifest"
+        );
+        assert_eq!(content.exit_code(), exit::FAILURE);
+        let tag = crate::reference::parse_reference("r.io/a:bad tag").unwrap_err();
+        assert_eq!(exit_of(VerifyError::<ClientError>::from(tag)), exit::USAGE);
     }
 
     #[test]

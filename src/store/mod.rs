@@ -196,17 +196,15 @@ impl ImageStore for Destination {
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
-            Destination::Registry(r) => {
-                verify::verify_image(
-                    r,
-                    image,
-                    Some(expected),
-                    verify::Checks::default(),
-                    &(),
-                    reporter,
-                )
-                .await
-            }
+            Destination::Registry(r) => Ok(verify::verify_image(
+                r,
+                image,
+                Some(expected),
+                verify::Checks::default(),
+                &(),
+                reporter,
+            )
+            .await?),
             Destination::Layout(l) => read_back_layout(l, image, expected, reporter).await,
         }
     }
