@@ -176,6 +176,32 @@ impl From<crate::export::ImageExportError> for Error {
     }
 }
 
+/// Verify's failures cost what the source's (registry, layout) or the content's cost.
+impl<E: Into<Error>> From<crate::verify::VerifyError<E>> for Error {
+    fn from(error: crate::verify::VerifyError<E>) -> Self {
+        use crate::verify::VerifyError;
+        match error {
+            VerifyError::Source(error) => error.into(),
+            VerifyError::Content(error) => error.into(),
+            VerifyError::Reference(error) => Error::Reference(error),
+        }
+    }
+}
+
+/// A destination's failures keep their kinds; provenance asked of a layout is the user's
+/// to fix (exit 2).
+impl From<crate::store::StoreError> for Error {
+    fn from(error: crate::store::StoreError) -> Self {
+        use crate::store::StoreError;
+        match error {
+            StoreError::Registry(error) => error.into(),
+            StoreError::Layout(error) => Error::Layout(error),
+            StoreError::Reference(error) => Error::Reference(error),
+            StoreError::AttachInLayout { .. } => Error::Usage(error.to_string()),
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -386,6 +412,58 @@ mod tests {
             Error::Endpoint(EndpointError::UnknownContext { .. })
         ));
         assert_eq!(error.exit_code(), exit::FAILURE);
+    }
+
+    #[test]
+    fn verify_errors_cost_what_their_source_or_content_costs() {
+        use crate::registry::{ClientError, RegistryError};
+        use crate::verify::VerifyError;
+        let layout = VerifyError::Source(LayoutError::NoManifest {
+            dir: "out".into(),
+            tag: None,
+        });
+        let layout = Error::from(layout);
+        assert_eq!(layout.to_string(), "out: no manifest at all");
+        assert_eq!(layout.exit_code(), exit::USAGE);
+        let content = VerifyError::<LayoutError>::Content(ClientError::registry(
+            "r.io",
+            RegistryError::EntryNotImage {
+                reference: "r.io/a:v1".into(),
+                digest: "sha256:ab".into(),
+            },
+        ));
+        let content = Error::from(content);
+        assert!(matches!(content, Error::Registry { .. }));
+        assert_eq!(
+            content.to_string(),
+            "registry r.io: cannot read r.io/a:v1: entry sha256:ab is not an image manifest"
+        );
+        assert_eq!(content.exit_code(), exit::FAILURE);
+        let tag = crate::reference::parse_reference("r.io/a:bad tag").unwrap_err();
+        assert_eq!(exit_of(VerifyError::<ClientError>::from(tag)), exit::USAGE);
+    }
+
+    #[test]
+    fn provenance_asked_of_a_layout_is_a_usage_error_and_a_corrupt_read_back_a_failure() {
+        use crate::store::StoreError;
+        let attach = Error::from(StoreError::AttachInLayout {
+            dir: "out".into(),
+            image: "api".into(),
+        });
+        assert_eq!(
+            attach.to_string(),
+            "--output oci:out: provenance is attached in a registry only; push to the registry, or build api without provenance"
+        );
+        assert_eq!(attach.exit_code(), exit::USAGE);
+        let corrupt = StoreError::from(crate::verify::VerifyError::Source(
+            LayoutError::CorruptBlob {
+                dir: "out".into(),
+                digest: crate::digest::Digest::of(b"a"),
+                computed: crate::digest::Digest::of(b"b"),
+            },
+        ));
+        assert!(matches!(corrupt, StoreError::Layout(_)));
+        assert_eq!(exit_of(corrupt), exit::FAILURE);
     }
 
     #[test]

@@ -276,7 +276,9 @@ async fn read_images(
             reference: reference.clone(),
             configs: &(),
         };
-        let contents = verify::read_contents(&source, &target, reporter).await;
+        let contents = verify::read_contents(&source, &target, reporter)
+            .await
+            .map_err(Error::from);
         (text.clone(), contents)
     });
     Ok(futures_util::stream::iter(reads)

@@ -1,6 +1,7 @@
 //! An image store in memory for unit tests of the flows that write through the seam.
 
 use super::{Attachment, ImageStore};
+use super::{Result, StoreError};
 use crate::attachment::{self, Referrer};
 use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
@@ -8,8 +9,8 @@ use crate::oci::ManifestBlob;
 use crate::progress::Reporter;
 use crate::project::{ImageSpec, LoadOptions, Project, Purpose};
 use crate::record::{ImageCoverage, PlatformCoverage, PlatformStatus};
-use crate::registry::{BlobProgress, RegistryError};
-use crate::{Error, Platform, Result};
+use crate::registry::{BlobProgress, ClientError, RegistryError};
+use crate::Platform;
 use oci_client::Reference;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -184,15 +185,14 @@ pub(crate) fn image(tags: &str) -> ImageSpec {
 }
 
 /// What a registry answers when it refuses `what` for `image` (a 400, say).
-fn refused(image: &ImageSpec, what: &str) -> Error {
-    Error::Registry {
-        registry: image.repository.clone(),
-        source: RegistryError::Refused {
+fn refused(image: &ImageSpec, what: &str) -> StoreError {
+    StoreError::Registry(ClientError::registry(
+        image.repository.clone(),
+        RegistryError::Refused {
             what: what.to_string(),
             reference: image.repository.clone(),
             detail: "refused".into(),
             source: None,
-        }
-        .into(),
-    }
+        },
+    ))
 }

@@ -1,8 +1,11 @@
 //! Where built images go: the image store seam (blobs, manifests by digest, tags, reading
 //! back) with its two implementations, a registry and an OCI layout directory.
 
+mod error;
 #[cfg(test)]
 pub(crate) mod fake;
+
+pub use error::StoreError;
 
 use crate::attachment::{self, Referrer};
 use crate::digest::Digest;
@@ -14,9 +17,10 @@ use crate::project::ImageSpec;
 use crate::record::ImageCoverage;
 use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::verify::{self, Target};
-use crate::{Error, Result};
 use oci_client::Reference;
 use std::future::Future;
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// What publishing needs of a destination. Blobs and manifests go in by digest; only
 /// [`ImageStore::tag`] moves a tag, so a flow decides when tags move.
@@ -181,11 +185,10 @@ impl ImageStore for Destination {
         match self {
             Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
             // Layout readers (skopeo, containerd) have no referrers convention to follow.
-            Destination::Layout(l) => Err(Error::Usage(format!(
-                "--output oci:{}: provenance is attached in a registry only; push to the registry, or build {} without provenance",
-                l.dir.display(),
-                image.name
-            ))),
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
         }
     }
 
@@ -196,17 +199,15 @@ impl ImageStore for Destination {
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
-            Destination::Registry(r) => {
-                verify::verify_image(
-                    r,
-                    image,
-                    Some(expected),
-                    verify::Checks::default(),
-                    &(),
-                    reporter,
-                )
-                .await
-            }
+            Destination::Registry(r) => Ok(verify::verify_image(
+                r,
+                image,
+                Some(expected),
+                verify::Checks::default(),
+                &(),
+                reporter,
+            )
+            .await?),
             Destination::Layout(l) => read_back_layout(l, image, expected, reporter).await,
         }
     }

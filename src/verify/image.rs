@@ -1,12 +1,11 @@
 //! Verifying a project's image through its tags.
 
-use super::{verify, Checks, KnownConfigs, RegistrySource, Target};
+use super::{verify, Checks, KnownConfigs, RegistrySource, Target, VerifyError};
 use crate::digest::Digest;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::record::ImageCoverage;
-use crate::registry::Registry;
-use crate::Result;
+use crate::registry::{ClientError, Registry};
 use std::collections::BTreeMap;
 
 /// Reads an image's first tag back and checks it against the declared platforms; every
@@ -18,7 +17,7 @@ pub async fn verify_image(
     checks: Checks,
     configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
-) -> Result<ImageCoverage> {
+) -> Result<ImageCoverage, VerifyError<ClientError>> {
     let first = image.first_tag()?;
     let target = Target {
         name: image.name.clone(),
@@ -42,7 +41,11 @@ pub async fn verify_image(
         let digest = if n == 0 {
             coverage.digest.clone()
         } else {
-            registry.get_manifest(&image.tagged(tag)?).await?.1
+            registry
+                .get_manifest(&image.tagged(tag)?)
+                .await
+                .map_err(VerifyError::Source)?
+                .1
         };
         if digest != wanted {
             coverage.covered = false;

@@ -8,15 +8,17 @@ use crate::oci::{self, ConfigPlatform, Parsed};
 use crate::progress::{Event, Phase, Reporter};
 use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::registry::{ClientError, Registry, RegistryError};
-use crate::{Error, Platform, Result};
+use crate::Platform;
 use oci_client::Reference;
 use oci_spec::image::ImageManifest;
 use std::collections::BTreeMap;
 
+mod error;
 mod image;
 mod referrers;
 mod remote_layers;
 
+pub use error::VerifyError;
 pub use image::verify_image;
 
 /// Nested indexes deeper than this are reported rather than followed.
@@ -24,8 +26,8 @@ const MAX_INDEX_DEPTH: usize = 4;
 
 /// Where manifests and configs are read from: a registry repository or an OCI layout.
 pub trait ContentSource {
-    /// The source's own failures; verify carries them up as the crate's `Error`.
-    type Error: Into<Error>;
+    /// The source's own failures; verify hands them up as [`VerifyError::Source`].
+    type Error: std::error::Error + Send + Sync + 'static;
     /// Resolves the reference being verified: manifest bytes and their digest.
     fn resolve(&self) -> impl std::future::Future<Output = Result<(Vec<u8>, Digest), Self::Error>>;
     /// A manifest by digest, its content checked against the digest.
@@ -184,7 +186,7 @@ struct Collected {
 
 /// What a reference holds, entry by entry, before any platform is declared: the deploy gate
 /// judges each entry against the nodes that would pull it.
-pub struct Contents {
+pub struct Contents<E = ClientError> {
     /// Digest of the index (or single manifest) the reference resolves to.
     pub digest: Digest,
     pub media_type: String,
@@ -197,7 +199,7 @@ pub struct Contents {
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
     /// What is attached to each entry, by the entry's digest.
-    pub(crate) attached: BTreeMap<Digest, referrers::Listing>,
+    pub(crate) attached: BTreeMap<Digest, referrers::Listing<E>>,
 }
 
 /// Reads the reference and checks every entry; `target.declared` is not looked at.
@@ -205,14 +207,14 @@ pub async fn read_contents<S: ContentSource>(
     source: &S,
     target: &Target,
     reporter: &dyn Reporter,
-) -> Result<Contents> {
+) -> Result<Contents<S::Error>, VerifyError<S::Error>> {
     reporter.report(Event::Phase {
         image: target.name.clone(),
         platform: None,
         phase: Phase::Verify,
         message: format!("reading {} back", target.reference),
     });
-    let (bytes, digest) = source.resolve().await.map_err(Into::into)?;
+    let (bytes, digest) = source.resolve().await.map_err(VerifyError::Source)?;
     let mut warnings = Vec::new();
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
@@ -267,7 +269,13 @@ async fn check_entries<S: ContentSource>(
     target: &Target,
     entries: &[Entry],
     warnings: &mut Vec<String>,
-) -> Result<(Vec<PlatformCoverage>, BTreeMap<Digest, referrers::Listing>)> {
+) -> Result<
+    (
+        Vec<PlatformCoverage>,
+        BTreeMap<Digest, referrers::Listing<S::Error>>,
+    ),
+    VerifyError<S::Error>,
+> {
     let digests: Vec<&Digest> = entries.iter().map(|e| &e.digest).collect();
     let (checked, attached) = futures_util::future::join(
         futures_util::future::try_join_all(
@@ -290,7 +298,7 @@ pub async fn verify<S: ContentSource>(
     source: &S,
     target: &Target,
     reporter: &dyn Reporter,
-) -> Result<ImageCoverage> {
+) -> Result<ImageCoverage, VerifyError<S::Error>> {
     let Contents {
         digest,
         media_type,
@@ -397,25 +405,25 @@ struct Matched {
     duplicated: bool,
 }
 
-fn unreadable(target: &Target, source: oci::OciError) -> Error {
+fn unreadable<E>(target: &Target, source: oci::OciError) -> VerifyError<E> {
     let reference = target.reference.clone();
     target_error(target, RegistryError::Unreadable { reference, source })
 }
 
 /// A registry error about `target`, under its registry (an OCI layout: its reference).
-fn target_error(target: &Target, source: RegistryError) -> Error {
+fn target_error<E>(target: &Target, source: RegistryError) -> VerifyError<E> {
     let registry = match crate::registry::parse_reference(&target.reference) {
         Ok(r) if !target.reference.starts_with("oci:") => r.registry().to_string(),
         _ => target.reference.clone(),
     };
-    Error::Registry {
-        registry,
-        source: source.into(),
-    }
+    VerifyError::Content(ClientError::registry(registry, source))
 }
 
 /// A digest a manifest names, as oci-spec read it (any algorithm) into ours.
-fn parse_digest(target: &Target, digest: &oci_spec::image::Digest) -> Result<Digest> {
+fn parse_digest<E>(
+    target: &Target,
+    digest: &oci_spec::image::Digest,
+) -> Result<Digest, VerifyError<E>> {
     digest.as_ref().parse().map_err(|source| {
         let value = digest.to_string();
         unreadable(target, oci::OciError::Digest { value, source })
@@ -427,7 +435,7 @@ async fn collect_entries<S: ContentSource>(
     source: &S,
     target: &Target,
     index: Box<oci_spec::image::ImageIndex>,
-) -> Result<Collected> {
+) -> Result<Collected, VerifyError<S::Error>> {
     let mut found = Collected::default();
     let mut pending = vec![(index, 0)];
     while let Some((index, depth)) = pending.pop() {
@@ -445,7 +453,10 @@ async fn collect_entries<S: ContentSource>(
                     ));
                     continue;
                 }
-                let bytes = source.manifest(&digest).await.map_err(Into::into)?;
+                let bytes = source
+                    .manifest(&digest)
+                    .await
+                    .map_err(VerifyError::Source)?;
                 match oci::parse_manifest(&bytes) {
                     Ok(Parsed::Index { index, .. }) => pending.push((index, depth + 1)),
                     Ok(_) => found
@@ -475,8 +486,11 @@ async fn entry_manifest<S: ContentSource>(
     source: &S,
     target: &Target,
     entry: &Entry,
-) -> Result<Box<ImageManifest>> {
-    let bytes = source.manifest(&entry.digest).await.map_err(Into::into)?;
+) -> Result<Box<ImageManifest>, VerifyError<S::Error>> {
+    let bytes = source
+        .manifest(&entry.digest)
+        .await
+        .map_err(VerifyError::Source)?;
     match oci::parse_manifest(&bytes).map_err(|e| unreadable(target, e))? {
         Parsed::Image { manifest, .. } => Ok(manifest),
         _ => Err(target_error(
@@ -496,7 +510,7 @@ async fn inspect_entry<S: ContentSource>(
     manifest: &ImageManifest,
     config: &[u8],
     platform: &Platform,
-) -> Result<DeepReport> {
+) -> Result<DeepReport, VerifyError<S::Error>> {
     let layers = manifest
         .layers()
         .iter()
@@ -506,18 +520,18 @@ async fn inspect_entry<S: ContentSource>(
                 l.media_type().to_string(),
             ))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<Result<Vec<_>, VerifyError<S::Error>>>()?;
     source
         .inspect(config, &layers, platform)
         .await
-        .map_err(Into::into)
+        .map_err(VerifyError::Source)
 }
 
 async fn check_entry<S: ContentSource>(
     source: &S,
     target: &Target,
     entry: &Entry,
-) -> Result<(PlatformCoverage, Vec<String>)> {
+) -> Result<(PlatformCoverage, Vec<String>), VerifyError<S::Error>> {
     let mut warnings = Vec::new();
     // The config a remembered manifest names is asked for at once, so an entry costs one
     // round trip, not two; it counts only if the manifest, read and checked, names it.
@@ -534,7 +548,10 @@ async fn check_entry<S: ContentSource>(
     let config_digest = parse_digest(target, manifest.config().digest())?;
     let config = match early {
         Some(Ok(config)) if guess.as_ref() == Some(&config_digest) => config,
-        _ => source.json_blob(&config_digest).await.map_err(Into::into)?,
+        _ => source
+            .json_blob(&config_digest)
+            .await
+            .map_err(VerifyError::Source)?,
     };
     if guess.as_ref() != Some(&config_digest) {
         source.learned_config(&entry.digest, &config_digest);
@@ -677,7 +694,7 @@ mod tests {
             digest
         }
 
-        async fn read(&self, what: &str, digest: &Digest) -> Result<Vec<u8>> {
+        async fn read(&self, what: &str, digest: &Digest) -> Result<Vec<u8>, ClientError> {
             let finished = self.finished.load(Ordering::SeqCst);
             let name = format!("{what} {}", digest.short());
             self.asked.lock().unwrap().push((name, finished));
@@ -698,18 +715,18 @@ mod tests {
     }
 
     impl ContentSource for Fake {
-        type Error = Error;
+        type Error = ClientError;
 
-        async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
+        async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
             Ok((self.index.clone(), Digest::of(&self.index)))
         }
-        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
+        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
             self.read("manifest", digest).await
         }
-        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
             self.read("config", digest).await
         }
-        async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>> {
+        async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>, ClientError> {
             self.read("referrers", digest).await.map(|_| Vec::new())
         }
         fn repository(&self) -> String {
@@ -723,7 +740,7 @@ mod tests {
             _: &[u8],
             _: &[(Digest, String)],
             _: &Platform,
-        ) -> Result<DeepReport> {
+        ) -> Result<DeepReport, ClientError> {
             unreachable!("no deep checks here")
         }
     }

@@ -2,26 +2,25 @@
 //! each referrer read and checked to name the entry as its subject, and whether provenance
 //! the target requires is there.
 
-use super::{ContentSource, Target};
+use super::{ContentSource, Target, VerifyError};
 use crate::attachment::{self, Attached};
 use crate::digest::Digest;
 use crate::record::{PlatformCoverage, PlatformStatus};
-use crate::Result;
 use std::collections::BTreeMap;
 
-/// What is attached to one entry, or why it could not be listed.
-pub(crate) type Listing = Result<(Vec<Attached>, Vec<String>)>;
+/// What is attached to one entry, or the source's failure to list it.
+pub(crate) type Listing<E> = Result<(Vec<Attached>, Vec<String>), E>;
 
 /// Lists what is attached to each of `digests`, concurrently.
 pub(super) async fn list<S: ContentSource>(
     source: &S,
     digests: &[&Digest],
-) -> BTreeMap<Digest, Listing> {
+) -> BTreeMap<Digest, Listing<S::Error>> {
     let listed = source.referrers_of(digests).await;
     let checks = digests
         .iter()
         .zip(listed)
-        .map(|(d, l)| attached_to(source, d, l.map_err(Into::into)));
+        .map(|(d, l)| attached_to(source, d, l));
     let listings = futures_util::future::join_all(checks).await;
     digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
@@ -29,12 +28,15 @@ pub(super) async fn list<S: ContentSource>(
 /// Fills each entry's `attached` from its listing. When provenance is required, an entry
 /// without it becomes a gap and a listing that cannot be read is an error; otherwise that
 /// is a warning.
-pub(super) fn apply(
+pub(super) fn apply<E>(
     target: &Target,
     platforms: &mut [PlatformCoverage],
-    mut listings: BTreeMap<Digest, Listing>,
+    mut listings: BTreeMap<Digest, Listing<E>>,
     warnings: &mut Vec<String>,
-) -> Result<()> {
+) -> Result<(), VerifyError<E>>
+where
+    E: std::fmt::Display,
+{
     for platform in platforms.iter_mut() {
         let Some(digest) = platform.digest.clone() else {
             continue;
@@ -58,7 +60,7 @@ pub(super) fn apply(
                     platform.platform
                 ));
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(VerifyError::Source(e)),
         }
         let has_provenance = platform.attached.iter().any(Attached::is_provenance);
         if target.require_provenance && !has_provenance && platform.status == PlatformStatus::Ok {
@@ -76,8 +78,8 @@ pub(super) fn apply(
 async fn attached_to<S: ContentSource>(
     source: &S,
     digest: &Digest,
-    listed: Result<Vec<serde_json::Value>>,
-) -> Listing {
+    listed: Result<Vec<serde_json::Value>, S::Error>,
+) -> Listing<S::Error> {
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
     for found in attachment::attached(&listed?) {
         match checked(source, &found, digest).await {
@@ -99,7 +101,7 @@ async fn checked<S: ContentSource>(
     let bytes = source
         .manifest(&digest)
         .await
-        .map_err(|e| format!("cannot be read ({})", Into::<crate::Error>::into(e)))?;
+        .map_err(|e| format!("cannot be read ({e})"))?;
     let predicate_type = attachment::check_referrer(&bytes, subject)?;
     Ok(Attached {
         predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
@@ -111,7 +113,8 @@ async fn checked<S: ContentSource>(
 mod tests {
     use super::*;
     use crate::deep::DeepReport;
-    use crate::{Error, Platform};
+    use crate::registry::{ClientError, RegistryError};
+    use crate::Platform;
     use serde_json::{json, Value};
 
     async fn read_attached(
@@ -119,7 +122,7 @@ mod tests {
         target: &Target,
         platforms: &mut [PlatformCoverage],
         warnings: &mut Vec<String>,
-    ) -> Result<()> {
+    ) -> Result<(), VerifyError<ClientError>> {
         let digests: Vec<&Digest> = platforms.iter().filter_map(|p| p.digest.as_ref()).collect();
         let listings = list(source, &digests).await;
         apply(target, platforms, listings, warnings)
@@ -132,34 +135,37 @@ mod tests {
     }
 
     impl ContentSource for Fake {
-        type Error = Error;
+        type Error = ClientError;
 
-        async fn resolve(&self) -> Result<(Vec<u8>, Digest)> {
+        async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
             unreachable!("not resolved here")
         }
-        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>> {
-            self.manifests
-                .get(digest.as_str())
-                .cloned()
-                .ok_or_else(|| Error::Usage(format!("{digest} not found")))
+        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
+            self.manifests.get(digest.as_str()).cloned().ok_or_else(|| {
+                ClientError::registry(
+                    "fake",
+                    RegistryError::NotFound {
+                        what: "read manifest".into(),
+                        reference: digest.to_string(),
+                    },
+                )
+            })
         }
-        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
             self.manifest(digest).await
         }
-        async fn referrers(&self, digest: &Digest) -> Result<Vec<Value>> {
-            self.listings
-                .get(digest.as_str())
-                .cloned()
-                .ok_or_else(|| Error::Registry {
-                    registry: "fake".into(),
-                    source: crate::registry::RegistryError::Refused {
+        async fn referrers(&self, digest: &Digest) -> Result<Vec<Value>, ClientError> {
+            self.listings.get(digest.as_str()).cloned().ok_or_else(|| {
+                ClientError::registry(
+                    "fake",
+                    RegistryError::Refused {
                         what: format!("list referrers of {digest}"),
                         reference: "fake".into(),
                         detail: "listing refused".into(),
                         source: None,
-                    }
-                    .into(),
-                })
+                    },
+                )
+            })
         }
         fn repository(&self) -> String {
             "fake".into()
@@ -169,7 +175,7 @@ mod tests {
             _: &[u8],
             _: &[(Digest, String)],
             _: &Platform,
-        ) -> Result<DeepReport> {
+        ) -> Result<DeepReport, ClientError> {
             unreachable!("no deep checks here")
         }
     }
@@ -273,7 +279,10 @@ mod tests {
         assert!(warnings[0].contains("listing refused"), "{warnings:?}");
         let outcome = read_attached(&source, &target(true), &mut platforms, &mut warnings).await;
         assert!(
-            matches!(outcome, Err(Error::Registry { .. })),
+            matches!(
+                outcome,
+                Err(VerifyError::Source(ClientError::Registry { .. }))
+            ),
             "{outcome:?}"
         );
     }
