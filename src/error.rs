@@ -202,6 +202,17 @@ impl From<crate::store::StoreError> for Error {
     }
 }
 
+impl From<crate::publish::PublishError> for Error {
+    fn from(error: crate::publish::PublishError) -> Self {
+        use crate::publish::PublishError;
+        match error {
+            PublishError::Store(error) => error.into(),
+            PublishError::Reference(error) => Error::Reference(error),
+            PublishError::Interrupted => Error::Interrupted,
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -464,6 +475,15 @@ mod tests {
         ));
         assert!(matches!(corrupt, StoreError::Layout(_)));
         assert_eq!(exit_of(corrupt), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_publish_interrupted_before_its_tags_move_exits_130() {
+        use crate::publish::PublishError;
+        let interrupted = Error::from(PublishError::Interrupted);
+        assert!(matches!(interrupted, Error::Interrupted));
+        assert_eq!(interrupted.to_string(), "interrupted");
+        assert_eq!(interrupted.exit_code(), exit::INTERRUPTED);
     }
 
     #[test]
