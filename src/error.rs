@@ -202,6 +202,44 @@ impl From<crate::store::StoreError> for Error {
     }
 }
 
+impl From<crate::publish::PublishError> for Error {
+    fn from(error: crate::publish::PublishError) -> Self {
+        use crate::publish::PublishError;
+        match error {
+            PublishError::Store(error) => error.into(),
+            PublishError::Reference(error) => Error::Reference(error),
+            PublishError::Interrupted => Error::Interrupted,
+        }
+    }
+}
+
+/// The build area's failures keep the variants the pipeline matches on (a lost builder,
+/// missing emulation) and their messages.
+impl From<crate::build::BuilderError> for Error {
+    fn from(error: crate::build::BuilderError) -> Self {
+        use crate::build::BuilderError;
+        match error {
+            BuilderError::Build {
+                image,
+                platform,
+                source,
+            } => Error::Build {
+                image,
+                platform,
+                source,
+            },
+            BuilderError::Unreachable { platform, source } => Error::Builder { platform, source },
+            BuilderError::Connect(error) => error.into(),
+            BuilderError::Emulation(error) => Error::Emulation(error),
+            BuilderError::Export(error) => error.into(),
+            BuilderError::Registry(error) => error.into(),
+            BuilderError::Credentials(error) => Error::Credentials(error),
+            BuilderError::Inputs(error) => Error::Inputs(error),
+            BuilderError::Io { path, source } => Error::Io { path, source },
+        }
+    }
+}
+
 impl From<crate::binfmt::EmulationError> for Error {
     fn from(error: crate::binfmt::EmulationError) -> Self {
         Error::Emulation(Box::new(error))
@@ -464,6 +502,63 @@ mod tests {
         ));
         assert!(matches!(corrupt, StoreError::Layout(_)));
         assert_eq!(exit_of(corrupt), exit::FAILURE);
+    }
+
+    #[test]
+    fn a_publish_interrupted_before_its_tags_move_exits_130() {
+        use crate::publish::PublishError;
+        let interrupted = Error::from(PublishError::Interrupted);
+        assert!(matches!(interrupted, Error::Interrupted));
+        assert_eq!(interrupted.to_string(), "interrupted");
+        assert_eq!(interrupted.exit_code(), exit::INTERRUPTED);
+    }
+
+    #[test]
+    fn the_build_area_s_errors_keep_the_variants_the_pipeline_matches_on() {
+        use crate::binfmt::EmulationError;
+        use crate::build::{BuildError, BuilderError};
+        let lost = Error::from(BuilderError::Build {
+            image: "api".into(),
+            platform: "linux/arm64".into(),
+            source: BuildError::BuilderLost("transport error".into()),
+        });
+        assert_eq!(
+            lost.to_string(),
+            "build of api for linux/arm64 failed: transport error"
+        );
+        assert!(matches!(
+            lost,
+            Error::Build {
+                source: BuildError::BuilderLost(_),
+                ..
+            }
+        ));
+        let exec = EmulationError::ExecFormat {
+            platform: platform("linux/arm64"),
+        };
+        let exec = Error::from(BuilderError::from(exec));
+        assert_eq!(
+            exec.to_string(),
+            Error::from(EmulationError::ExecFormat {
+                platform: platform("linux/arm64"),
+            })
+            .to_string()
+        );
+        assert!(
+            matches!(&exec, Error::Emulation(kind) if matches!(**kind, EmulationError::ExecFormat { .. }))
+        );
+        let unreachable = BuilderError::Unreachable {
+            platform: "linux/arm64".into(),
+            source: crate::endpoint::EndpointError::UnknownContext {
+                name: "arm".into(),
+                meta: "meta.json".into(),
+            },
+        };
+        let text = unreachable.to_string();
+        let unreachable = Error::from(unreachable);
+        assert!(matches!(unreachable, Error::Builder { .. }));
+        assert_eq!(unreachable.to_string(), text);
+        assert_eq!(unreachable.exit_code(), exit::FAILURE);
     }
 
     #[test]

@@ -9,9 +9,31 @@ use crate::progress::{Event, Phase, Reporter};
 use crate::project::ImageSpec;
 use crate::provenance;
 use crate::record::{BuildInfo, ImageCoverage};
-use crate::registry::RegistryError;
-use crate::store::{Attachment, ImageStore};
-use crate::{Error, Platform, Result};
+use crate::reference::ReferenceError;
+use crate::registry::{ClientError, RegistryError};
+use crate::store::{Attachment, ImageStore, StoreError};
+use crate::Platform;
+
+type Result<T, E = PublishError> = std::result::Result<T, E>;
+
+/// Why an image was not published: its destination's failure (the index of its pushed
+/// manifests that cannot be made is worded as a registry's), a tag that is no reference,
+/// or an interrupt before the first tag moved.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl From<ClientError> for PublishError {
+    fn from(error: ClientError) -> Self {
+        PublishError::Store(StoreError::Registry(error))
+    }
+}
 
 /// One platform's pushed manifest plus how it was built.
 pub struct Pushed {
@@ -24,13 +46,14 @@ pub struct Pushed {
 /// The index of exactly the pushed platform manifests, in the project file's platform
 /// order (`pushed` is sorted so), not build completion order: the same pushes always
 /// make the same index.
-pub fn index_of(image: &ImageSpec, pushed: &mut [&Pushed]) -> Result<oci::ManifestBlob> {
+pub fn index_of(
+    image: &ImageSpec,
+    pushed: &mut [&Pushed],
+) -> Result<oci::ManifestBlob, ClientError> {
     pushed.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
     let entries: Vec<IndexEntry> = pushed.iter().map(|p| p.entry.clone()).collect();
-    oci::image_index(&entries, &image.annotations.index).map_err(|e| Error::Registry {
-        registry: image.repository.clone(),
-        source: RegistryError::Content(e).into(),
-    })
+    oci::image_index(&entries, &image.annotations.index)
+        .map_err(|e| ClientError::registry(image.repository.clone(), RegistryError::Content(e)))
 }
 
 /// Publishes one image: the index by digest, then every tag, then reads it back.
@@ -71,7 +94,7 @@ pub async fn publish(
         // Last point to stop: once the first tag moves, the others follow, so the tags
         // never point at different indexes.
         if interrupt.is_cancelled() {
-            return Err(Error::Interrupted);
+            return Err(PublishError::Interrupted);
         }
         for tag in moved {
             destination.tag(image, tag, &index).await?;
@@ -250,7 +273,10 @@ mod tests {
         interrupt.cancel();
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
         let outcome = run(&store, &image, &units, &interrupt).await;
-        assert!(matches!(outcome, Err(Error::Interrupted)), "{outcome:?}");
+        assert!(
+            matches!(outcome, Err(PublishError::Interrupted)),
+            "{outcome:?}"
+        );
         assert_eq!(store.tag_of("v1"), Some(old));
         assert_eq!(store.tag_of("latest"), None);
         assert!(store.calls().iter().all(|c| !c.starts_with("tag")));
@@ -266,7 +292,12 @@ mod tests {
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
         let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
         assert!(
-            matches!(outcome, Err(Error::Registry { .. })),
+            matches!(
+                outcome,
+                Err(PublishError::Store(StoreError::Registry(
+                    ClientError::Registry { .. }
+                )))
+            ),
             "{outcome:?}"
         );
         assert!(!store.calls().contains(&"read back".to_string()));
@@ -321,7 +352,12 @@ mod tests {
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
         let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
         assert!(
-            matches!(outcome, Err(Error::Registry { .. })),
+            matches!(
+                outcome,
+                Err(PublishError::Store(StoreError::Registry(
+                    ClientError::Registry { .. }
+                )))
+            ),
             "{outcome:?}"
         );
         assert_eq!(store.tag_of("v1"), Some(old));

@@ -78,15 +78,6 @@ const AREAS: &[(&str, &[&str], &[&str])] = &[
     ),
 ];
 
-/// Arrows that still point up, each to be removed by an edit (then deleted here: a listed
-/// arrow that no longer occurs fails the test too, so this list only shrinks).
-/// (importing module, imported module).
-const NOT_YET: &[(&str, &str)] = &[
-    // Areas still return the crate-wide `Error` that lives at the top.
-    ("build", "error"),
-    ("publish", "error"),
-];
-
 fn area_of(module: &str) -> Option<&'static str> {
     AREAS
         .iter()
@@ -286,7 +277,6 @@ fn every_module_has_an_area() {
 fn imports_point_down() {
     let mut wrong = Vec::new();
     let mut named = BTreeSet::new();
-    let mut seen = BTreeSet::new();
     for (file, module, imported) in imports() {
         let (Some(from), Some(to)) = (area_of(&module), area_of(&imported)) else {
             continue; // every_module_has_an_area names it
@@ -294,21 +284,11 @@ fn imports_point_down() {
         if may_import(from, to) {
             continue;
         }
-        seen.insert((module.clone(), imported.clone()));
-        let listed = NOT_YET.contains(&(module.as_str(), imported.as_str()));
-        if !listed && named.insert((file.clone(), imported.clone())) {
+        if named.insert((file.clone(), imported.clone())) {
             wrong.push(format!(
                 "{file}: `crate::{imported}` ({to}) is not below {module} ({from}); \
                  {from} may import only {:?}",
                 AREAS.iter().find(|(a, _, _)| *a == from).unwrap().2
-            ));
-        }
-    }
-    for (module, imported) in NOT_YET {
-        if !seen.contains(&(module.to_string(), imported.to_string())) {
-            wrong.push(format!(
-                "tests/layering.rs: NOT_YET lists {module} -> {imported}, which no longer \
-                 occurs; delete the entry"
             ));
         }
     }

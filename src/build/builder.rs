@@ -2,6 +2,7 @@
 //! their order and decisions are unit-tested against the in-memory builder of
 //! `fake.rs`, while [`Engine`] does the real work through Docker.
 
+use super::Result;
 use super::{build, temporary_tag, BuiltImage, Output, UnitBuild};
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
@@ -9,7 +10,7 @@ use crate::export::{self, ExportedImage};
 use crate::inputs::{self, RemoteBases};
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
-use crate::{Platform, Result};
+use crate::Platform;
 use std::future::Future;
 
 /// An engine that builds one image × platform at a time.

@@ -2,12 +2,12 @@
 //! platform from the project's `builders:`, connected for the plan at hand. It reads the
 //! plan and the project, so it lives with the builds rather than in the connection module.
 
-use crate::engine::Engine;
+use super::{BuilderError, Result};
+use crate::engine::{ConnectError, Engine};
 use crate::plan::{Plan, Unit};
 use crate::platform::Platform;
 use crate::progress::{Event, Reporter};
 use crate::project::{BuilderSpec, Fallback};
-use crate::{Error, Result};
 use std::collections::BTreeMap;
 
 /// The engines a build uses: the default one, and native builders per platform from
@@ -26,7 +26,7 @@ pub struct Builders {
 }
 
 /// Connects one builder of `builders:`: a Docker engine, or a BuildKit daemon.
-pub(super) async fn connect(spec: &BuilderSpec) -> Result<Engine> {
+pub(super) async fn connect(spec: &BuilderSpec) -> Result<Engine, ConnectError> {
     let endpoint = spec.endpoint()?;
     Ok(match spec.buildkit {
         true => Engine::connect_daemon(endpoint).await?,
@@ -76,12 +76,12 @@ impl Builders {
             };
             if !emulate {
                 return Err(match source {
-                    Error::Endpoint(source) => Error::Builder {
+                    ConnectError::Engine(source) => BuilderError::Unreachable {
                         platform: platform.to_string(),
                         source,
                     },
                     // A daemon's errors name it and the fix already.
-                    other => other,
+                    other => BuilderError::Connect(other),
                 });
             }
             let why = format!("builder {spec} is unreachable: {source}");

@@ -40,7 +40,7 @@ pub(super) async fn build_classic(
                 "upgrade it to Docker 18.09+ or build on another engine"
             }
         };
-        return Err(Error::Build {
+        return Err(BuilderError::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source: BuildError::Request(format!(
@@ -108,7 +108,7 @@ fn registry_config(
     args: Option<&HashMap<String, String>>,
 ) -> Result<Option<HashMap<String, DockerCredentials>>> {
     let path = spec.context.join(&spec.dockerfile);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| BuilderError::io(&path, e))?;
     let images = crate::dockerfile::external_images(&text, args.unwrap_or(&HashMap::new()))
         .unwrap_or_default();
     let push = crate::registry::parse_reference(&spec.repository)
@@ -196,7 +196,8 @@ fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io:
 /// engine was sent has changed (file list, contents, modes, times). Blocking.
 pub fn classic_context_digest(spec: &ImageSpec) -> Result<String> {
     let files = ContextFilter::load(&spec.context, &spec.dockerfile)?.files(&spec.context)?;
-    write_context(&spec.context, &files, std::io::sink()).map_err(|e| Error::io(&spec.context, e))
+    write_context(&spec.context, &files, std::io::sink())
+        .map_err(|e| BuilderError::io(&spec.context, e))
 }
 
 struct HashingWriter<W> {
@@ -270,7 +271,7 @@ impl ContextFilter {
             PathBuf::from(".dockerignore")
         };
         let path = context.join(&ignore_file);
-        let bad = |message: String| Error::Build {
+        let bad = |message: String| BuilderError::Build {
             image: context.display().to_string(),
             platform: "any".into(),
             source: BuildError::Request(message),
@@ -315,13 +316,15 @@ impl ContextFilter {
         while let Some(dir) = stack.pop() {
             let full = context.join(&dir);
             let mut entries: Vec<_> = std::fs::read_dir(&full)
-                .map_err(|e| Error::io(&full, e))?
+                .map_err(|e| BuilderError::io(&full, e))?
                 .filter_map(|e| e.ok())
                 .collect();
             entries.sort_by_key(|e| e.file_name());
             for entry in entries {
                 let relative = dir.join(entry.file_name());
-                let file_type = entry.file_type().map_err(|e| Error::io(entry.path(), e))?;
+                let file_type = entry
+                    .file_type()
+                    .map_err(|e| BuilderError::io(entry.path(), e))?;
                 let is_dir = file_type.is_dir();
                 let ignored = self
                     .ignore

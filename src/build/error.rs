@@ -2,7 +2,70 @@
 //! build again, stop) and never by the engine's message text.
 
 use super::log::BuildLog;
+use crate::binfmt::EmulationError;
 use crate::buildkit::SolveError;
+use crate::credentials::CredentialsError;
+use crate::endpoint::EndpointError;
+use crate::engine::ConnectError;
+use crate::export::ImageExportError;
+use crate::inputs::InputsError;
+use crate::registry::ClientError;
+use std::path::PathBuf;
+
+/// What the build area (the `Builder` seam, the builders of a run) fails with; each
+/// variant reads as the crate-wide `Error` it becomes.
+#[derive(Debug, thiserror::Error)]
+pub enum BuilderError {
+    /// A platform build failed; `source` says what kind of failure.
+    #[error("build of {image} for {platform} failed: {source}")]
+    Build {
+        image: String,
+        platform: String,
+        #[source]
+        source: BuildError,
+    },
+    /// A native builder from `builders:` cannot be reached.
+    #[error("docker engine: builder for {platform}: {source}")]
+    Unreachable {
+        platform: String,
+        #[source]
+        source: EndpointError,
+    },
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// Boxed, as every `Result` should stay small.
+    #[error("{}: {}", .0.area(), .0)]
+    Emulation(#[source] Box<EmulationError>),
+    #[error(transparent)]
+    Export(#[from] ImageExportError),
+    #[error(transparent)]
+    Registry(#[from] ClientError),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    #[error(transparent)]
+    Inputs(#[from] InputsError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl BuilderError {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        BuilderError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+impl From<EmulationError> for BuilderError {
+    fn from(error: EmulationError) -> Self {
+        BuilderError::Emulation(Box::new(error))
+    }
+}
 
 /// Why a platform build failed; its text is the message `Error::Build` shows.
 #[derive(Debug, thiserror::Error)]

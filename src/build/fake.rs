@@ -2,6 +2,7 @@
 //! small spooled layer, and every call in order.
 
 use super::{temporary_tag, BuildError, Builder, BuiltImage, Output, PushedManifest};
+use super::{BuilderError, Result};
 use crate::cleanup::Cleanup;
 use crate::digest::Digest;
 use crate::export::{ExportedImage, ExportedLayer};
@@ -9,7 +10,7 @@ use crate::inputs::RemoteBases;
 use crate::oci::ConfigPlatform;
 use crate::progress::Reporter;
 use crate::project::ImageSpec;
-use crate::{Error, Platform, Result};
+use crate::Platform;
 use std::sync::Mutex;
 
 /// How every build on a [`FakeBuilder`] ends.
@@ -118,7 +119,7 @@ impl Builder for FakeBuilder {
         _: &dyn Reporter,
     ) -> Result<BuiltImage> {
         self.call(format!("build {platform}"));
-        let failed = |source| Error::Build {
+        let failed = |source| BuilderError::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source,

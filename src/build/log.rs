@@ -119,12 +119,16 @@ impl<'a> BuildLog<'a> {
         text
     }
 
-    pub(super) fn failure(&mut self, message: &str, failed: impl Fn(String) -> Error) -> Error {
+    pub(super) fn failure(
+        &mut self,
+        message: &str,
+        failed: impl Fn(String) -> BuilderError,
+    ) -> BuilderError {
         // Missing emulation is said in one line; the log adds nothing to it. On the engine's
         // own platform the same error means a program built for another one: the build's
         // own failure, with its log.
         if self.foreign && self.with_tail(message).contains("exec format error") {
-            return Error::Emulation(Box::new(crate::binfmt::EmulationError::ExecFormat {
+            return BuilderError::Emulation(Box::new(crate::binfmt::EmulationError::ExecFormat {
                 platform: self.platform.clone(),
             }));
         }

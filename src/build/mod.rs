@@ -10,7 +10,7 @@ use crate::oci::ConfigPlatform;
 use crate::progress::{Event, Reporter};
 use crate::project::{ImageSpec, Network};
 use crate::text::one_line;
-use crate::{Error, Platform, Result};
+use crate::Platform;
 use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
 use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
@@ -38,7 +38,9 @@ pub use builders::Builders;
 pub use classic::classic_context_digest;
 use classic::*;
 pub use default_engine::default_engine;
-pub use error::BuildError;
+pub use error::{BuildError, BuilderError};
+
+type Result<T, E = BuilderError> = std::result::Result<T, E>;
 use error::Stopped;
 use log::*;
 pub use platforms::{build_platforms, BuiltIndex};
@@ -148,7 +150,7 @@ pub async fn build(
         match build_once(engine, unit, export_started).await? {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
-                return Err(Error::Build {
+                return Err(BuilderError::Build {
                     image: spec.name.clone(),
                     platform: platform.to_string(),
                     source: BuildError::ImageLost(message),
@@ -181,7 +183,7 @@ async fn build_once(
     } = unit;
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
-    let failed = |source: BuildError| Error::Build {
+    let failed = |source: BuildError| BuilderError::Build {
         image: spec.name.clone(),
         platform: platform.to_string(),
         source,
@@ -279,7 +281,7 @@ async fn built_in_engine(
             )))
         }
     };
-    let id = inspected.id.ok_or_else(|| Error::Build {
+    let id = inspected.id.ok_or_else(|| BuilderError::Build {
         image: spec.name.clone(),
         platform: platform.to_string(),
         source: BuildError::Answer(format!("the engine returned no ID for {tag}")),
@@ -303,7 +305,7 @@ fn stopped_build(
     platform: &Platform,
     output: Output<'_>,
 ) -> Result<Attempt> {
-    let failed = |source: BuildError| Error::Build {
+    let failed = |source: BuildError| BuilderError::Build {
         image: spec.name.clone(),
         platform: platform.to_string(),
         source,
@@ -368,7 +370,7 @@ fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> bui
 
 /// BuildKit's own push failed (after its own retries): a registry failure, named by the
 /// registry as polyarch's uploads are, without the upload URLs' long session queries.
-fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &str) -> Error {
+fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &str) -> BuilderError {
     let registry = crate::registry::parse_reference(repository)
         .map(|r| r.registry().to_string())
         .unwrap_or_else(|_| repository.to_string());
@@ -379,16 +381,15 @@ fn push_failure(spec: &ImageSpec, platform: &str, repository: &str, message: &st
             _ => word,
         })
         .collect();
-    Error::Registry {
+    BuilderError::Registry(crate::registry::ClientError::registry(
         registry,
-        source: crate::registry::RegistryError::EnginePush {
+        crate::registry::RegistryError::EnginePush {
             image: spec.name.clone(),
             platform: platform.to_string(),
             repository: repository.to_string(),
             detail: words.join(" "),
-        }
-        .into(),
-    }
+        },
+    ))
 }
 
 /// The digest of what BuildKit's image exporter pushed (a multi-platform solve's index).

@@ -45,7 +45,7 @@ pub async fn build_platforms(
             None => {
                 let digest =
                     pushed_manifest_digest(&solved.exporter_response).ok_or_else(|| {
-                        Error::Build {
+                        BuilderError::Build {
                             image: spec.name.clone(),
                             platform: platform_list(platforms),
                             source: BuildError::Answer(format!(
@@ -79,7 +79,7 @@ pub async fn build_platforms(
         .current_step
         .as_deref()
         .is_some_and(|step| step.starts_with("exporting to"));
-    let failed = |source| Error::Build {
+    let failed = |source| BuilderError::Build {
         image: spec.name.clone(),
         platform: names.clone(),
         source,

@@ -98,12 +98,12 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
     assert_eq!(logs.logs[failed].platform.to_string(), "linux/arm64");
     assert!(!logs.logs[failed].shared_failure);
     assert!(matches!(
-        logs.logs[failed].failure("exit code: 255", |m| Error::Build {
+        logs.logs[failed].failure("exit code: 255", |m| BuilderError::Build {
             image: "api".into(),
             platform: "linux/arm64".into(),
             source: BuildError::StepFailed(m),
         }),
-        Error::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
+        BuilderError::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
     ));
 }
 
@@ -126,7 +126,7 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
             vertex_error: None,
         };
         log.failure("process did not complete successfully", |message| {
-            Error::Build {
+            BuilderError::Build {
                 image: "api".into(),
                 platform: platform.to_string(),
                 source: BuildError::StepFailed(message),
@@ -135,12 +135,12 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
     };
     assert!(matches!(
         failure(true),
-        Error::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
+        BuilderError::Emulation(kind) if matches!(*kind, EmulationError::ExecFormat { .. })
     ));
     // A program of another architecture copied into the image, run on the engine's own
     // platform: the build's failure, with the step and the log line that says why.
     match failure(false) {
-        Error::Build {
+        BuilderError::Build {
             source: BuildError::StepFailed(message),
             ..
         } => {
