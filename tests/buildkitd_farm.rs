@@ -167,3 +167,96 @@ fn buildkitd_farm_moves_a_down_daemons_image_to_the_next_one() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `polyarch ARGS --output-format json -f FILE` with `env`: exit code, stdout as JSON.
+fn json(args: &[&str], file: &Path, env: &[(&str, &str)]) -> (Option<i32>, Value, String) {
+    let mut cmd = support::polyarch();
+    cmd.env_remove("BUILDKIT_HOST").envs(env.iter().copied());
+    let out = support::run(
+        cmd.args(args)
+            .args(["--output-format", "json", "-f"])
+            .arg(file),
+    );
+    let stdout = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), stdout, shown)
+}
+
+/// The entry of a JSON list whose `field` is `value`.
+fn entry<'a>(list: &'a Value, field: &str, value: &str) -> &'a Value {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e[field] == value)
+        .unwrap_or_else(|| panic!("no {field} {value} in {list:#}"))
+}
+
+#[test]
+fn buildkitd_farm_plan_and_doctor_name_the_daemon_of_each_image() {
+    let (one, two) = (Private::start(), Private::start());
+    let daemons = [one.unix.as_str(), two.unix.as_str()];
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let farm = farm_project(dir.path(), &registry, &daemons);
+
+    let (code, lines, shown) = json(&["plan"], &farm.file, &[]);
+    assert_eq!(code, Some(0), "{shown}");
+    for (i, name) in NAMES.iter().enumerate() {
+        let builder = entry(&lines, "image", name)["builder"].as_str().unwrap();
+        assert!(
+            builder.starts_with(&format!("BuildKit daemon {}", farm.sticky(i, &daemons)))
+                && builder.contains("sticky"),
+            "{name}: {builder}"
+        );
+    }
+
+    let (code, checks, shown) = json(&["doctor"], &farm.file, &[]);
+    assert_eq!(code, Some(0), "{shown}");
+    for (place, daemon) in daemons.iter().enumerate() {
+        let check = entry(&checks, "name", &format!("builder linux/amd64 [{place}]"));
+        let image = (0..2)
+            .find(|&i| farm.sticky(i, &daemons) == *daemon)
+            .unwrap();
+        let detail = check["detail"].as_str().unwrap();
+        assert_eq!(check["verdict"], "ok", "{check}");
+        assert!(
+            detail.contains(&format!("BuildKit daemon {daemon} reachable"))
+                && detail.ends_with(&format!("builds linux/amd64 of {}", NAMES[image])),
+            "{detail}"
+        );
+    }
+
+    // With BUILDKIT_HOST and no Docker engine, both name that daemon as the builder.
+    let dir = tempfile::tempdir().unwrap();
+    support::hello_context(
+        dir.path(),
+        "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\n",
+    );
+    let repo = registry.repo(&support::unique_name("farm/host"));
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let env = [
+        ("BUILDKIT_HOST", one.unix.as_str()),
+        ("DOCKER_HOST", "unix:///nonexistent/docker.sock"),
+    ];
+    let (code, lines, shown) = json(&["plan"], &file, &env);
+    assert_eq!(code, Some(0), "{shown}");
+    let builder = entry(&lines, "image", "hello")["builder"].as_str().unwrap();
+    assert!(
+        builder.starts_with(&format!("{} (BuildKit v", one.unix)),
+        "{builder}"
+    );
+    let (code, checks, shown) = json(&["doctor"], &file, &env);
+    assert_eq!(code, Some(0), "{shown}");
+    let detail = entry(&checks, "name", "engine")["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!(
+            "BuildKit daemon {} (BUILDKIT_HOST) reachable",
+            one.unix
+        )) && detail.contains("linux/amd64"),
+        "{detail}"
+    );
+}

@@ -28,7 +28,7 @@ pub struct Builders {
 }
 
 /// Connects one builder of `builders:`: a Docker engine, or a BuildKit daemon.
-pub async fn connect(spec: &BuilderSpec) -> Result<Engine> {
+pub async fn connect_spec(spec: &BuilderSpec) -> Result<Engine> {
     let endpoint = spec.endpoint()?;
     Ok(match spec.buildkit {
         true => Engine::connect_daemon(endpoint).await?,
@@ -71,7 +71,7 @@ async fn connect_list(
 ) -> (Vec<Engine>, Vec<Option<usize>>, Vec<(usize, Error)>) {
     let (mut reachable, mut listed, mut failures) = (Vec::new(), Vec::new(), Vec::new());
     for (place, spec) in specs.iter().enumerate() {
-        match connect(spec).await {
+        match connect_spec(spec).await {
             Ok(engine) => {
                 listed.push(Some(reachable.len()));
                 reachable.push(engine);

@@ -301,7 +301,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
     tables_not_offered("plan", args.output_format)?;
     let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
-    let engine = Engine::connect().await?;
+    let engine = Engine::connect_builder().await?;
     let options = BuildOptions {
         images: args.images,
         binfmt: args.binfmt.map(Into::into),
