@@ -260,3 +260,108 @@ fn buildkitd_farm_plan_and_doctor_name_the_daemon_of_each_image() {
         "{detail}"
     );
 }
+
+/// Kills the processes whose command line holds `nonce`: a RUN step the test left
+/// running under a daemon it killed.
+fn kill_holding(nonce: &str) {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(nonce) {
+            let pid = entry.file_name().to_string_lossy().to_string();
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid])
+                .status();
+        }
+    }
+}
+
+#[test]
+fn buildkitd_farm_moves_a_build_whose_daemon_is_lost_to_the_next_one() {
+    use std::io::{BufRead, Read};
+    let (mut one, mut two) = (Private::start(), Private::start());
+    let daemons = [one.unix.clone(), two.unix.clone()];
+    let daemons: Vec<&str> = daemons.iter().map(String::as_str).collect();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let farm = farm_project(dir.path(), &registry, &daemons);
+    // The first image's RUN waits as many seconds as `wait` says: long on its daemon,
+    // which the test kills meanwhile, none on the next (the context is sent again).
+    let nonce = support::unique_name("farm-lost");
+    std::fs::write(
+        dir.path().join("Dockerfile"),
+        format!("FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nCOPY wait /wait\nRUN [\"/bin/busybox\", \"sh\", \"-c\", \"i=0; while [ $i -lt $(/bin/busybox cat /wait) ]; do /bin/busybox sleep 1; i=$((i+1)); done\", \"{nonce}\"]\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("wait"), "60\n").unwrap();
+    let text = std::fs::read_to_string(&farm.file).unwrap();
+    // Only the first image: the second shares the context but not the wait.
+    let first_only = &text[..text.find(&format!("  {}:", NAMES[1])).unwrap()];
+    std::fs::write(&farm.file, first_only).unwrap();
+    let (lost, next) = match farm.sticky(0, &daemons) == one.unix {
+        true => (one.unix.clone(), two.unix.clone()),
+        false => (two.unix.clone(), one.unix.clone()),
+    };
+
+    let mut child = support::polyarch()
+        .env_remove("BUILDKIT_HOST")
+        .args(["build", "--output-format", "json", "-f"])
+        .arg(&farm.file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line.clone());
+            all.push(line);
+        }
+        all.join("\n")
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let record = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    // The RUN step started on the image's daemon: then that daemon goes.
+    loop {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("the RUN step never started")
+            });
+        if line.contains("\"event\":\"step\"") && line.contains("RUN") {
+            break;
+        }
+    }
+    std::fs::write(dir.path().join("wait"), "0\n").unwrap();
+    match lost == one.unix {
+        true => one.kill(),
+        false => two.kill(),
+    }
+    let status = child.wait().unwrap();
+    kill_holding(&nonce);
+    let stderr = reader.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("\"warning\"")
+            && l.contains("was lost during the build")
+            && l.contains(&format!("builder {lost}"))
+            && l.contains(&format!("building again on {next}"))),
+        "no warning moving the build:\n{stderr}"
+    );
+    let record: Value = serde_json::from_str(&record.join().unwrap()).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+    assert_eq!(
+        record["images"][0]["platforms"][0]["build"]["builder"], next,
+        "{record:#}"
+    );
+}

@@ -3,6 +3,7 @@
 //! `fake.rs`, while [`Engine`] does the real work through Docker.
 
 use super::{build, temporary_tag, BuiltImage, Output, UnitBuild};
+use crate::buildkit::daemon::Daemon;
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
 use crate::export::{self, ExportedImage};
@@ -81,7 +82,19 @@ impl Builder for Engine {
     }
 
     async fn answers(&self) -> bool {
-        self.location.probe().await.is_ok()
+        let Some(standalone) = &self.daemon else {
+            return self.location.probe().await.is_ok();
+        };
+        // A daemon speaks only gRPC (no `/_ping`): asked its version on a new connection,
+        // bounded as the probe is, for a host that went away silently.
+        let asked = async {
+            let daemon = Daemon::connect(&standalone.daemon.endpoint).await?;
+            daemon.version().await
+        };
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(10), asked).await,
+            Ok(Ok(_))
+        )
     }
 
     async fn settings_key(
