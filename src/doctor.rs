@@ -2,6 +2,7 @@
 //! everything it needs is in place — without building anything.
 
 use crate::binfmt::{Emulation, Runnable};
+use crate::build::{connect_spec, sticky_key, sticky_slot};
 use crate::engine::Engine;
 use crate::pipeline::{image_needs_emulation, BuildOptions};
 use crate::plan;
@@ -73,24 +74,16 @@ async fn plan_lines(
             .binfmt
             .or(unit.image.binfmt)
             .unwrap_or(project.binfmt);
-        let execution = if !unit.foreign {
-            Execution::Native
-        } else if !image_needs_emulation(unit.image)? {
-            Execution::NoEmulationNeeded
-        } else {
-            match emulation.probe(&unit.platform).await? {
-                Runnable::Native => Execution::Native,
-                Runnable::Emulated => Execution::EmulatedRegistered,
-                Runnable::NotRunnable if mode == BinfmtMode::Auto => {
-                    Execution::EmulatedWillRegister
-                }
-                Runnable::NotRunnable => Execution::NotRunnable,
-            }
-        };
+        let execution = execution(unit, mode, engine, emulation).await?;
         let warning = match execution {
             Execution::EmulatedRegistered | Execution::EmulatedWillRegister => Some(format!(
                 "RUN steps for {} execute under QEMU: typically 5-10x slower than a native builder",
                 unit.platform
+            )),
+            Execution::NotRunnable if engine.daemon.is_some() => Some(format!(
+                "{} is not among the platforms {}'s workers run: register QEMU on its host and restart buildkitd, or add a native daemon under `builders:`",
+                unit.platform,
+                engine.described()
             )),
             Execution::NotRunnable => Some(format!(
                 "{} cannot run on this engine and binfmt is `{}`: set `binfmt: auto` or give it a native builder under `builders:`",
@@ -99,34 +92,69 @@ async fn plan_lines(
             )),
             _ => None,
         };
-        let builder = project
-            .builders
-            .get(&unit.platform)
-            .map(|list| {
-                list.iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_else(|| {
-                format!(
-                    "{} ({}, {})",
-                    engine.endpoint,
-                    engine.product_version(),
-                    engine.native
-                )
-            });
         lines.push(PlanLine {
             image: unit.image.name.clone(),
             platform: unit.platform.clone(),
             execution,
-            builder,
+            builder: planned_builder(project, unit, engine),
             binfmt: mode,
             after: plan.dependencies.dependencies(&unit.image.name),
             warning,
         });
     }
     Ok(lines)
+}
+
+/// How `unit` will run on the default engine: a daemon's workers list what it runs
+/// (polyarch probes and registers nothing there); an engine is probed.
+async fn execution(
+    unit: &plan::Unit<'_>,
+    mode: BinfmtMode,
+    engine: &Engine,
+    emulation: &Emulation,
+) -> Result<Execution> {
+    if !unit.foreign {
+        return Ok(Execution::Native);
+    }
+    if !image_needs_emulation(unit.image)? {
+        return Ok(Execution::NoEmulationNeeded);
+    }
+    if let Some(standalone) = &engine.daemon {
+        return Ok(match standalone.platforms.contains(&unit.platform) {
+            true => Execution::EmulatedRegistered,
+            false => Execution::NotRunnable,
+        });
+    }
+    Ok(match emulation.probe(&unit.platform).await? {
+        Runnable::Native => Execution::Native,
+        Runnable::Emulated => Execution::EmulatedRegistered,
+        Runnable::NotRunnable if mode == BinfmtMode::Auto => Execution::EmulatedWillRegister,
+        Runnable::NotRunnable => Execution::NotRunnable,
+    })
+}
+
+/// Which builder takes `unit`: of its platform's `builders:` list, the one it is sticky
+/// to (the next one takes it while that one is down); else the default engine or daemon.
+fn planned_builder(project: &Project, unit: &plan::Unit<'_>, engine: &Engine) -> String {
+    match project.builders.get(&unit.platform) {
+        Some(list) if list.len() > 1 => {
+            let key = sticky_key(&unit.image.repository, &unit.image.name);
+            let slot = sticky_slot(&key, list.len());
+            format!(
+                "{} (sticky: {} of {} in the list, the next one while it is down)",
+                list[slot],
+                slot + 1,
+                list.len()
+            )
+        }
+        Some(list) if !list.is_empty() => list[0].to_string(),
+        _ => format!(
+            "{} ({}, {})",
+            engine.endpoint,
+            engine.product_version(),
+            engine.native
+        ),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -158,29 +186,17 @@ fn check(name: &str, verdict: Verdict, detail: String, fix: Option<&str>) -> Che
 /// Every check in one go; the caller exits 0 only when none failed.
 pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Check> {
     let mut checks = Vec::new();
-    let engine = match Engine::connect().await {
+    let engine = match Engine::connect_builder().await {
         Ok(engine) => {
-            checks.push(check(
-                "engine",
-                Verdict::Ok,
-                format!(
-                    "{} reachable: {} (API {}), {}",
-                    engine.endpoint,
-                    engine.product_version(),
-                    engine.api_version,
-                    engine.native
-                ),
-                None,
-            ));
+            checks.push(engine_check(&engine));
             engine
         }
         Err(e) => {
-            checks.push(check(
-                "engine",
-                Verdict::Fail,
-                e.to_string(),
-                Some("start dockerd, or point DOCKER_HOST at a running engine"),
-            ));
+            let fix = match std::env::var_os("BUILDKIT_HOST").is_some_and(|h| !h.is_empty()) {
+                true => "start buildkitd at BUILDKIT_HOST, or unset it to build on a Docker engine",
+                false => "start dockerd, or point DOCKER_HOST at a running engine",
+            };
+            checks.push(check("engine", Verdict::Fail, e.to_string(), Some(fix)));
             return checks;
         }
     };
@@ -195,7 +211,8 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
             } else {
                 format!("builder {platform}")
             };
-            checks.push(builder_check(name, spec, list.len() > 1).await);
+            let builds = sticky_images(project, platform, list.len(), i);
+            checks.push(builder_check(name, spec, list.len() > 1, &builds).await);
         }
     }
     checks.extend(platform_checks(project, &engine, options).await);
@@ -203,9 +220,60 @@ pub async fn doctor(project: Option<&Project>, options: &BuildOptions) -> Vec<Ch
     checks
 }
 
+/// Where builds go by default: the engine, or the daemon `BUILDKIT_HOST` names.
+fn engine_check(engine: &Engine) -> Check {
+    let detail = match &engine.daemon {
+        Some(standalone) => format!(
+            "{} (BUILDKIT_HOST) reachable: {}, its workers run {}; every platform without a builder under `builders:` builds there",
+            engine.described(),
+            engine.product_version(),
+            platform_list(&standalone.platforms)
+        ),
+        None => format!(
+            "{} reachable: {} (API {}), {}",
+            engine.endpoint,
+            engine.product_version(),
+            engine.api_version,
+            engine.native
+        ),
+    };
+    check("engine", Verdict::Ok, detail, None)
+}
+
+fn platform_list(platforms: &[Platform]) -> String {
+    let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
+    names.join(", ")
+}
+
+/// "; builds api, web": the project's images of `platform` that the builder at `place`
+/// of a list of `len` takes (all of them when it is alone, else those sticky to it).
+fn sticky_images(project: &Project, platform: &Platform, len: usize, place: usize) -> String {
+    let names: Vec<&str> = project
+        .images
+        .iter()
+        .filter(|i| i.platforms.contains(platform))
+        .filter(|i| len == 1 || sticky_slot(&sticky_key(&i.repository, &i.name), len) == place)
+        .map(|i| i.name.as_str())
+        .collect();
+    match names.is_empty() {
+        true => format!("; builds no image's {platform} while the list's others answer"),
+        false => format!("; builds {platform} of {}", names.join(", ")),
+    }
+}
+
 /// BuildKit on the engine, and binfmt_misc where the engine is this host.
 fn host_checks(engine: &Engine) -> Vec<Check> {
     let mut checks = Vec::new();
+    if engine.daemon.is_some() {
+        // A daemon's workers say what it runs; polyarch registers nothing on its host.
+        checks.push(check(
+            "buildkit",
+            Verdict::Ok,
+            "standalone daemon: builds solve through its control API and it pushes each platform image by digest itself".into(),
+            None,
+        ));
+        return checks;
+    }
     checks.push(if engine.buildkit {
         check(
             "buildkit",
@@ -312,17 +380,18 @@ async fn registry_checks(project: &Project, options: &BuildOptions) -> Vec<Check
     checks
 }
 
-/// One line per builder: reachable (TLS or ssh included), and BuildKit answering on it.
-/// `in_list`: other builders of the platform can take its builds while it is down.
-async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check {
-    let engine = match async { Engine::connect_to(spec.endpoint()?).await }.await {
+/// One line per builder: reachable (TLS or ssh included), BuildKit answering on it, and
+/// which images it builds (`builds`). `in_list`: other builders of the platform can take
+/// its builds while it is down.
+async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool, builds: &str) -> Check {
+    let engine = match connect_spec(spec).await {
         Ok(engine) => engine,
         Err(e) if in_list => {
             return check(
                 &name,
                 Verdict::Warn,
-                e.to_string(),
-                Some("the platform's other builders take its builds while it is unreachable"),
+                format!("{e}{builds}"),
+                Some("the platform's other builders take its builds while it is unreachable (the next one in the list)"),
             )
         }
         Err(e) if spec.fallback == Fallback::Emulate => {
@@ -335,6 +404,15 @@ async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check
         }
         Err(e) => return check(&name, Verdict::Fail, e.to_string(), None),
     };
+    if let Some(standalone) = &engine.daemon {
+        let detail = format!(
+            "{} reachable: {}, its workers run {}{builds}",
+            engine.described(),
+            engine.product_version(),
+            platform_list(&standalone.platforms)
+        );
+        return check(&name, Verdict::Ok, detail, None);
+    }
     let reached = format!(
         "{} reachable: {} (API {}), {}",
         engine.location.address(),
@@ -351,7 +429,12 @@ async fn builder_check(name: String, spec: &BuilderSpec, in_list: bool) -> Check
         );
     }
     match crate::buildkit::reachable(&engine.location).await {
-        Ok(()) => check(&name, Verdict::Ok, format!("{reached}, BuildKit answers"), None),
+        Ok(()) => check(
+            &name,
+            Verdict::Ok,
+            format!("{reached}, BuildKit answers{builds}"),
+            None,
+        ),
         Err(e) => check(
             &name,
             Verdict::Fail,

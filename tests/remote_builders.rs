@@ -584,8 +584,9 @@ fn netns_builders_over_tls_a_context_and_ssh_build_arm64() {
         build_and_verify(&file, &repo, &[("PATH", &path)], "ssh://arm-box", &host),
     ));
 
-    // 4. A list: the down builder is left out with a warning, and the two images'
-    //    arm64 builds spread over the other two (the same engine, reached two ways).
+    // 4. A list: the down builder is left out with a warning, and each image's arm64
+    //    build goes to the builder it is sticky to, or after the down one to the next
+    //    (the same engine, reached two ways).
     let dir = tempfile::tempdir().unwrap();
     certs_into(
         dir.path(),
@@ -639,9 +640,16 @@ fn netns_builders_over_tls_a_context_and_ssh_build_arm64() {
             .unwrap_or_else(|| panic!("no arm64 builder: {record:#}"))
             .to_string()
     };
+    let sticky = |name: &str, repo: &str| match polyarch::build::sticky_slot(
+        &polyarch::build::sticky_key(repo, name),
+        3,
+    ) {
+        2 => "ssh://arm-box".to_string(),
+        _ => tcp.clone(),
+    };
     assert_eq!(
         [arm_builder(0), arm_builder(1)],
-        [tcp.clone(), "ssh://arm-box".to_string()],
+        [sticky("one", &repos[0]), sticky("two", &repos[1])],
         "{record:#}"
     );
     assert_eq!(record["covered"], true, "{record:#}");
@@ -885,10 +893,14 @@ fn netns_a_build_whose_builder_is_lost_is_built_again_on_the_next_one() {
         ),
     );
     fs::write(dir.path().join("wait"), "120\n").unwrap();
-    let builders = [
+    let mut builders = [
         tls_builder(dir.path(), &lost, "lost"),
         tls_builder(dir.path(), &next, "next"),
     ];
+    // The image goes to the builder it is sticky to: put the one to lose there.
+    if polyarch::build::sticky_slot(&polyarch::build::sticky_key(&repo, "retried"), 2) == 1 {
+        builders.reverse();
+    }
     let file = dir.path().join("polyarch.yaml");
     fs::write(
         &file,

@@ -4,6 +4,7 @@
 
 use super::Result;
 use super::{build, temporary_tag, BuiltImage, Output, UnitBuild};
+use crate::buildkit::daemon::Daemon;
 use crate::cleanup::Cleanup;
 use crate::engine::Engine;
 use crate::export::{self, ExportedImage};
@@ -82,7 +83,19 @@ impl Builder for Engine {
     }
 
     async fn answers(&self) -> bool {
-        self.location.probe().await.is_ok()
+        let Some(standalone) = &self.daemon else {
+            return self.location.probe().await.is_ok();
+        };
+        // A daemon speaks only gRPC (no `/_ping`): asked its version on a new connection,
+        // bounded as the probe is, for a host that went away silently.
+        let asked = async {
+            let daemon = Daemon::connect(&standalone.daemon.endpoint).await?;
+            daemon.version().await
+        };
+        matches!(
+            tokio::time::timeout(std::time::Duration::from_secs(10), asked).await,
+            Ok(Ok(_))
+        )
     }
 
     async fn settings_key(

@@ -34,7 +34,7 @@ mod log;
 mod platforms;
 
 pub use builder::Builder;
-pub use builders::Builders;
+pub use builders::{connect_spec, sticky_key, sticky_slot, Builders};
 pub use classic::classic_context_digest;
 use classic::*;
 pub use default_engine::default_engine;

@@ -21,7 +21,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
     /// Nothing answers at the address.
-    #[error("BuildKit daemon {daemon} is down or unreachable ({source}); start buildkitd there or correct the address (BUILDKIT_HOST)")]
+    #[error("BuildKit daemon {daemon} is down or unreachable ({source}); start buildkitd there or correct the address (BUILDKIT_HOST, or `buildkit:` under `builders:`)")]
     Down {
         daemon: String,
         #[source]

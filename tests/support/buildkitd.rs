@@ -129,6 +129,10 @@ impl Private {
 impl Drop for Private {
     /// SIGTERM first so that the daemon unmounts its snapshots before its state goes.
     fn drop(&mut self) {
+        // Already gone (`kill`): nothing to stop.
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
         let _ = Command::new("kill")
             .arg(self.child.id().to_string())
             .status();
