@@ -336,12 +336,6 @@ impl Endpoint {
     /// Opens a connection and asks `GET /_ping`, so a down engine, an untrusted or
     /// refused certificate and a failing ssh are told apart before anything else.
     pub async fn probe(&self) -> Result<(), EndpointError> {
-        self.ping().await.map(drop)
-    }
-
-    /// `GET /_ping`: whether an engine answers here, and the API version it speaks (its
-    /// `API-Version` header), which spares the client a `/version` round trip to learn it.
-    pub async fn ping(&self) -> Result<Option<bollard::ClientVersion>, EndpointError> {
         let mut stream = self.connect().await?;
         let ssh_stderr = stream.ssh_stderr();
         let request = b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n";
@@ -373,7 +367,7 @@ impl Endpoint {
         let status = String::from_utf8_lossy(&answer);
         let status = status.lines().next().unwrap_or_default().trim().to_string();
         if status.starts_with("HTTP/1.") && status.contains(" 200") {
-            return Ok(api_version_header(&String::from_utf8_lossy(&answer)));
+            return Ok(());
         }
         if let (Transport::Ssh(target), Some(stderr)) = (&self.transport, ssh_stderr) {
             // ssh wrote why it ended; give it a moment to finish writing.
@@ -405,19 +399,11 @@ impl Endpoint {
     /// else hyper over [`Endpoint::connect`] (TLS, ssh), pooled so that ssh is not
     /// started again for every request.
     pub fn docker(&self) -> Result<Docker, bollard::errors::Error> {
-        self.docker_at(bollard::API_DEFAULT_VERSION)
-    }
-
-    /// [`Endpoint::docker`] speaking API `version`.
-    pub fn docker_at(
-        &self,
-        version: &bollard::ClientVersion,
-    ) -> Result<Docker, bollard::errors::Error> {
         match &self.transport {
             Transport::Unix(path) => Docker::connect_with_socket(
                 &format!("unix://{}", path.display()),
                 REQUEST_TIMEOUT_SECS,
-                version,
+                bollard::API_DEFAULT_VERSION,
             ),
             Transport::Tcp {
                 host,
@@ -426,7 +412,7 @@ impl Endpoint {
             } => Docker::connect_with_http(
                 &format!("tcp://{host}:{port}"),
                 REQUEST_TIMEOUT_SECS,
-                version,
+                bollard::API_DEFAULT_VERSION,
             ),
             _ => {
                 let endpoint = self.clone();
@@ -456,7 +442,7 @@ impl Endpoint {
                     },
                     Some("http://docker"),
                     REQUEST_TIMEOUT_SECS,
-                    version,
+                    bollard::API_DEFAULT_VERSION,
                 )
             }
         }
@@ -516,24 +502,6 @@ impl Endpoint {
     }
 }
 
-/// The `API-Version` header of an engine's HTTP answer (`1.41`), as bollard's version.
-fn api_version_header(answer: &str) -> Option<bollard::ClientVersion> {
-    let value = answer
-        .lines()
-        .take_while(|line| !line.trim().is_empty())
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.trim()
-                .eq_ignore_ascii_case("api-version")
-                .then(|| value.trim())
-        })?;
-    let (major, minor) = value.split_once('.')?;
-    Some(bollard::ClientVersion {
-        major_version: major.parse().ok()?,
-        minor_version: minor.parse().ok()?,
-    })
-}
-
 fn is_loopback_host(host: &str) -> bool {
     host == "localhost"
         || host
@@ -544,15 +512,6 @@ fn is_loopback_host(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn reads_the_api_version_an_engine_pings_back() {
-        let answer = "HTTP/1.1 200 OK\r\nApi-Version: 1.41\r\nDocker-Experimental: false\r\n\r\nOK";
-        let version = api_version_header(answer).unwrap();
-        assert_eq!((version.major_version, version.minor_version), (1, 41));
-        assert!(api_version_header("HTTP/1.1 200 OK\r\n\r\nApi-Version: 1.41").is_none());
-        assert!(api_version_header("HTTP/1.1 200 OK\r\nAPI-Version: one\r\n\r\n").is_none());
-    }
 
     #[test]
     fn parses_the_docker_cli_address_forms() {
