@@ -31,6 +31,7 @@ pub mod layout;
 pub mod oci;
 pub mod pipeline;
 pub mod plan;
+pub mod plan_report;
 pub mod platform;
 pub mod progress;
 pub mod project;

@@ -16,6 +16,7 @@ const AREAS: &[(&str, &[&str], &[&str])] = &[
             "pipeline",
             "assemble",
             "doctor",
+            "plan_report",
             "gate",
             "cache",
             "verify_by_name",

@@ -308,7 +308,7 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
     };
     let engine =
         polyarch::build::default_engine(&project, &options.images, &options.platforms).await?;
-    let lines = polyarch::doctor::plan_report(&project, &engine, &options).await?;
+    let lines = polyarch::plan_report::plan_report(&project, &engine, &options).await?;
     match args.output_format {
         OutputFormat::Json => println!(
             "{}",
