@@ -24,7 +24,7 @@ pub trait Builder {
     /// image to a registry itself.
     fn containerd_store(&self) -> bool;
     /// Whether it is a standalone BuildKit daemon, which has no image store to export
-    /// from: it always pushes to the registry itself.
+    /// from: it pushes to the registry itself, or sends the image back as an OCI layout.
     fn standalone(&self) -> bool;
     /// Whether it runs on this machine, and so reaches this machine's loopback registries.
     fn is_local(&self) -> bool;
