@@ -154,6 +154,7 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
         exporter: Exporter {
             kind: "image".into(),
             attrs: HashMap::from([("name".into(), format!("polyarch.test/{marker}"))]),
+            file: None,
         },
         secrets: Default::default(),
         ssh: Default::default(),

@@ -24,7 +24,7 @@ pub trait Builder {
     /// image to a registry itself.
     fn containerd_store(&self) -> bool;
     /// Whether it is a standalone BuildKit daemon, which has no image store to export
-    /// from: it always pushes to the registry itself.
+    /// from: it pushes to the registry itself, or sends the image back as an OCI layout.
     fn standalone(&self) -> bool;
     /// Whether it runs on this machine, and so reaches this machine's loopback registries.
     fn is_local(&self) -> bool;
@@ -117,9 +117,11 @@ impl Builder for Engine {
         reporter: &dyn Reporter,
     ) -> Result<BuiltImage> {
         let may_appear = match output {
-            Output::Engine => cleanup.add(self, &temporary_tag(&spec.name, platform, run_id)),
-            // Nothing is written to the engine.
-            Output::Registry(_) => Default::default(),
+            Output::Engine if !self.standalone() => {
+                cleanup.add(self, &temporary_tag(&spec.name, platform, run_id))
+            }
+            // Nothing is written to the engine: a daemon sends the image back.
+            Output::Engine | Output::Registry(_) => Default::default(),
         };
         let unit = UnitBuild {
             spec,
@@ -138,6 +140,11 @@ impl Builder for Engine {
         platform: &Platform,
         reporter: &dyn Reporter,
     ) -> Result<ExportedImage> {
+        if let Some(layout) = &built.layout {
+            let exported =
+                export::read_layout_file(layout.path(), &spec.name, platform, reporter).await?;
+            return Ok(exported);
+        }
         let exported = export::export_image(
             &self.docker,
             &built.id,
@@ -150,6 +157,10 @@ impl Builder for Engine {
     }
 
     async fn remove(&self, cleanup: &Cleanup, tag: &str) -> bool {
+        // A daemon stored nothing under the tag (its layout file goes with the build).
+        if self.standalone() {
+            return true;
+        }
         cleanup.remove(self, tag).await
     }
 }

@@ -157,6 +157,7 @@ impl Builder for FakeBuilder {
             transfers: Vec::new(),
             sent_context: None,
             pushed,
+            layout: None,
         })
     }
 

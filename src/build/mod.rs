@@ -64,12 +64,16 @@ pub struct BuiltImage {
     /// The manifest the engine pushed itself ([`Output::Registry`]); `id` is its digest
     /// then, and nothing was written to the engine.
     pub pushed: Option<PushedManifest>,
+    /// The OCI layout tar a standalone daemon's `oci` exporter sent back (it has no image
+    /// store to export from); `id` is its config's digest then. Deleted on drop.
+    pub layout: Option<std::sync::Arc<tempfile::NamedTempFile>>,
 }
 
 /// Where a build's image goes.
 #[derive(Debug, Clone, Copy)]
 pub enum Output<'a> {
-    /// Into the engine under a temporary tag, to be exported from there.
+    /// Into the engine under a temporary tag, to be exported from there; from a
+    /// standalone daemon, sent back through the session as an OCI layout tar.
     Engine,
     /// Pushed by digest to this repository by the engine's BuildKit, compressed once and
     /// never stored in the engine: what containerd's image store can do.
@@ -191,8 +195,17 @@ async fn build_once(
 
     let foreign = platform.os_arch() != engine.native.os_arch();
     let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
+    let layout = match (output, &engine.daemon) {
+        (Output::Engine, Some(_)) => Some(layout_spool().map_err(|e| {
+            failed(BuildError::Answer(format!(
+                "creating a temporary file for the daemon's OCI layout failed: {e}"
+            )))
+        })?),
+        _ => None,
+    };
+    let into = layout.as_ref().map(|file| file.path());
     let (error, solved, sent_context) =
-        run_build(engine, spec, platform, &tag, output, &mut log).await?;
+        run_build(engine, spec, platform, &tag, output, into, &mut log).await?;
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
@@ -212,6 +225,25 @@ async fn build_once(
             transfers,
             sent_context,
             pushed: Some(pushed),
+            layout: None,
+        }));
+    }
+    if let Some(layout) = layout {
+        let id = exporter_response
+            .get("containerimage.config.digest")
+            .ok_or_else(|| {
+                failed(BuildError::Answer(format!(
+                    "the daemon exported an OCI layout but did not say which config ({exporter_response:?})"
+                )))
+            })?;
+        return Ok(Attempt::Built(BuiltImage {
+            id: id.clone(),
+            tag,
+            seconds: started.elapsed().as_secs_f64(),
+            transfers,
+            sent_context,
+            pushed: None,
+            layout: Some(std::sync::Arc::new(layout)),
         }));
     }
     let read = (transfers, sent_context);
@@ -230,6 +262,7 @@ async fn run_build(
     platform: &Platform,
     tag: &str,
     output: Output<'_>,
+    layout: Option<&Path>,
     log: &mut BuildLog<'_>,
 ) -> Result<Ran> {
     if !engine.buildkit {
@@ -240,12 +273,14 @@ async fn run_build(
             outcome.sent_context,
         ));
     }
-    let exporter = match output {
-        Output::Engine => buildkit::Exporter {
+    let exporter = match (output, layout) {
+        (Output::Engine, Some(file)) => layout_exporter(file, spec),
+        (Output::Engine, None) => buildkit::Exporter {
             kind: "moby".into(),
             attrs: HashMap::from([("name".to_string(), tag.to_string())]),
+            file: None,
         },
-        Output::Registry(repository) => registry_exporter(engine, repository, spec),
+        (Output::Registry(repository), _) => registry_exporter(engine, repository, spec),
     };
     let reporter = log.reporter;
     let mut on_status = |status| {
@@ -293,6 +328,7 @@ async fn built_in_engine(
         transfers,
         sent_context,
         pushed: None,
+        layout: None,
     }))
 }
 
@@ -365,6 +401,37 @@ fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> bui
     buildkit::Exporter {
         kind: "image".into(),
         attrs,
+        file: None,
+    }
+}
+
+/// A temporary file for a daemon's OCI layout tar, beside polyarch's export spools.
+fn layout_spool() -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix("polyarch-layout-")
+        .suffix(".tar")
+        .tempfile()
+}
+
+/// BuildKit's `oci` exporter sending the image back as an OCI layout tar into `file`,
+/// layers compressed as [`registry_exporter`] pushes them, for polyarch to write the
+/// `--output oci:` layout from as it does from an engine's export.
+fn layout_exporter(file: &Path, spec: &ImageSpec) -> buildkit::Exporter {
+    let mut attrs: HashMap<String, String> = [
+        ("oci-mediatypes", "true"),
+        ("compression", "gzip"),
+        ("compression-level", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if spec.source_date_epoch.is_some() {
+        attrs.insert("rewrite-timestamp".into(), "true".into());
+    }
+    buildkit::Exporter {
+        kind: "oci".into(),
+        attrs,
+        file: Some(file.to_path_buf()),
     }
 }
 

@@ -103,6 +103,9 @@ impl SolveError {
 pub struct Exporter {
     pub kind: String,
     pub attrs: HashMap<String, String>,
+    /// Where the session writes the file the exporter sends back (the `oci` exporter's
+    /// layout tar); None for exporters that keep or push the image themselves.
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// A Dockerfile build for BuildKit's `dockerfile.v0` frontend.
@@ -173,6 +176,7 @@ pub async fn solve_on(
         auth,
         secrets: build.secrets,
         ssh: build.ssh,
+        file_to: build.exporter.file,
     };
     let key = shared_key(build.context);
     let (session, control) = match target {

@@ -1,6 +1,6 @@
 //! A BuildKit session: the engine dials back into services polyarch serves over the
 //! hijacked `/session` connection (file sync for the context, registry credentials,
-//! secrets, SSH agents, health).
+//! secrets, SSH agents, health), and receives what an exporter sends back (FileSend).
 
 use super::connection;
 use super::filesync::SyncedDirs;
@@ -15,17 +15,19 @@ use bollard_buildkit_proto::health::{
 use bollard_buildkit_proto::moby::buildkit::secrets::v1::secrets_server::SecretsServer;
 use bollard_buildkit_proto::moby::buildkit::v1::control_client::ControlClient;
 use bollard_buildkit_proto::moby::filesync::v1::auth_server::{Auth, AuthServer};
+use bollard_buildkit_proto::moby::filesync::v1::file_send_server::{FileSend, FileSendServer};
 use bollard_buildkit_proto::moby::filesync::v1::file_sync_server::FileSyncServer;
 use bollard_buildkit_proto::moby::filesync::v1::{
-    CredentialsRequest, CredentialsResponse, FetchTokenRequest, FetchTokenResponse,
+    BytesMessage, CredentialsRequest, CredentialsResponse, FetchTokenRequest, FetchTokenResponse,
     GetTokenAuthorityRequest, GetTokenAuthorityResponse, VerifyTokenAuthorityRequest,
     VerifyTokenAuthorityResponse,
 };
 use bollard_buildkit_proto::moby::sshforward::v1::ssh_server::SshServer;
 use hyper_util::rt::TokioIo;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -44,6 +46,10 @@ const METHODS: &[&str] = &[
     "/moby.sshforward.v1.SSH/ForwardAgent",
 ];
 
+/// Announced only when the session takes an exporter's file: the exporter fails up front
+/// ("not supported by the client") rather than sending into nothing.
+const FILE_SEND: &str = "/moby.filesync.v1.FileSend/DiffCopy";
+
 /// What a session serves besides its health.
 pub struct Services {
     /// The context and Dockerfile directories.
@@ -51,6 +57,8 @@ pub struct Services {
     pub auth: SessionAuth,
     pub secrets: SecretStore,
     pub ssh: SshAgents,
+    /// Where an exporter's file (the `oci` exporter's layout tar) is written.
+    pub file_to: Option<PathBuf>,
 }
 
 /// A running session; dropping it ends it.
@@ -75,7 +83,8 @@ impl Session {
         services: Services,
     ) -> std::io::Result<Session> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let upgraded = connection::upgrade(endpoint, "/session", &headers(&id, shared_key)).await?;
+        let headers = headers(&id, shared_key, services.file_to.is_some());
+        let upgraded = connection::upgrade(endpoint, "/session", &headers).await?;
         Ok(Session::serve(id, TokioIo::new(upgraded), services))
     }
 
@@ -86,7 +95,8 @@ impl Session {
         services: Services,
     ) -> std::io::Result<Session> {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let stream = super::session_stream::open(control, &headers(&id, shared_key)).await?;
+        let headers = headers(&id, shared_key, services.file_to.is_some());
+        let stream = super::session_stream::open(control, &headers).await?;
         Ok(Session::serve(id, stream, services))
     }
 
@@ -100,7 +110,12 @@ impl Session {
             .add_service(FileSyncServer::new(services.dirs))
             .add_service(AuthServer::new(services.auth))
             .add_service(SecretsServer::new(services.secrets))
-            .add_service(SshServer::new(services.ssh));
+            .add_service(SshServer::new(services.ssh))
+            .add_optional_service(
+                services
+                    .file_to
+                    .map(|path| FileSendServer::new(FileSink(path))),
+            );
         // One connection, then nothing more: the server lives as long as the session.
         let incoming = futures_util::StreamExt::chain(
             futures_util::stream::iter([Ok::<_, std::io::Error>(SessionStream(io))]),
@@ -116,7 +131,7 @@ impl Session {
 
 /// The session's name for the daemon: headers of `/session`, metadata of
 /// `Control/Session`.
-fn headers(id: &str, shared_key: &str) -> Vec<(&'static str, String)> {
+fn headers(id: &str, shared_key: &str, file_send: bool) -> Vec<(&'static str, String)> {
     let mut headers = vec![
         ("X-Docker-Expose-Session-Uuid", id.to_string()),
         ("X-Docker-Expose-Session-Name", "polyarch".to_string()),
@@ -125,9 +140,37 @@ fn headers(id: &str, shared_key: &str) -> Vec<(&'static str, String)> {
     headers.extend(
         METHODS
             .iter()
+            .chain(file_send.then_some(&FILE_SEND))
             .map(|m| ("X-Docker-Expose-Session-Grpc-Method", m.to_string())),
     );
     headers
+}
+
+/// Writes the file an exporter sends (BuildKit's `CopyFileWriter`: the bytes as
+/// `BytesMessage` chunks, then the end of the stream) to its path as it comes, so memory
+/// stays bounded whatever the image's size.
+struct FileSink(PathBuf);
+
+#[tonic::async_trait]
+impl FileSend for FileSink {
+    type DiffCopyStream = futures_util::stream::Empty<Result<BytesMessage, Status>>;
+
+    async fn diff_copy(
+        &self,
+        request: Request<tonic::Streaming<BytesMessage>>,
+    ) -> Result<Response<Self::DiffCopyStream>, Status> {
+        let failed = |e: std::io::Error| {
+            Status::internal(format!("writing {} failed: {e}", self.0.display()))
+        };
+        let mut chunks = request.into_inner();
+        let file = tokio::fs::File::create(&self.0).await.map_err(failed)?;
+        let mut file = tokio::io::BufWriter::with_capacity(256 * 1024, file);
+        while let Some(chunk) = chunks.message().await? {
+            file.write_all(&chunk.data).await.map_err(failed)?;
+        }
+        file.flush().await.map_err(failed)?;
+        Ok(Response::new(futures_util::stream::empty()))
+    }
 }
 
 /// The engine's side of the session's connection, as tonic's server wants a stream.
@@ -254,5 +297,22 @@ impl Auth for SessionAuth {
         _: Request<VerifyTokenAuthorityRequest>,
     ) -> Result<Response<VerifyTokenAuthorityResponse>, Status> {
         Err(Status::unimplemented("verify_token_authority"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announced(file_send: bool) -> bool {
+        headers("id", "key", file_send)
+            .iter()
+            .any(|(name, value)| name.ends_with("Grpc-Method") && value == FILE_SEND)
+    }
+
+    #[test]
+    fn file_send_is_announced_only_when_the_session_takes_a_file() {
+        assert!(announced(true));
+        assert!(!announced(false));
     }
 }

@@ -29,6 +29,12 @@ pub enum ExportError {
     Worker(#[source] tokio::task::JoinError),
     #[error("cannot create a spool directory: {0}")]
     SpoolDir(#[source] io::Error),
+    #[error("cannot read the daemon's OCI layout {}: {source}", file.display())]
+    LayoutFile {
+        file: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot write the spool {}: {source}", file.display())]
     SpoolWrite {
         file: PathBuf,

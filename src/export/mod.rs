@@ -185,6 +185,55 @@ pub async fn export_image(
     })
 }
 
+/// Reads the OCI layout tar a standalone BuildKit daemon's `oci` exporter sent back
+/// (written to `path`), as [`export_image`] reads an engine's: its layers, already
+/// gzipped, are spooled with their digests in a fresh temporary directory.
+pub async fn read_layout_file(
+    path: &Path,
+    image_name: &str,
+    platform: &Platform,
+    reporter: &dyn Reporter,
+) -> Result<ExportedImage> {
+    let export_err = |source: ExportError| ImageExportError {
+        image: image_name.to_string(),
+        source,
+    };
+    let spool = tempfile::Builder::new()
+        .prefix("polyarch-export-")
+        .tempdir()
+        .map_err(|e| export_err(ExportError::SpoolDir(e)))?;
+    let file = File::open(path).map_err(|source| {
+        export_err(ExportError::LayoutFile {
+            file: path.to_path_buf(),
+            source,
+        })
+    })?;
+    let name = image_name.to_string();
+    let wanted = platform.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        let reader = io::BufReader::with_capacity(COPY_BUF, file);
+        let contents = read_save_stream(reader, spool.path(), &name, Some(&wanted));
+        (contents, spool)
+    });
+    let (contents, spool) = worker
+        .await
+        .map_err(|e| export_err(ExportError::Worker(e)))?;
+    let contents = contents?;
+    reporter.report(Event::Bytes {
+        image: image_name.to_string(),
+        platform: Some(platform.clone()),
+        phase: Phase::Export,
+        done: contents.stream_bytes,
+        total: None,
+    });
+    Ok(ExportedImage {
+        config: contents.config,
+        config_digest: contents.config_digest,
+        layers: contents.layers,
+        spool,
+    })
+}
+
 fn engine_error_message(e: &bollard::errors::Error, image_id: &str) -> String {
     match e {
         bollard::errors::Error::DockerResponseServerError {

@@ -84,16 +84,6 @@ async fn build_and_push_all<'a>(
 ) -> Result<Built<'a>> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
-    let daemon = std::iter::once(engine)
-        .chain(builders.by_platform.values().flatten())
-        .find(|e| e.daemon.is_some());
-    if let (Some(dir), Some(daemon)) = (&options.layout, daemon) {
-        return Err(Error::Usage(format!(
-            "--output oci:{} is not supported on {} yet: push to a registry, or build on Docker engines (unset BUILDKIT_HOST, host: in builders:)",
-            dir.display(),
-            daemon.described()
-        )));
-    }
     let destination = destination(&plan, options).await?;
     let blobs = Arc::new(BlobMemory::open());
     if let Destination::Registry(registry) = &destination {
