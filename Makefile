@@ -35,7 +35,7 @@ demo: build
 # and run once. Then the integration tests whose outcome depends on the engine
 # (ENGINE_TESTS) on Docker 28.5 with the containerd store (scripts/engine28.sh), and the
 # `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
-# The `buildkitd_` tests (tests/buildkitd.rs, tests/buildkitd_farm.rs) build on daemons (some beside the
+# The `buildkitd_` tests (tests/buildkitd*.rs) build on daemons (some beside the
 # machine's engine), so they run in the first pass only.
 test: env
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip podman_ $(TEST_ARGS)

@@ -471,7 +471,7 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
 /// A CI job with no Docker engine: every platform has a daemon under `builders:`, so
 /// `plan` and `build` need no engine; a platform left without one still does.
 #[test]
-fn builders_on_daemons_for_every_platform_need_no_docker_engine() {
+fn buildkitd_builders_for_every_platform_need_no_docker_engine() {
     let bk = support::buildkitd::shared();
     let registry = support::Registry::start();
     let dir = tempfile::tempdir().unwrap();
