@@ -367,17 +367,12 @@ fn stopped_build(
     Err(log.failure(message, |m| failed(BuildError::StepFailed(m))))
 }
 
-/// BuildKit's image exporter pushing by digest to `repository`: compressed once (gzip
-/// level 1, as polyarch's own export: BuildKit's default level 6 took a fifth of a cold
-/// build's wall time on incompressible layers), never stored in the engine; each platform manifest gets the image's annotations, and with
-/// `SOURCE_DATE_EPOCH` the exporter clamps the layers' file times to it.
-fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
+/// How BuildKit's exporters (an engine's or a daemon's) write every layer: gzip level 1, as polyarch's own
+/// export (BuildKit's default level 6 took a fifth of a cold build's wall time on
+/// incompressible layers), OCI media types, and with `SOURCE_DATE_EPOCH` the layers' file
+/// times clamped to it.
+fn layer_attrs(spec: &ImageSpec) -> HashMap<String, String> {
     let mut attrs: HashMap<String, String> = [
-        ("name", repository),
-        ("push", "true"),
-        ("push-by-digest", "true"),
-        ("store", "false"),
-        ("unpack", "false"),
         ("oci-mediatypes", "true"),
         ("compression", "gzip"),
         ("compression-level", "1"),
@@ -385,11 +380,28 @@ fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> bui
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    for (key, value) in &spec.annotations.manifest {
-        attrs.insert(format!("annotation-manifest.{key}"), value.clone());
-    }
     if spec.source_date_epoch.is_some() {
         attrs.insert("rewrite-timestamp".into(), "true".into());
+    }
+    attrs
+}
+
+/// BuildKit's image exporter pushing by digest to `repository`, layers as
+/// [`layer_attrs`] has them, never stored in the engine; each platform manifest gets the
+/// image's annotations.
+fn registry_exporter(engine: &Engine, repository: &str, spec: &ImageSpec) -> buildkit::Exporter {
+    let mut attrs = layer_attrs(spec);
+    for (key, value) in [
+        ("name", repository),
+        ("push", "true"),
+        ("push-by-digest", "true"),
+        ("store", "false"),
+        ("unpack", "false"),
+    ] {
+        attrs.insert(key.to_string(), value.to_string());
+    }
+    for (key, value) in &spec.annotations.manifest {
+        attrs.insert(format!("annotation-manifest.{key}"), value.clone());
     }
     // An engine's BuildKit talks plain HTTP to loopback registries by itself (the
     // engine's own insecure list); a daemon's needs telling.
@@ -414,20 +426,10 @@ fn layout_spool() -> std::io::Result<tempfile::NamedTempFile> {
 }
 
 /// BuildKit's `oci` exporter sending the image back as an OCI layout tar into `file`,
-/// layers compressed as [`registry_exporter`] pushes them, for polyarch to write the
+/// layers as [`layer_attrs`] has them, for polyarch to write the
 /// `--output oci:` layout from as it does from an engine's export.
 fn layout_exporter(file: &Path, spec: &ImageSpec) -> buildkit::Exporter {
-    let mut attrs: HashMap<String, String> = [
-        ("oci-mediatypes", "true"),
-        ("compression", "gzip"),
-        ("compression-level", "1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    if spec.source_date_epoch.is_some() {
-        attrs.insert("rewrite-timestamp".into(), "true".into());
-    }
+    let attrs = layer_attrs(spec);
     buildkit::Exporter {
         kind: "oci".into(),
         attrs,

@@ -115,10 +115,7 @@ pub async fn export_image(
         image: image_name.to_string(),
         source,
     };
-    let spool = tempfile::Builder::new()
-        .prefix("polyarch-export-")
-        .tempdir()
-        .map_err(|e| export_err(ExportError::SpoolDir(e)))?;
+    let spool = spool_dir().map_err(export_err)?;
 
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
     let name = image_name.to_string();
@@ -185,6 +182,14 @@ pub async fn export_image(
     })
 }
 
+/// A fresh temporary directory for one image's spooled layers.
+fn spool_dir() -> Result<tempfile::TempDir, ExportError> {
+    tempfile::Builder::new()
+        .prefix("polyarch-export-")
+        .tempdir()
+        .map_err(ExportError::SpoolDir)
+}
+
 /// Reads the OCI layout tar a standalone BuildKit daemon's `oci` exporter sent back
 /// (written to `path`), as [`export_image`] reads an engine's: its layers, already
 /// gzipped, are spooled with their digests in a fresh temporary directory.
@@ -198,10 +203,7 @@ pub async fn read_layout_file(
         image: image_name.to_string(),
         source,
     };
-    let spool = tempfile::Builder::new()
-        .prefix("polyarch-export-")
-        .tempdir()
-        .map_err(|e| export_err(ExportError::SpoolDir(e)))?;
+    let spool = spool_dir().map_err(export_err)?;
     let file = File::open(path).map_err(|source| {
         export_err(ExportError::LayoutFile {
             file: path.to_path_buf(),
