@@ -91,6 +91,10 @@ impl Private {
             .arg("--tlskey")
             .arg(tls.join("server.key"))
             .args(["--oci-worker=true", "--containerd-worker=false"])
+            // Its own trace socket: every buildkitd binds /run/buildkit/otel-grpc.sock by
+            // default, and two tests' daemons starting at once collided on it.
+            .arg("--otel-socket-path")
+            .arg(state.path().join("otel-grpc.sock"))
             .env_remove("BUILDKIT_HOST")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
