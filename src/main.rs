@@ -7,7 +7,7 @@ mod cli;
 use clap::{CommandFactory, FromArgMatches};
 use cli::args::Cli;
 use cli::plugin::Invocation;
-use polyarch::error::exit;
+use polyarch::flows::error::exit;
 
 fn main() {
     let (args, bin_name) = match cli::plugin::invocation(std::env::args_os().collect()) {

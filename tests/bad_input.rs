@@ -9,7 +9,7 @@
 mod proxy;
 mod support;
 
-use polyarch::oci::sha256_digest;
+use polyarch::base::oci::sha256_digest;
 use proxy::{Fault, Proxy, Rule};
 use serde_json::{json, Value};
 use std::io::{Read, Write};

@@ -4,9 +4,11 @@
 //! a guard that saves the host's binfmt_misc state first and restores exactly that state
 //! on drop (also when a case panics).
 
-use polyarch::binfmt::{Emulation, EmulationError, EmulationStatus, Runnable, BINFMT_MISC};
-use polyarch::engine::Engine;
-use polyarch::progress::{Event, Reporter};
+use polyarch::base::progress::{Event, Reporter};
+use polyarch::builder::binfmt::{
+    Emulation, EmulationError, EmulationStatus, Runnable, BINFMT_MISC,
+};
+use polyarch::docker::engine::Engine;
 use polyarch::project::BinfmtMode;
 use polyarch::Platform;
 use std::fs;
@@ -104,7 +106,7 @@ fn installer_images() -> Vec<String> {
             "images",
             "--format",
             "{{.Repository}}:{{.Tag}}",
-            polyarch::binfmt::INSTALLER_REPOSITORY,
+            polyarch::builder::binfmt::INSTALLER_REPOSITORY,
         ])
         .output()
         .unwrap();

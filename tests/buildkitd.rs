@@ -3,9 +3,9 @@
 
 mod support;
 
-use polyarch::buildkit::daemon::{Daemon, DaemonError};
-use polyarch::endpoint::{Endpoint, EndpointError, TlsFiles};
-use polyarch::platform::Platform;
+use polyarch::base::platform::Platform;
+use polyarch::docker::buildkit::daemon::{Daemon, DaemonError};
+use polyarch::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
 use std::path::Path;
 use std::process::Command;
 
@@ -133,7 +133,7 @@ async fn buildkitd_mutual_tls_mistakes_are_refused_with_the_fix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buildkitd_builds_a_context_sent_through_its_control_session() {
-    use polyarch::buildkit::{solve_on, DockerfileBuild, Exporter, SessionAuth, Target};
+    use polyarch::docker::buildkit::{solve_on, DockerfileBuild, Exporter, SessionAuth, Target};
     use std::collections::HashMap;
     let bk = support::buildkitd::shared();
     let context = tempfile::tempdir().unwrap();

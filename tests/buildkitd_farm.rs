@@ -5,7 +5,7 @@
 
 mod support;
 
-use polyarch::build::{sticky_key, sticky_slot};
+use polyarch::builder::{sticky_key, sticky_slot};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use support::buildkitd::Private;

@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use flate2::read::GzDecoder;
-use polyarch::engine::Engine;
-use polyarch::export::{export_image, ExportedImage};
-use polyarch::progress::{Event, Phase, Reporter};
+use polyarch::base::progress::{Event, Phase, Reporter};
+use polyarch::builder::export::{export_image, ExportedImage};
+use polyarch::docker::engine::Engine;
 use sha2::{Digest, Sha256};
 
 /// Removes the test image when dropped, whether the test passed or not.
@@ -189,7 +189,7 @@ async fn unknown_image_is_an_export_error() {
         &missing,
         "missing",
         None,
-        &polyarch::progress::Silent,
+        &polyarch::base::progress::Silent,
     )
     .await
     .expect_err("exporting a missing image must fail");
@@ -255,7 +255,7 @@ async fn big_layer_exports_in_bounded_memory() {
         &id,
         "export-big-test",
         None,
-        &polyarch::progress::Silent,
+        &polyarch::base::progress::Silent,
     )
     .await
     .expect("export");

@@ -30,7 +30,7 @@ struct Pushed {
 
 /// Uploads a blob the way registries take it from any client: POST, then PUT with the digest.
 fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> Pushed {
-    let digest = polyarch::oci::sha256_digest(bytes);
+    let digest = polyarch::base::oci::sha256_digest(bytes);
     let headers = curl(&[
         "-X",
         "POST",
@@ -86,7 +86,10 @@ fn busybox_layer(arch: &str) -> (String, Vec<u8>) {
     let tar = tar.into_inner().unwrap();
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     std::io::Write::write_all(&mut gz, &tar).unwrap();
-    (polyarch::oci::sha256_digest(&tar), gz.finish().unwrap())
+    (
+        polyarch::base::oci::sha256_digest(&tar),
+        gz.finish().unwrap(),
+    )
 }
 
 /// Pushes an image manifest whose config says `config_arch` and whose layer holds the
@@ -106,7 +109,7 @@ fn put_image(registry: &Registry, repo: &str, config_arch: &str, binary_arch: &s
         "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": layer.digest, "size": layer.size}]
     })
     .to_string();
-    let digest = polyarch::oci::sha256_digest(manifest.as_bytes());
+    let digest = polyarch::base::oci::sha256_digest(manifest.as_bytes());
     registry.put_manifest(repo, &digest, manifest.as_bytes(), MANIFEST);
     Pushed {
         digest,

@@ -109,7 +109,7 @@ fn check_referrer(registry: &Registry, repo: &str, subject: &str) -> String {
     assert_eq!(layer["mediaType"], IN_TOTO);
     let blob = layer["digest"].as_str().unwrap();
     let bytes = curl(&[&format!("{}/v2/{repo}/blobs/{blob}", registry.url())]);
-    assert_eq!(polyarch::oci::sha256_digest(&bytes), blob);
+    assert_eq!(polyarch::base::oci::sha256_digest(&bytes), blob);
     let statement: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(statement["_type"], "https://in-toto.io/Statement/v1");
     assert_eq!(statement["predicateType"], SLSA);
@@ -440,7 +440,7 @@ fn a_refused_referrer_moves_no_tag() {
     let file = project(dir.path(), &proxy.repo(&repo), false);
     let out = build(&file, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let before = polyarch::oci::sha256_digest(&curl(&[
+    let before = polyarch::base::oci::sha256_digest(&curl(&[
         "-H",
         "Accept: application/vnd.oci.image.index.v1+json",
         &format!("{}/v2/{repo}/manifests/v1", registry.url()),
@@ -466,7 +466,7 @@ fn a_refused_referrer_moves_no_tag() {
         error[0].contains("provenance") && error[0].contains("no tag moved"),
         "{err}"
     );
-    let now = polyarch::oci::sha256_digest(&curl(&[
+    let now = polyarch::base::oci::sha256_digest(&curl(&[
         "-H",
         "Accept: application/vnd.oci.image.index.v1+json",
         &format!("{}/v2/{repo}/manifests/v1", registry.url()),

@@ -640,8 +640,8 @@ fn netns_builders_over_tls_a_context_and_ssh_build_arm64() {
             .unwrap_or_else(|| panic!("no arm64 builder: {record:#}"))
             .to_string()
     };
-    let sticky = |name: &str, repo: &str| match polyarch::build::sticky_slot(
-        &polyarch::build::sticky_key(repo, name),
+    let sticky = |name: &str, repo: &str| match polyarch::builder::sticky_slot(
+        &polyarch::builder::sticky_key(repo, name),
         3,
     ) {
         2 => "ssh://arm-box".to_string(),
@@ -898,7 +898,7 @@ fn netns_a_build_whose_builder_is_lost_is_built_again_on_the_next_one() {
         tls_builder(dir.path(), &next, "next"),
     ];
     // The image goes to the builder it is sticky to: put the one to lose there.
-    if polyarch::build::sticky_slot(&polyarch::build::sticky_key(&repo, "retried"), 2) == 1 {
+    if polyarch::builder::sticky_slot(&polyarch::builder::sticky_key(&repo, "retried"), 2) == 1 {
         builders.reverse();
     }
     let file = dir.path().join("polyarch.yaml");

@@ -1,7 +1,7 @@
 //! The command line as clap reads it: commands, their flags and their help.
 
 use clap::{Parser, Subcommand, ValueEnum};
-use polyarch::annotations::AnnotationFlag;
+use polyarch::base::annotations::AnnotationFlag;
 use polyarch::project::{BinfmtMode, CacheRef, Override, SecretFlag, SshFlag};
 use polyarch::Platform;
 use std::path::PathBuf;

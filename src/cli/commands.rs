@@ -3,16 +3,16 @@
 
 use super::args::*;
 use super::report::{JsonReporter, PlainReporter, TerminalReporter};
-use polyarch::cleanup::Cleanup;
-use polyarch::credentials::Credential;
-use polyarch::dependencies::Graph;
-use polyarch::epoch::EpochSource;
-use polyarch::error::exit;
-use polyarch::pipeline::{self, BuildOptions};
-use polyarch::progress::Reporter;
+use polyarch::base::progress::Reporter;
+use polyarch::builder::cleanup::Cleanup;
+use polyarch::flows::error::exit;
+use polyarch::flows::pipeline::{self, BuildOptions};
+use polyarch::project::dependencies::Graph;
+use polyarch::project::source_date_epoch::EpochSource;
 use polyarch::project::{BuildFlags, LoadOptions, Override, Project, Purpose};
-use polyarch::record::{CoverageRecord, PartRecord};
+use polyarch::registry::credentials::Credential;
 use polyarch::registry::RegistryOptions;
+use polyarch::verify::coverage_record::{CoverageRecord, PartRecord};
 use polyarch::Error;
 use std::future::Future;
 use std::io::{IsTerminal, Read};
@@ -32,8 +32,8 @@ pub async fn run(command: Command) -> Result<i32, Error> {
                 "{}",
                 match which {
                     SchemaKind::Project => polyarch::project::SCHEMA_JSON,
-                    SchemaKind::Coverage => polyarch::record::SCHEMA_JSON,
-                    SchemaKind::Gate => polyarch::gate::SCHEMA_JSON,
+                    SchemaKind::Coverage => polyarch::verify::coverage_record::SCHEMA_JSON,
+                    SchemaKind::Gate => polyarch::flows::gate::SCHEMA_JSON,
                 }
             );
             Ok(exit::COVERED)
@@ -50,7 +50,7 @@ pub async fn run(command: Command) -> Result<i32, Error> {
         Command::Version => {
             println!("polyarch {}", env!("CARGO_PKG_VERSION"));
             // Where builds would go, without connecting: what a plugin call selected.
-            match polyarch::endpoint::Endpoint::default_engine() {
+            match polyarch::docker::endpoint::Endpoint::default_engine() {
                 Ok(engine) if engine.name == engine.address() => {
                     println!("engine: {}", engine.name)
                 }
@@ -137,7 +137,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
     // Selecting an image builds the images of the project it builds FROM too, with the
     // same flags, as bake builds a target's `target:` contexts. A cycle is refused here,
     // before any engine is asked.
-    polyarch::plan::select(&project, &images)?;
+    polyarch::project::plan::select(&project, &images)?;
     let graph = Graph::of(&project)?;
     let images = match images.is_empty() {
         true => images,
@@ -168,7 +168,7 @@ async fn run_build(
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
     let engine =
-        polyarch::build::default_engine(project, &options.images, &options.platforms).await?;
+        polyarch::builder::default_engine(project, &options.images, &options.platforms).await?;
     let cleanup = Cleanup::default();
     if push_by_digest {
         let outcome =
@@ -189,7 +189,7 @@ async fn run_build(
 
 /// `--output oci:DIR`: the layout directory (tags come from polyarch.yaml).
 fn layout_dir(destination: &str) -> Result<std::path::PathBuf, Error> {
-    match polyarch::layout::parse_layout_reference(destination) {
+    match polyarch::publish::layout::parse_layout_reference(destination) {
         Some((dir, None)) => Ok(dir),
         _ => Err(Error::Usage(format!(
             "--output {destination}: expected oci:DIR (tags come from polyarch.yaml)"
@@ -220,7 +220,7 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
         .collect::<Result<Vec<_>, _>>()?;
     let options = registry_options(&args.registry)?;
     let reporter = reporter(&args.output);
-    let outcome = polyarch::assemble::assemble(
+    let outcome = polyarch::flows::assemble::assemble(
         &project,
         &parts,
         &args.images,
@@ -240,10 +240,10 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         require_provenance: args.require_provenance,
     };
     let reporter = reporter(&args.output);
-    let configs = polyarch::cache::ConfigMemory::open();
+    let configs = polyarch::flows::cache::ConfigMemory::open();
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
-            polyarch::verify_by_name::verify_reference(
+            polyarch::flows::verify_by_name::verify_reference(
                 reference,
                 &args.platform,
                 &options,
@@ -255,7 +255,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::verify_by_name::verify_project(
+            polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
                 &options,
@@ -276,7 +276,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
 }
 
 async fn gate(args: GateArgs) -> Result<i32, Error> {
-    let options = polyarch::gate::GateOptions {
+    let options = polyarch::flows::gate::GateOptions {
         manifests: args.manifests,
         nodes: args.nodes,
         deep: args.deep,
@@ -285,7 +285,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     };
     let registry = registry_options(&args.registry)?;
     let reporter = reporter(&args.output);
-    let report = polyarch::gate::run(&options, &registry, reporter.as_ref()).await?;
+    let report = polyarch::flows::gate::run(&options, &registry, reporter.as_ref()).await?;
     drop(reporter);
     if let Some(path) = &args.output.record {
         report.write(path)?;
@@ -307,8 +307,8 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
         ..Default::default()
     };
     let engine =
-        polyarch::build::default_engine(&project, &options.images, &options.platforms).await?;
-    let lines = polyarch::plan_report::plan_report(&project, &engine, &options).await?;
+        polyarch::builder::default_engine(&project, &options.images, &options.platforms).await?;
+    let lines = polyarch::flows::plan_report::plan_report(&project, &engine, &options).await?;
     match args.output_format {
         OutputFormat::Json => println!(
             "{}",
@@ -330,7 +330,7 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
         registry: registry_options(&args.registry)?,
         ..Default::default()
     };
-    let checks = polyarch::doctor::doctor(project.as_ref(), &options).await;
+    let checks = polyarch::flows::doctor::doctor(project.as_ref(), &options).await;
     match args.output_format {
         OutputFormat::Json => println!(
             "{}",
@@ -340,7 +340,7 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
     }
     let failed = checks
         .iter()
-        .any(|c| c.verdict == polyarch::doctor::Verdict::Fail);
+        .any(|c| c.verdict == polyarch::flows::doctor::Verdict::Fail);
     Ok(if failed { exit::FAILURE } else { exit::COVERED })
 }
 

@@ -1,7 +1,7 @@
 //! The reporters the CLI hands the library: progress bars on a terminal, plain
 //! timestamped lines otherwise, or JSON lines. They print, so they live in the binary.
 
-use polyarch::progress::{Event, Phase, Reporter};
+use polyarch::base::progress::{Event, Phase, Reporter};
 use polyarch::Platform;
 
 fn unit_label(image: &str, platform: Option<&Platform>) -> String {

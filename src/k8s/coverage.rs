@@ -2,7 +2,7 @@
 //! land on, and the fix when it does not.
 
 use super::*;
-use crate::digest::Digest;
+use crate::base::digest::Digest;
 
 /// What an image reference provides, as the caller looked it up in the registry.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

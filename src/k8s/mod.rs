@@ -10,7 +10,7 @@
 //! parsing; every malformed input becomes one `K8sError::Usage` line naming
 //! `file#document` (1-based), the field path and the fix.
 
-use crate::platform::Platform;
+use crate::base::platform::Platform;
 use serde::{Deserialize, Serialize};
 use serde_norway::{Mapping, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -54,7 +54,7 @@ impl K8sError {
     }
 
     fn unreadable_argument(path: &Path, source: std::io::Error) -> Self {
-        K8sError::Usage(crate::text::unreadable_argument(path, &source))
+        K8sError::Usage(crate::base::text::unreadable_argument(path, &source))
     }
 }
 

@@ -7,9 +7,9 @@ use super::{
     FALLBACKS, SUPPORTED_VERSION,
 };
 use super::{ProjectError, Result};
-use crate::endpoint::{self, TlsFiles};
-use crate::platform::Platform;
-use crate::text::one_line;
+use crate::base::platform::Platform;
+use crate::base::text::one_line;
+use crate::docker::endpoint::{self, TlsFiles};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 

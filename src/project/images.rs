@@ -8,11 +8,11 @@ use super::{
     CacheRef, ImageSpec, Network, Origin, Purpose, Secret, SshAgent, BINFMT_MODES, NETWORKS,
 };
 use super::{ProjectError, Result};
-use crate::annotations::Annotations;
-use crate::buildkit::secrets::{self, SecretSource};
-use crate::buildkit::ssh;
-use crate::platform::Platform;
-use crate::reference::is_tag;
+use crate::base::annotations::Annotations;
+use crate::base::platform::Platform;
+use crate::base::reference::is_tag;
+use crate::docker::buildkit::secrets::{self, SecretSource};
+use crate::docker::buildkit::ssh;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -9,24 +9,27 @@
 //! Between the two, the job's values (`${VAR}`, `--set`; see `values`) are written into
 //! the raw strings, so validation judges and names them like any other.
 
-use crate::annotations::{AnnotationFlag, Annotations};
-use crate::buildkit::secrets::{self, SecretSource};
-use crate::buildkit::ssh::{self, AgentSocket};
-use crate::credentials::Credential;
-use crate::endpoint::{Endpoint, EndpointError, TlsFiles};
-use crate::platform::Platform;
-use crate::reference::{parse_reference, ReferenceError};
-use crate::text::one_line;
+use crate::base::annotations::{AnnotationFlag, Annotations};
+use crate::base::platform::Platform;
+use crate::base::reference::{parse_reference, ReferenceError};
+use crate::base::text::one_line;
+use crate::docker::buildkit::secrets::{self, SecretSource};
+use crate::docker::buildkit::ssh::{self, AgentSocket};
+use crate::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
+use crate::registry::credentials::Credential;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 mod checks;
+pub mod dependencies;
 mod diagnostics;
 mod error;
 mod images;
 mod names;
+pub mod plan;
 mod raw;
+pub mod source_date_epoch;
 mod values;
 
 use checks::Cx;
@@ -298,7 +301,7 @@ pub struct BuildFlags {
     pub annotations: Vec<AnnotationFlag>,
     /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
     /// `reproducible: true`.
-    pub source_date_epoch: Option<(u64, crate::epoch::EpochSource)>,
+    pub source_date_epoch: Option<(u64, crate::project::source_date_epoch::EpochSource)>,
 }
 
 /// One `--secret` value, parsed (relative paths against the working directory).
@@ -618,13 +621,13 @@ fn check_sources(image: &ImageSpec, file: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Sets the image's epoch (see [`crate::epoch::choose`]); where a `reproducible: true`
+/// Sets the image's epoch (see [`crate::project::source_date_epoch::choose`]); where a `reproducible: true`
 /// image's epoch came from, for the record.
 fn epoch_for(
     image: &mut ImageSpec,
     flags: &BuildFlags,
 ) -> std::result::Result<Option<values::Provenance>, String> {
-    let chosen = crate::epoch::choose(
+    let chosen = crate::project::source_date_epoch::choose(
         flags.source_date_epoch.clone(),
         image.reproducible,
         &image.context,

@@ -2,7 +2,7 @@
 
 use super::diagnostics::{clip, q};
 
-use crate::reference::{
+use crate::base::reference::{
     check_host, is_path_component, normalise, split_host, HostError, MAX_PATH_LENGTH,
 };
 

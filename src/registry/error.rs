@@ -1,8 +1,8 @@
 //! What kind of registry failure happened, so that callers decide by kind and never by
 //! message text; each variant renders the message users have always seen.
 
-use crate::credentials::CredentialsError;
-use crate::oci::OciError;
+use crate::base::oci::OciError;
+use crate::registry::credentials::CredentialsError;
 use oci_client::errors::OciDistributionError;
 use std::path::PathBuf;
 
@@ -150,7 +150,7 @@ pub enum RegistryError {
         detail: String,
     },
     /// A layer stream that broke off during a deep inspection.
-    #[error("cannot read layer {digest} of {reference}: {}", crate::text::one_line(&source.to_string()))]
+    #[error("cannot read layer {digest} of {reference}: {}", crate::base::text::one_line(&source.to_string()))]
     Layer {
         digest: String,
         reference: String,

@@ -2,7 +2,7 @@
 
 use super::probe::certs_d_root;
 use super::{ClientError, RegistryError};
-use crate::text::one_line;
+use crate::base::text::one_line;
 use oci_client::errors::OciDistributionError;
 use oci_client::Reference;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 
 mod auth;
 mod clients;
+pub mod credentials;
 mod error;
 mod failure;
 mod probe;
@@ -10,14 +11,14 @@ mod push;
 mod read;
 mod referrers;
 
-pub use crate::reference::parse_reference;
+pub use crate::base::reference::parse_reference;
 pub use error::{ClientError, ListingError, RegistryError};
 pub use probe::{certs_d_root, is_loopback};
 pub use push::{BlobPlaces, BlobProgress};
 
-use crate::credentials::{self, Credential};
-use crate::digest::Digest;
-use crate::oci;
+use crate::base::digest::Digest;
+use crate::base::oci;
+use credentials::Credential;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
 use auth::{Challenge, Tokens};

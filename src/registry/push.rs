@@ -3,9 +3,9 @@
 
 use super::Result;
 use super::{parse_reference, Registry};
-use crate::digest::Digest;
-use crate::oci::ManifestBlob;
-use crate::progress::{Event, Phase, Reporter};
+use crate::base::digest::Digest;
+use crate::base::oci::ManifestBlob;
+use crate::base::progress::{Event, Phase, Reporter};
 use crate::Platform;
 use futures_util::TryStreamExt;
 use oci_client::errors::OciDistributionError;

@@ -7,7 +7,7 @@ use super::failure::Attempt;
 use super::probe::PlainAnswer;
 use super::Result;
 use super::{Registry, Scheme, MAX_JSON_BLOB};
-use crate::text::one_line;
+use crate::base::text::one_line;
 use futures_util::TryStreamExt;
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;

@@ -4,8 +4,8 @@
 
 use super::read::read_limited;
 use super::{ClientError, ListingError, Registry, RegistryError, Result};
-use crate::digest::Digest;
-use crate::{attachment, oci};
+use crate::base::digest::Digest;
+use crate::base::{attachment, oci};
 use futures_util::future::{join, join_all};
 use oci_client::Reference;
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! What verify fails with: the source's own failure, content it handed over that is not
 //! what it should be, or an image tag that is not a reference.
 
-use crate::reference::ReferenceError;
+use crate::base::reference::ReferenceError;
 use crate::registry::ClientError;
 
 /// `E`: the source's error ([`super::ContentSource::Error`]), kept as it is so that the

@@ -1,11 +1,11 @@
 //! Verifying a project's image through its tags.
 
 use super::{verify, Checks, KnownConfigs, RegistrySource, Target, VerifyError};
-use crate::digest::Digest;
-use crate::progress::Reporter;
+use crate::base::digest::Digest;
+use crate::base::progress::Reporter;
 use crate::project::ImageSpec;
-use crate::record::ImageCoverage;
 use crate::registry::{ClientError, Registry};
+use crate::verify::coverage_record::ImageCoverage;
 use std::collections::BTreeMap;
 
 /// Reads an image's first tag back and checks it against the declared platforms; every

@@ -2,20 +2,22 @@
 //! platforms: one entry per platform, each entry's config agreeing with the entry, and no
 //! attestation entries (older containerd fails on them with "unknown media type").
 
-use crate::deep::{DeepReport, Finding};
-use crate::digest::Digest;
-use crate::oci::{self, ConfigPlatform, Parsed};
-use crate::progress::{Event, Phase, Reporter};
-use crate::record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
+use crate::base::digest::Digest;
+use crate::base::oci::{self, ConfigPlatform, Parsed};
+use crate::base::progress::{Event, Phase, Reporter};
 use crate::registry::{ClientError, Registry, RegistryError};
+use crate::verify::coverage_record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
+use crate::verify::entrypoint::{DeepReport, Finding};
 use crate::Platform;
 use oci_client::Reference;
 use oci_spec::image::ImageManifest;
 use std::collections::BTreeMap;
 
+mod attached;
+pub mod coverage_record;
+pub mod entrypoint;
 mod error;
 mod image;
-mod referrers;
 mod remote_layers;
 
 pub use error::VerifyError;
@@ -199,7 +201,7 @@ pub struct Contents<E = ClientError> {
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
     /// What is attached to each entry, by the entry's digest.
-    pub(crate) attached: BTreeMap<Digest, referrers::Listing<E>>,
+    pub(crate) attached: BTreeMap<Digest, attached::Listing<E>>,
 }
 
 /// Reads the reference and checks every entry; `target.declared` is not looked at.
@@ -272,7 +274,7 @@ async fn check_entries<S: ContentSource>(
 ) -> Result<
     (
         Vec<PlatformCoverage>,
-        BTreeMap<Digest, referrers::Listing<S::Error>>,
+        BTreeMap<Digest, attached::Listing<S::Error>>,
     ),
     VerifyError<S::Error>,
 > {
@@ -283,7 +285,7 @@ async fn check_entries<S: ContentSource>(
                 .iter()
                 .map(|entry| check_entry(source, target, entry)),
         ),
-        referrers::list(source, &digests),
+        attached::list(source, &digests),
     )
     .await;
     let mut found = Vec::new();
@@ -325,7 +327,7 @@ pub async fn verify<S: ContentSource>(
             target.reference
         ));
     }
-    referrers::apply(target, &mut platforms, attached, &mut warnings)?;
+    attached::apply(target, &mut platforms, attached, &mut warnings)?;
     let covered = missing.is_empty()
         && attestations.is_empty()
         && !duplicated
@@ -644,7 +646,7 @@ fn mismatch_detail(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::deep::DeepReport;
+    use crate::verify::entrypoint::DeepReport;
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Mutex;
@@ -765,7 +767,7 @@ mod tests {
         let coverage = verify(
             &fake,
             &target(&["amd64", "arm64"]),
-            &crate::progress::Silent,
+            &crate::base::progress::Silent,
         )
         .await
         .unwrap();
@@ -777,7 +779,7 @@ mod tests {
         let coverage = verify(
             &cold,
             &target(&["amd64", "arm64"]),
-            &crate::progress::Silent,
+            &crate::base::progress::Silent,
         )
         .await
         .unwrap();
@@ -799,7 +801,7 @@ mod tests {
         let coverage = verify(
             &fake,
             &target(&["amd64", "arm64"]),
-            &crate::progress::Silent,
+            &crate::base::progress::Silent,
         )
         .await
         .unwrap();

@@ -1,23 +1,23 @@
 //! `verify --deep` against a registry: an image's layers streamed from the registry into
-//! [`deep::inspect`], which reads them on a blocking thread. Its failures are the registry
+//! [`entrypoint::inspect`], which reads them on a blocking thread. Its failures are the registry
 //! client's ([`ClientError`]); `deep` itself cannot fail (what it cannot read is a
 //! [`Finding::Unreadable`]).
 
-use crate::deep::{self, DeepReport, Finding};
-use crate::export::ChannelReader;
-use crate::platform::Platform;
+use crate::base::platform::Platform;
+use crate::builder::export::ChannelReader;
 use crate::registry::{ClientError, RegistryError};
+use crate::verify::entrypoint::{self, DeepReport, Finding};
 use std::io::{self, Read};
 
 /// Streams an image's layers from the registry, one after another (bounded memory), and
-/// runs [`deep::inspect`] on them. gzip layers are decompressed (by media type or magic);
+/// runs [`entrypoint::inspect`] on them. gzip layers are decompressed (by media type or magic);
 /// zstd layers give [`Finding::Unreadable`]; non-distributable (foreign) layers are skipped
 /// with a note in `detail`. Registry failures are `Err`.
 pub async fn inspect_remote(
     registry: &crate::registry::Registry,
     reference: &oci_client::Reference,
     config: &[u8],
-    layer_digests: &[(crate::digest::Digest, String)],
+    layer_digests: &[(crate::base::digest::Digest, String)],
     platform: &Platform,
 ) -> Result<DeepReport, ClientError> {
     let mut skipped = Vec::new();
@@ -48,8 +48,9 @@ pub async fn inspect_remote(
     }
     let config_bytes = config.to_vec();
     let owned_platform = platform.clone();
-    let inspector =
-        tokio::task::spawn_blocking(move || deep::inspect(&config_bytes, readers, &owned_platform));
+    let inspector = tokio::task::spawn_blocking(move || {
+        entrypoint::inspect(&config_bytes, readers, &owned_platform)
+    });
     let pump = pump_layers(registry, reference, &wanted, senders);
     let (pumped, inspected) = tokio::join!(pump, inspector);
     pumped?;
@@ -77,7 +78,7 @@ pub async fn inspect_remote(
 async fn pump_layers(
     registry: &crate::registry::Registry,
     reference: &oci_client::Reference,
-    wanted: &[crate::digest::Digest],
+    wanted: &[crate::base::digest::Digest],
     senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
 ) -> Result<(), ClientError> {
     use futures_util::StreamExt;

@@ -273,7 +273,7 @@ fn tag_digest(reference: &str) -> Option<String> {
         .ok()?;
     out.status
         .success()
-        .then(|| ::polyarch::oci::sha256_digest(&out.stdout))
+        .then(|| ::polyarch::base::oci::sha256_digest(&out.stdout))
 }
 
 /// Panics when an outcome says the engine or the registry went away: then every case

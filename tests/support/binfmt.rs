@@ -2,7 +2,7 @@
 //! [`BinfmtGuard`], which holds a file lock (one such test at a time on the machine) and
 //! puts back exactly the entries it found on drop, also when the test panics.
 
-use polyarch::binfmt::BINFMT_MISC;
+use polyarch::builder::binfmt::BINFMT_MISC;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::Path;

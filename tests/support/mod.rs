@@ -585,7 +585,7 @@ pub fn skopeo_digest(reference: &str, creds: Option<(&str, &str)>) -> String {
         "skopeo inspect {reference}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    polyarch::oci::sha256_digest(&out.stdout)
+    polyarch::base::oci::sha256_digest(&out.stdout)
 }
 
 /// `curl -fsS ARGS`; panics with curl's message when it fails.
@@ -621,7 +621,7 @@ impl Registry {
             &format!("@{}", file.display()),
             &format!("http://{}/v2/{repo}/manifests/{reference}", self.host),
         ]);
-        polyarch::oci::sha256_digest(body)
+        polyarch::base::oci::sha256_digest(body)
     }
 }
 

@@ -1,7 +1,7 @@
 //! `polyarch plan` and `polyarch doctor` as text for the terminal.
 
-use polyarch::doctor::{Check, Verdict};
-use polyarch::plan_report::PlanLine;
+use polyarch::flows::doctor::{Check, Verdict};
+use polyarch::flows::plan_report::PlanLine;
 
 /// One line per image × platform: how it builds and where; the images it waits for.
 pub fn render_plan(lines: &[PlanLine]) -> String {

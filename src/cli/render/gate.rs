@@ -1,6 +1,6 @@
 //! The gate's report as text for the terminal.
 
-use polyarch::gate::{Finding, FindingKind, GateReport, Severity};
+use polyarch::flows::gate::{Finding, FindingKind, GateReport, Severity};
 use polyarch::k8s::{ContainerGate, WorkloadGate};
 
 /// The report for the terminal: each gap with why and its fixes, images that could not be

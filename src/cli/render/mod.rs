@@ -1,6 +1,6 @@
 //! Text for the terminal: the library hands back data, the CLI words it.
 
-use polyarch::record::{CoverageRecord, PlatformCoverage};
+use polyarch::verify::coverage_record::{CoverageRecord, PlatformCoverage};
 
 pub mod doctor;
 pub mod gate;
@@ -81,7 +81,7 @@ fn platform_lines(p: &PlatformCoverage) -> String {
     let digest = p
         .digest
         .as_ref()
-        .map_or("-", polyarch::digest::Digest::short);
+        .map_or("-", polyarch::base::digest::Digest::short);
     let size = p.size.map(human_size).unwrap_or_else(|| "-".into());
     let build = p.build.as_ref().map_or(String::new(), |b| {
         let fallback = if b.fallback.is_some() {
@@ -114,7 +114,7 @@ fn platform_lines(p: &PlatformCoverage) -> String {
         };
         out += &format!(
             "    attached: {kind} ({})\n",
-            polyarch::oci::short_digest(&attached.digest)
+            polyarch::base::oci::short_digest(&attached.digest)
         );
     }
     out
@@ -123,7 +123,9 @@ fn platform_lines(p: &PlatformCoverage) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polyarch::record::{BuildInfo, ImageCoverage, PlatformCoverage, PlatformStatus};
+    use polyarch::verify::coverage_record::{
+        BuildInfo, ImageCoverage, PlatformCoverage, PlatformStatus,
+    };
     use std::collections::BTreeMap;
 
     #[test]

@@ -31,7 +31,7 @@ pub(super) enum Source {
     Default(String),
     /// `--set`, as given.
     Set(String),
-    /// A build's `SOURCE_DATE_EPOCH`, as [`crate::epoch::EpochSource::record`] names it.
+    /// A build's `SOURCE_DATE_EPOCH`, as [`crate::project::source_date_epoch::EpochSource::record`] names it.
     Epoch(String),
 }
 

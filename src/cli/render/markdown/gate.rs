@@ -1,7 +1,7 @@
 //! The gate's report as markdown: node pools × workloads, then each gap with its fixes.
 
 use super::{cell, code};
-use polyarch::gate::{FindingKind, GateReport, Severity};
+use polyarch::flows::gate::{FindingKind, GateReport, Severity};
 use polyarch::k8s::{ContainerGate, WorkloadGate};
 
 /// Every pool a pod of the manifests may land on, in the order the report names them.
@@ -172,7 +172,7 @@ fn findings(report: &GateReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polyarch::gate::Finding;
+    use polyarch::flows::gate::Finding;
 
     /// The gate's report for two workloads: one image that cannot be read, one gap, and
     /// re-tag warnings (written by the gate's unit test of an unreadable image).

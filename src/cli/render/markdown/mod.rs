@@ -3,8 +3,8 @@
 
 pub mod gate;
 
-use polyarch::digest::Digest;
-use polyarch::record::{
+use polyarch::base::digest::Digest;
+use polyarch::verify::coverage_record::{
     CoverageRecord, ImageCoverage, PartRecord, PlatformCoverage, PlatformStatus,
 };
 

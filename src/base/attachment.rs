@@ -1,0 +1,122 @@
+//! The OCI referrers vocabulary: what is attached to a platform manifest (a provenance
+//! statement, a signature, an SBOM), how a referrer is listed for its subject, and the
+//! referrers tag schema for registries without the referrers API. Shared by the registry,
+//! the image stores, verify and the record, so it sits below all of them.
+
+use crate::base::digest::Digest;
+use crate::base::oci::{self, ManifestBlob};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+/// The artifact type (and layer media type) of an in-toto statement.
+pub const IN_TOTO: &str = "application/vnd.in-toto+json";
+pub const SLSA_PROVENANCE: &str = "https://slsa.dev/provenance/v1";
+/// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
+pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
+/// A referrer ready to push: its blobs, then its manifest by digest, then listed for its
+/// subject.
+#[derive(Debug, Clone)]
+pub struct Referrer {
+    /// The platform manifest it is attached to.
+    pub subject: Digest,
+    pub manifest: ManifestBlob,
+    /// `(bytes, digest)` of the config and layer.
+    pub blobs: Vec<(Vec<u8>, Digest)>,
+    pub predicate_type: String,
+}
+
+/// One referrer of a platform manifest: a provenance statement, a signature, an SBOM, …
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attached {
+    pub artifact_type: Option<String>,
+    pub digest: String,
+    /// The in-toto predicate type, for statements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicate_type: Option<String>,
+}
+
+impl Attached {
+    pub fn is_provenance(&self) -> bool {
+        self.predicate_type.as_deref() == Some(SLSA_PROVENANCE)
+    }
+}
+
+impl Referrer {
+    /// The descriptor a referrers listing holds for it.
+    pub fn descriptor(&self) -> Value {
+        json!({
+            "mediaType": self.manifest.media_type,
+            "digest": self.manifest.digest,
+            "size": self.manifest.bytes.len(),
+            "artifactType": IN_TOTO,
+            "annotations": { PREDICATE_TYPE: self.predicate_type },
+        })
+    }
+
+    /// Whether `listed` (a referrers listing of the subject) already holds a statement of
+    /// this predicate type: a platform image keeps the provenance it has, so a rebuild to
+    /// the same digest or a rerun adds no second one.
+    pub fn already_in(&self, listed: &[Value]) -> bool {
+        attached(listed)
+            .iter()
+            .any(|a| a.predicate_type.as_deref() == Some(self.predicate_type.as_str()))
+    }
+}
+
+/// The referrers tag schema's tag for a subject: `sha256-<hex>`.
+pub fn referrers_tag(subject: &Digest) -> String {
+    format!("{}-{}", subject.algorithm(), subject.hex())
+}
+
+/// The tag schema's index after adding `descriptor`: every entry it had is kept, one with
+/// the same digest replaced.
+pub fn tag_schema_index(listed: Vec<Value>, descriptor: Value) -> ManifestBlob {
+    let mut manifests: Vec<Value> = listed
+        .into_iter()
+        .filter(|d| d["digest"] != descriptor["digest"])
+        .collect();
+    manifests.push(descriptor);
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": oci::OCI_INDEX,
+        "manifests": manifests,
+    });
+    let bytes = serde_json::to_vec(&index).expect("an index serialises");
+    ManifestBlob {
+        digest: Digest::of(&bytes),
+        bytes,
+        media_type: oci::OCI_INDEX,
+    }
+}
+
+/// What a referrers listing says is attached, read from its descriptors.
+pub fn attached(listed: &[Value]) -> Vec<Attached> {
+    listed
+        .iter()
+        .filter_map(|d| {
+            let text = |v: &Value| v.as_str().map(str::to_string);
+            Some(Attached {
+                digest: text(&d["digest"])?,
+                artifact_type: text(&d["artifactType"]),
+                predicate_type: text(&d["annotations"][PREDICATE_TYPE]),
+            })
+        })
+        .collect()
+}
+
+/// Reads a referrer manifest as verify checks it: it must name `subject`. The predicate
+/// type of its in-toto layer, when it has one.
+pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, String> {
+    let manifest: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("is not valid JSON: {e}"))?;
+    let named = manifest["subject"]["digest"].as_str().unwrap_or("none");
+    if *subject != named {
+        return Err(format!("names subject {named}, not {subject}"));
+    }
+    let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
+    Ok(layers
+        .iter()
+        .find(|l| l["mediaType"] == IN_TOTO)
+        .and_then(|l| l["annotations"][PREDICATE_TYPE].as_str())
+        .map(str::to_string))
+}

@@ -1,0 +1,289 @@
+//! What a build depended on, so that a rerun can tell without building whether the engine
+//! would produce the same image (the warm path).
+//!
+//! Two parts: the build's settings and the images its Dockerfile names ([`settings_key`],
+//! computed before the build), and the context files BuildKit actually read in the build,
+//! as the session's file sync served them ([`ContextRead`]). A rerun replays each read,
+//! with BuildKit's own patterns, on the tree as it is now: no second reading of the
+//! Dockerfile decides which files count, so a symlinked source, an ignore file or an
+//! `ONBUILD` trigger of a base counts exactly as far as BuildKit let it.
+
+use crate::base::dockerfile;
+use crate::docker::buildkit::filesync::{self, Filter, SentEntry, Transfer};
+use crate::docker::engine::Engine;
+use crate::project::ImageSpec;
+use crate::registry::{self, Registry, RegistryOptions, RetryPolicy};
+use crate::{builder, Platform};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Why a build's settings key cannot be computed: a failure, not a reason to rebuild (a
+/// Dockerfile that cannot be read would fail the build too).
+#[derive(Debug, thiserror::Error)]
+pub enum InputsError {
+    #[error("{}: {source}", path.display())]
+    Dockerfile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One file-sync transfer of a build: the session directory BuildKit asked for, its
+/// patterns, and a digest of every entry sent (path, mode, size, link target, content).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextRead {
+    pub dir: String,
+    pub include: Vec<String>,
+    pub exclude: Vec<String>,
+    pub follow: Vec<String>,
+    pub digest: String,
+}
+
+/// A build an earlier run made: its image and what it read.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RememberedBuild {
+    pub image: String,
+    pub reads: Vec<ContextRead>,
+}
+
+/// The one read of a classic build (no BuildKit: old Docker, Podman): the whole context
+/// tar it was sent, by its sha256 ([`builder::classic_context_digest`]).
+const CLASSIC_CONTEXT: &str = "classic-context-tar";
+
+/// What a classic build read: the context tar whose sha256 is `sent`.
+pub fn classic_reads(sent: &str) -> Vec<ContextRead> {
+    vec![ContextRead {
+        dir: CLASSIC_CONTEXT.into(),
+        include: Vec::new(),
+        exclude: Vec::new(),
+        follow: Vec::new(),
+        digest: sent.to_string(),
+    }]
+}
+
+/// The digest of the build's settings and of the images its Dockerfile names (the
+/// engine's image ID, or the registry's digest for one the engine does not hold). None
+/// when no key can be trusted: a Dockerfile reading something no key can pin (see
+/// [`dockerfile::external_images`]), or an image that cannot be resolved.
+pub async fn settings_key(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    remote: &RemoteBases,
+) -> Result<Option<String>, InputsError> {
+    let path = spec.context.join(&spec.dockerfile);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|source| InputsError::Dockerfile { path, source })?;
+    let mut args: HashMap<String, String> = builder::platform_build_args(platform, &engine.native)
+        .into_iter()
+        .collect();
+    args.extend(spec.build_args.clone());
+    let Some(images) = dockerfile::external_images(&text, &args) else {
+        return Ok(None);
+    };
+    let mut bases = Vec::new();
+    for (image, wanted) in images {
+        // BuildKit uses the engine's copy when it is for the wanted platform, unless told
+        // to pull.
+        let held = match spec.pull {
+            true => None,
+            false => engine.docker.inspect_image(&image).await.ok(),
+        };
+        let local = held.filter(|i| {
+            let held = format!(
+                "{}/{}",
+                i.os.as_deref().unwrap_or_default(),
+                i.architecture.as_deref().unwrap_or_default()
+            );
+            wanted
+                .parse::<Platform>()
+                .is_ok_and(|w| w.os_arch() == held)
+        });
+        let id = match local {
+            Some(inspected) => inspected.id.unwrap_or_default(),
+            None => match remote.digest(&image).await {
+                Some(digest) => digest,
+                None => return Ok(None),
+            },
+        };
+        bases.push((image, id));
+    }
+    let key = serde_json::json!({
+        "polyarch": env!("CARGO_PKG_VERSION"),
+        "engine": [&engine.identity, &engine.server_version],
+        "platform": platform.to_string(),
+        "dockerfile": spec.dockerfile,
+        "target": spec.target,
+        "build_args": spec.build_args,
+        "labels": spec.labels,
+        // The engine writes them into the manifests it pushes itself.
+        "manifest_annotations": spec.annotations.manifest,
+        "source_date_epoch": spec.source_date_epoch,
+        "network": format!("{:?}", spec.network),
+        "bases": bases,
+        // Which secrets and agents a build may use, never what they hold: BuildKit's own
+        // cache does not key on secret values either.
+        "secrets": spec.secrets.keys().collect::<Vec<_>>(),
+        "ssh": spec.ssh.keys().collect::<Vec<_>>(),
+        "cache_from": spec.cache_from.iter().map(|c| c.for_platform(platform)).collect::<Vec<_>>(),
+        "cache_to": spec.cache_to.as_ref().map(|c| c.for_platform(platform)),
+        "pull": spec.pull,
+    });
+    Ok(Some(hex::encode(Sha256::digest(key.to_string()))))
+}
+
+/// The session directory BuildKit names `dir`, as [`crate::builder`] serves it.
+fn session_dir(spec: &ImageSpec, dir: &str) -> Option<PathBuf> {
+    match dir {
+        "context" => Some(spec.context.clone()),
+        "dockerfile" => spec
+            .context
+            .join(&spec.dockerfile)
+            .parent()
+            .map(|p| p.to_path_buf()),
+        _ => None,
+    }
+}
+
+/// What `read`'s patterns select under `spec`'s directories now, as a digest; None when
+/// it cannot be told (an unknown directory, a pattern or file that cannot be read).
+fn replay(spec: &ImageSpec, read: &ContextRead) -> Option<(Vec<SentEntry>, String)> {
+    let root = session_dir(spec, &read.dir)?;
+    let filter = Filter::new(&root, &read.include, &read.exclude, &read.follow).ok()?;
+    let entries = filesync::replay(&root, &filter).ok()?;
+    let digest = hex::encode(Sha256::digest(serde_json::to_vec(&entries).ok()?));
+    Some((entries, digest))
+}
+
+/// The reads of a finished build, from its transfers; None when they cannot vouch for
+/// the image: a transfer failed, or the tree no longer shows what was sent (a file
+/// changed while BuildKit read it: the next run must build). Blocking.
+pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextRead>> {
+    if transfers.is_empty() {
+        return None;
+    }
+    let mut reads = Vec::new();
+    for transfer in transfers {
+        if transfer.error.is_some() {
+            return None;
+        }
+        let mut read = ContextRead {
+            dir: transfer.dir_name.clone(),
+            include: transfer.include_patterns.clone(),
+            exclude: transfer.exclude_patterns.clone(),
+            follow: transfer.follow_paths.clone(),
+            digest: String::new(),
+        };
+        let (now, digest) = replay(spec, &read)?;
+        let same = now.len() == transfer.entries.len()
+            && now.iter().zip(&transfer.entries).all(|(now, sent)| {
+                now.path == sent.path
+                    && now.mode == sent.mode
+                    && now.size == sent.size
+                    && now.linkname == sent.linkname
+                    && sent
+                        .sha256
+                        .as_ref()
+                        .is_none_or(|s| Some(s) == now.sha256.as_ref())
+            });
+        if !same {
+            return None;
+        }
+        read.digest = digest;
+        reads.push(read);
+    }
+    Some(reads)
+}
+
+/// Replays of one run, each made once however many platforms share it.
+#[derive(Default)]
+pub struct Replays {
+    digests: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<String>>>>>,
+}
+
+impl Replays {
+    /// Whether every read would see exactly what it saw before.
+    pub async fn unchanged(&self, spec: &ImageSpec, reads: &[ContextRead]) -> bool {
+        for read in reads {
+            let key = serde_json::json!([
+                &spec.name,
+                read.dir,
+                read.include,
+                read.exclude,
+                read.follow
+            ])
+            .to_string();
+            let cell = self
+                .digests
+                .lock()
+                .expect("replays lock")
+                .entry(key)
+                .or_default()
+                .clone();
+            let (spec, replayed) = (spec.clone(), read.clone());
+            let now = cell
+                .get_or_init(|| async move {
+                    tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
+                        CLASSIC_CONTEXT => builder::classic_context_digest(&spec).ok(),
+                        _ => replay(&spec, &replayed).map(|(_, d)| d),
+                    })
+                    .await
+                    .ok()
+                    .flatten()
+                })
+                .await;
+            if now.as_deref() != Some(read.digest.as_str()) {
+                return false;
+            }
+        }
+        !reads.is_empty()
+    }
+}
+
+/// Base images the engine does not hold, resolved the way BuildKit resolves them before
+/// pulling: to the digest their registry serves now; once per image per run.
+pub struct RemoteBases {
+    options: RegistryOptions,
+    digests: tokio::sync::Mutex<HashMap<String, Option<String>>>,
+}
+
+impl RemoteBases {
+    pub fn new(options: &RegistryOptions) -> RemoteBases {
+        RemoteBases {
+            options: RegistryOptions {
+                // Credentials given for the push registry are not for a base's registry.
+                credentials: None,
+                // A base that cannot be resolved at once only costs a build.
+                retry: Some(RetryPolicy {
+                    attempts: 1,
+                    ..RetryPolicy::default()
+                }),
+                ..options.clone()
+            },
+            digests: Default::default(),
+        }
+    }
+
+    async fn digest(&self, image: &str) -> Option<String> {
+        let mut digests = self.digests.lock().await;
+        if let Some(known) = digests.get(image) {
+            return known.clone();
+        }
+        let resolved = async {
+            let reference = registry::parse_reference(image).ok()?;
+            if let Some(pinned) = reference.digest() {
+                return Some(pinned.to_string());
+            }
+            let host = reference.registry().to_string();
+            let registry = Registry::new(&[host], &self.options).ok()?;
+            registry.manifest_digest(&reference).await.ok()
+        }
+        .await;
+        digests.insert(image.to_string(), resolved.clone());
+        resolved
+    }
+}

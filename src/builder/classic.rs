@@ -1,0 +1,346 @@
+//! The classic builder (engines without BuildKit): the context as a tar through the
+//! REST `/build`, `.dockerignore` applied here.
+
+use super::*;
+use crate::docker::engine::Product;
+use crate::registry::credentials::Credential;
+use bollard::auth::DockerCredentials;
+
+/// How a classic build ended: the error message when it failed, and the sha256 of the
+/// context tar the engine was sent in full (what the warm path compares next time).
+pub(super) struct ClassicOutcome {
+    pub(super) failed: Option<String>,
+    pub(super) sent_context: Option<String>,
+}
+
+/// The build through the classic builder (`POST /build`, the context uploaded as a tar),
+/// for engines without BuildKit (old Docker, Podman).
+pub(super) async fn build_classic(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+    log: &mut BuildLog<'_>,
+) -> Result<ClassicOutcome> {
+    let needs_buildkit = [
+        (!spec.secrets.is_empty(), "secrets"),
+        (!spec.ssh.is_empty(), "ssh"),
+        (
+            !spec.cache_from.is_empty() || spec.cache_to.is_some(),
+            "cache",
+        ),
+    ];
+    if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
+        let fix = match engine.product {
+            Product::Podman => {
+                "build this image on a Docker engine (DOCKER_HOST, or a builder under `builders:`)"
+            }
+            // A daemon always builds with BuildKit.
+            Product::Docker | Product::BuildKit => {
+                "upgrade it to Docker 18.09+ or build on another engine"
+            }
+        };
+        return Err(BuilderError::Build {
+            image: spec.name.clone(),
+            platform: platform.to_string(),
+            source: BuildError::Request(format!(
+                "`{what}` needs BuildKit, and the engine at {} ({}, API {}) has none; {fix}",
+                engine.endpoint,
+                engine.product_version(),
+                engine.api_version
+            )),
+        });
+    }
+    let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
+    // The classic builder defines none of the platform args BuildKit does.
+    for (key, value) in platform_build_args(platform, &engine.native) {
+        buildargs.entry(key).or_insert(value);
+    }
+    let options = BuildImageOptions {
+        dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
+        t: Some(tag.to_string()),
+        platform: platform.to_string(),
+        target: spec.target.clone().unwrap_or_default(),
+        buildargs: Some(buildargs),
+        labels: Some(spec.labels.clone().into_iter().collect()),
+        networkmode: Some(
+            match spec.network {
+                Network::Default => "default",
+                Network::Host => "host",
+                Network::None => "none",
+            }
+            .to_string(),
+        ),
+        rm: true,
+        forcerm: true,
+        // The classic builder's cache ignores the platform: a layer cached for amd64 would
+        // be reused for arm64.
+        nocache: true,
+        version: BuilderVersion::BuilderV1,
+        ..Default::default()
+    };
+    let credentials = registry_config(spec, options.buildargs.as_ref())?;
+    let (context, sent) = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let mut stream =
+        engine
+            .docker
+            .build_image(options, credentials, Some(bollard::body_stream(context)));
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item.map(|info| log.consume(info)) {
+            return Ok(ClassicOutcome {
+                failed: Some(e.to_string()),
+                sent_context: None,
+            });
+        }
+    }
+    Ok(ClassicOutcome {
+        failed: None,
+        sent_context: sent.await.ok(),
+    })
+}
+
+/// The credentials the classic builder pulls the Dockerfile's base images with (sent as
+/// `X-Registry-Config`, as the Docker CLI does): the command line's for the image's own
+/// registry, else what the Docker config holds for each base's registry. None when no
+/// base needs any.
+fn registry_config(
+    spec: &ImageSpec,
+    args: Option<&HashMap<String, String>>,
+) -> Result<Option<HashMap<String, DockerCredentials>>> {
+    let path = spec.context.join(&spec.dockerfile);
+    let text = std::fs::read_to_string(&path).map_err(|e| BuilderError::io(&path, e))?;
+    let images = crate::base::dockerfile::external_images(&text, args.unwrap_or(&HashMap::new()))
+        .unwrap_or_default();
+    let push = crate::registry::parse_reference(&spec.repository)
+        .ok()
+        .map(|r| crate::registry::credentials::normalize_key(r.registry()));
+    let mut config = HashMap::new();
+    for (image, _) in images {
+        let Ok(reference) = crate::registry::parse_reference(&image) else {
+            continue;
+        };
+        let registry = reference.registry().to_string();
+        let key = crate::registry::credentials::normalize_key(&registry);
+        let given = spec.login.clone().filter(|_| push.as_ref() == Some(&key));
+        let found = match given {
+            Some(login) => Some(login),
+            None => crate::registry::credentials::resolve(&registry, None)?,
+        };
+        let Some(credential) = found else { continue };
+        // The engine looks Docker Hub up under its index URL, others under host[:port].
+        let server = match key.as_str() {
+            "docker.io" => "https://index.docker.io/v1/".to_string(),
+            _ => registry,
+        };
+        let (username, password, identitytoken) = match credential {
+            Credential::Basic { username, password } => (Some(username), Some(password), None),
+            Credential::IdentityToken(token) => (None, None, Some(token)),
+        };
+        config.insert(
+            server.clone(),
+            DockerCredentials {
+                username,
+                password,
+                identitytoken,
+                serveraddress: Some(server),
+                ..Default::default()
+            },
+        );
+    }
+    Ok((!config.is_empty()).then_some(config))
+}
+
+/// Streams the build context as a tar from a blocking thread, so a large context is
+/// never held in memory; the receiver gets the tar's sha256 once all of it was sent.
+fn stream_context(
+    context: PathBuf,
+    dockerfile: PathBuf,
+) -> Result<(
+    impl futures_util::Stream<Item = Bytes> + Send + 'static,
+    tokio::sync::oneshot::Receiver<String>,
+)> {
+    let files = ContextFilter::load(&context, &dockerfile)?.files(&context)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    let (digest_tx, digest_rx) = tokio::sync::oneshot::channel();
+    tokio::task::spawn_blocking(move || {
+        let writer = ChannelWriter {
+            tx,
+            buf: Vec::new(),
+        };
+        // An error means the engine hung up; the build stream reports why.
+        if let Ok(digest) = write_context(&context, &files, writer) {
+            let _ = digest_tx.send(digest);
+        }
+    });
+    Ok((tokio_stream_from(rx), digest_rx))
+}
+
+/// Writes the context tar of `files` to `out`; the sha256 of the tar written.
+fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io::Result<String> {
+    let mut tar = tar::Builder::new(HashingWriter {
+        inner: out,
+        hash: sha2::Sha256::default(),
+    });
+    tar.follow_symlinks(false);
+    for relative in files {
+        tar.append_path_with_name(context.join(relative), relative)?;
+    }
+    let mut hashing = tar.into_inner()?;
+    hashing.flush()?;
+    use sha2::Digest as _;
+    Ok(hex::encode(hashing.hash.finalize()))
+}
+
+/// The sha256 of the context tar a classic build of `spec` would be sent now, without
+/// sending it: equal to an earlier build's [`ClassicOutcome::sent_context`] when nothing the
+/// engine was sent has changed (file list, contents, modes, times). Blocking.
+pub fn classic_context_digest(spec: &ImageSpec) -> Result<String> {
+    let files = ContextFilter::load(&spec.context, &spec.dockerfile)?.files(&spec.context)?;
+    write_context(&spec.context, &files, std::io::sink())
+        .map_err(|e| BuilderError::io(&spec.context, e))
+}
+
+struct HashingWriter<W> {
+    inner: W,
+    hash: sha2::Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(data)?;
+        sha2::Digest::update(&mut self.hash, &data[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Bytes>,
+) -> impl futures_util::Stream<Item = Bytes> + Send + 'static {
+    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= 256 * 1024 {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::take(&mut self.buf));
+        self.tx.blocking_send(chunk).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "engine closed the build")
+        })
+    }
+}
+
+/// What of a context the engine is sent, as BuildKit decides it: the ignore file's
+/// patterns, and the files that are always sent (the Dockerfile and that ignore file).
+pub(super) struct ContextFilter {
+    pub(super) ignore: Gitignore,
+    /// Relative to the context: `<Dockerfile>.dockerignore` beside the Dockerfile when it
+    /// exists (BuildKit then reads it instead of the context's), else `.dockerignore`.
+    ignore_file: PathBuf,
+    pub(super) dockerfile: PathBuf,
+}
+
+impl ContextFilter {
+    /// `.dockerignore` patterns are relative to the context root, so each is anchored;
+    /// gitignore matching then gives Docker's semantics (`*` within a segment, `**`, `!`).
+    pub(super) fn load(context: &Path, dockerfile: &Path) -> Result<ContextFilter> {
+        let mut specific = dockerfile.as_os_str().to_owned();
+        specific.push(".dockerignore");
+        let specific = PathBuf::from(specific);
+        let ignore_file = if context.join(&specific).is_file() {
+            specific
+        } else {
+            PathBuf::from(".dockerignore")
+        };
+        let path = context.join(&ignore_file);
+        let bad = |message: String| BuilderError::Build {
+            image: context.display().to_string(),
+            platform: "any".into(),
+            source: BuildError::Request(message),
+        };
+        let mut builder = GitignoreBuilder::new(context);
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for raw in text.lines() {
+                let line = raw.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                let (negated, pattern) = match line.strip_prefix('!') {
+                    Some(rest) => (true, rest.trim()),
+                    None => (false, line),
+                };
+                let pattern = pattern.trim_start_matches("./").trim_start_matches('/');
+                let anchored = format!("{}/{}", if negated { "!" } else { "" }, pattern);
+                builder
+                    .add_line(None, &anchored)
+                    .map_err(|e| bad(format!("{}: bad pattern `{line}`: {e}", path.display())))?;
+            }
+        }
+        let ignore = builder
+            .build()
+            .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        Ok(ContextFilter {
+            ignore,
+            ignore_file,
+            dockerfile: dockerfile.to_path_buf(),
+        })
+    }
+
+    /// The Dockerfile and the ignore file are always sent, as the Docker CLI does.
+    fn always_sent(&self, relative: &Path) -> bool {
+        relative == self.dockerfile || relative == self.ignore_file
+    }
+
+    /// Files of the context in a stable order.
+    pub(super) fn files(&self, context: &Path) -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut stack = vec![PathBuf::new()];
+        while let Some(dir) = stack.pop() {
+            let full = context.join(&dir);
+            let mut entries: Vec<_> = std::fs::read_dir(&full)
+                .map_err(|e| BuilderError::io(&full, e))?
+                .filter_map(|e| e.ok())
+                .collect();
+            entries.sort_by_key(|e| e.file_name());
+            for entry in entries {
+                let relative = dir.join(entry.file_name());
+                let file_type = entry
+                    .file_type()
+                    .map_err(|e| BuilderError::io(entry.path(), e))?;
+                let is_dir = file_type.is_dir();
+                let ignored = self
+                    .ignore
+                    .matched_path_or_any_parents(&relative, is_dir)
+                    .is_ignore();
+                if is_dir {
+                    // Walk ignored directories too: an exception (`!dir/keep`) may re-include a child.
+                    if !ignored {
+                        out.push(relative.clone());
+                    }
+                    stack.push(relative);
+                } else if !ignored || self.always_sent(&relative) {
+                    out.push(relative);
+                }
+            }
+        }
+        Ok(out)
+    }
+}

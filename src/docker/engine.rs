@@ -1,0 +1,294 @@
+//! The Docker Engine connection: where it is, what it runs natively, what builder it has.
+
+use crate::base::platform::Platform;
+use crate::docker::buildkit::daemon::{Daemon, DaemonError};
+use crate::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
+use bollard::Docker;
+
+/// Why the engine, or the BuildKit daemon builds go to, cannot be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("docker engine: {0}")]
+    Engine(#[source] EndpointError),
+    /// Boxed, as the daemon's errors are large and every `Result` should stay small.
+    #[error(transparent)]
+    Daemon(Box<DaemonError>),
+}
+
+impl From<EndpointError> for ConnectError {
+    fn from(error: EndpointError) -> Self {
+        ConnectError::Engine(error)
+    }
+}
+
+impl From<DaemonError> for ConnectError {
+    fn from(error: DaemonError) -> Self {
+        ConnectError::Daemon(Box::new(error))
+    }
+}
+
+#[derive(Clone)]
+pub struct Engine {
+    pub docker: Docker,
+    /// The engine's own platform from `/version` (Os/Arch), refined by `/info`.
+    pub native: Platform,
+    pub api_version: String,
+    pub server_version: String,
+    /// Which engine answers the Docker API: Docker, or Podman's compatible service.
+    pub product: Product,
+    /// Whether the engine has BuildKit, reached through `/grpc` and `/session`.
+    pub buildkit: bool,
+    /// Whether images live in containerd's image store rather than the classic one.
+    pub containerd_store: bool,
+    /// Where the engine was reached, as the user named it, for messages and records.
+    pub endpoint: String,
+    /// How to reach it again (REST, BuildKit's upgrades) and whether it is on this machine.
+    pub location: Endpoint,
+    /// Endpoint, engine ID and kernel: what earlier runs' findings about this engine's
+    /// kernel (registered emulators) are remembered under.
+    pub identity: String,
+    /// Set when this is a standalone BuildKit daemon rather than a Docker engine: no Docker
+    /// API answers there, so builds solve through its control API and push by digest.
+    pub daemon: Option<Standalone>,
+}
+
+/// A standalone BuildKit daemon in place of an engine, and what its workers run.
+#[derive(Clone)]
+pub struct Standalone {
+    pub daemon: Daemon,
+    /// The platforms its workers list (natively or through the host's QEMU).
+    pub platforms: Vec<Platform>,
+}
+
+/// The engine behind the Docker API, told by `/version`'s components.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Product {
+    Docker,
+    /// Podman's Docker-compatible service: no BuildKit (`/grpc`, `/session`), its `/build`
+    /// is Buildah's, one platform per request.
+    Podman,
+    /// A standalone BuildKit daemon (`buildkitd`): no Docker API at all.
+    BuildKit,
+}
+
+impl std::fmt::Display for Product {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Product::Docker => "Docker",
+            Product::Podman => "Podman",
+            Product::BuildKit => "BuildKit",
+        })
+    }
+}
+
+impl Product {
+    /// Podman names itself "Podman Engine" among `/version`'s components; Docker names
+    /// "Engine".
+    fn from_components<'a>(mut names: impl Iterator<Item = &'a str>) -> Product {
+        if names.any(|name| name.starts_with("Podman")) {
+            Product::Podman
+        } else {
+            Product::Docker
+        }
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("endpoint", &self.endpoint)
+            .field("native", &self.native.to_string())
+            .field("api_version", &self.api_version)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// The engine's product and version, e.g. "Docker 28.5.2" or "Podman 4.3.1".
+    pub fn product_version(&self) -> String {
+        format!("{} {}", self.product, self.server_version)
+    }
+
+    /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
+    /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
+    /// the local socket) and asks what it is (version, info).
+    pub async fn connect() -> Result<Engine, ConnectError> {
+        let location = Endpoint::default_engine()?;
+        Ok(Self::connect_to(location).await?)
+    }
+
+    /// Where builds go: the BuildKit daemon `BUILDKIT_HOST` names (buildctl's variable;
+    /// for `tcp://` with mutual TLS, `BUILDKIT_TLS_DIR` holds `ca.pem`, `cert.pem`,
+    /// `key.pem` or `ca.crt`, `tls.crt`, `tls.key`, as buildctl's `--tlsdir`, and
+    /// `BUILDKIT_TLS_SERVERNAME` its `--tlsservername`), else the
+    /// Docker engine [`Engine::connect`] finds.
+    pub async fn connect_builder() -> Result<Engine, ConnectError> {
+        let Some(address) = std::env::var("BUILDKIT_HOST")
+            .ok()
+            .filter(|a| !a.is_empty())
+        else {
+            return Self::connect().await;
+        };
+        let tls = std::env::var_os("BUILDKIT_TLS_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|dir| TlsFiles {
+                server_name: std::env::var("BUILDKIT_TLS_SERVERNAME")
+                    .ok()
+                    .filter(|n| !n.is_empty()),
+                ..tls_dir(std::path::Path::new(&dir))
+            });
+        let location = Endpoint::resolve(&address, tls.as_ref())?;
+        Ok(Self::connect_daemon(location).await?)
+    }
+
+    /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
+    /// failure is told as such, then the version and info the build needs.
+    pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
+        location.probe().await?;
+        let endpoint = location.name.clone();
+        let unanswered = |source: bollard::errors::Error| EndpointError::Api {
+            endpoint: endpoint.clone(),
+            source,
+        };
+        let docker = location.docker().map_err(unanswered)?;
+        // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
+        // `negotiate_version` (a second `/version`): bollard's request paths carry no
+        // `/vX.Y` prefix, so every engine answers at the API version it serves.
+        let (version, info) =
+            tokio::try_join!(docker.version(), docker.info()).map_err(unanswered)?;
+        let os = version
+            .os
+            .clone()
+            .or(info.os_type.clone())
+            .unwrap_or_else(|| "linux".into());
+        let arch = version
+            .arch
+            .clone()
+            .or(info.architecture.clone())
+            .unwrap_or_else(|| std::env::consts::ARCH.into());
+        let native = Platform::new(&os, &arch, None);
+        let api_version = version.api_version.clone().unwrap_or_default();
+        let product =
+            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
+        // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
+        let buildkit =
+            api_at_least(&api_version, 1, 39) && os == "linux" && product == Product::Docker;
+        let containerd_store = info.driver_status.iter().flatten().any(|pair| {
+            pair.first().is_some_and(|k| k == "driver-type")
+                && pair
+                    .get(1)
+                    .is_some_and(|v| v == "io.containerd.snapshotter.v1")
+        });
+        // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
+        let id = match product {
+            Product::Docker | Product::BuildKit => info.id.as_deref(),
+            Product::Podman => info.docker_root_dir.as_deref(),
+        };
+        let identity = format!(
+            "{endpoint}|{}|{}",
+            id.unwrap_or_default(),
+            info.kernel_version.as_deref().unwrap_or_default()
+        );
+        Ok(Engine {
+            identity,
+            docker,
+            native,
+            api_version,
+            server_version: version.version.unwrap_or_default(),
+            product,
+            buildkit,
+            containerd_store,
+            endpoint,
+            location,
+            daemon: None,
+        })
+    }
+
+    /// Reaches the BuildKit daemon at `location` (as `BUILDKIT_HOST` names one): its
+    /// version and its workers' platforms, the first being its native one.
+    pub async fn connect_daemon(location: Endpoint) -> Result<Engine, DaemonError> {
+        let daemon = Daemon::connect(&location).await?;
+        let version = daemon.version().await?;
+        let platforms = daemon.platforms().await?;
+        let endpoint = location.name.clone();
+        let native = platforms
+            .first()
+            .cloned()
+            .unwrap_or_else(|| Platform::new("linux", std::env::consts::ARCH, None));
+        // Never called for a daemon: every build goes through its control API. Creating
+        // the client connects nothing.
+        let docker = location.docker().map_err(|source| EndpointError::Api {
+            endpoint: endpoint.clone(),
+            source,
+        })?;
+        Ok(Engine {
+            identity: format!("{endpoint}|buildkitd"),
+            docker,
+            native,
+            api_version: String::new(),
+            server_version: version,
+            product: Product::BuildKit,
+            buildkit: true,
+            // It pushes images to registries itself, as containerd's image store does.
+            containerd_store: true,
+            endpoint,
+            location,
+            daemon: Some(Standalone { daemon, platforms }),
+        })
+    }
+
+    /// How messages name it: "BuildKit daemon unix:///…" or "the engine at …".
+    pub fn described(&self) -> String {
+        match self.daemon {
+            Some(_) => format!("BuildKit daemon {}", self.endpoint),
+            None => format!("the engine at {}", self.endpoint),
+        }
+    }
+}
+
+/// The TLS files in `dir` under either of the names buildctl's `--tlsdir` takes.
+fn tls_dir(dir: &std::path::Path) -> TlsFiles {
+    let kubernetes = dir.join("tls.crt").exists() && !dir.join("cert.pem").exists();
+    let (ca, cert, key) = match kubernetes {
+        true => ("ca.crt", "tls.crt", "tls.key"),
+        false => ("ca.pem", "cert.pem", "key.pem"),
+    };
+    TlsFiles {
+        ca: Some(dir.join(ca)),
+        cert: Some(dir.join(cert)),
+        key: Some(dir.join(key)),
+        skip_verify: false,
+        server_name: None,
+    }
+}
+
+fn api_at_least(version: &str, major: u32, minor: u32) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (a, b) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tells_podman_from_docker_by_its_components() {
+        use super::Product;
+        let podman = ["Podman Engine", "Conmon", "OCI Runtime (runc)"];
+        assert_eq!(
+            Product::from_components(podman.into_iter()),
+            Product::Podman
+        );
+        let docker = ["Engine", "containerd", "runc", "docker-init"];
+        assert_eq!(
+            Product::from_components(docker.into_iter()),
+            Product::Docker
+        );
+    }
+
+    #[test]
+    fn compares_api_versions() {
+        assert!(super::api_at_least("1.41", 1, 39));
+        assert!(super::api_at_least("1.44", 1, 39));
+        assert!(!super::api_at_least("1.38", 1, 39));
+    }
+}

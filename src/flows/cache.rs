@@ -1,0 +1,421 @@
+//! What earlier runs learned, so a warm rerun skips work: what they pushed, keyed by
+//! registry repository and engine image ID (export and upload are skipped; an entry is
+//! used after the registry confirms the manifest exists), which image each set of build
+//! inputs produced (the build is skipped), which platforms each engine ran (the
+//! emulation probe is skipped), and where each blob was pushed (it is mounted, not
+//! uploaded, to another repository of that registry).
+
+use crate::base::digest::Digest;
+use crate::base::oci::ConfigPlatform;
+use crate::builder::build_inputs::RememberedBuild;
+use crate::Platform;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CachedManifest {
+    pub digest: Digest,
+    pub size: u64,
+    pub os: String,
+    pub architecture: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+impl CachedManifest {
+    pub fn config_platform(&self) -> ConfigPlatform {
+        ConfigPlatform {
+            os: self.os.clone(),
+            architecture: self.architecture.clone(),
+            variant: self.variant.clone(),
+        }
+    }
+}
+
+/// Entries kept per cache file: the least recently used go first, so a long-lived CI
+/// runner's files stay small enough to read in a few milliseconds.
+const MAX_ENTRIES: usize = 2048;
+/// How stale an entry's last-use stamp may get before a read refreshes it (a refresh
+/// rewrites the file, which a warm run should not do every time).
+const USE_STAMP_SECONDS: u64 = 24 * 60 * 60;
+
+#[derive(Clone, Serialize, Deserialize)]
+struct Stamped<V> {
+    value: V,
+    /// Unix seconds of the last write or (coarsely) read.
+    used: u64,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Where polyarch keeps what it remembers: `$POLYARCH_CACHE_DIR`,
+/// `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.
+pub fn dir() -> Option<PathBuf> {
+    std::env::var_os("POLYARCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("polyarch")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/polyarch")))
+}
+
+/// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
+/// and a file that cannot be written only costs the next run the work it would have saved.
+struct Store<V> {
+    path: Option<PathBuf>,
+    entries: Mutex<BTreeMap<String, Stamped<V>>>,
+    /// Whether `entries` changed since they were read: an unchanged file is not rewritten.
+    changed: AtomicBool,
+}
+
+impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
+    /// In [`dir`].
+    fn open(file: &str) -> Store<V> {
+        let path = dir().map(|d| d.join(file));
+        let entries = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        Store {
+            path,
+            entries: Mutex::new(entries),
+            changed: AtomicBool::new(false),
+        }
+    }
+
+    #[cfg(test)]
+    fn in_memory() -> Store<V> {
+        Store {
+            path: None,
+            entries: Mutex::default(),
+            changed: AtomicBool::new(false),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<V> {
+        let mut entries = self.entries.lock().expect("cache lock");
+        let entry = entries.get_mut(key)?;
+        let now = unix_now();
+        if now.saturating_sub(entry.used) > USE_STAMP_SECONDS {
+            entry.used = now;
+            self.changed.store(true, Ordering::Relaxed);
+        }
+        Some(entry.value.clone())
+    }
+
+    fn put(&self, key: String, value: V) {
+        let mut entries = self.entries.lock().expect("cache lock");
+        entries.insert(
+            key,
+            Stamped {
+                value,
+                used: unix_now(),
+            },
+        );
+        if entries.len() > MAX_ENTRIES {
+            let mut by_use: Vec<(u64, String)> =
+                entries.iter().map(|(k, e)| (e.used, k.clone())).collect();
+            by_use.sort();
+            for (_, oldest) in by_use.into_iter().take(entries.len() - MAX_ENTRIES) {
+                entries.remove(&oldest);
+            }
+        }
+        self.changed.store(true, Ordering::Relaxed);
+    }
+
+    fn remove(&self, key: &str) {
+        if self
+            .entries
+            .lock()
+            .expect("cache lock")
+            .remove(key)
+            .is_some()
+        {
+            self.changed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn save(&self) {
+        if !self.changed.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let Some(path) = &self.path else { return };
+        let Some(dir) = path.parent() else { return };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let Ok(bytes) = serde_json::to_vec_pretty(&*self.entries.lock().expect("cache lock"))
+        else {
+            return;
+        };
+        // A file of its own per writer: concurrent runs never rename a half-written one.
+        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
+            return;
+        };
+        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
+            let _ = partial.persist(path);
+        }
+    }
+}
+
+pub struct PushCache(Store<CachedManifest>);
+
+fn key(repository: &str, image_id: &str) -> String {
+    format!("{repository}|{image_id}")
+}
+
+impl PushCache {
+    pub fn open() -> PushCache {
+        PushCache(Store::open("pushed.json"))
+    }
+
+    /// Kept in memory only: unit tests never read the user's cache.
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> PushCache {
+        PushCache(Store::in_memory())
+    }
+
+    pub fn get(&self, repository: &str, image_id: &str) -> Option<CachedManifest> {
+        self.0.get(&key(repository, image_id))
+    }
+
+    pub fn put(&self, repository: &str, image_id: &str, manifest: CachedManifest) {
+        self.0.put(key(repository, image_id), manifest);
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+/// The builds earlier runs made, by their settings ([`crate::builder::build_inputs::settings_key`]):
+/// the image and what the build read of its context.
+pub struct BuildMemory(Store<RememberedBuild>);
+
+impl BuildMemory {
+    pub fn open() -> BuildMemory {
+        BuildMemory(Store::open("builds.json"))
+    }
+
+    /// Kept in memory only: unit tests never read the user's cache.
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> BuildMemory {
+        BuildMemory(Store::in_memory())
+    }
+
+    pub fn get(&self, settings: &str) -> Option<RememberedBuild> {
+        self.0.get(settings)
+    }
+
+    pub fn remember(&self, settings: &str, build: RememberedBuild) {
+        self.0.put(settings.to_string(), build);
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+/// Platforms an engine's kernel ran in an earlier run (`true`: under QEMU), so a rerun
+/// builds without probing again. Only a hint: registrations vanish with a reboot, so a
+/// build that then meets `exec format error` makes the caller forget it and probe.
+pub struct EmulationMemory(Store<bool>);
+
+impl EmulationMemory {
+    pub fn open() -> EmulationMemory {
+        EmulationMemory(Store::open("emulation.json"))
+    }
+
+    /// `Some(emulated)` when `engine` (an engine identity) ran `platform` before.
+    pub fn runs(&self, engine: &str, platform: &Platform) -> Option<bool> {
+        self.0.get(&key(engine, &platform.to_string()))
+    }
+
+    pub fn remember(&self, engine: &str, platform: &Platform, emulated: bool) {
+        self.0.put(key(engine, &platform.to_string()), emulated);
+    }
+
+    pub fn forget(&self, engine: &str, platform: &Platform) {
+        self.0.remove(&key(engine, &platform.to_string()));
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+/// Which config each image manifest names, by the manifest's digest: `verify` asks for
+/// an entry's config beside its manifest (see [`crate::verify::KnownConfigs`]).
+pub struct ConfigMemory(Store<Digest>);
+
+impl ConfigMemory {
+    pub fn open() -> ConfigMemory {
+        ConfigMemory(Store::open("configs.json"))
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+impl crate::verify::KnownConfigs for ConfigMemory {
+    fn config_of(&self, manifest: &Digest) -> Option<Digest> {
+        self.0.get(manifest.as_str())
+    }
+
+    fn remember(&self, manifest: &Digest, config: &Digest) {
+        self.0.put(manifest.to_string(), config.clone());
+    }
+}
+
+/// Repositories kept per blob: enough to find a live source after a few deletions,
+/// few enough that a failed mount costs little.
+const PLACES_PER_BLOB: usize = 4;
+
+/// Which repositories of each registry earlier runs put each blob in (`blobs.json`), so a
+/// later run mounts a shared layer instead of uploading it (see
+/// [`crate::registry::BlobPlaces`]).
+pub struct BlobMemory(Store<Vec<String>>);
+
+impl BlobMemory {
+    pub fn open() -> BlobMemory {
+        BlobMemory(Store::open("blobs.json"))
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+impl crate::registry::BlobPlaces for BlobMemory {
+    fn places(&self, registry: &str, digest: &Digest) -> Vec<String> {
+        self.0
+            .get(&key(registry, digest.as_str()))
+            .unwrap_or_default()
+    }
+
+    fn remember(&self, registry: &str, digest: &Digest, repository: &str) {
+        let key = key(registry, digest.as_str());
+        let mut places = self.0.get(&key).unwrap_or_default();
+        if places.first().map(String::as_str) == Some(repository) {
+            return;
+        }
+        places.retain(|p| p != repository);
+        places.insert(0, repository.to_string());
+        places.truncate(PLACES_PER_BLOB);
+        self.0.put(key, places);
+    }
+
+    fn forget(&self, registry: &str, digest: &Digest, repository: &str) {
+        let key = key(registry, digest.as_str());
+        let mut places = self.0.get(&key).unwrap_or_default();
+        places.retain(|p| p != repository);
+        match places.is_empty() {
+            true => self.0.remove(&key),
+            false => self.0.put(key, places),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remembered_config_is_found_by_its_manifest_digest() {
+        use crate::verify::KnownConfigs;
+        let memory = ConfigMemory(Store::in_memory());
+        let (manifest, config) = (Digest::of(b"manifest"), Digest::of(b"config"));
+        assert_eq!(memory.config_of(&manifest), None);
+        memory.remember(&manifest, &config);
+        assert_eq!(memory.config_of(&manifest), Some(config));
+    }
+
+    #[test]
+    fn blob_places_keep_the_latest_few_per_registry_and_forget_refused_ones() {
+        use crate::registry::BlobPlaces;
+        let memory = BlobMemory(Store::in_memory());
+        let layer = Digest::of(b"layer");
+        for repo in ["a", "b", "c", "d", "e", "c"] {
+            memory.remember("r:5000", &layer, repo);
+        }
+        assert_eq!(memory.places("r:5000", &layer), ["c", "e", "d", "b"]);
+        assert!(memory.places("other:5000", &layer).is_empty());
+        memory.forget("r:5000", &layer, "e");
+        assert_eq!(memory.places("r:5000", &layer), ["c", "d", "b"]);
+        for repo in ["c", "d", "b"] {
+            memory.forget("r:5000", &layer, repo);
+        }
+        assert!(memory.0.entries.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn survives_a_round_trip_and_ignores_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        std::env::set_var("POLYARCH_CACHE_DIR", dir.path());
+        let cache = PushCache::open();
+        let entry = CachedManifest {
+            digest: format!("sha256:{}", "a".repeat(64)).parse().unwrap(),
+            size: 10,
+            os: "linux".into(),
+            architecture: "arm64".into(),
+            variant: None,
+        };
+        cache.put("r/x", "sha256:1", entry.clone());
+        cache.save();
+        assert_eq!(PushCache::open().get("r/x", "sha256:1"), Some(entry));
+        std::fs::write(dir.path().join("pushed.json"), b"{not json").unwrap();
+        assert_eq!(PushCache::open().get("r/x", "sha256:1"), None);
+
+        let arm64: Platform = "linux/arm64".parse().unwrap();
+        let memory = EmulationMemory::open();
+        memory.remember("engine-a", &arm64, true);
+        memory.save();
+        assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), Some(true));
+        assert_eq!(EmulationMemory::open().runs("engine-b", &arm64), None);
+        memory.forget("engine-a", &arm64);
+        memory.save();
+        assert_eq!(EmulationMemory::open().runs("engine-a", &arm64), None);
+
+        let built = |image: &str| RememberedBuild {
+            image: image.to_string(),
+            reads: Vec::new(),
+        };
+        let builds = BuildMemory::open();
+        builds.remember("inputs", built("sha256:2"));
+        builds.save();
+        assert_eq!(
+            BuildMemory::open()
+                .get("inputs")
+                .map(|b| b.image)
+                .as_deref(),
+            Some("sha256:2")
+        );
+
+        // Bounded: the least recently used entries go first.
+        let builds = BuildMemory::open();
+        builds
+            .0
+            .entries
+            .lock()
+            .unwrap()
+            .get_mut("inputs")
+            .unwrap()
+            .used = 1;
+        for n in 0..MAX_ENTRIES {
+            builds.remember(&format!("new-{n}"), built("sha256:3"));
+        }
+        builds.save();
+        let reopened = BuildMemory::open();
+        assert_eq!(reopened.0.entries.lock().unwrap().len(), MAX_ENTRIES);
+        assert!(reopened.get("inputs").is_none());
+        assert!(reopened.get("new-0").is_some());
+    }
+}

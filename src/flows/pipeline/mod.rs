@@ -1,0 +1,347 @@
+//! The build command end to end: plan → build → export → push → publish → verify → record.
+//! Tags move only after every platform manifest of an image is in the registry.
+
+mod dependents;
+mod emulation_plan;
+mod retry;
+mod together;
+mod unit;
+
+use crate::base::progress::Reporter;
+use crate::builder::build_inputs;
+use crate::builder::cleanup::Cleanup;
+use crate::builder::Builder;
+use crate::builder::Builders;
+use crate::docker::engine::Engine;
+use crate::flows::cache::{BlobMemory, BuildMemory, PushCache};
+use crate::project::plan::{self, Unit};
+use crate::project::{BinfmtMode, ImageSpec, Project};
+use crate::publish::layout::OciLayout;
+use crate::publish::store::{connect_registry, Destination};
+use crate::publish::{publish, Pushed};
+use crate::registry::{self, RegistryOptions};
+use crate::verify::coverage_record::{CoverageRecord, PartImage, PartPlatform, PartRecord};
+use crate::{Error, Platform, Result};
+pub use emulation_plan::image_needs_emulation;
+use emulation_plan::EmulationPlan;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use together::{build_and_push_image, solved_together};
+
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Images to build (all when empty).
+    pub images: Vec<String>,
+    /// Restrict to these platforms.
+    pub platforms: Vec<Platform>,
+    pub registry: RegistryOptions,
+    /// Bounded concurrency for platform builds and blob uploads.
+    pub jobs: usize,
+    /// Write an OCI image layout directory instead of pushing (`--output oci:DIR`).
+    pub layout: Option<std::path::PathBuf>,
+    /// `--binfmt`: overrides the project's and every image's mode.
+    pub binfmt: Option<BinfmtMode>,
+    /// `--binfmt-image`: overrides the project's installer image.
+    pub binfmt_image: Option<String>,
+    /// `--rebuild`: ask the engine to build even when the inputs match an earlier run's.
+    pub rebuild: bool,
+    /// Cancelled on SIGINT: builds and uploads stop, but a publish that has begun completes,
+    /// so tags never end up pointing at different indexes.
+    pub interrupt: tokio_util::sync::CancellationToken,
+}
+
+/// What the builds of a run leave for publishing.
+struct Built<'a> {
+    plan: plan::Plan<'a>,
+    destination: Destination,
+    pushed: Vec<Pushed>,
+    /// The dependents as built, from Dockerfiles naming what they build FROM by digest:
+    /// what their provenance names.
+    rebased: BTreeMap<String, ImageSpec>,
+}
+
+/// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
+/// before any tag moves.
+async fn build_units<'a>(
+    project: &'a Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<Built<'a>> {
+    tokio::select! {
+        built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
+        _ = options.interrupt.cancelled() => Err(Error::Interrupted),
+    }
+}
+
+async fn build_and_push_all<'a>(
+    project: &'a Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<Built<'a>> {
+    let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
+    let destination = destination(&plan, options).await?;
+    let blobs = Arc::new(BlobMemory::open());
+    if let Destination::Registry(registry) = &destination {
+        registry.remember_blob_places(blobs.clone());
+    }
+    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
+
+    let run = Run {
+        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        cleanup,
+        cache: PushCache::open(),
+        builds: BuildMemory::open(),
+        trust_inputs: !options.rebuild,
+        registry: options.registry.clone(),
+        replays: Default::default(),
+        bases: build_inputs::RemoteBases::new(&options.registry),
+        reporter,
+        fallbacks: builders.fallbacks.clone(),
+    };
+    let run = &run;
+    dependents::check_reachable(&plan, &builders, run)?;
+    // `--jobs` bounds the solves running at once: a platform's own, or one for several
+    // platforms of an image.
+    let jobs = tokio::sync::Semaphore::new(options.jobs.max(1));
+    let pins = dependents::Pins::new(&plan);
+    let shared = Shared {
+        destination: &destination,
+        builders: &builders,
+        emulation: &emulation,
+        jobs: &jobs,
+        run,
+    };
+    let (shared, pins, graph) = (&shared, &pins, &plan.dependencies);
+    let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
+    for unit in &plan.units {
+        match images
+            .iter_mut()
+            .find(|units| units[0].image.name == unit.image.name)
+        {
+            Some(units) => units.push(unit),
+            None => images.push(vec![unit]),
+        }
+    }
+    let per_image = futures_util::future::try_join_all(
+        images
+            .into_iter()
+            .map(|units| build_when_ready(units, graph, pins, shared)),
+    )
+    .await;
+    // What did get pushed is remembered even when another unit failed.
+    run.cache.save();
+    run.builds.save();
+    blobs.save();
+    let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
+    for (image, spec) in per_image? {
+        pushed.extend(image);
+        if let Some(spec) = spec {
+            rebased.insert(spec.name.clone(), spec);
+        }
+    }
+    Ok(Built {
+        plan,
+        destination,
+        pushed,
+        rebased,
+    })
+}
+
+/// Where the images go: the registry, or with `--output oci:DIR` a layout of one image.
+async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<Destination> {
+    Ok(match &options.layout {
+        Some(dir) => {
+            dependents::check_layout(plan, dir)?;
+            if plan.images.len() != 1 {
+                return Err(Error::Usage(format!(
+                    "--output oci:{} holds one image's tags; name one image ({})",
+                    dir.display(),
+                    plan.images
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            if let Some(image) = plan.images.iter().find(|i| i.provenance) {
+                return Err(Error::Usage(format!(
+                    "--output oci:{}: image {} asks for provenance, which polyarch attaches in a registry only; push to a registry, or drop provenance: true / --provenance",
+                    dir.display(),
+                    image.name
+                )));
+            }
+            Destination::Layout(OciLayout::create(dir)?)
+        }
+        None => {
+            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
+        }
+    })
+}
+
+/// What every image's build of one run shares.
+struct Shared<'r> {
+    destination: &'r Destination,
+    builders: &'r Builders,
+    emulation: &'r EmulationPlan<'r>,
+    jobs: &'r tokio::sync::Semaphore,
+    run: &'r Run<'r>,
+}
+
+/// One image's platforms once the images it builds `FROM` are pushed (from a Dockerfile
+/// naming them by digest); then lets its own dependents start.
+async fn build_when_ready(
+    units: Vec<&Unit<'_>>,
+    graph: &crate::project::dependencies::Graph,
+    pins: &dependents::Pins,
+    shared: &Shared<'_>,
+) -> Result<(Vec<Pushed>, Option<ImageSpec>)> {
+    let image = units[0].image;
+    let rebased = dependents::rebased(image, graph, pins, shared.run).await?;
+    let rebased_units: Vec<Unit<'_>> = units
+        .iter()
+        .map(|unit| Unit {
+            image: rebased.as_ref().unwrap_or(image),
+            ..(*unit).clone()
+        })
+        .collect();
+    let units: Vec<&Unit<'_>> = rebased_units.iter().collect();
+    let pushed = build_image(&units, shared).await?;
+    pins.pushed(shared.destination, image, &pushed).await?;
+    Ok((pushed, rebased))
+}
+
+/// One image's platforms: in one solve where the engine can (see [`solved_together`]),
+/// else a solve per platform.
+async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
+    let (destination, builders, emulation, jobs, run) = (
+        shared.destination,
+        shared.builders,
+        shared.emulation,
+        shared.jobs,
+        shared.run,
+    );
+    let together = match destination {
+        Destination::Registry(registry) => {
+            solved_together(units, builders, run).map(|engine| (engine, registry))
+        }
+        Destination::Layout(_) => None,
+    };
+    if let Some((engine, registry)) = together {
+        return build_and_push_image(engine, destination, registry, units, emulation, jobs, run)
+            .await;
+    }
+    futures_util::future::try_join_all(units.iter().map(|unit| async move {
+        let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+        retry::build_on_builders(unit, shared).await
+    }))
+    .await
+}
+
+/// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
+pub async fn build(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord> {
+    let built = build_units(project, engine, options, cleanup, reporter).await?;
+    let mut coverage = Vec::new();
+    for image in &built.plan.images {
+        let mine: Vec<&Pushed> = built
+            .pushed
+            .iter()
+            .filter(|p| p.image == image.name)
+            .collect();
+        let image = built.rebased.get(&image.name).unwrap_or(image);
+        let published = publish(
+            &built.destination,
+            image,
+            &mine,
+            &options.interrupt,
+            reporter,
+        );
+        coverage.push(published.await?);
+    }
+    Ok(CoverageRecord::new(coverage))
+}
+
+/// `build --push-by-digest`: pushes this runner's platforms by digest and records them
+/// as a part for `assemble`; no tag moves.
+pub async fn build_part(
+    project: &Project,
+    engine: &Engine,
+    options: &BuildOptions,
+    cleanup: &Cleanup,
+    reporter: &dyn Reporter,
+) -> Result<PartRecord> {
+    if options.layout.is_some() {
+        return Err(Error::Usage(
+            "--push-by-digest pushes to the registry; drop --output".into(),
+        ));
+    }
+    let Built { plan, pushed, .. } =
+        build_units(project, engine, options, cleanup, reporter).await?;
+    let images = plan
+        .images
+        .iter()
+        .map(|image| PartImage {
+            name: image.name.clone(),
+            repository: image.repository.clone(),
+            platforms: pushed
+                .iter()
+                .filter(|p| p.image == image.name)
+                .map(|p| PartPlatform {
+                    platform: p.platform.clone(),
+                    digest: p.entry.digest.clone(),
+                    size: p.entry.size,
+                    build: p.build.clone(),
+                })
+                .collect(),
+        })
+        .collect();
+    Ok(PartRecord::new(images))
+}
+
+/// What every unit of one run shares.
+struct Run<'a> {
+    id: String,
+    cleanup: &'a Cleanup,
+    cache: PushCache,
+    builds: BuildMemory,
+    /// False with `--rebuild`.
+    trust_inputs: bool,
+    registry: RegistryOptions,
+    replays: build_inputs::Replays,
+    bases: build_inputs::RemoteBases,
+    reporter: &'a dyn Reporter,
+    /// Platforms built on the default engine because their builders were unreachable.
+    fallbacks: BTreeMap<Platform, String>,
+}
+
+impl Run<'_> {
+    /// Whether `engine`, which reaches registries with its own settings (loopback as
+    /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
+    /// registry when the engine runs on this machine; elsewhere only when no
+    /// `--insecure-registry` or CA of polyarch's own is needed for it.
+    fn engine_reaches(&self, image: &ImageSpec, engine: &impl Builder) -> bool {
+        let Ok(reference) = registry::parse_reference(&image.repository) else {
+            return false;
+        };
+        let host = reference.registry();
+        if registry::is_loopback(host) {
+            // A loopback registry is this machine's: an engine on another host has its own
+            // loopback, so polyarch exports from it and pushes.
+            return engine.is_local();
+        }
+        self.registry.ca_certs.is_empty() && !self.registry.insecure.iter().any(|h| h == host)
+    }
+}
+
+#[cfg(test)]
+mod tests;

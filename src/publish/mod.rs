@@ -1,0 +1,386 @@
+//! Publishing one image: with `provenance: true` each platform manifest gets its SLSA
+//! provenance attached first, then its index of exactly the pushed platform manifests goes
+//! in by digest, then every tag moves, then the image is read back through its tags. Tags
+//! move only after every platform (and its provenance) is in, and once the first moves the
+//! rest follow.
+
+pub mod layout;
+pub mod provenance;
+pub mod store;
+
+use crate::base::oci::{self, IndexEntry};
+use crate::base::progress::{Event, Phase, Reporter};
+use crate::base::reference::ReferenceError;
+use crate::project::ImageSpec;
+use crate::registry::{ClientError, RegistryError};
+use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
+use crate::Platform;
+use store::{Attachment, ImageStore, StoreError};
+
+type Result<T, E = PublishError> = std::result::Result<T, E>;
+
+/// Why an image was not published: its destination's failure (the index of its pushed
+/// manifests that cannot be made is worded as a registry's), a tag that is no reference,
+/// or an interrupt before the first tag moved.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+impl From<ClientError> for PublishError {
+    fn from(error: ClientError) -> Self {
+        PublishError::Store(StoreError::Registry(error))
+    }
+}
+
+/// One platform's pushed manifest plus how it was built.
+pub struct Pushed {
+    pub image: String,
+    pub platform: Platform,
+    pub entry: IndexEntry,
+    pub build: BuildInfo,
+}
+
+/// The index of exactly the pushed platform manifests, in the project file's platform
+/// order (`pushed` is sorted so), not build completion order: the same pushes always
+/// make the same index.
+pub fn index_of(
+    image: &ImageSpec,
+    pushed: &mut [&Pushed],
+) -> Result<oci::ManifestBlob, ClientError> {
+    pushed.sort_by_key(|p| image.platforms.iter().position(|d| d == &p.platform));
+    let entries: Vec<IndexEntry> = pushed.iter().map(|p| p.entry.clone()).collect();
+    oci::image_index(&entries, &image.annotations.index)
+        .map_err(|e| ClientError::registry(image.repository.clone(), RegistryError::Content(e)))
+}
+
+/// Publishes one image: the index by digest, then every tag, then reads it back.
+pub async fn publish(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    interrupt: &tokio_util::sync::CancellationToken,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let mut mine = pushed.to_vec();
+    let index = index_of(image, &mut mine)?;
+    if image.provenance {
+        attach_provenance(destination, image, &mine, reporter).await?;
+    }
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: None,
+        phase: Phase::Publish,
+        message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
+    });
+    let first = image.first_tag()?;
+    let mut moved = Vec::new();
+    for tag in &image.tags {
+        if destination.current(image, tag).await.as_ref() != Some(&index.digest) {
+            moved.push(tag);
+        }
+    }
+    if moved.is_empty() {
+        reporter.report(Event::Note {
+            message: format!(
+                "{}: every tag already points at {}; nothing to publish",
+                image.name, index.digest
+            ),
+        });
+    } else {
+        destination.put_manifest(&first, &index).await?;
+        // Last point to stop: once the first tag moves, the others follow, so the tags
+        // never point at different indexes.
+        if interrupt.is_cancelled() {
+            return Err(PublishError::Interrupted);
+        }
+        for tag in moved {
+            destination.tag(image, tag, &index).await?;
+        }
+    }
+    let mut checked = destination
+        .read_back(image, &index.digest, reporter)
+        .await?;
+    for platform in &mut checked.platforms {
+        platform.build = mine
+            .iter()
+            .find(|p| p.platform == platform.platform)
+            .map(|p| p.build.clone());
+    }
+    Ok(checked)
+}
+
+/// Attaches a provenance statement to every platform manifest of the image, before any
+/// tag moves, so a tag never points at an index whose provenance is missing.
+async fn attach_provenance(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let invocation = uuid::Uuid::new_v4().to_string();
+    for p in pushed {
+        let statement = provenance::statement(image, p, &invocation);
+        let referrer = provenance::referrer(p, &statement);
+        let how = match destination.attach(image, &referrer).await? {
+            Attachment::Kept => format!(
+                "{} already has SLSA provenance attached; kept",
+                p.entry.digest
+            ),
+            Attachment::Registry => format!(
+                "attached SLSA provenance {} (listed by the registry's referrers API)",
+                referrer.manifest.digest
+            ),
+            Attachment::TagSchema(tag) => format!(
+                "attached SLSA provenance {} (listed in the referrers tag {tag})",
+                referrer.manifest.digest
+            ),
+        };
+        reporter.report(Event::Phase {
+            image: image.name.clone(),
+            platform: Some(p.platform.clone()),
+            phase: Phase::Publish,
+            message: how,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::oci::ConfigPlatform;
+    use store::fake::{image, FakeStore};
+    use tokio_util::sync::CancellationToken;
+
+    fn with_provenance(tags: &str) -> ImageSpec {
+        ImageSpec {
+            provenance: true,
+            require_provenance: true,
+            ..image(tags)
+        }
+    }
+
+    fn pushed(arch: &str, digest_char: char) -> Pushed {
+        Pushed {
+            image: "api".into(),
+            platform: Platform::linux(arch, None),
+            entry: IndexEntry {
+                digest: format!("sha256:{}", digest_char.to_string().repeat(64))
+                    .parse()
+                    .unwrap(),
+                size: 500,
+                platform: ConfigPlatform {
+                    os: "linux".into(),
+                    architecture: arch.into(),
+                    variant: None,
+                },
+            },
+            build: BuildInfo {
+                emulated: arch != "amd64",
+                seconds: 1.0,
+                ..Default::default()
+            },
+        }
+    }
+
+    async fn run(
+        store: &FakeStore,
+        image: &ImageSpec,
+        units: &[Pushed],
+        interrupt: &CancellationToken,
+    ) -> Result<ImageCoverage> {
+        let refs: Vec<&Pushed> = units.iter().collect();
+        publish(
+            store,
+            image,
+            &refs,
+            interrupt,
+            &crate::base::progress::Silent,
+        )
+        .await
+    }
+
+    /// A store `units` were published to once, its calls forgotten.
+    async fn published(image: &ImageSpec, units: &[Pushed]) -> FakeStore {
+        let store = FakeStore::default();
+        run(&store, image, units, &CancellationToken::new())
+            .await
+            .unwrap();
+        store.calls.lock().unwrap().clear();
+        store
+    }
+
+    #[tokio::test]
+    async fn the_index_goes_in_by_digest_before_any_tag_moves_then_it_is_read_back() {
+        let (store, image) = (FakeStore::default(), image("v1, latest"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(calls.len(), 4, "{calls:?}");
+        assert_eq!(calls[0], format!("manifest {}", coverage.digest));
+        assert_eq!(&calls[1..], ["tag v1", "tag latest", "read back"]);
+        assert_eq!(store.tag_of("v1"), Some(coverage.digest.to_string()));
+        assert_eq!(store.tag_of("latest"), Some(coverage.digest.to_string()));
+    }
+
+    #[tokio::test]
+    async fn index_entries_follow_the_project_order_not_build_completion() {
+        let (store, image) = (FakeStore::default(), image("v1"));
+        // arm64 finished first.
+        let units = [pushed("arm64", 'b'), pushed("amd64", 'a')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let order: Vec<String> = coverage
+            .platforms
+            .iter()
+            .map(|p| p.platform.to_string())
+            .collect();
+        assert_eq!(order, ["linux/amd64", "linux/arm64"]);
+        // The build facts travel with their platform.
+        assert!(!coverage.platforms[0].build.as_ref().unwrap().emulated);
+        assert!(coverage.platforms[1].build.as_ref().unwrap().emulated);
+    }
+
+    #[tokio::test]
+    async fn tags_already_at_the_index_are_left_alone() {
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let store = published(&image, &units).await;
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(store.calls(), ["read back"]);
+    }
+
+    #[tokio::test]
+    async fn only_the_tags_elsewhere_move() {
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let store = published(&image, &units).await;
+        let old = format!("sha256:{}", "0".repeat(64));
+        store.tags.lock().unwrap().insert("latest".into(), old);
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(&calls[1..], ["tag latest", "read back"], "{calls:?}");
+    }
+
+    #[tokio::test]
+    async fn an_interrupt_before_publishing_moves_no_tag() {
+        let old = format!("sha256:{}", "0".repeat(64));
+        let (store, image) = (FakeStore::with_tags(&[("v1", &old)]), image("v1, latest"));
+        let interrupt = CancellationToken::new();
+        interrupt.cancel();
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &interrupt).await;
+        assert!(
+            matches!(outcome, Err(PublishError::Interrupted)),
+            "{outcome:?}"
+        );
+        assert_eq!(store.tag_of("v1"), Some(old));
+        assert_eq!(store.tag_of("latest"), None);
+        assert!(store.calls().iter().all(|c| !c.starts_with("tag")));
+    }
+
+    #[tokio::test]
+    async fn a_refused_tag_is_a_registry_error_and_nothing_is_read_back() {
+        let store = FakeStore {
+            refuse_tag: Some("latest".into()),
+            ..FakeStore::default()
+        };
+        let image = image("v1, latest");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(PublishError::Store(StoreError::Registry(
+                    ClientError::Registry { .. }
+                )))
+            ),
+            "{outcome:?}"
+        );
+        assert!(!store.calls().contains(&"read back".to_string()));
+    }
+
+    #[tokio::test]
+    async fn provenance_is_attached_to_every_platform_before_the_index_and_any_tag() {
+        let (store, image) = (FakeStore::default(), with_provenance("v1, latest"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        assert_eq!(
+            calls,
+            [
+                format!("attach {}", units[0].entry.digest),
+                format!("attach {}", units[1].entry.digest),
+                format!("manifest {}", coverage.digest),
+                "tag v1".into(),
+                "tag latest".into(),
+                "read back".into(),
+            ]
+        );
+        // The index still lists exactly the platform manifests.
+        let index: serde_json::Value =
+            serde_json::from_slice(&store.manifests.lock().unwrap()[coverage.digest.as_str()])
+                .unwrap();
+        let digests: Vec<&str> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["digest"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            digests,
+            [
+                units[0].entry.digest.as_str(),
+                units[1].entry.digest.as_str()
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_referrer_moves_no_tag_and_puts_no_index() {
+        let old = format!("sha256:{}", "0".repeat(64));
+        let store = FakeStore {
+            refuse_attach: true,
+            ..FakeStore::with_tags(&[("v1", &old)])
+        };
+        let image = with_provenance("v1");
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let outcome = run(&store, &image, &units, &CancellationToken::new()).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(PublishError::Store(StoreError::Registry(
+                    ClientError::Registry { .. }
+                )))
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(store.tag_of("v1"), Some(old));
+        assert!(store.calls().is_empty(), "{:?}", store.calls());
+    }
+
+    #[tokio::test]
+    async fn without_provenance_nothing_is_attached() {
+        let (store, image) = (FakeStore::default(), image("v1"));
+        let units = [pushed("amd64", 'a')];
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(store.calls().iter().all(|c| !c.starts_with("attach")));
+    }
+}

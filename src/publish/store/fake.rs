@@ -1,0 +1,198 @@
+//! An image store in memory for unit tests of the flows that write through the seam.
+
+use super::{Attachment, ImageStore};
+use super::{Result, StoreError};
+use crate::base::attachment::{self, Referrer};
+use crate::base::digest::Digest;
+use crate::base::oci::ManifestBlob;
+use crate::base::progress::Reporter;
+use crate::builder::export::{ExportedImage, ExportedLayer};
+use crate::project::{ImageSpec, LoadOptions, Project, Purpose};
+use crate::registry::{BlobProgress, ClientError, RegistryError};
+use crate::verify::coverage_record::{ImageCoverage, PlatformCoverage, PlatformStatus};
+use crate::Platform;
+use oci_client::Reference;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// An image store in memory: tags, manifests by digest, and every call in order.
+#[derive(Default)]
+pub(crate) struct FakeStore {
+    pub(crate) tags: Mutex<BTreeMap<String, String>>,
+    pub(crate) manifests: Mutex<BTreeMap<String, Vec<u8>>>,
+    pub(crate) calls: Mutex<Vec<String>>,
+    /// `tag` fails for this tag.
+    pub(crate) refuse_tag: Option<String>,
+    /// `attach` fails.
+    pub(crate) refuse_attach: bool,
+}
+
+impl FakeStore {
+    pub(crate) fn with_tags(tags: &[(&str, &str)]) -> Self {
+        let store = FakeStore::default();
+        for (tag, digest) in tags {
+            store
+                .tags
+                .lock()
+                .unwrap()
+                .insert(tag.to_string(), digest.to_string());
+        }
+        store
+    }
+
+    pub(crate) fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    pub(crate) fn tag_of(&self, tag: &str) -> Option<String> {
+        self.tags.lock().unwrap().get(tag).cloned()
+    }
+}
+
+impl ImageStore for FakeStore {
+    /// An in-memory registry: builders may push to it themselves.
+    fn is_registry(&self) -> bool {
+        true
+    }
+
+    async fn put_layer(
+        &self,
+        _: &Reference,
+        layer: &ExportedLayer,
+        _: &BlobProgress<'_>,
+    ) -> Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("layer {}", layer.digest));
+        Ok(())
+    }
+
+    async fn put_config(&self, _: &Reference, image: &ExportedImage) -> Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("config {}", image.config_digest));
+        Ok(())
+    }
+
+    async fn has_manifest(&self, _: &ImageSpec, digest: &Digest) -> bool {
+        self.manifests.lock().unwrap().contains_key(digest.as_str())
+    }
+
+    async fn current(&self, _: &ImageSpec, tag: &str) -> Option<Digest> {
+        self.tag_of(tag).map(|digest| digest.parse().unwrap())
+    }
+
+    async fn put_manifest(&self, _: &Reference, manifest: &ManifestBlob) -> Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("manifest {}", manifest.digest));
+        self.manifests
+            .lock()
+            .unwrap()
+            .insert(manifest.digest.to_string(), manifest.bytes.clone());
+        Ok(())
+    }
+
+    async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
+        if self.refuse_tag.as_deref() == Some(tag) {
+            return Err(refused(image, &format!("tag {tag}")));
+        }
+        self.calls.lock().unwrap().push(format!("tag {tag}"));
+        self.tags
+            .lock()
+            .unwrap()
+            .insert(tag.to_string(), index.digest.to_string());
+        Ok(())
+    }
+
+    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+        if self.refuse_attach {
+            return Err(refused(image, "attach a referrer"));
+        }
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("attach {}", referrer.subject));
+        Ok(Attachment::TagSchema(attachment::referrers_tag(
+            &referrer.subject,
+        )))
+    }
+
+    async fn read_back(
+        &self,
+        image: &ImageSpec,
+        expected: &Digest,
+        _: &dyn Reporter,
+    ) -> Result<ImageCoverage> {
+        self.calls.lock().unwrap().push("read back".into());
+        let index: serde_json::Value =
+            serde_json::from_slice(&self.manifests.lock().unwrap()[expected.as_str()]).unwrap();
+        let platforms = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let p = &m["platform"];
+                let platform = Platform::linux(p["architecture"].as_str().unwrap(), None);
+                PlatformCoverage {
+                    platform,
+                    digest: m["digest"].as_str().map(|d| d.parse().unwrap()),
+                    config_platform: None,
+                    size: m["size"].as_u64(),
+                    status: PlatformStatus::Ok,
+                    annotations: BTreeMap::new(),
+                    detail: None,
+                    deep: None,
+                    build: None,
+                    attached: Vec::new(),
+                }
+            })
+            .collect();
+        Ok(ImageCoverage {
+            name: image.name.clone(),
+            reference: format!("{}:{}", image.repository, image.tags[0]),
+            tags: image.tags.clone(),
+            digest: expected.clone(),
+            pinned: format!("{}@{expected}", image.repository),
+            media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
+            annotations: BTreeMap::new(),
+            declared: image.platforms.clone(),
+            platforms,
+            missing: vec![],
+            unexpected: vec![],
+            attestations: vec![],
+            warnings: vec![],
+            covered: true,
+        })
+    }
+}
+
+/// The image `api` of a small project, tagged `tags` (`v1, latest`).
+pub(crate) fn image(tags: &str) -> ImageSpec {
+    let text = format!(
+        "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [{tags}]\n    platforms: [linux/amd64, linux/arm64]\n"
+    );
+    let options = LoadOptions {
+        purpose: Purpose::Verify,
+        ..LoadOptions::default()
+    };
+    let project = Project::parse(std::path::Path::new("polyarch.yaml"), &text, &options)
+        .expect("test project parses");
+    project.images[0].clone()
+}
+
+/// What a registry answers when it refuses `what` for `image` (a 400, say).
+fn refused(image: &ImageSpec, what: &str) -> StoreError {
+    StoreError::Registry(ClientError::registry(
+        image.repository.clone(),
+        RegistryError::Refused {
+            what: what.to_string(),
+            reference: image.repository.clone(),
+            detail: "refused".into(),
+            source: None,
+        },
+    ))
+}

@@ -1,0 +1,329 @@
+//! Where built images go: the image store seam (blobs, manifests by digest, tags, reading
+//! back) with its two implementations, a registry and an OCI layout directory.
+
+mod error;
+#[cfg(test)]
+pub(crate) mod fake;
+
+pub use error::StoreError;
+
+use crate::base::attachment::{self, Referrer};
+use crate::base::digest::Digest;
+use crate::base::oci::ManifestBlob;
+use crate::base::progress::Reporter;
+use crate::builder::export::{ExportedImage, ExportedLayer};
+use crate::project::ImageSpec;
+use crate::publish::layout::{LayoutSource, OciLayout};
+use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
+use crate::verify::coverage_record::ImageCoverage;
+use crate::verify::{self, Target};
+use oci_client::Reference;
+use std::future::Future;
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What publishing needs of a destination. Blobs and manifests go in by digest; only
+/// [`ImageStore::tag`] moves a tag, so a flow decides when tags move.
+pub trait ImageStore {
+    /// Whether it is a registry, which an engine's BuildKit can push to itself.
+    fn is_registry(&self) -> bool;
+    /// Uploads a layer file, streamed from disk.
+    fn put_layer(
+        &self,
+        reference: &Reference,
+        layer: &ExportedLayer,
+        progress: &BlobProgress<'_>,
+    ) -> impl Future<Output = Result<()>>;
+    /// Uploads an image's config.
+    fn put_config(
+        &self,
+        reference: &Reference,
+        image: &ExportedImage,
+    ) -> impl Future<Output = Result<()>>;
+    /// Whether a manifest is there under `digest` in the image's repository.
+    fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> impl Future<Output = bool>;
+    /// What a tag resolves to now (None when it does not exist yet).
+    fn current(&self, image: &ImageSpec, tag: &str) -> impl Future<Output = Option<Digest>>;
+    /// Stores a manifest under its digest only (no tag moves).
+    fn put_manifest(
+        &self,
+        reference: &Reference,
+        manifest: &ManifestBlob,
+    ) -> impl Future<Output = Result<()>>;
+    /// Points `tag` at `index`.
+    fn tag(
+        &self,
+        image: &ImageSpec,
+        tag: &str,
+        index: &ManifestBlob,
+    ) -> impl Future<Output = Result<()>>;
+    /// Attaches `referrer` to its subject, a platform manifest of `image`: its blobs and
+    /// manifest by digest, then listed among the subject's referrers. No tag of the
+    /// image moves.
+    fn attach(
+        &self,
+        image: &ImageSpec,
+        referrer: &Referrer,
+    ) -> impl Future<Output = Result<Attachment>>;
+    /// Reads the image back through its tags and checks it against its declared platforms
+    /// and `expected`, the index just published.
+    fn read_back(
+        &self,
+        image: &ImageSpec,
+        expected: &Digest,
+        reporter: &dyn Reporter,
+    ) -> impl Future<Output = Result<ImageCoverage>>;
+}
+
+/// How a referrer came to be listed for its subject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    /// The subject already had a statement of that predicate type; nothing was pushed.
+    Kept,
+    /// The registry lists it by itself (it has the referrers API).
+    Registry,
+    /// Added to the referrers tag schema's index under this tag.
+    TagSchema(String),
+}
+
+/// The destination of one run: a registry, or an OCI layout directory for air-gapped
+/// handoff (`--output oci:DIR`).
+pub enum Destination {
+    Registry(Registry),
+    Layout(OciLayout),
+}
+
+impl ImageStore for Destination {
+    fn is_registry(&self) -> bool {
+        matches!(self, Destination::Registry(_))
+    }
+
+    async fn put_layer(
+        &self,
+        reference: &Reference,
+        layer: &ExportedLayer,
+        progress: &BlobProgress<'_>,
+    ) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_blob_file(reference, &layer.path, &layer.digest, layer.size, progress)
+                    .await?;
+            }
+            Destination::Layout(l) => {
+                l.put_blob_file(&layer.path, &layer.digest)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn put_config(&self, reference: &Reference, image: &ExportedImage) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_blob_bytes(reference, &image.config, &image.config_digest)
+                    .await?;
+            }
+            Destination::Layout(l) => {
+                l.put_blob_bytes(&image.config, &image.config_digest)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn has_manifest(&self, image: &ImageSpec, digest: &Digest) -> bool {
+        let Destination::Registry(r) = self else {
+            return false;
+        };
+        let Ok(reference) = image.first_tag() else {
+            return false;
+        };
+        r.get_manifest(&reference.clone_with_digest(digest.to_string()))
+            .await
+            .is_ok()
+    }
+
+    async fn current(&self, image: &ImageSpec, tag: &str) -> Option<Digest> {
+        match self {
+            Destination::Registry(r) => {
+                let reference = image.tagged(tag).ok()?;
+                r.get_manifest(&reference)
+                    .await
+                    .ok()
+                    .map(|(_, digest)| digest)
+            }
+            Destination::Layout(_) => None,
+        }
+    }
+
+    async fn put_manifest(&self, reference: &Reference, manifest: &ManifestBlob) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_manifest(
+                    &reference.clone_with_digest(manifest.digest.to_string()),
+                    manifest,
+                )
+                .await?;
+                Ok(())
+            }
+            Destination::Layout(l) => {
+                l.put_blob_bytes(&manifest.bytes, &manifest.digest)?;
+                Ok(())
+            }
+        }
+    }
+
+    async fn tag(&self, image: &ImageSpec, tag: &str, index: &ManifestBlob) -> Result<()> {
+        match self {
+            Destination::Registry(r) => {
+                r.push_manifest(&image.tagged(tag)?, index).await?;
+                Ok(())
+            }
+            Destination::Layout(l) => Ok(l.tag(index, tag)?),
+        }
+    }
+
+    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+        match self {
+            Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
+            // Layout readers (skopeo, containerd) have no referrers convention to follow.
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
+        }
+    }
+
+    async fn read_back(
+        &self,
+        image: &ImageSpec,
+        expected: &Digest,
+        reporter: &dyn Reporter,
+    ) -> Result<ImageCoverage> {
+        match self {
+            Destination::Registry(r) => Ok(verify::verify_image(
+                r,
+                image,
+                Some(expected),
+                verify::Checks::default(),
+                &(),
+                reporter,
+            )
+            .await?),
+            Destination::Layout(l) => read_back_layout(l, image, expected, reporter).await,
+        }
+    }
+}
+
+/// Pushes a referrer, then lists it for its subject: a registry with the referrers API
+/// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
+/// keeping what that index held. The listing after the push stands in for the spec's
+/// `OCI-Subject` response header, which oci-client does not hand back.
+async fn attach_in_registry(
+    registry: &Registry,
+    image: &ImageSpec,
+    referrer: &Referrer,
+) -> Result<Attachment> {
+    let reference = image.first_tag()?;
+    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
+        return Ok(Attachment::Kept);
+    }
+    for (bytes, digest) in &referrer.blobs {
+        registry.push_blob_bytes(&reference, bytes, digest).await?;
+    }
+    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
+    registry
+        .push_manifest(&by_digest, &referrer.manifest)
+        .await
+        .map_err(|e| refused(e, referrer))?;
+    let listed = registry.referrers(&reference, &referrer.subject).await?;
+    if listed
+        .iter()
+        .any(|d| d["digest"] == referrer.manifest.digest.as_str())
+    {
+        return Ok(Attachment::Registry);
+    }
+    let tag = attachment::referrers_tag(&referrer.subject);
+    let index = attachment::tag_schema_index(listed, referrer.descriptor());
+    registry
+        .push_manifest(&image.tagged(&tag)?, &index)
+        .await
+        .map_err(|e| refused(e, referrer))?;
+    Ok(Attachment::TagSchema(tag))
+}
+
+/// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
+/// cannot hold provenance: say so, and what to do.
+fn refused(error: ClientError, referrer: &Referrer) -> ClientError {
+    match error {
+        ClientError::Registry { registry, source } => ClientError::registry(
+            registry,
+            RegistryError::NotAttached {
+                subject: referrer.subject.to_string(),
+                source,
+            },
+        ),
+        other => other,
+    }
+}
+
+/// Every tag of `image` in the layout, checked; all must resolve to `expected`.
+async fn read_back_layout(
+    layout: &OciLayout,
+    image: &ImageSpec,
+    expected: &Digest,
+    reporter: &dyn Reporter,
+) -> Result<ImageCoverage> {
+    let target = Target {
+        name: image.name.clone(),
+        reference: format!("oci:{}:{}", layout.dir.display(), image.tags[0]),
+        tags: image.tags.clone(),
+        declared: image.platforms.clone(),
+        deep: false,
+        require_provenance: image.require_provenance,
+    };
+    let mut coverage = Vec::new();
+    for tag in &image.tags {
+        let source = LayoutSource {
+            layout: OciLayout {
+                dir: layout.dir.clone(),
+            },
+            tag: Some(tag.clone()),
+        };
+        coverage.push(verify::verify(&source, &target, reporter).await?);
+    }
+    let mut first = coverage.remove(0);
+    for other in coverage.iter().chain(std::iter::once(&first.clone())) {
+        if other.digest != *expected {
+            first.covered = false;
+            first.warnings.push(format!(
+                "a tag in {} resolves to {}, not {expected}",
+                layout.dir.display(),
+                other.digest
+            ));
+        }
+    }
+    Ok(first)
+}
+
+/// One client for the images' registries, probed first so bad credentials or an
+/// unreachable registry fail before any build.
+pub async fn connect_registry(
+    images: &[&ImageSpec],
+    options: &RegistryOptions,
+    push: bool,
+) -> Result<Registry> {
+    let registry = Registry::new(&registry_hosts(images)?, options)?;
+    for image in images {
+        registry.declare(&image.first_tag()?, push).await;
+    }
+    for image in images {
+        registry.probe(&image.first_tag()?, push).await?;
+    }
+    Ok(registry)
+}
+
+fn registry_hosts(images: &[&ImageSpec]) -> Result<Vec<String>> {
+    images
+        .iter()
+        .map(|i| Ok(i.first_tag()?.registry().to_string()))
+        .collect()
+}

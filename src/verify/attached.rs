@@ -1,0 +1,289 @@
+//! What is attached to each platform entry (OCI referrers: provenance, signatures, SBOMs),
+//! each referrer read and checked to name the entry as its subject, and whether provenance
+//! the target requires is there.
+
+use super::{ContentSource, Target, VerifyError};
+use crate::base::attachment::{self, Attached};
+use crate::base::digest::Digest;
+use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
+use std::collections::BTreeMap;
+
+/// What is attached to one entry, or the source's failure to list it.
+pub(crate) type Listing<E> = Result<(Vec<Attached>, Vec<String>), E>;
+
+/// Lists what is attached to each of `digests`, concurrently.
+pub(super) async fn list<S: ContentSource>(
+    source: &S,
+    digests: &[&Digest],
+) -> BTreeMap<Digest, Listing<S::Error>> {
+    let listed = source.referrers_of(digests).await;
+    let checks = digests
+        .iter()
+        .zip(listed)
+        .map(|(d, l)| attached_to(source, d, l));
+    let listings = futures_util::future::join_all(checks).await;
+    digests.iter().map(|d| (*d).clone()).zip(listings).collect()
+}
+
+/// Fills each entry's `attached` from its listing. When provenance is required, an entry
+/// without it becomes a gap and a listing that cannot be read is an error; otherwise that
+/// is a warning.
+pub(super) fn apply<E>(
+    target: &Target,
+    platforms: &mut [PlatformCoverage],
+    mut listings: BTreeMap<Digest, Listing<E>>,
+    warnings: &mut Vec<String>,
+) -> Result<(), VerifyError<E>>
+where
+    E: std::fmt::Display,
+{
+    for platform in platforms.iter_mut() {
+        let Some(digest) = platform.digest.clone() else {
+            continue;
+        };
+        match listings
+            .remove(&digest)
+            .unwrap_or_else(|| Ok(Default::default()))
+        {
+            Ok((attached, ignored)) => {
+                platform.attached = attached;
+                warnings.extend(ignored.into_iter().map(|why| {
+                    format!(
+                        "{} ({digest}) lists referrer {why}; ignored",
+                        platform.platform
+                    )
+                }));
+            }
+            Err(e) if !target.require_provenance => {
+                warnings.push(format!(
+                    "cannot list what is attached to {} ({digest}): {e}",
+                    platform.platform
+                ));
+            }
+            Err(e) => return Err(VerifyError::Source(e)),
+        }
+        let has_provenance = platform.attached.iter().any(Attached::is_provenance);
+        if target.require_provenance && !has_provenance && platform.status == PlatformStatus::Ok {
+            platform.status = PlatformStatus::ProvenanceMissing;
+            platform.detail = Some(format!(
+                "{} {} ({digest}) has no SLSA provenance attached; build image {} with `provenance: true` in polyarch.yaml (or `polyarch build --provenance`)",
+                target.reference, platform.platform, target.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The referrers of one entry that check out, and why each other one listed does not.
+async fn attached_to<S: ContentSource>(
+    source: &S,
+    digest: &Digest,
+    listed: Result<Vec<serde_json::Value>, S::Error>,
+) -> Listing<S::Error> {
+    let (mut attached, mut ignored) = (Vec::new(), Vec::new());
+    for found in attachment::attached(&listed?) {
+        match checked(source, &found, digest).await {
+            Ok(one) => attached.push(one),
+            Err(why) => ignored.push(format!("{} which {why}", found.digest)),
+        }
+    }
+    Ok((attached, ignored))
+}
+
+/// A listed referrer as its manifest says: it must name `subject`; its predicate type
+/// is its in-toto layer's.
+async fn checked<S: ContentSource>(
+    source: &S,
+    found: &Attached,
+    subject: &Digest,
+) -> std::result::Result<Attached, String> {
+    let digest: Digest = found.digest.parse().map_err(|why| format!("{why}"))?;
+    let bytes = source
+        .manifest(&digest)
+        .await
+        .map_err(|e| format!("cannot be read ({e})"))?;
+    let predicate_type = attachment::check_referrer(&bytes, subject)?;
+    Ok(Attached {
+        predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),
+        ..found.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::{ClientError, RegistryError};
+    use crate::verify::entrypoint::DeepReport;
+    use crate::Platform;
+    use serde_json::{json, Value};
+
+    async fn read_attached(
+        source: &Fake,
+        target: &Target,
+        platforms: &mut [PlatformCoverage],
+        warnings: &mut Vec<String>,
+    ) -> Result<(), VerifyError<ClientError>> {
+        let digests: Vec<&Digest> = platforms.iter().filter_map(|p| p.digest.as_ref()).collect();
+        let listings = list(source, &digests).await;
+        apply(target, platforms, listings, warnings)
+    }
+
+    /// Manifests by digest and referrer listings by subject.
+    struct Fake {
+        manifests: BTreeMap<String, Vec<u8>>,
+        listings: BTreeMap<String, Vec<Value>>,
+    }
+
+    impl ContentSource for Fake {
+        type Error = ClientError;
+
+        async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
+            unreachable!("not resolved here")
+        }
+        async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
+            self.manifests.get(digest.as_str()).cloned().ok_or_else(|| {
+                ClientError::registry(
+                    "fake",
+                    RegistryError::NotFound {
+                        what: "read manifest".into(),
+                        reference: digest.to_string(),
+                    },
+                )
+            })
+        }
+        async fn json_blob(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
+            self.manifest(digest).await
+        }
+        async fn referrers(&self, digest: &Digest) -> Result<Vec<Value>, ClientError> {
+            self.listings.get(digest.as_str()).cloned().ok_or_else(|| {
+                ClientError::registry(
+                    "fake",
+                    RegistryError::Refused {
+                        what: format!("list referrers of {digest}"),
+                        reference: "fake".into(),
+                        detail: "listing refused".into(),
+                        source: None,
+                    },
+                )
+            })
+        }
+        fn repository(&self) -> String {
+            "fake".into()
+        }
+        async fn inspect(
+            &self,
+            _: &[u8],
+            _: &[(Digest, String)],
+            _: &Platform,
+        ) -> Result<DeepReport, ClientError> {
+            unreachable!("no deep checks here")
+        }
+    }
+
+    fn digest(c: char) -> String {
+        format!("sha256:{}", c.to_string().repeat(64))
+    }
+
+    fn entry(arch: &str, c: char) -> PlatformCoverage {
+        PlatformCoverage {
+            platform: Platform::linux(arch, None),
+            digest: Some(digest(c).parse().unwrap()),
+            config_platform: Some(Platform::linux(arch, None)),
+            size: Some(400),
+            status: PlatformStatus::Ok,
+            annotations: BTreeMap::new(),
+            detail: None,
+            deep: None,
+            build: None,
+            attached: Vec::new(),
+        }
+    }
+
+    /// A referrer manifest naming `subject`, with an in-toto SLSA layer.
+    fn statement_manifest(subject: &str) -> Vec<u8> {
+        json!({
+            "schemaVersion": 2,
+            "artifactType": attachment::IN_TOTO,
+            "layers": [{"mediaType": attachment::IN_TOTO, "digest": digest('9'), "size": 1,
+                        "annotations": {attachment::PREDICATE_TYPE: attachment::SLSA_PROVENANCE}}],
+            "subject": {"digest": subject, "size": 400},
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn listed(c: char) -> Value {
+        json!({"mediaType": crate::base::oci::OCI_MANIFEST, "digest": digest(c), "size": 1,
+               "artifactType": attachment::IN_TOTO})
+    }
+
+    fn target(require_provenance: bool) -> Target {
+        Target {
+            name: "api".into(),
+            reference: "r.io/api:v1".into(),
+            tags: vec!["v1".into()],
+            declared: vec![],
+            deep: false,
+            require_provenance,
+        }
+    }
+
+    fn fake() -> Fake {
+        // amd64 (a): a good statement (1), one naming another subject (2), one missing (3).
+        // arm64 (b): nothing attached.
+        Fake {
+            manifests: BTreeMap::from([
+                (digest('1'), statement_manifest(&digest('a'))),
+                (digest('2'), statement_manifest(&digest('b'))),
+            ]),
+            listings: BTreeMap::from([
+                (digest('a'), vec![listed('1'), listed('2'), listed('3')]),
+                (digest('b'), vec![]),
+            ]),
+        }
+    }
+
+    #[tokio::test]
+    async fn only_referrers_naming_the_entry_count_and_missing_provenance_is_a_gap() {
+        let mut platforms = [entry("amd64", 'a'), entry("arm64", 'b')];
+        let mut warnings = Vec::new();
+        read_attached(&fake(), &target(true), &mut platforms, &mut warnings)
+            .await
+            .unwrap();
+        assert_eq!(platforms[0].attached.len(), 1, "{warnings:?}");
+        assert!(platforms[0].attached[0].is_provenance());
+        assert_eq!(platforms[0].status, PlatformStatus::Ok);
+        assert_eq!(warnings.len(), 2, "{warnings:?}");
+        assert!(warnings[0].contains("names subject"), "{warnings:?}");
+        assert!(warnings[1].contains("cannot be read"), "{warnings:?}");
+        assert_eq!(platforms[1].status, PlatformStatus::ProvenanceMissing);
+        let detail = platforms[1].detail.as_deref().unwrap();
+        assert!(
+            detail.contains("r.io/api:v1 linux/arm64") && detail.contains("provenance: true"),
+            "{detail}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_listing_is_an_error_only_where_provenance_is_required() {
+        let source = Fake {
+            listings: BTreeMap::new(),
+            ..fake()
+        };
+        let mut platforms = [entry("amd64", 'a')];
+        let mut warnings = Vec::new();
+        read_attached(&source, &target(false), &mut platforms, &mut warnings)
+            .await
+            .unwrap();
+        assert_eq!(platforms[0].status, PlatformStatus::Ok);
+        assert!(warnings[0].contains("listing refused"), "{warnings:?}");
+        let outcome = read_attached(&source, &target(true), &mut platforms, &mut warnings).await;
+        assert!(
+            matches!(
+                outcome,
+                Err(VerifyError::Source(ClientError::Registry { .. }))
+            ),
+            "{outcome:?}"
+        );
+    }
+}

@@ -1,0 +1,477 @@
+//! `verify --deep`: does each platform's entrypoint binary match the platform?
+//!
+//! An `arm64` entry whose entrypoint is an x86-64 binary dies with `exec format error` on
+//! arm64 nodes. [`inspect`] streams an image's layers once each, in order, building an
+//! in-memory index of the merged filesystem (never extracting, never holding whole files),
+//! resolves the command the way Docker/runc would, and reads the ELF header of the file
+//! that would be executed (following `#!` interpreters and the ELF loader).
+//!
+//! Layers may be given decompressed or gzip-compressed: the gzip magic is detected.
+//! zstd-compressed layers are reported as [`Finding::Unreadable`].
+
+use crate::base::platform::Platform;
+use crate::base::text::one_line;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{self, Read};
+
+mod fs;
+
+use crate::base::elf::*;
+use fs::*;
+
+/// Bytes kept of each regular file with an exec bit: ELF header, program headers, PT_INTERP.
+const EXEC_PREFIX: u64 = 4096;
+/// Bytes kept of other regular files: enough for a `#!` line (Linux reads 256).
+const OTHER_PREFIX: u64 = 256;
+/// Overall cap on retained prefixes.
+pub const MAX_RETAINED: usize = 64 * 1024 * 1024;
+/// Symlinks followed while resolving one path, as Linux's `MAXSYMLINKS`.
+const MAX_SYMLINKS: usize = 40;
+/// Nested `#!` interpreters followed, as Linux's binfmt recursion limit.
+const MAX_SCRIPT_DEPTH: usize = 4;
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeepReport {
+    /// The resolved path in the image of the file that would be executed (the script for
+    /// `#!` scripts); when it cannot be resolved, argv0 as the config spells it.
+    pub executable: Option<String>,
+    pub finding: Finding,
+    /// One line, for humans.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// The executable (or its `#!` interpreter, and its ELF loader when present) is an ELF
+    /// for the platform's machine, class and byte order.
+    Match,
+    /// The executable, its interpreter or its loader is an ELF for another machine.
+    BinaryMismatch { found: String },
+    /// argv0 (or a PATH lookup of it) does not resolve to a file in the image.
+    MissingEntrypoint,
+    /// The config has neither Entrypoint nor Cmd.
+    NoEntrypoint,
+    /// A `#!` interpreter, or a dynamic ELF's PT_INTERP loader, is missing from the image.
+    InterpreterMissing { interpreter: String },
+    /// The executable is neither an ELF nor a `#!` script.
+    NotElf,
+    /// Could not judge: malformed layers or config, truncated ELF, the retention cap, an
+    /// unsupported compression or a platform without a known ELF machine.
+    Unreadable,
+}
+
+struct Command {
+    argv: Vec<String>,
+    path: String,
+    cwd: String,
+}
+
+fn string_list(value: Option<&serde_json::Value>) -> Vec<String> {
+    match value {
+        Some(serde_json::Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect(),
+        // Some old configs carry a string; Docker would run it through a shell.
+        Some(serde_json::Value::String(s)) if !s.trim().is_empty() => {
+            vec!["/bin/sh".into(), "-c".into(), s.clone()]
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn command(config: &[u8]) -> std::result::Result<Command, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(config).map_err(|e| format!("image config is not JSON: {e}"))?;
+    let c = value.get("config");
+    let entrypoint = string_list(c.and_then(|c| c.get("Entrypoint")));
+    let cmd = string_list(c.and_then(|c| c.get("Cmd")));
+    let argv = if entrypoint.is_empty() {
+        cmd
+    } else {
+        entrypoint.into_iter().chain(cmd).collect()
+    };
+    let env = string_list(c.and_then(|c| c.get("Env")));
+    let path = env
+        .iter()
+        .rev()
+        .find_map(|e| e.strip_prefix("PATH="))
+        .unwrap_or(DEFAULT_PATH)
+        .to_string();
+    let cwd = c
+        .and_then(|c| c.get("WorkingDir"))
+        .and_then(|w| w.as_str())
+        .filter(|w| !w.is_empty())
+        .unwrap_or("/")
+        .to_string();
+    Ok(Command { argv, path, cwd })
+}
+
+fn report(executable: Option<String>, finding: Finding, detail: String) -> DeepReport {
+    DeepReport {
+        executable,
+        finding,
+        detail,
+    }
+}
+
+fn unreadable(detail: String) -> DeepReport {
+    report(None, Finding::Unreadable, detail)
+}
+
+/// Wraps a layer so that gzip-compressed layers are decompressed; zstd ones fail to read.
+fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dyn Read + 'a>> {
+    let mut magic = [0u8; 4];
+    let mut n = 0;
+    while n < magic.len() {
+        match reader.read(&mut magic[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let chained: Box<dyn Read + Send> =
+        Box::new(io::Cursor::new(magic[..n].to_vec()).chain(reader));
+    if magic[..n].starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(flate2::read::MultiGzDecoder::new(chained)))
+    } else if magic[..n] == [0x28, 0xb5, 0x2f, 0xfd] {
+        Err(io::Error::other("zstd layers not supported"))
+    } else {
+        Ok(chained)
+    }
+}
+
+/// Inspects an image: `config` is its config JSON, `layers` its layer tars (decompressed or
+/// gzip) in rootfs order, each read once, sequentially.
+pub fn inspect(
+    config: &[u8],
+    layers: Vec<Box<dyn Read + Send>>,
+    platform: &Platform,
+) -> DeepReport {
+    inspect_capped(config, layers, platform, MAX_RETAINED)
+}
+
+fn inspect_capped(
+    config: &[u8],
+    layers: Vec<Box<dyn Read + Send>>,
+    platform: &Platform,
+    cap: usize,
+) -> DeepReport {
+    let command = match command(config) {
+        Ok(c) => c,
+        Err(e) => return unreadable(e),
+    };
+    let Some(argv0) = command.argv.first().cloned() else {
+        return report(
+            None,
+            Finding::NoEntrypoint,
+            "the image config has neither Entrypoint nor Cmd".into(),
+        );
+    };
+    if argv0.is_empty() {
+        return report(
+            None,
+            Finding::NoEntrypoint,
+            "the image's command starts with an empty string".into(),
+        );
+    }
+    let mut fs = Fs {
+        cap,
+        nodes: BTreeMap::new(),
+        retained: 0,
+    };
+    for (i, mut layer) in layers.into_iter().enumerate() {
+        let applied = decompressing(&mut *layer).and_then(|l| fs.apply_layer(l));
+        // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
+        // trailer) so a streaming source completes (and verifies its digest) before the
+        // next layer is read.
+        let applied = applied.and_then(|()| io::copy(&mut layer, &mut io::sink()).map(drop));
+        if let Err(e) = applied {
+            return unreadable(format!(
+                "layer {} of the image cannot be read: {}",
+                i + 1,
+                one_line(&e.to_string())
+            ));
+        }
+    }
+    let inspector = Inspector {
+        fs: &fs,
+        platform,
+        command: &command,
+    };
+    inspector.run(&argv0)
+}
+
+struct Inspector<'a> {
+    fs: &'a Fs,
+    platform: &'a Platform,
+    command: &'a Command,
+}
+
+/// The outcome of examining one file.
+struct Verdict {
+    finding: Finding,
+    detail: String,
+}
+
+impl Inspector<'_> {
+    fn run(&self, argv0: &str) -> DeepReport {
+        let located = if argv0.contains('/') {
+            self.fs
+                .resolve(&self.command.cwd, argv0)
+                .map_err(|e| e.describe(argv0))
+        } else {
+            self.look_path(argv0)
+        };
+        let (resolved, node) = match located {
+            Ok(found) => found,
+            Err(detail) => {
+                return report(
+                    Some(argv0.to_string()),
+                    Finding::MissingEntrypoint,
+                    format!("entrypoint {detail}"),
+                )
+            }
+        };
+        let shown = if resolved == argv0 {
+            resolved.clone()
+        } else {
+            format!("{argv0} -> {resolved}")
+        };
+        let verdict = self.examine(&shown, node, 0);
+        report(Some(resolved), verdict.finding, verdict.detail)
+    }
+
+    /// `exec.LookPath` in the container: the first PATH entry holding an executable file.
+    fn look_path(&self, name: &str) -> std::result::Result<(String, &Node), String> {
+        let mut not_executable = None;
+        for dir in self.command.path.split(':') {
+            let dir = if dir.is_empty() { "." } else { dir };
+            let candidate = format!("{}/{name}", dir.trim_end_matches('/'));
+            if let Ok((resolved, node)) = self.fs.resolve(&self.command.cwd, &candidate) {
+                match node {
+                    Node::File { mode, .. } if mode & 0o111 != 0 => return Ok((resolved, node)),
+                    Node::File { .. } => {
+                        not_executable.get_or_insert(resolved);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Err(match not_executable {
+            Some(p) => format!(
+                "`{name}` is not on PATH={} ({p} exists but is not executable)",
+                self.command.path
+            ),
+            None => format!("`{name}` is not on PATH={}", self.command.path),
+        })
+    }
+
+    fn examine(&self, shown: &str, node: &Node, depth: usize) -> Verdict {
+        let (mode, size, head) = match node {
+            Node::Dir => {
+                return Verdict {
+                    finding: Finding::MissingEntrypoint,
+                    detail: format!("entrypoint {shown} is a directory"),
+                }
+            }
+            Node::Other(kind) => {
+                return Verdict {
+                    finding: Finding::NotElf,
+                    detail: format!("entrypoint {shown} is {kind}"),
+                }
+            }
+            Node::Symlink(_) => {
+                return Verdict {
+                    finding: Finding::Unreadable,
+                    detail: format!("{shown} is an unresolved symlink"),
+                }
+            }
+            Node::File { mode, size, head } => (*mode, *size, head),
+        };
+        let Some(head) = head else {
+            return Verdict {
+                finding: Finding::Unreadable,
+                detail: format!(
+                    "{shown} was not retained: the image has more than {} of file headers (the --deep cap)",
+                    if self.fs.cap.is_multiple_of(1 << 20) {
+                        format!("{} MiB", self.fs.cap >> 20)
+                    } else {
+                        format!("{} bytes", self.fs.cap)
+                    }
+                ),
+            };
+        };
+        let mut verdict = if head.starts_with(b"\x7fELF") {
+            self.examine_elf(shown, head)
+        } else if head.starts_with(b"#!") {
+            self.examine_script(shown, head, depth)
+        } else if size == 0 {
+            Verdict {
+                finding: Finding::NotElf,
+                detail: format!("{shown} is an empty file"),
+            }
+        } else {
+            Verdict {
+                finding: Finding::NotElf,
+                detail: format!("{shown} is neither an ELF binary nor a #! script"),
+            }
+        };
+        if mode & 0o111 == 0 {
+            verdict.detail += &format!("; note: it is not executable (mode {:04o})", mode & 0o7777);
+        }
+        verdict
+    }
+
+    fn examine_elf(&self, shown: &str, head: &[u8]) -> Verdict {
+        let Some(ident) = elf_machine(head) else {
+            return Verdict {
+                finding: Finding::Unreadable,
+                detail: format!("{shown} has a truncated or malformed ELF header"),
+            };
+        };
+        let Some((machine, class, endian)) = expected_machine(self.platform) else {
+            return Verdict {
+                finding: Finding::Unreadable,
+                detail: format!(
+                    "{shown} is {}; no known ELF machine for {} to compare with",
+                    ident.describe(),
+                    self.platform
+                ),
+            };
+        };
+        if (ident.machine, ident.class, ident.endian) != (machine, class, endian) {
+            return Verdict {
+                finding: Finding::BinaryMismatch {
+                    found: ident.describe(),
+                },
+                detail: format!(
+                    "{shown} is {} but the entry is {} (expects {})",
+                    ident.short(),
+                    self.platform,
+                    expected_short(self.platform).unwrap_or_default()
+                ),
+            };
+        }
+        let matched = |how: String| Verdict {
+            finding: Finding::Match,
+            detail: format!(
+                "{shown} is {}, {how}; matches {}",
+                ident.short(),
+                self.platform
+            ),
+        };
+        match &ident.linkage {
+            None => matched("linkage unknown (program headers beyond the first 4 KiB)".into()),
+            Some(Linkage::Static) => matched("static".into()),
+            Some(Linkage::Dynamic { interpreter: None }) => {
+                matched("dynamic (loader path beyond the first 4 KiB; not checked)".into())
+            }
+            Some(Linkage::Dynamic {
+                interpreter: Some(loader),
+            }) => match self.fs.resolve("/", loader) {
+                Err(_) => Verdict {
+                    finding: Finding::InterpreterMissing {
+                        interpreter: loader.clone(),
+                    },
+                    detail: format!(
+                        "{shown} is {}, dynamic, but its loader {loader} is missing from the image (exec fails with \"no such file or directory\")",
+                        ident.short()
+                    ),
+                },
+                Ok((resolved, Node::File { head: Some(h), .. })) => match elf_machine(h) {
+                    Some(l) if (l.machine, l.class, l.endian) != (machine, class, endian) => Verdict {
+                        finding: Finding::BinaryMismatch { found: l.describe() },
+                        detail: format!(
+                            "{shown} is {} but its loader {loader} ({resolved}) is {}; the entry is {}",
+                            ident.short(),
+                            l.short(),
+                            self.platform
+                        ),
+                    },
+                    Some(_) => matched(format!("dynamic (loader {loader} present)")),
+                    None => matched(format!(
+                        "dynamic (loader {loader} present but not an ELF I can read)"
+                    )),
+                },
+                Ok(_) => matched(format!("dynamic (loader {loader} present, not checked)")),
+            },
+        }
+    }
+
+    fn examine_script(&self, shown: &str, head: &[u8], depth: usize) -> Verdict {
+        if depth >= MAX_SCRIPT_DEPTH {
+            return Verdict {
+                finding: Finding::Unreadable,
+                detail: format!("{shown}: more than {MAX_SCRIPT_DEPTH} nested #! interpreters"),
+            };
+        }
+        let line = head[2..].split(|&c| c == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let mut words = line.split([' ', '\t', '\r']).filter(|w| !w.is_empty());
+        let Some(interpreter) = words.next().map(str::to_string) else {
+            return Verdict {
+                finding: Finding::NotElf,
+                detail: format!("{shown} has an empty #! line"),
+            };
+        };
+        let argument = words.next().map(str::to_string);
+        let (resolved, node) = match self.fs.resolve(&self.command.cwd, &interpreter) {
+            Ok(found) => found,
+            Err(e) => {
+                return Verdict {
+                    finding: Finding::InterpreterMissing {
+                        interpreter: interpreter.clone(),
+                    },
+                    detail: format!(
+                        "{shown} is a #!{interpreter} script but {}",
+                        e.describe(&interpreter)
+                    ),
+                }
+            }
+        };
+        let inner_shown = if resolved == interpreter {
+            resolved.clone()
+        } else {
+            format!("{interpreter} -> {resolved}")
+        };
+        let inner = self.examine(&inner_shown, node, depth + 1);
+        let mut verdict = Verdict {
+            detail: format!("{shown} is a #!{interpreter} script: {}", inner.detail),
+            finding: inner.finding,
+        };
+        // `#!/usr/bin/env prog`: env must find prog on PATH, and prog must run too.
+        if verdict.finding == Finding::Match && interpreter.rsplit('/').next() == Some("env") {
+            if let Some(program) = argument.filter(|a| !a.starts_with('-') && !a.contains('=')) {
+                let located = if program.contains('/') {
+                    self.fs
+                        .resolve(&self.command.cwd, &program)
+                        .map_err(|e| e.describe(&program))
+                } else {
+                    self.look_path(&program)
+                };
+                verdict = match located {
+                    Err(e) => Verdict {
+                        finding: Finding::InterpreterMissing {
+                            interpreter: program.clone(),
+                        },
+                        detail: format!("{shown} runs `env {program}` but {e}"),
+                    },
+                    Ok((p, node)) => {
+                        let inner = self.examine(&p, node, depth + 1);
+                        Verdict {
+                            detail: format!("{shown} runs `env {program}`: {}", inner.detail),
+                            finding: inner.finding,
+                        }
+                    }
+                };
+            }
+        }
+        verdict
+    }
+}
+
+#[cfg(test)]
+mod tests;
