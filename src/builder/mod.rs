@@ -35,7 +35,6 @@ pub mod export;
 pub(crate) mod fake;
 mod log;
 mod platforms;
-pub mod reproducible;
 mod seam;
 
 pub use builders::{connect_spec, sticky_key, sticky_slot, Builders};

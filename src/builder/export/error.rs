@@ -3,7 +3,7 @@
 //! always seen after `export of {image}: `.
 
 use crate::base::oci::OciError;
-use crate::builder::reproducible::ReproducibleError;
+use crate::builder::export::reproducible::ReproducibleError;
 use std::io;
 use std::path::PathBuf;
 
@@ -132,7 +132,8 @@ mod tests {
             .downcast_ref::<serde_json::Error>()
             .is_some());
 
-        let rewrite = crate::builder::reproducible::normalise_config(b"{", 1, &[]).unwrap_err();
+        let rewrite =
+            crate::builder::export::reproducible::normalise_config(b"{", 1, &[]).unwrap_err();
         let error = ExportError::Reproducible(rewrite);
         assert!(error.to_string().starts_with("image config is not JSON: "));
         let reproducible = error.source().unwrap();

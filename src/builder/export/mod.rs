@@ -27,6 +27,7 @@ use crate::base::platform::Platform;
 use crate::base::progress::{Event, Phase, Reporter};
 
 mod error;
+pub mod reproducible;
 mod resolve;
 mod save;
 mod spool;

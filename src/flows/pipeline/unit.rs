@@ -378,16 +378,18 @@ async fn export_built(
         return Ok(exported);
     };
     // The engine wrote the image with the build's own times; they are clamped here.
-    tokio::task::spawn_blocking(move || crate::builder::reproducible::normalise(exported, epoch))
-        .await
-        .map_err(|e| Error::Export {
-            image: image.name.clone(),
-            source: crate::builder::export::ExportError::RewriteStopped(e),
-        })?
-        .map_err(|e| Error::Export {
-            image: image.name.clone(),
-            source: crate::builder::export::ExportError::Reproducible(e),
-        })
+    tokio::task::spawn_blocking(move || {
+        crate::builder::export::reproducible::normalise(exported, epoch)
+    })
+    .await
+    .map_err(|e| Error::Export {
+        image: image.name.clone(),
+        source: crate::builder::export::ExportError::RewriteStopped(e),
+    })?
+    .map_err(|e| Error::Export {
+        image: image.name.clone(),
+        source: crate::builder::export::ExportError::Reproducible(e),
+    })
 }
 
 /// Pushes an exported image's layers, config and manifest (by digest: no per-platform
