@@ -166,7 +166,10 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
     if transfers.is_empty() {
         return None;
     }
-    let mut reads = Vec::new();
+    let mut reads: Vec<ContextRead> = Vec::new();
+    // A solve for several platforms reads the context once per platform with the same
+    // patterns: the tree is replayed (every file hashed) once for them all.
+    let mut replays: Vec<(usize, Vec<SentEntry>)> = Vec::new();
     for transfer in transfers {
         if transfer.error.is_some() {
             return None;
@@ -178,7 +181,23 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
             follow: transfer.follow_paths.clone(),
             digest: String::new(),
         };
-        let (now, digest) = replay(spec, &read)?;
+        let earlier = replays.iter().position(|(index, _)| {
+            let r = &reads[*index];
+            (&r.dir, &r.include, &r.exclude, &r.follow)
+                == (&read.dir, &read.include, &read.exclude, &read.follow)
+        });
+        let now = match earlier {
+            Some(replay) => {
+                read.digest = reads[replays[replay].0].digest.clone();
+                &replays[replay].1
+            }
+            None => {
+                let (now, digest) = replay(spec, &read)?;
+                read.digest = digest;
+                replays.push((reads.len(), now));
+                &replays[replays.len() - 1].1
+            }
+        };
         let same = now.len() == transfer.entries.len()
             && now.iter().zip(&transfer.entries).all(|(now, sent)| {
                 now.path == sent.path
@@ -193,7 +212,6 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
         if !same {
             return None;
         }
-        read.digest = digest;
         reads.push(read);
     }
     Some(reads)
@@ -285,5 +303,49 @@ impl RemoteBases {
         .await;
         digests.insert(image.to_string(), resolved.clone());
         resolved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::publish::store::fake::image;
+
+    /// A context of one file, an image building from it, and the transfer BuildKit made
+    /// of it for one platform (every file sent).
+    fn sent_context() -> (tempfile::TempDir, ImageSpec, Transfer) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("blob"), b"some bytes").unwrap();
+        let spec = ImageSpec {
+            context: dir.path().to_path_buf(),
+            ..image("v1")
+        };
+        let everything = Filter::new(dir.path(), &[], &[], &[]).unwrap();
+        let transfer = Transfer {
+            dir_name: "context".into(),
+            include_patterns: vec![],
+            exclude_patterns: vec![],
+            follow_paths: vec![],
+            entries: filesync::replay(dir.path(), &everything).unwrap(),
+            error: None,
+        };
+        (dir, spec, transfer)
+    }
+
+    #[test]
+    fn a_context_read_once_per_platform_is_remembered_for_each() {
+        let (_dir, spec, transfer) = sent_context();
+        let one = reads_of(&spec, std::slice::from_ref(&transfer)).unwrap();
+        let both = reads_of(&spec, &[transfer.clone(), transfer]).unwrap();
+        assert_eq!(both, [one[0].clone(), one[0].clone()]);
+    }
+
+    #[test]
+    fn each_platforms_transfer_is_checked_against_the_tree_even_when_replayed_once() {
+        let (_dir, spec, transfer) = sent_context();
+        // The second platform's transfer saw another size: the file changed while read.
+        let mut changed = transfer.clone();
+        changed.entries.last_mut().unwrap().size += 1;
+        assert_eq!(reads_of(&spec, &[transfer, changed]), None);
     }
 }

@@ -131,9 +131,10 @@ pub struct BuildArgs {
     /// Only these platforms (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub platform: Vec<Platform>,
-    /// Solves (one per platform, or one per image whose platforms build together) and uploads running at once.
-    #[arg(long, short = 'j', default_value_t = 2, value_parser = parse_jobs)]
-    pub jobs: usize,
+    /// Solves (one per platform, or one per image whose platforms build together) and
+    /// uploads running at once [default: 2; solves the engine pushes itself: 16].
+    #[arg(long, short = 'j', value_parser = parse_jobs)]
+    pub jobs: Option<usize>,
     /// How to treat foreign platforms that need emulation (overrides polyarch.yaml).
     #[arg(long, value_enum, value_name = "MODE")]
     pub binfmt: Option<BinfmtArg>,

@@ -8,7 +8,7 @@ use crate::base::progress::Reporter;
 use crate::project::plan;
 use crate::project::{ImageSpec, Project};
 use crate::publish::store::{connect_registry, Destination};
-use crate::publish::{publish, Pushed};
+use crate::publish::{publish_all, Pushed};
 use crate::registry::RegistryError::{self, Content, PartNotImage};
 use crate::registry::{Registry, RegistryOptions};
 use crate::verify::coverage_record::{CoverageRecord, PartPlatform, PartRecord};
@@ -65,12 +65,12 @@ pub async fn assemble(
         ready.push((image, pushed));
     }
     let destination = Destination::Registry(registry);
-    let mut coverage = Vec::new();
-    for (image, pushed) in &ready {
-        let refs: Vec<&Pushed> = pushed.iter().collect();
-        coverage.push(publish(&destination, image, &refs, interrupt, reporter).await?);
-    }
-    Ok(CoverageRecord::new(coverage))
+    let ready: Vec<(&ImageSpec, Vec<&Pushed>)> = ready
+        .iter()
+        .map(|(image, pushed)| (**image, pushed.iter().collect()))
+        .collect();
+    let published = publish_all(&destination, &ready, interrupt, reporter).await?;
+    Ok(CoverageRecord::new(published))
 }
 
 /// The part platform for each of `image`'s declared platforms, in declared order: each

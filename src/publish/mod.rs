@@ -115,6 +115,24 @@ pub async fn publish(
     Ok(checked)
 }
 
+/// Publishes every image of a run at once: each image's round trips (tags, read-back)
+/// depend on no other image's, so ten images take about as long as one. Every publish that
+/// began runs to its end (a tag that moved has its siblings follow); the first failure in
+/// `images` order is the run's.
+pub async fn publish_all(
+    destination: &impl ImageStore,
+    images: &[(&ImageSpec, Vec<&Pushed>)],
+    interrupt: &tokio_util::sync::CancellationToken,
+    reporter: &dyn Reporter,
+) -> Result<Vec<ImageCoverage>> {
+    let published = futures_util::future::join_all(
+        images
+            .iter()
+            .map(|(image, pushed)| publish(destination, image, pushed, interrupt, reporter)),
+    );
+    published.await.into_iter().collect()
+}
+
 /// Attaches a provenance statement to every platform manifest of the image, before any
 /// tag moves, so a tag never points at an index whose provenance is missing.
 async fn attach_provenance(
@@ -382,5 +400,142 @@ mod tests {
             .await
             .unwrap();
         assert!(store.calls().iter().all(|c| !c.starts_with("attach")));
+    }
+
+    /// A store whose `current` answers only once `images` publishes ask at the same time.
+    struct Together {
+        store: FakeStore,
+        all_asking: tokio::sync::Barrier,
+    }
+
+    impl ImageStore for Together {
+        fn is_registry(&self) -> bool {
+            true
+        }
+        async fn put_layer(
+            &self,
+            reference: &oci_client::Reference,
+            layer: &crate::builder::export::ExportedLayer,
+            progress: &crate::registry::BlobProgress<'_>,
+        ) -> std::result::Result<(), StoreError> {
+            self.store.put_layer(reference, layer, progress).await
+        }
+        async fn put_config(
+            &self,
+            reference: &oci_client::Reference,
+            image: &crate::builder::export::ExportedImage,
+        ) -> std::result::Result<(), StoreError> {
+            self.store.put_config(reference, image).await
+        }
+        async fn has_manifest(
+            &self,
+            image: &ImageSpec,
+            digest: &crate::base::digest::Digest,
+        ) -> bool {
+            self.store.has_manifest(image, digest).await
+        }
+        async fn current(
+            &self,
+            image: &ImageSpec,
+            tag: &str,
+        ) -> Option<crate::base::digest::Digest> {
+            self.all_asking.wait().await;
+            self.store.current(image, tag).await
+        }
+        async fn put_manifest(
+            &self,
+            reference: &oci_client::Reference,
+            manifest: &oci::ManifestBlob,
+        ) -> std::result::Result<(), StoreError> {
+            self.store.put_manifest(reference, manifest).await
+        }
+        async fn tag(
+            &self,
+            image: &ImageSpec,
+            tag: &str,
+            index: &oci::ManifestBlob,
+        ) -> std::result::Result<(), StoreError> {
+            self.store.tag(image, tag, index).await
+        }
+        async fn attach(
+            &self,
+            image: &ImageSpec,
+            referrer: &crate::base::attachment::Referrer,
+        ) -> std::result::Result<Attachment, StoreError> {
+            self.store.attach(image, referrer).await
+        }
+        async fn read_back(
+            &self,
+            image: &ImageSpec,
+            expected: &crate::base::digest::Digest,
+            reporter: &dyn Reporter,
+        ) -> std::result::Result<ImageCoverage, StoreError> {
+            self.store.read_back(image, expected, reporter).await
+        }
+    }
+
+    /// Images `api` (tag v1) and `web` (tag v2), each with both platforms pushed.
+    fn two_images() -> [(ImageSpec, [Pushed; 2]); 2] {
+        let web = ImageSpec {
+            name: "web".into(),
+            ..image("v2")
+        };
+        let units = || [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        [(image("v1"), units()), (web, units())]
+    }
+
+    async fn publish_both(
+        store: &impl ImageStore,
+        images: &[(ImageSpec, [Pushed; 2]); 2],
+    ) -> Result<Vec<ImageCoverage>> {
+        let images: Vec<(&ImageSpec, Vec<&Pushed>)> = images
+            .iter()
+            .map(|(i, p)| (i, p.iter().collect()))
+            .collect();
+        let interrupt = CancellationToken::new();
+        publish_all(store, &images, &interrupt, &crate::base::progress::Silent).await
+    }
+
+    #[tokio::test]
+    async fn the_images_of_a_run_are_published_at_once() {
+        let store = Together {
+            store: FakeStore::default(),
+            all_asking: tokio::sync::Barrier::new(2),
+        };
+        let images = two_images();
+        // One after the other, the first publish would wait for the second forever.
+        let published = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            publish_both(&store, &images),
+        );
+        let coverage = published
+            .await
+            .expect("both publishes ran at once")
+            .unwrap();
+        assert_eq!(coverage.len(), 2);
+        assert_eq!(
+            store.store.tag_of("v1"),
+            Some(coverage[0].digest.to_string())
+        );
+        assert_eq!(
+            store.store.tag_of("v2"),
+            Some(coverage[1].digest.to_string())
+        );
+    }
+
+    #[tokio::test]
+    async fn one_image_refused_fails_the_run_and_the_other_is_still_published_whole() {
+        let store = FakeStore {
+            refuse_tag: Some("v1".into()),
+            ..FakeStore::default()
+        };
+        let outcome = publish_both(&store, &two_images()).await;
+        assert!(
+            matches!(outcome, Err(PublishError::Store(StoreError::Registry(_)))),
+            "{outcome:?}"
+        );
+        assert_eq!(store.tag_of("v1"), None);
+        assert!(store.tag_of("v2").is_some());
+        assert!(store.calls().contains(&"read back".to_string()));
     }
 }

@@ -315,3 +315,12 @@ async fn when_every_builder_is_lost_the_last_loss_is_the_error() {
         }
     ));
 }
+
+#[test]
+fn solves_the_engine_pushes_run_many_at_once_unless_jobs_bounds_them() {
+    use super::job_limits;
+    let (own, pushed_by_engine) = job_limits(None);
+    assert_eq!(own, 2);
+    assert!(pushed_by_engine >= 10, "{pushed_by_engine}");
+    assert_eq!(job_limits(Some(3)), (3, 3));
+}

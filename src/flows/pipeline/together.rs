@@ -4,7 +4,7 @@
 use super::emulation_plan::EmulationPlan;
 use super::retry::missing_emulation;
 use super::unit::{
-    build_info, build_unit, building, check_platform, pusher, remember_pushed, remember_reads,
+    build_info, build_unit, building, check_platform, pusher, reads, remember, remember_pushed,
     report_phase, reuse, warn_if_emulated, Reuse,
 };
 use super::Run;
@@ -116,12 +116,16 @@ async fn build_together(
             .await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
     let index = pushed_index(registry, &index_ref).await?;
+    // One solve read the context for all its platforms: hashed once, remembered for each.
+    let reads = match units.iter().any(|(_, settings, _)| settings.is_some()) {
+        true => reads(image, &built.transfers, None).await,
+        false => None,
+    };
     let mut pushed = Vec::new();
     for (unit, settings, emulated) in units {
         let entry = platform_entry(&index, &index_ref, unit)?;
-        if let Some(key) = settings {
-            let digest = entry.digest.as_str();
-            remember_reads(run, image, key, digest, &built.transfers, None).await;
+        if let (Some(key), Some(reads)) = (settings, &reads) {
+            remember(run, key, entry.digest.as_str(), reads.clone());
         }
         remember_pushed(run, image, entry.digest.as_str(), &entry);
         let message = format!("pushed {} (by {})", entry.digest, pusher(engine));

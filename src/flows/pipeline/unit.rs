@@ -161,23 +161,36 @@ pub(super) async fn remember_reads(
     transfers: &[crate::docker::buildkit::filesync::Transfer],
     sent_context: Option<&str>,
 ) {
+    if let Some(reads) = reads(image, transfers, sent_context).await {
+        remember(run, key, built, reads);
+    }
+}
+
+/// What a build read (None when it cannot vouch for the image); hashes the context.
+pub(super) async fn reads(
+    image: &ImageSpec,
+    transfers: &[crate::docker::buildkit::filesync::Transfer],
+    sent_context: Option<&str>,
+) -> Option<Vec<build_inputs::ContextRead>> {
     let (spec, transfers) = (image.clone(), transfers.to_vec());
-    let reads = match sent_context {
+    match sent_context {
         Some(sent) => Some(build_inputs::classic_reads(sent)),
         None => tokio::task::spawn_blocking(move || build_inputs::reads_of(&spec, &transfers))
             .await
             .ok()
             .flatten(),
-    };
-    if let Some(reads) = reads {
-        run.builds.remember(
-            key,
-            RememberedBuild {
-                image: built.to_string(),
-                reads,
-            },
-        );
     }
+}
+
+/// Remembers `reads` as what the build of `built` under the settings `key` read.
+pub(super) fn remember(
+    run: &Run<'_>,
+    key: &str,
+    built: &str,
+    reads: Vec<build_inputs::ContextRead>,
+) {
+    let image = built.to_string();
+    run.builds.remember(key, RememberedBuild { image, reads });
 }
 
 pub(super) async fn build_and_push(
