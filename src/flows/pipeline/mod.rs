@@ -242,12 +242,7 @@ async fn build_when_ready(
 /// One image's platforms: in one solve where the engine can (see [`solved_together`]),
 /// else a solve per platform.
 async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
-    let (destination, builders, emulation, run) = (
-        shared.destination,
-        shared.builders,
-        shared.emulation,
-        shared.run,
-    );
+    let (destination, builders, run) = (shared.destination, shared.builders, shared.run);
     let together = match destination {
         Destination::Registry(registry) => {
             solved_together(units, builders, run).map(|engine| (engine, registry))
@@ -255,9 +250,7 @@ async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pus
         Destination::Layout(_) => None,
     };
     if let Some((engine, registry)) = together {
-        let jobs = shared.engine_jobs;
-        return build_and_push_image(engine, destination, registry, units, emulation, jobs, run)
-            .await;
+        return build_and_push_image(engine, registry, units, shared).await;
     }
     futures_util::future::try_join_all(units.iter().map(|unit| async move {
         let _job = shared

@@ -1,20 +1,18 @@
 //! An image's platforms built in one solve on the containerd image store, the engine
 //! pushing each platform manifest by digest itself.
 
-use super::emulation_plan::EmulationPlan;
 use super::retry::missing_emulation;
 use super::unit::{
     build_info, build_unit, building, check_platform, pusher, reads, remember, remember_pushed,
     report_phase, reuse, warn_if_emulated, Reuse,
 };
-use super::Run;
+use super::{Run, Shared};
 use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::base::progress::Phase;
 use crate::builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
 use crate::project::plan::Unit;
-use crate::publish::store::Destination;
 use crate::publish::Pushed;
 use crate::registry::{self, Registry, RegistryError};
 use crate::{Error, Platform, Result};
@@ -50,16 +48,18 @@ pub(super) fn solved_together<'e>(
 /// publishes its own of exactly the platform manifests.
 pub(super) async fn build_and_push_image(
     engine: &Engine,
-    destination: &Destination,
     registry: &Registry,
     units: &[&Unit<'_>],
-    emulation: &EmulationPlan<'_>,
-    jobs: &tokio::sync::Semaphore,
-    run: &Run<'_>,
+    shared: &Shared<'_>,
 ) -> Result<Vec<Pushed>> {
+    let (destination, emulation, run) = (shared.destination, shared.emulation, shared.run);
     let mut pushed = Vec::new();
     let mut to_build = Vec::new();
-    let _job = jobs.acquire().await.map_err(|_| Error::Interrupted)?;
+    let _job = shared
+        .engine_jobs
+        .acquire()
+        .await
+        .map_err(|_| Error::Interrupted)?;
     for unit in units {
         let emulated = emulation.is_emulated(unit);
         match reuse(engine, destination, unit, emulated, run).await? {
