@@ -9,6 +9,7 @@
 //! `ONBUILD` trigger of a base counts exactly as far as BuildKit let it.
 
 use crate::base::dockerfile;
+use crate::builder::file_hashes::FileHashes;
 use crate::docker::buildkit::filesync::{self, Filter, SentEntry, Transfer};
 use crate::docker::engine::Engine;
 use crate::project::ImageSpec;
@@ -151,10 +152,14 @@ fn session_dir(spec: &ImageSpec, dir: &str) -> Option<PathBuf> {
 
 /// What `read`'s patterns select under `spec`'s directories now, as a digest; None when
 /// it cannot be told (an unknown directory, a pattern or file that cannot be read).
-fn replay(spec: &ImageSpec, read: &ContextRead) -> Option<(Vec<SentEntry>, String)> {
+fn replay(
+    spec: &ImageSpec,
+    read: &ContextRead,
+    hashes: &FileHashes,
+) -> Option<(Vec<SentEntry>, String)> {
     let root = session_dir(spec, &read.dir)?;
     let filter = Filter::new(&root, &read.include, &read.exclude, &read.follow).ok()?;
-    let entries = filesync::replay(&root, &filter).ok()?;
+    let entries = filesync::replay(&root, &filter, hashes).ok()?;
     let digest = hex::encode(Sha256::digest(serde_json::to_vec(&entries).ok()?));
     Some((entries, digest))
 }
@@ -162,7 +167,11 @@ fn replay(spec: &ImageSpec, read: &ContextRead) -> Option<(Vec<SentEntry>, Strin
 /// The reads of a finished build, from its transfers; None when they cannot vouch for
 /// the image: a transfer failed, or the tree no longer shows what was sent (a file
 /// changed while BuildKit read it: the next run must build). Blocking.
-pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextRead>> {
+pub fn reads_of(
+    spec: &ImageSpec,
+    transfers: &[Transfer],
+    hashes: &FileHashes,
+) -> Option<Vec<ContextRead>> {
     if transfers.is_empty() {
         return None;
     }
@@ -178,7 +187,7 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
             follow: transfer.follow_paths.clone(),
             digest: String::new(),
         };
-        let (now, digest) = replay(spec, &read)?;
+        let (now, digest) = replay(spec, &read, hashes)?;
         let same = now.len() == transfer.entries.len()
             && now.iter().zip(&transfer.entries).all(|(now, sent)| {
                 now.path == sent.path
@@ -199,13 +208,26 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
     Some(reads)
 }
 
-/// Replays of one run, each made once however many platforms share it.
-#[derive(Default)]
+/// Replays of one run, each made once however many platforms share it, and the file
+/// hashes they and the run's builds share (kept across runs in the cache directory).
 pub struct Replays {
     digests: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<String>>>>>,
+    hashes: Arc<FileHashes>,
 }
 
 impl Replays {
+    pub fn new(hashes: FileHashes) -> Replays {
+        Replays {
+            digests: Default::default(),
+            hashes: Arc::new(hashes),
+        }
+    }
+
+    /// The hashes a finished build's [`reads_of`] uses.
+    pub fn hashes(&self) -> Arc<FileHashes> {
+        self.hashes.clone()
+    }
+
     /// Whether every read would see exactly what it saw before.
     pub async fn unchanged(&self, spec: &ImageSpec, reads: &[ContextRead]) -> bool {
         for read in reads {
@@ -224,12 +246,12 @@ impl Replays {
                 .entry(key)
                 .or_default()
                 .clone();
-            let (spec, replayed) = (spec.clone(), read.clone());
+            let (spec, replayed, hashes) = (spec.clone(), read.clone(), self.hashes.clone());
             let now = cell
                 .get_or_init(|| async move {
                     tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
                         CLASSIC_CONTEXT => builder::classic_context_digest(&spec).ok(),
-                        _ => replay(&spec, &replayed).map(|(_, d)| d),
+                        _ => replay(&spec, &replayed, &hashes).map(|(_, d)| d),
                     })
                     .await
                     .ok()

@@ -161,13 +161,15 @@ pub(super) async fn remember_reads(
     transfers: &[crate::docker::buildkit::filesync::Transfer],
     sent_context: Option<&str>,
 ) {
-    let (spec, transfers) = (image.clone(), transfers.to_vec());
+    let (spec, transfers, hashes) = (image.clone(), transfers.to_vec(), run.replays.hashes());
     let reads = match sent_context {
         Some(sent) => Some(build_inputs::classic_reads(sent)),
-        None => tokio::task::spawn_blocking(move || build_inputs::reads_of(&spec, &transfers))
-            .await
-            .ok()
-            .flatten(),
+        None => {
+            tokio::task::spawn_blocking(move || build_inputs::reads_of(&spec, &transfers, &hashes))
+                .await
+                .ok()
+                .flatten()
+        }
     };
     if let Some(reads) = reads {
         run.builds.remember(
