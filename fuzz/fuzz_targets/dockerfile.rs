@@ -17,8 +17,8 @@ fuzz_target!(|data: &[u8]| {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let _ = polyarch::dockerfile::needs_emulation(text, Some("build"));
-    let _ = polyarch::dockerfile::external_images(text, &args);
+    let _ = polyarch::base::dockerfile::needs_emulation(text, Some("build"));
+    let _ = polyarch::base::dockerfile::external_images(text, &args);
     for line in text.lines().take(8) {
         if let Ok(reference) = polyarch::registry::parse_reference(line) {
             // What parses must print back to something that parses the same.

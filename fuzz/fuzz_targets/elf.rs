@@ -1,11 +1,12 @@
-//! The ELF reader behind `verify --deep`: `deep::elf_machine` (ELF header, program headers,
-//! PT_INTERP), `deep::machine_name`, `ElfIdent::describe` and `deep::expected_machine`, then
-//! `deep::inspect` on a one-layer image whose entrypoint `/app` is the input (`/bin/sh`,
+//! The ELF reader behind `verify --deep`: `elf::elf_machine` (ELF header, program headers,
+//! PT_INTERP), `elf::machine_name`, `ElfIdent::describe` and `elf::expected_machine`, then
+//! `entrypoint::inspect` on a one-layer image whose entrypoint `/app` is the input (`/bin/sh`,
 //! `/usr/bin/env` and `/lib/ld.so` are symlinks to it, so `#!` and PT_INTERP chains loop
 //! back), under the platform the ELF claims (or linux/amd64), linux/riscv64 and windows/amd64.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use polyarch::deep::{self, Finding, Linkage};
+use polyarch::base::elf::{self, Linkage};
+use polyarch::verify::entrypoint::{self, Finding};
 use polyarch::Platform;
 use std::io::{Cursor, Read};
 
@@ -52,15 +53,15 @@ fn layer(data: &[u8]) -> Vec<u8> {
 fuzz_target!(|data: &[u8]| {
     // Any e_machine value gets a name.
     if let Some(m) = data.get(..2) {
-        let (human, constant) = deep::machine_name(u16::from_le_bytes([m[0], m[1]]));
+        let (human, constant) = elf::machine_name(u16::from_le_bytes([m[0], m[1]]));
         assert!(!human.is_empty() && !constant.is_empty());
     }
 
-    let ident = deep::elf_machine(data);
+    let ident = elf::elf_machine(data);
     if let Some(id) = &ident {
         assert!(data.len() >= 20 && data.starts_with(b"\x7fELF"));
         // class, byte order, e_type and e_machine come from the first 20 bytes alone.
-        let short = deep::elf_machine(&data[..20]).expect("20-byte prefix of an ELF");
+        let short = elf::elf_machine(&data[..20]).expect("20-byte prefix of an ELF");
         assert_eq!(
             (short.class, short.endian, short.machine, short.elf_type),
             (id.class, id.endian, id.machine, id.elf_type)
@@ -72,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
         {
             assert!(!i.is_empty() && !i.contains('\0'));
         }
-        let (_, constant) = deep::machine_name(id.machine);
+        let (_, constant) = elf::machine_name(id.machine);
         assert!(id.describe().contains(&constant));
     }
 
@@ -80,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
         ARCHS
             .iter()
             .map(|(a, v)| Platform::new("linux", a, *v))
-            .find(|p| deep::expected_machine(p) == Some((id.machine, id.class, id.endian)))
+            .find(|p| elf::expected_machine(p) == Some((id.machine, id.class, id.endian)))
     });
     let platforms = [
         own.unwrap_or_else(|| Platform::new("linux", "amd64", None)),
@@ -91,13 +92,11 @@ fuzz_target!(|data: &[u8]| {
     let tar = layer(data);
     for platform in &platforms {
         let layers: Vec<Box<dyn Read + Send>> = vec![Box::new(Cursor::new(tar.clone()))];
-        let Ok(report) = deep::inspect(config, layers, platform) else {
-            continue;
-        };
+        let report = entrypoint::inspect(config, layers, platform);
         assert_eq!(report.executable.as_deref(), Some("/app"), "{report:?}");
         let Some(id) = &ident else { continue };
         // The entrypoint's own header is judged before anything else.
-        match deep::expected_machine(platform) {
+        match elf::expected_machine(platform) {
             None => assert_eq!(report.finding, Finding::Unreadable, "{report:?}"),
             Some(want) if want != (id.machine, id.class, id.endian) => {
                 assert!(

@@ -24,7 +24,7 @@
 //! An exhausted input reads as zeros.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use polyarch::buildkit::filesync::{replay, send, Filter, SentEntry};
+use polyarch::docker::buildkit::filesync::{replay, send, Filter, SentEntry};
 
 use bollard_buildkit_proto::fsutil::types::{packet::PacketType, Packet};
 use sha2::{Digest, Sha256};
@@ -58,10 +58,50 @@ const MODE_TYPE: u32 = MODE_DIR
     | MODE_IRREGULAR;
 
 const NAMES: &[&str] = &[
-    "a", "b", "A", "B", "a.txt", "b.log", "x.rs", "Dockerfile", ".dockerignore", ".hidden",
-    ".git", "node_modules", "src", "build", "tmp", "with space", " lead", "trail ", "ünï",
-    "日本", "é", "a*", "*", "?", "[a]", "[", "]", "a\\b", "!bang", "#c", "-", "a-c", "a.d",
-    "a b.c", "new\nline", "~", "ab", "ba", "aa", "a.b", "...", "**", "root", "outside",
+    "a",
+    "b",
+    "A",
+    "B",
+    "a.txt",
+    "b.log",
+    "x.rs",
+    "Dockerfile",
+    ".dockerignore",
+    ".hidden",
+    ".git",
+    "node_modules",
+    "src",
+    "build",
+    "tmp",
+    "with space",
+    " lead",
+    "trail ",
+    "ünï",
+    "日本",
+    "é",
+    "a*",
+    "*",
+    "?",
+    "[a]",
+    "[",
+    "]",
+    "a\\b",
+    "!bang",
+    "#c",
+    "-",
+    "a-c",
+    "a.d",
+    "a b.c",
+    "new\nline",
+    "~",
+    "ab",
+    "ba",
+    "aa",
+    "a.b",
+    "...",
+    "**",
+    "root",
+    "outside",
 ];
 
 const DIR_MODES: &[u32] = &[0o755, 0o700, 0o555, 0o1777, 0o2755, 0o000, 0o311, 0o644];
@@ -190,7 +230,9 @@ impl Tree {
                 1 => b"/etc".to_vec(),
                 _ => b"/".to_vec(),
             },
-            8 => ["*", "a*", "[ab]", "*/..", "?"][input.below(5)].as_bytes().to_vec(),
+            8 => ["*", "a*", "[ab]", "*/..", "?"][input.below(5)]
+                .as_bytes()
+                .to_vec(),
             _ => {
                 let mut t = Vec::new();
                 for i in 0..input.below(3) + 1 {
@@ -243,7 +285,9 @@ impl Tree {
                 }
                 3..=5 => {
                     let target = self.link_target(input, &parent, &rel);
-                    symlink(OsStr::from_bytes(&target), &path).ok().map(|_| Kind::Link)
+                    symlink(OsStr::from_bytes(&target), &path)
+                        .ok()
+                        .map(|_| Kind::Link)
                 }
                 6 => {
                     let files: Vec<&Vec<u8>> = self
@@ -488,7 +532,11 @@ fn check_entries(root: &Path, entries: &[SentEntry], what: &str) {
             0
         };
         assert_eq!(type_bits, expected_type, "{what}: {p:?} mode {:o}", e.mode);
-        assert_eq!(e.mode & 0o777, meta.mode() & 0o777, "{what}: {p:?} permissions");
+        assert_eq!(
+            e.mode & 0o777,
+            meta.mode() & 0o777,
+            "{what}: {p:?} permissions"
+        );
         if ft.is_dir() {
             assert_eq!(e.size, 0, "{what}: {p:?} dir size");
             assert!(e.linkname.is_empty(), "{what}: {p:?} dir linkname");
@@ -679,7 +727,11 @@ fuzz_target!(|data: &[u8]| {
             let path = abs(&root, rel);
             let meta = fs::symlink_metadata(&path).unwrap();
             let link = fs::read_link(&path).ok();
-            eprintln!("entry {:?} mode {:o} -> {link:?}", OsStr::from_bytes(rel), meta.mode());
+            eprintln!(
+                "entry {:?} mode {:o} -> {link:?}",
+                OsStr::from_bytes(rel),
+                meta.mode()
+            );
         }
         eprintln!("include {include:?}\nexclude {exclude:?}\nfollow {follow:?}");
     }
@@ -691,8 +743,9 @@ fuzz_target!(|data: &[u8]| {
     // Names and link targets go in protobuf strings: one that is not UTF-8 fails the walk.
     let utf8 = all.iter().all(|p| {
         std::str::from_utf8(p).is_ok()
-            && fs::read_link(abs(&root, p))
-                .map_or(true, |t| std::str::from_utf8(t.as_os_str().as_bytes()).is_ok())
+            && fs::read_link(abs(&root, p)).map_or(true, |t| {
+                std::str::from_utf8(t.as_os_str().as_bytes()).is_ok()
+            })
     });
     if utf8 {
         let unfiltered = unfiltered.as_ref().expect("replay of a UTF-8 tree failed");
@@ -701,7 +754,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(listed, expected, "unfiltered replay is not the whole tree");
         check_entries(&root, unfiltered, "unfiltered");
     } else {
-        assert!(unfiltered.is_err(), "a non-UTF-8 name or link target was sent");
+        assert!(
+            unfiltered.is_err(),
+            "a non-UTF-8 name or link target was sent"
+        );
     }
 
     let Ok(filter) = Filter::new(&root, &include, &exclude, &follow) else {
@@ -737,7 +793,11 @@ fuzz_target!(|data: &[u8]| {
         if let Some(literal) = literal_patterns(&exclude) {
             for e in entries.iter().filter(|e| e.mode & MODE_DIR == 0) {
                 for l in &literal {
-                    assert!(!at_or_under(&e.path, l), "{:?} sent despite exclude {l:?}", e.path);
+                    assert!(
+                        !at_or_under(&e.path, l),
+                        "{:?} sent despite exclude {l:?}",
+                        e.path
+                    );
                 }
             }
         }
@@ -765,9 +825,17 @@ fuzz_target!(|data: &[u8]| {
     });
     match &first {
         Ok(entries) => {
-            assert!(sent.stats_error.is_none(), "send failed: {:?}", sent.stats_error);
+            assert!(
+                sent.stats_error.is_none(),
+                "send failed: {:?}",
+                sent.stats_error
+            );
             sent.result.as_ref().expect("send failed after FIN");
-            assert_eq!(sent.entries.len(), entries.len(), "send and replay differ in count");
+            assert_eq!(
+                sent.entries.len(),
+                entries.len(),
+                "send and replay differ in count"
+            );
             for (id, (s, r)) in sent.entries.iter().zip(entries).enumerate() {
                 assert_eq!(
                     (&s.path, s.mode, s.size, &s.linkname),
@@ -782,7 +850,12 @@ fuzz_target!(|data: &[u8]| {
                         Vec::new()
                     };
                     assert!(bytes == &expected, "{:?}: wrong bytes sent", s.path);
-                    assert_eq!(s.sha256.as_deref(), Some(&*sha256_hex(bytes)), "{:?}", s.path);
+                    assert_eq!(
+                        s.sha256.as_deref(),
+                        Some(&*sha256_hex(bytes)),
+                        "{:?}",
+                        s.path
+                    );
                     if r.sha256.is_some() {
                         assert_eq!(s.sha256, r.sha256, "{:?}: send and replay digests", s.path);
                     }

@@ -3,8 +3,8 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = polyarch::oci::parse_manifest(data);
-    if let Ok(p) = polyarch::oci::ConfigPlatform::from_config(data) {
+    let _ = polyarch::base::oci::parse_manifest(data);
+    if let Ok(p) = polyarch::base::oci::ConfigPlatform::from_config(data) {
         let _ = p.normalized();
     }
 });

@@ -21,5 +21,10 @@ fuzz_target!(|data: &[u8]| {
         .prefix("polyarch-fuzz-")
         .tempdir_in(std::env::var_os("FUZZ_SPOOL").unwrap_or_else(|| std::env::temp_dir().into()))
         .expect("spool dir");
-    let _ = polyarch::export::read_save_stream(stream, spool.path(), "fuzz", platform.as_ref());
+    let _ = polyarch::builder::export::read_save_stream(
+        stream,
+        spool.path(),
+        "fuzz",
+        platform.as_ref(),
+    );
 });

@@ -192,7 +192,7 @@ fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io:
 }
 
 /// The sha256 of the context tar a classic build of `spec` would be sent now, without
-/// sending it: equal to an earlier build's [`ClassicOutcome::sent_context`] when nothing the
+/// sending it: equal to an earlier build's `ClassicOutcome::sent_context` when nothing the
 /// engine was sent has changed (file list, contents, modes, times). Blocking.
 pub fn classic_context_digest(spec: &ImageSpec) -> Result<String> {
     let files = ContextFilter::load(&spec.context, &spec.dockerfile)?.files(&spec.context)?;

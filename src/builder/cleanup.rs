@@ -24,7 +24,7 @@ struct Temporary {
 }
 
 impl Cleanup {
-    /// Records `tag`; the flag returned is [`Temporary::may_appear`], for the build to set.
+    /// Records `tag`; the flag returned is `Temporary::may_appear`, for the build to set.
     pub fn add(&self, engine: &Engine, tag: &str) -> Arc<AtomicBool> {
         let may_appear = Arc::new(AtomicBool::new(!engine.buildkit));
         self.images.lock().expect("cleanup lock").push(Temporary {

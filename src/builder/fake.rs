@@ -1,7 +1,7 @@
 //! A builder in memory for unit tests of the build flows: scripted builds, exports of a
 //! small spooled layer, and every call in order.
 
-use super::{temporary_tag, BuildError, Builder, BuiltImage, Output, PushedManifest};
+use super::{temporary_tag, BuildError, Builder, BuiltImage, Output, PushedManifest, UnitBuild};
 use super::{BuilderError, Result};
 use crate::base::digest::Digest;
 use crate::base::oci::ConfigPlatform;
@@ -109,15 +109,14 @@ impl Builder for FakeBuilder {
         Ok(None)
     }
 
-    async fn build(
-        &self,
-        spec: &ImageSpec,
-        platform: &Platform,
-        run_id: &str,
-        output: Output<'_>,
-        _: &Cleanup,
-        _: &dyn Reporter,
-    ) -> Result<BuiltImage> {
+    async fn build(&self, unit: UnitBuild<'_>, _: &Cleanup) -> Result<BuiltImage> {
+        let UnitBuild {
+            spec,
+            platform,
+            run_id,
+            output,
+            ..
+        } = unit;
         self.call(format!("build {platform}"));
         let failed = |source| BuilderError::Build {
             image: spec.name.clone(),

@@ -209,8 +209,7 @@ async fn build_once(
         _ => None,
     };
     let into = layout.as_ref().map(|file| file.path());
-    let (error, solved, sent_context) =
-        run_build(engine, spec, platform, &tag, output, into, &mut log).await?;
+    let (error, solved, sent_context) = run_build(engine, unit, &tag, into, &mut log).await?;
     if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
@@ -263,13 +262,17 @@ type Ran = (Option<Stopped>, Option<buildkit::Solved>, Option<String>);
 /// BuildKit.
 async fn run_build(
     engine: &Engine,
-    spec: &ImageSpec,
-    platform: &Platform,
+    unit: UnitBuild<'_>,
     tag: &str,
-    output: Output<'_>,
     layout: Option<&Path>,
     log: &mut BuildLog<'_>,
 ) -> Result<Ran> {
+    let UnitBuild {
+        spec,
+        platform,
+        output,
+        ..
+    } = unit;
     if !engine.buildkit {
         let outcome = build_classic(engine, spec, platform, tag, log).await?;
         return Ok((

@@ -38,16 +38,12 @@ pub trait Builder {
         platform: &Platform,
         bases: &RemoteBases,
     ) -> impl Future<Output = Result<Option<String>>>;
-    /// Builds `spec` for `platform`; what the build writes to the engine is recorded in
-    /// `cleanup` first, so an interrupted run removes it.
+    /// Builds `unit`; what the build writes to the engine is recorded in `cleanup` first,
+    /// so an interrupted run removes it.
     fn build(
         &self,
-        spec: &ImageSpec,
-        platform: &Platform,
-        run_id: &str,
-        output: Output<'_>,
+        unit: UnitBuild<'_>,
         cleanup: &Cleanup,
-        reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<BuiltImage>>;
     /// The built image out of the builder, as layers, config and manifest to push.
     fn export(
@@ -107,28 +103,14 @@ impl Builder for Engine {
         Ok(build_inputs::settings_key(self, spec, platform, bases).await?)
     }
 
-    async fn build(
-        &self,
-        spec: &ImageSpec,
-        platform: &Platform,
-        run_id: &str,
-        output: Output<'_>,
-        cleanup: &Cleanup,
-        reporter: &dyn Reporter,
-    ) -> Result<BuiltImage> {
-        let may_appear = match output {
-            Output::Engine if !self.standalone() => {
-                cleanup.add(self, &temporary_tag(&spec.name, platform, run_id))
-            }
+    async fn build(&self, unit: UnitBuild<'_>, cleanup: &Cleanup) -> Result<BuiltImage> {
+        let may_appear = match unit.output {
+            Output::Engine if !self.standalone() => cleanup.add(
+                self,
+                &temporary_tag(&unit.spec.name, unit.platform, unit.run_id),
+            ),
             // Nothing is written to the engine: a daemon sends the image back.
             Output::Engine | Output::Registry(_) => Default::default(),
-        };
-        let unit = UnitBuild {
-            spec,
-            platform,
-            run_id,
-            output,
-            reporter,
         };
         build_on_engine(self, unit, &may_appear).await
     }

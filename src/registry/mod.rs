@@ -41,7 +41,7 @@ const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default)]
 pub struct RegistryOptions {
-    /// Registries (host[:port]) to reach over plain HTTP besides loopback ones.
+    /// Registries (`host[:port]`) to reach over plain HTTP besides loopback ones.
     pub insecure: Vec<String>,
     /// Basic credentials (user, password) for every registry, when given on the CLI.
     pub credentials: Option<(String, String)>,

@@ -50,7 +50,7 @@ pub const INSTALLER_REPOSITORY: &str = "polyarch-binfmt-installer";
 /// Where binfmt_misc lives, on the engine's kernel as seen from a container.
 pub const BINFMT_MISC: &str = "/proc/sys/fs/binfmt_misc";
 
-/// Flags polyarch registers with: P (keep argv[0], needed by busybox-style multi-call
+/// Flags polyarch registers with: P (keep `argv[0]`, needed by busybox-style multi-call
 /// binaries), O/C (credentials from the binary), F (the kernel opens the interpreter at
 /// registration, so it works inside containers that do not contain it).
 pub const BINFMT_FLAGS: &str = "POCF";

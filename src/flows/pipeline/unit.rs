@@ -7,7 +7,7 @@ use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::builder::build_inputs::{self, RememberedBuild};
 use crate::builder::export::ExportedImage;
-use crate::builder::{self, BuildError, Builder, BuiltImage};
+use crate::builder::{self, BuildError, Builder, BuiltImage, UnitBuild};
 use crate::flows::cache::{CachedManifest, PushCache};
 use crate::project::plan::Unit;
 use crate::project::ImageSpec;
@@ -216,16 +216,14 @@ pub(super) async fn build_unit(
         format!("building {}", building(builder)),
     );
     let output = build_output(builder, store, image, run);
-    let built = builder
-        .build(
-            image,
-            &unit.platform,
-            &run.id,
-            output,
-            run.cleanup,
-            run.reporter,
-        )
-        .await?;
+    let unit_build = UnitBuild {
+        spec: image,
+        platform: &unit.platform,
+        run_id: &run.id,
+        output,
+        reporter: run.reporter,
+    };
+    let built = builder.build(unit_build, run.cleanup).await?;
     if let Some(key) = &settings {
         let sent = built.sent_context.as_deref();
         remember_reads(run, image, key, &built.id, &built.transfers, sent).await;
