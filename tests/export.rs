@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 use polyarch::base::progress::{Event, Phase, Reporter};
 use polyarch::builder::export::{export_image, ExportedImage};
 use polyarch::docker::engine::Engine;
@@ -86,7 +86,7 @@ fn sha256_file(path: &Path) -> (String, u64) {
 
 /// Files (path → contents) of a gzipped layer tar.
 fn layer_files(path: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut archive = tar::Archive::new(GzDecoder::new(std::fs::File::open(path).unwrap()));
+    let mut archive = tar::Archive::new(MultiGzDecoder::new(std::fs::File::open(path).unwrap()));
     let mut files = Vec::new();
     for entry in archive.entries().unwrap() {
         let mut entry = entry.unwrap();

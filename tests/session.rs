@@ -95,7 +95,7 @@ fn pull(reference: &str, creds: Option<(&str, &str)>) -> Pulled {
     for entry in std::fs::read_dir(layout.join("blobs/sha256")).unwrap() {
         let raw = std::fs::read(entry.unwrap().path()).unwrap();
         let mut unpacked = Vec::new();
-        if flate2::read::GzDecoder::new(raw.as_slice())
+        if flate2::read::MultiGzDecoder::new(raw.as_slice())
             .read_to_end(&mut unpacked)
             .is_ok()
         {

@@ -124,7 +124,7 @@ pub fn image_files(layout: &Path) -> Result<Files, String> {
         let digest = layer["digest"].as_str().ok_or("layer without digest")?;
         let data = blob(layout, digest)?;
         let reader: Box<dyn Read> = if data.starts_with(&[0x1f, 0x8b]) {
-            Box::new(flate2::read::GzDecoder::new(&data[..]))
+            Box::new(flate2::read::MultiGzDecoder::new(&data[..]))
         } else if data.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
             return Err(format!("layer {digest} is zstd-compressed"));
         } else {

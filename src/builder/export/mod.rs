@@ -26,6 +26,7 @@ use crate::base::image_path;
 use crate::base::platform::Platform;
 use crate::base::progress::{Event, Phase, Reporter};
 
+mod blocks;
 mod error;
 pub mod reproducible;
 mod resolve;
@@ -36,6 +37,7 @@ mod streams;
 pub use error::{ExportError, ImageExportError};
 
 type Result<T, E = ImageExportError> = std::result::Result<T, E>;
+use blocks::*;
 use resolve::*;
 pub use save::read_save_stream;
 use save::*;

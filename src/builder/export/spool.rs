@@ -1,4 +1,5 @@
-//! Spooling a layer to disk: gzip-compressed, digested and diff-id'd in one pass.
+//! Spooling a layer to disk: gzip-compressed (by blocks, on several cores), digested and
+//! diff-id'd in one pass.
 
 use super::*;
 
@@ -16,9 +17,9 @@ pub(super) fn spool_tar_layer(
     buf: &mut [u8],
 ) -> std::result::Result<ExportedLayer, SpoolError> {
     let out = File::create(file).map_err(SpoolError::Write)?;
-    let mut gz = GzEncoder::new(
+    let mut gz = BlockGz::new(
         HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
-        Compression::new(GZIP_LEVEL),
+        GZIP_LEVEL,
     );
     let mut diff = Sha256::new();
     loop {
@@ -57,9 +58,9 @@ pub(crate) fn spool_written_layer(
     }
     let out = File::create(file)?;
     let mut writer = DiffHasher {
-        inner: GzEncoder::new(
+        inner: BlockGz::new(
             HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
-            Compression::new(GZIP_LEVEL),
+            GZIP_LEVEL,
         ),
         diff: Sha256::new(),
     };

@@ -1,5 +1,5 @@
 use super::*;
-use flate2::read::GzDecoder;
+use flate2::read::MultiGzDecoder;
 
 fn layer_tar(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
@@ -81,7 +81,7 @@ fn sha_file(path: &Path) -> (String, u64) {
 
 fn gunzip_file(path: &Path) -> Vec<u8> {
     let mut out = Vec::new();
-    GzDecoder::new(File::open(path).unwrap())
+    MultiGzDecoder::new(File::open(path).unwrap())
         .read_to_end(&mut out)
         .unwrap();
     out

@@ -423,10 +423,12 @@ async fn push_exported(
         done: Default::default(),
     };
     let reference = image.first_tag()?;
-    for layer in &exported.layers {
-        store.put_layer(&reference, layer, &progress).await?;
-    }
-    store.put_config(&reference, &exported).await?;
+    // Blobs go by digest, so they need no order: all at once, one connection each, rather
+    // than a few round trips per blob one after another.
+    let layers = futures_util::future::try_join_all(
+        (exported.layers.iter()).map(|layer| store.put_layer(&reference, layer, &progress)),
+    );
+    futures_util::future::try_join(layers, store.put_config(&reference, &exported)).await?;
     let manifest = oci::image_manifest(
         (&exported.config_digest, exported.config.len()),
         exported
