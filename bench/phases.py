@@ -3,9 +3,11 @@
 
     phases.py LOG T0 T_END [--brief]
 
-With --overheads it prints only polyarch's own time outside the engine's work, as two
-numbers in seconds: the start-up (process start to BuildKit's first step status) and the
-tail (the last platform pushed to the process's exit: index, read-back, record).
+With --overheads it prints only polyarch's own time outside the engine's work, as three
+numbers in seconds: the start-up (process start to BuildKit's first step status), the
+tail (the last platform pushed to the process's exit: index, read-back, record), and
+polyarch's own part of the start-up (process start to the first unit's build phase, the
+moment before the session opens and the solve is sent).
 
 LOG holds one line per stderr line of `polyarch … --output-format json`, each prefixed
 with the epoch time it arrived at (bench/run.sh stamps them: `EPOCH JSON`); T0 and T_END
@@ -45,9 +47,14 @@ def main() -> None:
         first_step = next((t for t, ev, _ in events if ev and ev.get("event") == "step"), None)
         pushed = [t for t, ev, _ in events
                   if ev and ev.get("event") == "phase" and ev.get("phase") == "done" and ev.get("platform")]
-        if first_step is None or not pushed:
-            sys.exit("phases.py: no step or per-platform done event: not a cold build?")
-        print(f"{first_step:.3f} {end - max(pushed):.3f}")
+        # polyarch's own share of the start-up: until a unit enters its build phase, right
+        # before the session opens and the solve is sent; the rest is the engine's
+        # frontend (session attach, Dockerfile parse, first vertex)
+        building = next((t for t, ev, _ in events
+                         if ev and ev.get("event") == "phase" and ev.get("phase") == "build"), None)
+        if first_step is None or not pushed or building is None:
+            sys.exit("phases.py: no build phase, step or per-platform done event: not a cold build?")
+        print(f"{first_step:.3f} {end - max(pushed):.3f} {building:.3f}")
         return
     if not events:
         print(f"(no progress events; wall {end:.2f}s)")

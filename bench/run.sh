@@ -25,6 +25,7 @@
 #   BENCH_PROFILE=0      no profile runs for missed targets
 #   BENCH_KEEP=1         keep the temp dir (logs, contexts, registry data)
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
+#   BENCH_BIN=PATH       time this polyarch binary instead (no cargo build; e.g. a "before" copy)
 #
 #   Token auth (bench/tokens.sh): token fetches, requests, uploads and mounts of one
 #     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1.
@@ -78,13 +79,13 @@ if ((${#missing[@]})); then
   apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 ||
     { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null; }
 fi
-if [[ "${BENCH_NO_BUILD:-}" == 1 && -x target/release/polyarch ]]; then
-  log "BENCH_NO_BUILD=1: using the existing target/release/polyarch"
+bin="${BENCH_BIN:-$root/target/release/polyarch}"
+if [[ -n "${BENCH_BIN:-}" || ("${BENCH_NO_BUILD:-}" == 1 && -x "$bin") ]]; then
+  log "using the existing $bin"
 else
   log "cargo build --release"
   cargo build --release -q
 fi
-bin="$root/target/release/polyarch"
 
 # The classic workflow needs a client whose `docker build` speaks BuildKit. Docker
 # CLI >= 23 delegates that to the buildx plugin; without it, DOCKER_BUILDKIT=1 fails
@@ -425,37 +426,52 @@ measured_build() {
 # profile_run NAME FILE: one more polyarch build of FILE with --output-format json,
 # every stderr line stamped on arrival; bench/phases.py turns it into a table.
 declare -A P
+# stamped LOG CMD...: runs CMD with its stderr stamped line by line into LOG; sets
+# stamp_t0/stamp_t1 (epoch seconds) around CMD alone. The stamper is started and reading
+# before CMD starts (a FIFO it opens once it runs), so no line waits for Python's start-up
+# (which on a loaded machine took longer than polyarch's own start-up, and made every
+# early event look as late as the first one read).
+stamped() {
+  local log="$1" fifo="$1.fifo" sp
+  shift
+  rm -f "$fifo" "$fifo.ready"
+  mkfifo "$fifo"
+  python3 -u "$root/bench/stamp.py" "$fifo" "$fifo.ready" >"$log" &
+  sp=$!
+  while [[ ! -e "$fifo.ready" ]]; do sleep 0.01; done
+  stamp_t0=$(now)
+  "$@" </dev/null 2>"$fifo" >/dev/null || true
+  stamp_t1=$(now)
+  wait "$sp" || true
+  rm -f "$fifo" "$fifo.ready"
+}
 # Extra arguments go to polyarch build; PROFILE_BRIEF=1 keeps only the wall time and
 # the per-image line.
 profile_run() {
-  local name="$1" file="$2" t0 t1
+  local name="$1" file="$2"
   shift 2
-  t0=$(now)
-  pa build -f "$file" --record "$file.record.json" --output-format json "$@" </dev/null 2>&1 >/dev/null \
-    | python3 -u "$root/bench/stamp.py" >"$tmp/profile-$name.log" || true
-  t1=$(now)
-  P[$name]="$(python3 "$root/bench/phases.py" "$tmp/profile-$name.log" "$t0" "$t1" ${PROFILE_BRIEF:+--brief} 2>&1 || true)"
+  stamped "$tmp/profile-$name.log" pa build -f "$file" --record "$file.record.json" --output-format json "$@"
+  P[$name]="$(python3 "$root/bench/phases.py" "$tmp/profile-$name.log" "$stamp_t0" "$stamp_t1" ${PROFILE_BRIEF:+--brief} 2>&1 || true)"
 }
 # overheads KEY: polyarch's own time outside the engine's solve and push (issue 26), from
 # RUNS more cold 2-platform runs stamped as profile_run stamps them: the start-up (process
 # start to BuildKit's first step status) and the tail (last platform pushed to exit:
 # index, read-back, record); then the warm rerun of each, whose whole wall is polyarch's.
 overheads() {
-  local key="$1" i d t0 t1 s e
+  local key="$1" i d s e o
   use_cache "oh-$key"
   for ((i = 1; i <= RUNS; i++)); do
     d="$tmp/oh-$key-$i"
     make_ctx "$d"
     ensure_qemu
     write_project "$d" "$host/oh-$key-$i/x" "linux/amd64, linux/arm64"
-    t0=$(now)
-    pa build -f "$d.polyarch.yaml" --record "$d.record.json" --output-format json </dev/null 2>&1 >/dev/null \
-      | python3 -u "$root/bench/stamp.py" >"$tmp/oh-$key-$i.log" || true
-    t1=$(now)
-    if read -r s e < <(python3 "$root/bench/phases.py" "$tmp/oh-$key-$i.log" "$t0" "$t1" --overheads 2>>"$tmp/polyarch.err"); then
+    stamped "$tmp/oh-$key-$i.log" pa build -f "$d.polyarch.yaml" --record "$d.record.json" --output-format json
+    if read -r s e o < <(python3 "$root/bench/phases.py" "$tmp/oh-$key-$i.log" "$stamp_t0" "$stamp_t1" --overheads 2>>"$tmp/polyarch.err"); then
       add "oh-$key-start" "$s" "$i"
+      add "oh-$key-own" "$o" "$i"
       add "oh-$key-tail" "$e" "$i"
       add "oh-$key-cold" "$(awk -v a="$s" -v b="$e" 'BEGIN { printf "%.3f", a + b }')" "$i"
+      add "oh-$key-owncold" "$(awk -v a="$o" -v b="$e" 'BEGIN { printf "%.3f", a + b }')" "$i"
     else
       failed_run "oh-$key" "$i"
     fi
@@ -853,13 +869,13 @@ table() {
   fi
   if [[ $on26 == 1 || $on28 == 1 ]]; then
     echo
-    echo "polyarch's own time outside the engine's solve and push (medians of $RUNS more cold 2-platform runs, each followed by its warm rerun; start-up: process start to BuildKit's first step status; tail: the last platform pushed to exit):"
+    echo "polyarch's own time outside the engine's solve and push (medians of $RUNS more cold 2-platform runs, each followed by its warm rerun; start-up: process start to BuildKit's first step status; tail: the last platform pushed to exit; polyarch's part of the start-up: process start to the first build phase, right before the session opens and the solve is sent, the rest being BuildKit's frontend before its first status):"
     echo
-    echo "| engine | start-up | tail | cold total (≤ 0.10 s) | | warm rerun, all of it (≤ 0.05 s) | |"
-    echo "| --- | ---: | ---: | ---: | --- | ---: | --- |"
+    echo "| engine | start-up | tail | cold total (≤ 0.10 s) | | warm rerun, all of it (≤ 0.05 s) | | start-up: polyarch's part | polyarch's part + tail (≤ 0.10 s) | |"
+    echo "| --- | ---: | ---: | ---: | --- | ---: | --- | ---: | ---: | --- |"
     for e in 26 28; do
       [[ -n "${M[oh-c$e-warm]:-}" ]] || continue
-      echo "| Docker $([[ $e == 26 ]] && echo "$engine26_version" || echo "$engine28_version") | $(fmt "${M[oh-c$e-start]:-}")s | $(fmt "${M[oh-c$e-tail]:-}")s | $(fmt "${M[oh-c$e-cold]:-}")s | $(passfail "${M[oh-c$e-cold]:-n/a}" 0.10) | $(fmt "${M[oh-c$e-warm]}")s | $(passfail "${M[oh-c$e-warm]}" 0.05) |"
+      echo "| Docker $([[ $e == 26 ]] && echo "$engine26_version" || echo "$engine28_version") | $(fmt "${M[oh-c$e-start]:-}")s | $(fmt "${M[oh-c$e-tail]:-}")s | $(fmt "${M[oh-c$e-cold]:-}")s | $(passfail "${M[oh-c$e-cold]:-n/a}" 0.10) | $(fmt "${M[oh-c$e-warm]}")s | $(passfail "${M[oh-c$e-warm]}" 0.05) | $(fmt "${M[oh-c$e-own]:-}")s | $(fmt "${M[oh-c$e-owncold]:-}")s | $(passfail "${M[oh-c$e-owncold]:-n/a}" 0.10) |"
     done
   fi
   echo

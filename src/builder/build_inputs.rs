@@ -9,6 +9,7 @@
 //! `ONBUILD` trigger of a base counts exactly as far as BuildKit let it.
 
 use crate::base::dockerfile;
+use crate::builder::file_hashes::FileHashes;
 use crate::docker::buildkit::filesync::{self, Filter, SentEntry, Transfer};
 use crate::docker::engine::Engine;
 use crate::project::ImageSpec;
@@ -151,10 +152,14 @@ fn session_dir(spec: &ImageSpec, dir: &str) -> Option<PathBuf> {
 
 /// What `read`'s patterns select under `spec`'s directories now, as a digest; None when
 /// it cannot be told (an unknown directory, a pattern or file that cannot be read).
-fn replay(spec: &ImageSpec, read: &ContextRead) -> Option<(Vec<SentEntry>, String)> {
+fn replay(
+    spec: &ImageSpec,
+    read: &ContextRead,
+    hashes: &FileHashes,
+) -> Option<(Vec<SentEntry>, String)> {
     let root = session_dir(spec, &read.dir)?;
     let filter = Filter::new(&root, &read.include, &read.exclude, &read.follow).ok()?;
-    let entries = filesync::replay(&root, &filter).ok()?;
+    let entries = filesync::replay(&root, &filter, hashes).ok()?;
     let digest = hex::encode(Sha256::digest(serde_json::to_vec(&entries).ok()?));
     Some((entries, digest))
 }
@@ -162,7 +167,11 @@ fn replay(spec: &ImageSpec, read: &ContextRead) -> Option<(Vec<SentEntry>, Strin
 /// The reads of a finished build, from its transfers; None when they cannot vouch for
 /// the image: a transfer failed, or the tree no longer shows what was sent (a file
 /// changed while BuildKit read it: the next run must build). Blocking.
-pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextRead>> {
+pub fn reads_of(
+    spec: &ImageSpec,
+    transfers: &[Transfer],
+    hashes: &FileHashes,
+) -> Option<Vec<ContextRead>> {
     if transfers.is_empty() {
         return None;
     }
@@ -192,7 +201,7 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
                 &replays[replay].1
             }
             None => {
-                let (now, digest) = replay(spec, &read)?;
+                let (now, digest) = replay(spec, &read, hashes)?;
                 read.digest = digest;
                 replays.push((reads.len(), now));
                 &replays[replays.len() - 1].1
@@ -217,13 +226,26 @@ pub fn reads_of(spec: &ImageSpec, transfers: &[Transfer]) -> Option<Vec<ContextR
     Some(reads)
 }
 
-/// Replays of one run, each made once however many platforms share it.
-#[derive(Default)]
+/// Replays of one run, each made once however many platforms share it, and the file
+/// hashes they and the run's builds share (kept across runs in the cache directory).
 pub struct Replays {
     digests: std::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Option<String>>>>>,
+    hashes: Arc<FileHashes>,
 }
 
 impl Replays {
+    pub fn new(hashes: FileHashes) -> Replays {
+        Replays {
+            digests: Default::default(),
+            hashes: Arc::new(hashes),
+        }
+    }
+
+    /// The hashes a finished build's [`reads_of`] uses.
+    pub fn hashes(&self) -> Arc<FileHashes> {
+        self.hashes.clone()
+    }
+
     /// Whether every read would see exactly what it saw before.
     pub async fn unchanged(&self, spec: &ImageSpec, reads: &[ContextRead]) -> bool {
         for read in reads {
@@ -242,12 +264,12 @@ impl Replays {
                 .entry(key)
                 .or_default()
                 .clone();
-            let (spec, replayed) = (spec.clone(), read.clone());
+            let (spec, replayed, hashes) = (spec.clone(), read.clone(), self.hashes.clone());
             let now = cell
                 .get_or_init(|| async move {
                     tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
                         CLASSIC_CONTEXT => builder::classic_context_digest(&spec).ok(),
-                        _ => replay(&spec, &replayed).map(|(_, d)| d),
+                        _ => replay(&spec, &replayed, &hashes).map(|(_, d)| d),
                     })
                     .await
                     .ok()
@@ -326,7 +348,7 @@ mod tests {
             include_patterns: vec![],
             exclude_patterns: vec![],
             follow_paths: vec![],
-            entries: filesync::replay(dir.path(), &everything).unwrap(),
+            entries: filesync::replay(dir.path(), &everything, &FileHashes::open(None)).unwrap(),
             error: None,
         };
         (dir, spec, transfer)
@@ -335,17 +357,19 @@ mod tests {
     #[test]
     fn a_context_read_once_per_platform_is_remembered_for_each() {
         let (_dir, spec, transfer) = sent_context();
-        let one = reads_of(&spec, std::slice::from_ref(&transfer)).unwrap();
-        let both = reads_of(&spec, &[transfer.clone(), transfer]).unwrap();
+        let hashes = FileHashes::open(None);
+        let one = reads_of(&spec, std::slice::from_ref(&transfer), &hashes).unwrap();
+        let both = reads_of(&spec, &[transfer.clone(), transfer], &hashes).unwrap();
         assert_eq!(both, [one[0].clone(), one[0].clone()]);
     }
 
     #[test]
     fn each_platforms_transfer_is_checked_against_the_tree_even_when_replayed_once() {
         let (_dir, spec, transfer) = sent_context();
+        let hashes = FileHashes::open(None);
         // The second platform's transfer saw another size: the file changed while read.
         let mut changed = transfer.clone();
         changed.entries.last_mut().unwrap().size += 1;
-        assert_eq!(reads_of(&spec, &[transfer, changed]), None);
+        assert_eq!(reads_of(&spec, &[transfer, changed], &hashes), None);
     }
 }

@@ -33,6 +33,7 @@ mod error;
 pub mod export;
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod file_hashes;
 mod log;
 mod platforms;
 mod seam;

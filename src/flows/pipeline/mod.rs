@@ -10,10 +10,11 @@ mod unit;
 use crate::base::progress::Reporter;
 use crate::builder::build_inputs;
 use crate::builder::cleanup::Cleanup;
+use crate::builder::file_hashes::FileHashes;
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
-use crate::flows::cache::{BlobMemory, BuildMemory, PushCache};
+use crate::flows::cache::{self, BlobMemory, BuildMemory, PushCache};
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
@@ -98,7 +99,9 @@ async fn build_and_push_all<'a>(
         builds: BuildMemory::open(),
         trust_inputs: !options.rebuild,
         registry: options.registry.clone(),
-        replays: Default::default(),
+        replays: build_inputs::Replays::new(FileHashes::open(
+            cache::dir().map(|d| d.join("file-hashes.json")),
+        )),
         bases: build_inputs::RemoteBases::new(&options.registry),
         reporter,
         fallbacks: builders.fallbacks.clone(),
@@ -139,6 +142,7 @@ async fn build_and_push_all<'a>(
     // What did get pushed is remembered even when another unit failed.
     run.cache.save();
     run.builds.save();
+    run.replays.hashes().save();
     blobs.save();
     let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
     for (image, spec) in per_image? {

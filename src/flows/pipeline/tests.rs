@@ -9,6 +9,7 @@ use crate::base::progress::{Event, Phase, Reporter};
 use crate::builder::build_inputs::RemoteBases;
 use crate::builder::cleanup::Cleanup;
 use crate::builder::fake::{FakeBuilder, Script};
+use crate::builder::file_hashes::FileHashes;
 use crate::builder::BuildError;
 use crate::flows::cache::{BuildMemory, PushCache};
 use crate::project::plan::Unit;
@@ -61,7 +62,7 @@ fn run<'a>(cleanup: &'a Cleanup, reporter: &'a Recorded) -> Run<'a> {
         builds: BuildMemory::in_memory(),
         trust_inputs: true,
         registry: RegistryOptions::default(),
-        replays: Default::default(),
+        replays: crate::builder::build_inputs::Replays::new(FileHashes::open(None)),
         bases: RemoteBases::new(&RegistryOptions::default()),
         reporter,
         fallbacks: Default::default(),

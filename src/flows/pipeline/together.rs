@@ -60,11 +60,17 @@ pub(super) async fn build_and_push_image(
         .acquire()
         .await
         .map_err(|_| Error::Interrupted)?;
-    for unit in units {
+    // Each platform's check (its settings key, replay and manifest look-up) at once: a
+    // warm rerun's round trips overlap.
+    let checks = units.iter().map(|unit| async move {
         let emulated = emulation.is_emulated(unit);
-        match reuse(engine, destination, unit, emulated, run).await? {
+        let reuse = reuse(engine, destination, unit, emulated, run).await?;
+        Ok::<_, Error>((*unit, emulated, reuse))
+    });
+    for (unit, emulated, reuse) in futures_util::future::try_join_all(checks).await? {
+        match reuse {
             Reuse::Pushed(p) => pushed.push(*p),
-            Reuse::Build { settings } => to_build.push((*unit, settings, emulated)),
+            Reuse::Build { settings } => to_build.push((unit, settings, emulated)),
         }
     }
     match to_build.len() {
@@ -118,7 +124,7 @@ async fn build_together(
     let index = pushed_index(registry, &index_ref).await?;
     // One solve read the context for all its platforms: hashed once, remembered for each.
     let reads = match units.iter().any(|(_, settings, _)| settings.is_some()) {
-        true => reads(image, &built.transfers, None).await,
+        true => reads(run, image, &built.transfers, None).await,
         false => None,
     };
     let mut pushed = Vec::new();

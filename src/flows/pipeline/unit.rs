@@ -161,24 +161,27 @@ pub(super) async fn remember_reads(
     transfers: &[crate::docker::buildkit::filesync::Transfer],
     sent_context: Option<&str>,
 ) {
-    if let Some(reads) = reads(image, transfers, sent_context).await {
+    if let Some(reads) = reads(run, image, transfers, sent_context).await {
         remember(run, key, built, reads);
     }
 }
 
 /// What a build read (None when it cannot vouch for the image); hashes the context.
 pub(super) async fn reads(
+    run: &Run<'_>,
     image: &ImageSpec,
     transfers: &[crate::docker::buildkit::filesync::Transfer],
     sent_context: Option<&str>,
 ) -> Option<Vec<build_inputs::ContextRead>> {
-    let (spec, transfers) = (image.clone(), transfers.to_vec());
+    let (spec, transfers, hashes) = (image.clone(), transfers.to_vec(), run.replays.hashes());
     match sent_context {
         Some(sent) => Some(build_inputs::classic_reads(sent)),
-        None => tokio::task::spawn_blocking(move || build_inputs::reads_of(&spec, &transfers))
-            .await
-            .ok()
-            .flatten(),
+        None => {
+            tokio::task::spawn_blocking(move || build_inputs::reads_of(&spec, &transfers, &hashes))
+                .await
+                .ok()
+                .flatten()
+        }
     }
 }
 

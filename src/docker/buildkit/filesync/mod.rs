@@ -188,6 +188,12 @@ impl SentEntry {
     }
 }
 
+/// How a replay learns the sha256 of a regular file it opened: a cache may answer from
+/// the file's stat instead of reading it.
+pub trait HashFile {
+    fn sha256(&self, path: &Path, file: &mut fs::File) -> io::Result<String>;
+}
+
 /// The directories a session serves, by the names BuildKit asks for (`context`,
 /// `dockerfile`), and the record of what it was sent. Clones share the record, so keep one
 /// to read [`SyncedDirs::transfers`] after handing the other to `FileSyncServer::new`.

@@ -194,21 +194,27 @@ impl FileJob {
 /// [`SentEntry`], with the sha256 of each regular file's content (not only the requested
 /// ones), so a later replay can tell whether BuildKit would read the same thing.
 /// Blocking.
-pub fn replay(root: &Path, filter: &Filter) -> Result<Vec<SentEntry>, SyncError> {
+pub fn replay(
+    root: &Path,
+    filter: &Filter,
+    hashes: &dyn HashFile,
+) -> Result<Vec<SentEntry>, SyncError> {
     let mut entries = Vec::new();
     walk_tree(root, filter, &mut |stat| {
         let mut entry = SentEntry::new(&stat);
         if stat.mode & MODE_TYPE == 0 && stat.linkname.is_empty() {
             let path = root.join(&stat.path);
-            let mut hasher = Sha256::new();
             let file = filter
                 .opens(&stat.path)
                 .then(|| open_regular(&path))
                 .flatten();
-            if let Some(mut file) = file {
-                io::copy(&mut file, &mut hasher).map_err(|e| SyncError::io(&path, e))?;
-            }
-            entry.sha256 = Some(hex::encode(hasher.finalize()));
+            let sha256 = match file {
+                Some(mut file) => hashes
+                    .sha256(&path, &mut file)
+                    .map_err(|e| SyncError::io(&path, e))?,
+                None => hex::encode(Sha256::digest([])),
+            };
+            entry.sha256 = Some(sha256);
         }
         entries.push(entry);
         Ok(())

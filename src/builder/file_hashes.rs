@@ -1,0 +1,287 @@
+//! The sha256 of context files by path and stat, across runs, as git's index keeps them:
+//! a warm rerun's replay (see [`crate::builder::build_inputs`]) reads no file whose stat
+//! is unchanged, and a run reads each file at most once however many platforms and
+//! images replay it.
+
+use crate::docker::buildkit::filesync::HashFile;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Entries kept in `file-hashes.json`: enough for a few big contexts; past it, the files
+/// the last run did not look at go first.
+const MAX_FILE_HASHES: usize = 200_000;
+/// How long after a file's last change its hash may be remembered: a change within the
+/// file system's timestamp granularity of the hashing could leave the stat as it was, so
+/// such a "racy" file (git's word) is hashed again on every run until it has settled.
+const RACY_NANOS: i64 = 2_000_000_000;
+
+/// What `stat` says of a file: any write, truncation or replacement changes one of these
+/// (the ctime moves on every change and, unlike the mtime, cannot be set back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+        }
+    }
+}
+
+/// A remembered hash: the file's stamp when it was read, and the sha256 of its content.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct KnownHash(FileStamp, String);
+
+/// The remembered hashes (`file-hashes.json` in the cache directory), loaded on first use.
+pub struct FileHashes {
+    path: Option<PathBuf>,
+    /// By absolute path: the remembered hash, and whether this run used it.
+    known: OnceLock<Mutex<HashMap<String, (KnownHash, bool)>>>,
+    /// A lock per path being hashed: platforms replaying at once wait for one read.
+    reading: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    changed: AtomicBool,
+}
+
+impl FileHashes {
+    /// Kept in `path` (the cache directory's `file-hashes.json`); None keeps them for this
+    /// run only.
+    pub fn open(path: Option<PathBuf>) -> FileHashes {
+        FileHashes {
+            path,
+            known: Default::default(),
+            reading: Default::default(),
+            changed: AtomicBool::new(false),
+        }
+    }
+
+    fn known(&self) -> &Mutex<HashMap<String, (KnownHash, bool)>> {
+        self.known.get_or_init(|| {
+            let read: HashMap<String, KnownHash> = self
+                .path
+                .as_ref()
+                .and_then(|p| std::fs::read(p).ok())
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                .unwrap_or_default();
+            Mutex::new(read.into_iter().map(|(k, v)| (k, (v, false))).collect())
+        })
+    }
+
+    /// [`HashFile::sha256`] at `started` (Unix nanoseconds) before the file's stat.
+    fn sha256_at(
+        &self,
+        path: &Path,
+        file: &mut std::fs::File,
+        started: i64,
+    ) -> std::io::Result<String> {
+        let stamp = FileStamp::of(&file.metadata()?);
+        let Some(key) = path.to_str() else {
+            return read_all(file);
+        };
+        if let Some(known) = self.remembered(key, &stamp) {
+            return Ok(known);
+        }
+        let lock = self
+            .reading
+            .lock()
+            .expect("file hashes lock")
+            .entry(key.to_string())
+            .or_default()
+            .clone();
+        let _reading = lock.lock().expect("file hashes lock");
+        // Another platform's replay may have read it meanwhile.
+        if let Some(known) = self.remembered(key, &stamp) {
+            return Ok(known);
+        }
+        let sha256 = read_all(file)?;
+        let settled = stamp.ctime_ns.saturating_add(RACY_NANOS) < started;
+        if settled && FileStamp::of(&file.metadata()?) == stamp {
+            let entry = (KnownHash(stamp, sha256.clone()), true);
+            let mut known = self.known().lock().expect("file hashes lock");
+            known.insert(key.to_string(), entry);
+            self.changed.store(true, Ordering::Relaxed);
+        }
+        Ok(sha256)
+    }
+
+    /// The hash remembered for `key` while its file's stat is `stamp`.
+    fn remembered(&self, key: &str, stamp: &FileStamp) -> Option<String> {
+        let mut known = self.known().lock().expect("file hashes lock");
+        let (KnownHash(was, sha256), used) = known.get_mut(key)?;
+        (was == stamp).then(|| {
+            *used = true;
+            sha256.clone()
+        })
+    }
+
+    /// Writes what changed; past [`MAX_FILE_HASHES`] entries, those this run did not use go.
+    pub fn save(&self) {
+        if !self.changed.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let (Some(path), Some(known)) = (&self.path, self.known.get()) else {
+            return;
+        };
+        let Some(dir) = path.parent() else { return };
+        let bytes = {
+            let known = known.lock().expect("file hashes lock");
+            // Past the cap, only what this run used is kept.
+            let over = known.len() > MAX_FILE_HASHES;
+            let kept: HashMap<&str, &KnownHash> = known
+                .iter()
+                .filter(|(_, (_, used))| *used || !over)
+                .map(|(k, (v, _))| (k.as_str(), v))
+                .collect();
+            match serde_json::to_vec(&kept) {
+                Ok(bytes) => bytes,
+                Err(_) => return,
+            }
+        };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        // A file of its own per writer: concurrent runs never rename a half-written one.
+        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
+            return;
+        };
+        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
+            let _ = partial.persist(path);
+        }
+    }
+}
+
+fn read_all(file: &mut std::fs::File) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(file, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
+impl HashFile for FileHashes {
+    /// The sha256 of the regular file `file`, open at `path`: the remembered one while its
+    /// stat is exactly as when it was read, else read now. A file whose stat moved while
+    /// it was read, or whose last change is too recent to be told apart from a later one
+    /// by its stat, is not remembered.
+    fn sha256(&self, path: &Path, file: &mut std::fs::File) -> std::io::Result<String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        self.sha256_at(path, file, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    fn now_ns() -> i64 {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        since.unwrap().as_nanos() as i64
+    }
+
+    /// Hashes `path` as a replay does, as if at `started`.
+    fn hash(hashes: &FileHashes, path: &Path, started: i64) -> String {
+        let mut file = std::fs::File::open(path).unwrap();
+        hashes.sha256_at(path, &mut file, started).unwrap()
+    }
+
+    fn remembered(hashes: &FileHashes, path: &Path) -> bool {
+        let known = hashes.known().lock().unwrap();
+        known.contains_key(path.to_str().unwrap())
+    }
+
+    #[test]
+    fn a_settled_file_is_read_once_and_its_hash_kept_while_its_stat_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let hashes = FileHashes::open(None);
+        let later = now_ns() + 10 * RACY_NANOS;
+        assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
+        assert!(remembered(&hashes, &path));
+        // The remembered hash answers without a read: plant another to see it served.
+        let stamp = FileStamp::of(&std::fs::metadata(&path).unwrap());
+        let planted = (KnownHash(stamp, "planted".into()), false);
+        let key = path.to_str().unwrap().to_string();
+        hashes.known().lock().unwrap().insert(key, planted);
+        assert_eq!(hash(&hashes, &path, later), "planted");
+    }
+
+    #[test]
+    fn a_file_changed_since_its_hash_is_read_again_even_at_the_same_size_and_mtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
+        let hashes = FileHashes::open(None);
+        let later = now_ns() + 10 * RACY_NANOS;
+        assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
+        // Same size, and the mtime set back as `touch -d` or an archive extractor would:
+        // the ctime still moves.
+        std::fs::write(&path, b"bbbb").unwrap();
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(mtime).unwrap();
+        drop(file);
+        let later = now_ns() + 10 * RACY_NANOS;
+        assert_eq!(hash(&hashes, &path, later), sha256_hex(b"bbbb"));
+        // Replaced by another file under the same name: another inode.
+        let other = dir.path().join("g");
+        std::fs::write(&other, b"cccc").unwrap();
+        std::fs::rename(&other, &path).unwrap();
+        assert_eq!(hash(&hashes, &path, later), sha256_hex(b"cccc"));
+    }
+
+    #[test]
+    fn a_racy_file_is_not_remembered_so_a_change_within_the_same_tick_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let hashes = FileHashes::open(None);
+        // Hashed right after its change: a same-size change within the file system's
+        // timestamp granularity could leave the stat exactly as it was.
+        assert_eq!(hash(&hashes, &path, now_ns()), sha256_hex(b"aaaa"));
+        assert!(!remembered(&hashes, &path));
+        std::fs::write(&path, b"bbbb").unwrap();
+        assert_eq!(hash(&hashes, &path, now_ns()), sha256_hex(b"bbbb"));
+    }
+
+    #[test]
+    fn file_hashes_are_kept_across_runs_and_an_unchanged_run_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let store = dir.path().join("cache/file-hashes.json");
+        let open = || FileHashes::open(Some(store.clone()));
+        let later = now_ns() + 10 * RACY_NANOS;
+        let first = open();
+        hash(&first, &path, later);
+        first.save();
+        let written = std::fs::metadata(&store).unwrap().modified().unwrap();
+        let second = open();
+        assert!(remembered(&second, &path));
+        assert_eq!(hash(&second, &path, later), sha256_hex(b"aaaa"));
+        second.save();
+        let unchanged = std::fs::metadata(&store).unwrap().modified().unwrap();
+        assert_eq!(
+            unchanged, written,
+            "a run that learned nothing rewrote the file"
+        );
+    }
+}
