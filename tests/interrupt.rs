@@ -465,7 +465,13 @@ fn sigkill_mid_push_keeps_the_old_tag_and_a_rerun_completes() {
     let tmp = tempfile::tempdir().unwrap();
     let since = fixture.proxy.log().len();
     let mut running = Running::spawn(fixture.build(Some(tmp.path())));
-    running.wait_line("[push]");
+    // Both platforms pushing: both builds have ended in the engine, so nothing the killed
+    // run started can still appear there after its leftovers are removed below.
+    let first = running.wait_line("[push]");
+    running.wait_line(match first.contains("linux/amd64") {
+        true => "linux/arm64 [push]",
+        false => "linux/amd64 [push]",
+    });
     wait_proxy(&fixture, since, "a blob upload", uploads_delayed);
     running.signal("KILL");
     let (status, _, stderr) = running.finish();

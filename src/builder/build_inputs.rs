@@ -331,7 +331,7 @@ impl RemoteBases {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publish::store::fake::image;
+    use crate::project::test_image as image;
 
     /// A context of one file, an image building from it, and the transfer BuildKit made
     /// of it for one platform (every file sent).

@@ -5,6 +5,43 @@ use crate::base::progress::{Event, Reporter};
 use crate::docker::engine::{Engine, Product};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// BuildKit's status stream trails the engine: a solve cut off in its last step may
+/// already be exporting although its "exporting to" status never arrived (seen on a
+/// loaded Docker 20.10). Cleanup gives such a build this long to show its image.
+const STATUS_LAG: Duration = Duration::from_secs(2);
+
+/// How far a build got, as cleanup needs to know it: whether the engine may still write
+/// the temporary tag after the build is cut off.
+#[derive(Default)]
+pub struct BuildStage {
+    solving: AtomicBool,
+    exporting: AtomicBool,
+}
+
+impl BuildStage {
+    /// BuildKit started a step: the solve is under way in the engine.
+    pub fn solving(&self) {
+        self.solving.store(true, Ordering::SeqCst);
+    }
+
+    /// The engine began writing the image: it may appear even if the build is cut off.
+    pub fn exporting(&self) {
+        self.exporting.store(true, Ordering::SeqCst);
+    }
+
+    /// How long after a cut-off the tag may still appear.
+    fn may_appear_for(&self, grace: Duration) -> Duration {
+        if self.exporting.load(Ordering::SeqCst) {
+            grace
+        } else if self.solving.load(Ordering::SeqCst) {
+            grace.min(STATUS_LAG)
+        } else {
+            Duration::ZERO
+        }
+    }
+}
 
 /// What a run created in the engines, so an interrupted or failed run can remove it.
 #[derive(Default, Clone)]
@@ -18,21 +55,25 @@ struct Temporary {
     engine: Engine,
     tag: String,
     /// Whether the engine may still write the tag after its build was cut off: always for
-    /// the classic builder, which runs on without its client; for BuildKit only once its
-    /// exporter has started, since cutting the session cancels the solve before that.
-    may_appear: Arc<AtomicBool>,
+    /// the classic builder, which runs on without its client; for BuildKit once its
+    /// exporter has started (cutting the session cancels the solve before that), and
+    /// briefly while it solves.
+    stage: Arc<BuildStage>,
 }
 
 impl Cleanup {
-    /// Records `tag`; the flag returned is `Temporary::may_appear`, for the build to set.
-    pub fn add(&self, engine: &Engine, tag: &str) -> Arc<AtomicBool> {
-        let may_appear = Arc::new(AtomicBool::new(!engine.buildkit));
+    /// Records `tag`; the stage returned is for the build to mark.
+    pub fn add(&self, engine: &Engine, tag: &str) -> Arc<BuildStage> {
+        let stage = Arc::new(BuildStage {
+            solving: AtomicBool::new(false),
+            exporting: AtomicBool::new(!engine.buildkit),
+        });
         self.images.lock().expect("cleanup lock").push(Temporary {
             engine: engine.clone(),
             tag: tag.to_string(),
-            may_appear: may_appear.clone(),
+            stage: stage.clone(),
         });
-        may_appear
+        stage
     }
 
     /// Removes `tag`; true once it is gone. A tag not there yet (a build cut off may still
@@ -60,21 +101,22 @@ impl Cleanup {
     ///
     /// A build whose client went away (an interrupted run) can still finish in the engine
     /// and tag its image after the first attempt: what is left is retried every 100 ms
-    /// for up to `grace`, which the reporter is told about.
-    pub async fn run(&self, grace: std::time::Duration, reporter: &dyn Reporter) {
-        let deadline = tokio::time::Instant::now() + grace;
+    /// for up to `grace` (see [`BuildStage`]), which the reporter is told about.
+    pub async fn run(&self, grace: Duration, reporter: &dyn Reporter) {
+        let started = tokio::time::Instant::now();
         let mut images: Vec<Temporary> = self.images.lock().expect("cleanup lock").clone();
         let mut first = true;
         loop {
             let mut left = Vec::new();
             for image in images {
+                let waited = started.elapsed();
                 if !self.remove(&image.engine, &image.tag).await
-                    && image.may_appear.load(Ordering::SeqCst)
+                    && waited < image.stage.may_appear_for(grace)
                 {
                     left.push(image);
                 }
             }
-            if left.is_empty() || tokio::time::Instant::now() >= deadline {
+            if left.is_empty() {
                 return;
             }
             if first {
@@ -91,13 +133,45 @@ impl Cleanup {
                 reporter.report(Event::Note {
                     message: format!(
                         "waiting up to {}s for {} cut-off build(s) to end in the engine, to remove their temporary images; interrupt again to exit now",
-                        grace.as_secs(),
+                        left.iter()
+                            .map(|i| i.stage.may_appear_for(grace).as_secs())
+                            .max()
+                            .unwrap_or_default(),
                         left.len()
                     ),
                 });
             }
             images = left;
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_off_build_is_waited_for_by_how_far_the_engine_got() {
+        let grace = Duration::from_secs(10);
+        let stage = BuildStage::default();
+        assert_eq!(stage.may_appear_for(grace), Duration::ZERO, "never started");
+        stage.solving();
+        assert_eq!(
+            stage.may_appear_for(grace),
+            STATUS_LAG,
+            "its status may trail"
+        );
+        assert_eq!(
+            stage.may_appear_for(Duration::from_secs(1)),
+            Duration::from_secs(1),
+            "never past the grace"
+        );
+        stage.exporting();
+        assert_eq!(
+            stage.may_appear_for(grace),
+            grace,
+            "the engine is writing it"
+        );
     }
 }

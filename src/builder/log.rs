@@ -12,7 +12,7 @@ pub(super) struct BuildLog<'a> {
     /// In a multi-platform solve, the first error came from a step of no one platform.
     pub(super) shared_failure: bool,
     pub(super) reporter: &'a dyn Reporter,
-    pub(super) export_started: &'a AtomicBool,
+    pub(super) stage: &'a BuildStage,
     pub(super) tail: VecDeque<String>,
     pub(super) vertex_names: HashMap<String, String>,
     pub(super) started: Vec<String>,
@@ -25,7 +25,7 @@ impl<'a> BuildLog<'a> {
         image: &'a str,
         platform: &'a Platform,
         foreign: bool,
-        export_started: &'a AtomicBool,
+        stage: &'a BuildStage,
         reporter: &'a dyn Reporter,
     ) -> Self {
         BuildLog {
@@ -34,7 +34,7 @@ impl<'a> BuildLog<'a> {
             foreign,
             shared_failure: false,
             reporter,
-            export_started,
+            stage,
             tail: VecDeque::new(),
             vertex_names: HashMap::new(),
             started: Vec::new(),
@@ -87,10 +87,11 @@ impl<'a> BuildLog<'a> {
                     .insert(vertex.digest.clone(), vertex.name.clone());
                 if vertex.started.is_some() && !self.started.contains(&vertex.digest) {
                     self.started.push(vertex.digest.clone());
+                    self.stage.solving();
                     // BuildKit's exporters name their vertex "exporting to image" (or to
                     // another destination).
                     if vertex.name.starts_with("exporting to") {
-                        self.export_started.store(true, Ordering::SeqCst);
+                        self.stage.exporting();
                     }
                     let (n, m) = buildkit_step(&vertex.name).unzip();
                     self.step(&vertex.name, n.unwrap_or(0), m);

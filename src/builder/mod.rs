@@ -15,12 +15,12 @@ use bollard::models::{BuildInfo, BuildInfoAux};
 use bollard::query_parameters::{BuildImageOptions, BuilderVersion};
 use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
 use bytes::Bytes;
+use cleanup::BuildStage;
 use futures_util::StreamExt;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 pub mod binfmt;
@@ -141,12 +141,12 @@ pub struct UnitBuild<'a> {
     pub reporter: &'a dyn Reporter,
 }
 
-/// Builds `unit` into the temporary tag; `export_started` is set once the engine begins
-/// writing the image (from then on it may appear even if the build is cut off).
+/// Builds `unit` into the temporary tag, marking on `stage` how far the engine got (once
+/// it writes the image, the image may appear even if the build is cut off).
 pub async fn build_on_engine(
     engine: &Engine,
     unit: UnitBuild<'_>,
-    export_started: &AtomicBool,
+    stage: &BuildStage,
 ) -> Result<BuiltImage> {
     let UnitBuild {
         spec,
@@ -156,7 +156,7 @@ pub async fn build_on_engine(
     } = unit;
     let mut attempt = 1;
     loop {
-        match build_once(engine, unit, export_started).await? {
+        match build_once(engine, unit, stage).await? {
             Attempt::Built(image) => return Ok(image),
             Attempt::Lost(message) if attempt >= BUILD_ATTEMPTS => {
                 return Err(BuilderError::Build {
@@ -178,11 +178,7 @@ pub async fn build_on_engine(
     }
 }
 
-async fn build_once(
-    engine: &Engine,
-    unit: UnitBuild<'_>,
-    export_started: &AtomicBool,
-) -> Result<Attempt> {
+async fn build_once(engine: &Engine, unit: UnitBuild<'_>, stage: &BuildStage) -> Result<Attempt> {
     let UnitBuild {
         spec,
         platform,
@@ -199,7 +195,7 @@ async fn build_once(
     };
 
     let foreign = platform.os_arch() != engine.native.os_arch();
-    let mut log = BuildLog::new(&spec.name, platform, foreign, export_started, reporter);
+    let mut log = BuildLog::new(&spec.name, platform, foreign, stage, reporter);
     let layout = match (output, &engine.daemon) {
         (Output::Engine, Some(_)) => Some(layout_spool().map_err(|e| {
             failed(BuildError::Answer(format!(

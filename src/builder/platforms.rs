@@ -27,14 +27,8 @@ pub async fn build_platforms(
 ) -> Result<BuiltIndex> {
     let started = Instant::now();
     // Nothing is written to the engine, so nothing waits on the exporter having started.
-    let export_started = AtomicBool::new(false);
-    let mut logs = PlatformLogs::new(
-        &spec.name,
-        platforms,
-        &engine.native,
-        &export_started,
-        reporter,
-    );
+    let stage = BuildStage::default();
+    let mut logs = PlatformLogs::new(&spec.name, platforms, &engine.native, &stage, reporter);
     let solved = {
         let mut on_status = |status| logs.route(status);
         let exporter = registry_exporter(engine, repository, spec);
@@ -119,14 +113,14 @@ impl<'a> PlatformLogs<'a> {
         image: &'a str,
         platforms: &'a [Platform],
         native: &Platform,
-        export_started: &'a AtomicBool,
+        stage: &'a BuildStage,
         reporter: &'a dyn Reporter,
     ) -> Self {
         let logs = platforms
             .iter()
             .map(|platform| {
                 let foreign = platform.os_arch() != native.os_arch();
-                BuildLog::new(image, platform, foreign, export_started, reporter)
+                BuildLog::new(image, platform, foreign, stage, reporter)
             })
             .collect();
         PlatformLogs {

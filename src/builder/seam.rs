@@ -104,7 +104,7 @@ impl Builder for Engine {
     }
 
     async fn build(&self, unit: UnitBuild<'_>, cleanup: &Cleanup) -> Result<BuiltImage> {
-        let may_appear = match unit.output {
+        let stage = match unit.output {
             Output::Engine if !self.standalone() => cleanup.add(
                 self,
                 &temporary_tag(&unit.spec.name, unit.platform, unit.run_id),
@@ -112,7 +112,7 @@ impl Builder for Engine {
             // Nothing is written to the engine: a daemon sends the image back.
             Output::Engine | Output::Registry(_) => Default::default(),
         };
-        build_on_engine(self, unit, &may_appear).await
+        build_on_engine(self, unit, &stage).await
     }
 
     async fn export(

@@ -30,7 +30,7 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
     ];
     let native: Platform = "linux/amd64".parse().unwrap();
     let recorded = Recorded(Default::default());
-    let started = AtomicBool::new(false);
+    let started = BuildStage::default();
     let mut logs = PlatformLogs::new("api", &platforms, &native, &started, &recorded);
     // As BuildKit lists them: an exec-form RUN has no platform in its name, and may
     // come before the step it builds on.
@@ -110,7 +110,7 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
 #[test]
 fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
     let platform: Platform = "linux/arm64".parse().unwrap();
-    let started = AtomicBool::new(false);
+    let started = BuildStage::default();
     let failure = |foreign: bool| {
         let mut log = BuildLog {
             image: "api",
@@ -118,7 +118,7 @@ fn exec_format_error_means_missing_emulation_only_on_a_foreign_platform() {
             foreign,
             shared_failure: false,
             reporter: &crate::base::progress::Silent,
-            export_started: &started,
+            stage: &started,
             tail: VecDeque::from(["exec /app: exec format error".to_string()]),
             vertex_names: HashMap::new(),
             started: Vec::new(),
@@ -267,7 +267,7 @@ fn dockerignore_is_anchored_with_exceptions() {
 #[test]
 fn the_engines_message_is_classified_in_one_place() {
     let platform: Platform = "linux/amd64".parse().unwrap();
-    let started = AtomicBool::new(false);
+    let started = BuildStage::default();
     let mut log = BuildLog::new(
         "api",
         &platform,

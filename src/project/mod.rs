@@ -641,5 +641,21 @@ fn epoch_for(
         }))
 }
 
+/// The image `api` of a small project, tagged `tags` (`v1, latest`), for the unit tests
+/// of every area above this one.
+#[cfg(test)]
+pub(crate) fn test_image(tags: &str) -> ImageSpec {
+    let text = format!(
+        "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [{tags}]\n    platforms: [linux/amd64, linux/arm64]\n"
+    );
+    let options = LoadOptions {
+        purpose: Purpose::Verify,
+        ..LoadOptions::default()
+    };
+    let project = Project::parse(std::path::Path::new("polyarch.yaml"), &text, &options)
+        .expect("test project parses");
+    project.images[0].clone()
+}
+
 #[cfg(test)]
 mod tests;

@@ -173,7 +173,8 @@ async fn attach_provenance(
 mod tests {
     use super::*;
     use crate::base::oci::ConfigPlatform;
-    use store::fake::{image, FakeStore};
+    use crate::project::test_image as image;
+    use store::fake::FakeStore;
     use tokio_util::sync::CancellationToken;
 
     fn with_provenance(tags: &str) -> ImageSpec {

@@ -466,7 +466,8 @@ async fn push_exported(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::publish::store::fake::{image, FakeStore};
+    use crate::project::test_image as image;
+    use crate::publish::store::fake::FakeStore;
 
     fn manifest(digest: &str) -> CachedManifest {
         CachedManifest {

@@ -7,7 +7,7 @@ use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
 use crate::builder::export::{ExportedImage, ExportedLayer};
-use crate::project::{ImageSpec, LoadOptions, Project, Purpose};
+use crate::project::ImageSpec;
 use crate::registry::{BlobProgress, ClientError, RegistryError};
 use crate::verify::coverage_record::{ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::Platform;
@@ -168,20 +168,6 @@ impl ImageStore for FakeStore {
             covered: true,
         })
     }
-}
-
-/// The image `api` of a small project, tagged `tags` (`v1, latest`).
-pub(crate) fn image(tags: &str) -> ImageSpec {
-    let text = format!(
-        "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [{tags}]\n    platforms: [linux/amd64, linux/arm64]\n"
-    );
-    let options = LoadOptions {
-        purpose: Purpose::Verify,
-        ..LoadOptions::default()
-    };
-    let project = Project::parse(std::path::Path::new("polyarch.yaml"), &text, &options)
-        .expect("test project parses");
-    project.images[0].clone()
 }
 
 /// What a registry answers when it refuses `what` for `image` (a 400, say).
