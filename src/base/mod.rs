@@ -8,6 +8,7 @@ pub mod digest;
 pub mod dockerfile;
 pub mod elf;
 pub mod image_path;
+pub mod join;
 pub mod oci;
 pub mod platform;
 pub mod progress;

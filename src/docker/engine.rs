@@ -1,5 +1,6 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
+use crate::base::join;
 use crate::base::platform::Platform;
 use crate::docker::buildkit::daemon::{Daemon, DaemonError};
 use crate::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
@@ -144,7 +145,6 @@ impl Engine {
     /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
     /// failure is told as such, then the version and info the build needs.
     pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
-        location.probe().await?;
         let endpoint = location.name.clone();
         let unanswered = |source: bollard::errors::Error| EndpointError::Api {
             endpoint: endpoint.clone(),
@@ -153,9 +153,11 @@ impl Engine {
         let docker = location.docker().map_err(unanswered)?;
         // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
         // `negotiate_version` (a second `/version`): bollard's request paths carry no
-        // `/vX.Y` prefix, so every engine answers at the API version it serves.
-        let (version, info) =
-            tokio::try_join!(docker.version(), docker.info()).map_err(unanswered)?;
+        // `/vX.Y` prefix, so every engine answers at the API version it serves. Both are
+        // asked beside the probe, whose failure is the one told.
+        let answers =
+            async { tokio::try_join!(docker.version(), docker.info()).map_err(unanswered) };
+        let ((), (version, info)) = join::primary_first(location.probe(), answers).await?;
         let os = version
             .os
             .clone()
