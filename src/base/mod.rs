@@ -7,6 +7,7 @@ pub mod attachment;
 pub mod digest;
 pub mod dockerfile;
 pub mod elf;
+pub mod files;
 pub mod image_path;
 pub mod join;
 pub mod oci;

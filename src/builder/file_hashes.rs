@@ -3,6 +3,7 @@
 //! is unchanged, and a run reads each file at most once however many platforms and
 //! images replay it.
 
+use crate::base::files;
 use crate::docker::buildkit::filesync::HashFile;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -193,13 +194,8 @@ impl FileHashes {
         if std::fs::create_dir_all(dir).is_err() {
             return;
         }
-        // A file of its own per writer: concurrent runs never rename a half-written one.
-        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
-            return;
-        };
-        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
-            let _ = partial.persist(path);
-        }
+        // Unsaved hashes only cost the next run a read.
+        let _ = files::replace(path, &bytes);
     }
 }
 
