@@ -114,7 +114,7 @@ impl FileHashes {
         let Some(key) = path.to_str() else {
             return read_all(file);
         };
-        if let Some(known) = self.remembered(key, &stamp) {
+        if let Some(known) = self.known_hash(key, &stamp) {
             return Ok(known);
         }
         let lock = self
@@ -126,7 +126,7 @@ impl FileHashes {
             .clone();
         let _reading = lock.lock().expect("file hashes lock");
         // Another platform's replay may have read it meanwhile.
-        if let Some(known) = self.remembered(key, &stamp) {
+        if let Some(known) = self.known_hash(key, &stamp) {
             return Ok(known);
         }
         let sha256 = read_all(file)?;
@@ -159,7 +159,7 @@ impl FileHashes {
     }
 
     /// The hash remembered for `key` while its file's stat is `stamp`.
-    fn remembered(&self, key: &str, stamp: &FileStamp) -> Option<String> {
+    fn known_hash(&self, key: &str, stamp: &FileStamp) -> Option<String> {
         let mut known = self.known().lock().expect("file hashes lock");
         let (KnownHash(was, sha256), used) = known.get_mut(key)?;
         (was == stamp).then(|| {
@@ -206,6 +206,13 @@ fn read_all(file: &mut std::fs::File) -> std::io::Result<String> {
 }
 
 impl HashFile for FileHashes {
+    /// The remembered hash while the walk's stat of the file is the one it was read with:
+    /// for a regular file, the same stat the opened file would give.
+    fn remembered(&self, path: &Path, walked: &std::fs::Metadata) -> Option<String> {
+        let key = path.to_str()?;
+        self.known_hash(key, &FileStamp::of(walked))
+    }
+
     /// The sha256 of the regular file `file`, open at `path`: the remembered one while its
     /// stat is exactly as when it was read, else read now. A file whose stat moved while
     /// it was read, or whose last change is too recent to be told apart from a later one

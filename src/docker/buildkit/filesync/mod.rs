@@ -188,9 +188,11 @@ impl SentEntry {
     }
 }
 
-/// How a replay learns the sha256 of a regular file it opened: a cache may answer from
-/// the file's stat instead of reading it.
+/// How a replay learns the sha256 of a regular file: a cache may answer from the walk's
+/// own stat, so an unchanged file is not even opened, or from the opened file's.
 pub trait HashFile {
+    /// The hash known for `path` while its stat is `walked` (the walk's lstat).
+    fn remembered(&self, path: &Path, walked: &fs::Metadata) -> Option<String>;
     fn sha256(&self, path: &Path, file: &mut fs::File) -> io::Result<String>;
 }
 

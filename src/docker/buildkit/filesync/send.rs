@@ -83,7 +83,7 @@ fn start_walk(root: &Path, filter: &Filter) -> mpsc::Receiver<Result<Stat, SyncE
     let (stat_tx, stats) = mpsc::channel(STAT_QUEUE);
     let (root, filter) = (root.to_path_buf(), filter.clone());
     tokio::task::spawn_blocking(move || {
-        let result = walk_tree(&root, &filter, &mut |stat| {
+        let result = walk_tree(&root, &filter, &mut |stat, _| {
             stat_tx
                 .blocking_send(Ok(stat))
                 .map_err(|_| SyncError::Cancelled)
@@ -200,19 +200,19 @@ pub fn replay(
     hashes: &dyn HashFile,
 ) -> Result<Vec<SentEntry>, SyncError> {
     let mut entries = Vec::new();
-    walk_tree(root, filter, &mut |stat| {
+    walk_tree(root, filter, &mut |stat, walked| {
         let mut entry = SentEntry::new(&stat);
         if stat.mode & MODE_TYPE == 0 && stat.linkname.is_empty() {
             let path = root.join(&stat.path);
-            let file = filter
-                .opens(&stat.path)
-                .then(|| open_regular(&path))
-                .flatten();
-            let sha256 = match file {
-                Some(mut file) => hashes
-                    .sha256(&path, &mut file)
-                    .map_err(|e| SyncError::io(&path, e))?,
-                None => hex::encode(Sha256::digest([])),
+            let opens = filter.opens(&stat.path);
+            let sha256 = match opens.then(|| hashes.remembered(&path, walked)).flatten() {
+                Some(known) => known,
+                None => match opens.then(|| open_regular(&path)).flatten() {
+                    Some(mut file) => hashes
+                        .sha256(&path, &mut file)
+                        .map_err(|e| SyncError::io(&path, e))?,
+                    None => hex::encode(Sha256::digest([])),
+                },
             };
             entry.sha256 = Some(sha256);
         }

@@ -39,7 +39,7 @@ fn filter(root: &Path, include: &[&str], exclude: &[&str], follow: &[&str]) -> F
 
 fn stats(root: &Path, filter: &Filter) -> Vec<Stat> {
     let mut out = Vec::new();
-    walk_tree(root, filter, &mut |stat| {
+    walk_tree(root, filter, &mut |stat, _| {
         out.push(stat);
         Ok(())
     })
@@ -532,6 +532,35 @@ async fn a_file_the_walk_lists_but_the_filter_refuses_to_open_is_sent_empty() {
     );
 }
 
+/// Knows every file by the walk's stat, as remembered hashes of an unchanged tree do.
+struct KnowsAll(std::sync::atomic::AtomicUsize);
+
+impl HashFile for KnowsAll {
+    fn remembered(&self, _: &Path, walked: &fs::Metadata) -> Option<String> {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(format!("known at size {}", walked.len()))
+    }
+
+    fn sha256(&self, path: &Path, _: &mut fs::File) -> io::Result<String> {
+        panic!("{} was opened although its hash was known", path.display())
+    }
+}
+
+#[test]
+fn a_replay_opens_no_file_whose_hash_the_walks_stat_answers() {
+    let dir = tree(&["a.txt", "src/b.txt"]);
+    let root = dir.path();
+    let hashes = KnowsAll(Default::default());
+    let replayed = replay(root, &Filter::default(), &hashes).unwrap();
+    let files: Vec<_> = replayed.iter().filter(|e| e.sha256.is_some()).collect();
+    assert_eq!(files.len(), 2);
+    for file in files {
+        let size = fs::metadata(root.join(&file.path)).unwrap().len();
+        assert_eq!(file.sha256, Some(format!("known at size {size}")));
+    }
+    assert_eq!(hashes.0.into_inner(), 2);
+}
+
 #[tokio::test]
 async fn requests_may_come_while_stats_are_still_being_sent() {
     let dir = TempDir::new().unwrap();
@@ -818,6 +847,10 @@ async fn diff_copy_refuses_unknown_dir_names() {
 struct ReadEach;
 
 impl HashFile for ReadEach {
+    fn remembered(&self, _: &Path, _: &fs::Metadata) -> Option<String> {
+        None
+    }
+
     fn sha256(&self, _: &Path, file: &mut fs::File) -> io::Result<String> {
         let mut hasher = Sha256::new();
         io::copy(file, &mut hasher)?;

@@ -108,7 +108,7 @@ pub(super) fn dedupe_paths(paths: &[String]) -> Option<Vec<String>> {
 pub(super) fn walk_tree(
     root: &Path,
     filter: &Filter,
-    emit: &mut dyn FnMut(Stat) -> Result<(), SyncError>,
+    emit: &mut dyn FnMut(Stat, &Metadata) -> Result<(), SyncError>,
 ) -> Result<(), SyncError> {
     Walker {
         root,
@@ -123,7 +123,7 @@ pub(super) fn walk_tree(
 struct Walker<'a> {
     pub(super) root: &'a Path,
     pub(super) filter: &'a Filter,
-    pub(super) emit: &'a mut dyn FnMut(Stat) -> Result<(), SyncError>,
+    pub(super) emit: &'a mut dyn FnMut(Stat, &Metadata) -> Result<(), SyncError>,
     /// First path sent for each multiply-linked inode; later links name it as linkname.
     hardlinks: HashMap<(u64, u64), String>,
     /// The directories above the current entry; filtered-out ones are sent just before
@@ -187,7 +187,7 @@ impl Walker<'_> {
             if !skip {
                 self.send_pending()?;
                 let stat = make_stat(self.root, &rel, &meta, &mut self.hardlinks)?;
-                (self.emit)(stat)?;
+                (self.emit)(stat, &meta)?;
             }
             // lstat, not the listing, decides: a directory swapped for a link is not entered.
             if is_dir && meta.is_dir() {
@@ -246,7 +246,7 @@ impl Walker<'_> {
     fn send_pending(&mut self) -> Result<(), SyncError> {
         for dir in self.pending.iter_mut().filter(|d| !d.sent) {
             let stat = make_stat(self.root, &dir.rel, &dir.meta, &mut self.hardlinks)?;
-            (self.emit)(stat)?;
+            (self.emit)(stat, &dir.meta)?;
             dir.sent = true;
         }
         Ok(())
