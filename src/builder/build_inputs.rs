@@ -268,7 +268,7 @@ impl Replays {
             let now = cell
                 .get_or_init(|| async move {
                     tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
-                        CLASSIC_CONTEXT => builder::classic_context_digest(&spec).ok(),
+                        CLASSIC_CONTEXT => builder::classic_context_digest(&spec, &hashes).ok(),
                         _ => replay(&spec, &replayed, &hashes).map(|(_, d)| d),
                     })
                     .await

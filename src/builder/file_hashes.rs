@@ -1,7 +1,8 @@
 //! The sha256 of context files by path and stat, across runs, as git's index keeps them:
 //! a warm rerun's replay (see [`crate::builder::build_inputs`]) reads no file whose stat
 //! is unchanged, and a run reads each file at most once however many platforms and
-//! images replay it.
+//! images replay it. Whole trees likewise: a digest of a tree's content (the classic
+//! builder's context tar) is kept under the stat of all its entries ([`TreeStat`]).
 
 use crate::docker::buildkit::filesync::HashFile;
 use serde::{Deserialize, Serialize};
@@ -43,9 +44,28 @@ impl FileStamp {
     }
 }
 
-/// A remembered hash: the file's stamp when it was read, and the sha256 of its content.
+/// What a remembered hash holds while it is as it was: one file's stamp, or a tree's
+/// ([`TreeStat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Stamp {
+    File(FileStamp),
+    Tree(String),
+}
+
+/// A remembered hash: the stamp when it was read, and the sha256 of the content.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct KnownHash(FileStamp, String);
+struct KnownHash(Stamp, String);
+
+/// The stat of every entry of a tree, in walk order, as one digest, under the key a
+/// digest of that tree is remembered by: any entry added, removed, renamed or replaced,
+/// any write, and any change of type, mode, owner or link target changes it. Only made
+/// when no entry is racy, so an unchanged `TreeStat` vouches for unchanged content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeStat {
+    key: String,
+    stat: String,
+}
 
 /// The remembered hashes (`file-hashes.json` in the cache directory), loaded on first use.
 pub struct FileHashes {
@@ -92,6 +112,8 @@ impl FileHashes {
         let Some(key) = path.to_str() else {
             return read_all(file);
         };
+        let ctime_ns = stamp.ctime_ns;
+        let stamp = Stamp::File(stamp);
         if let Some(known) = self.remembered(key, &stamp) {
             return Ok(known);
         }
@@ -108,18 +130,83 @@ impl FileHashes {
             return Ok(known);
         }
         let sha256 = read_all(file)?;
-        let settled = stamp.ctime_ns.saturating_add(RACY_NANOS) < started;
-        if settled && FileStamp::of(&file.metadata()?) == stamp {
-            let entry = (KnownHash(stamp, sha256.clone()), true);
-            let mut known = self.known().lock().expect("file hashes lock");
-            known.insert(key.to_string(), entry);
-            self.changed.store(true, Ordering::Relaxed);
+        let settled = self.settled(ctime_ns, started);
+        if settled && Stamp::File(FileStamp::of(&file.metadata()?)) == stamp {
+            self.remember(key.to_string(), stamp, sha256.clone());
         }
         Ok(sha256)
     }
 
-    /// The hash remembered for `key` while its file's stat is `stamp`.
-    fn remembered(&self, key: &str, stamp: &FileStamp) -> Option<String> {
+    /// Whether a change at `ctime_ns` was long enough before `started` that any later
+    /// change shows in the stat (else the entry is "racy", git's word).
+    fn settled(&self, ctime_ns: i64, started: i64) -> bool {
+        ctime_ns.saturating_add(RACY_NANOS) < started
+    }
+
+    fn remember(&self, key: String, stamp: Stamp, sha256: String) {
+        let entry = (KnownHash(stamp, sha256), true);
+        let mut known = self.known().lock().expect("file hashes lock");
+        known.insert(key, entry);
+        self.changed.store(true, Ordering::Relaxed);
+    }
+
+    /// The stat of `entries` (paths relative to `root`, symlinks not followed) as
+    /// [`unix_nanos`] said `started` before the first was looked at, for the digest of
+    /// the tree kept under `name`; None when an entry is racy or cannot be looked at.
+    pub fn tree_stat(
+        &self,
+        root: &Path,
+        name: &str,
+        entries: &[PathBuf],
+        started: i64,
+    ) -> Option<TreeStat> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let mut hasher = Sha256::new();
+        for relative in entries {
+            let path = root.join(relative);
+            let meta = std::fs::symlink_metadata(&path).ok()?;
+            let stamp = FileStamp::of(&meta);
+            if !self.settled(stamp.ctime_ns, started) {
+                return None;
+            }
+            let link = match meta.file_type().is_symlink() {
+                true => std::fs::read_link(&path).ok()?.into_os_string(),
+                false => Default::default(),
+            };
+            // No path holds a NUL; the numbers have fixed widths; the link is counted.
+            hasher.update(relative.as_os_str().as_bytes());
+            hasher.update([0]);
+            for n in [stamp.dev, stamp.ino, stamp.size, meta.rdev()] {
+                hasher.update(n.to_le_bytes());
+            }
+            for n in [stamp.mtime_ns, stamp.ctime_ns] {
+                hasher.update(n.to_le_bytes());
+            }
+            for n in [meta.mode(), meta.uid(), meta.gid()] {
+                hasher.update(n.to_le_bytes());
+            }
+            hasher.update((link.len() as u64).to_le_bytes());
+            hasher.update(link.as_bytes());
+        }
+        Some(TreeStat {
+            key: format!("{}\0{name}", root.to_str()?),
+            stat: hex::encode(hasher.finalize()),
+        })
+    }
+
+    /// The digest remembered for the tree while its stat is `stat`.
+    pub fn tree_digest(&self, stat: &TreeStat) -> Option<String> {
+        self.remembered(&stat.key, &Stamp::Tree(stat.stat.clone()))
+    }
+
+    /// Remembers `digest` for the tree while its stat is `stat`.
+    pub fn remember_tree(&self, stat: TreeStat, digest: String) {
+        self.remember(stat.key, Stamp::Tree(stat.stat), digest);
+    }
+
+    /// The hash remembered for `key` while its stat is `stamp`.
+    fn remembered(&self, key: &str, stamp: &Stamp) -> Option<String> {
         let mut known = self.known().lock().expect("file hashes lock");
         let (KnownHash(was, sha256), used) = known.get_mut(key)?;
         (was == stamp).then(|| {
@@ -164,6 +251,13 @@ impl FileHashes {
     }
 }
 
+/// Now, in nanoseconds since the Unix epoch: the `started` of [`FileHashes::tree_stat`].
+pub fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 fn read_all(file: &mut std::fs::File) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     std::io::copy(file, &mut hasher)?;
@@ -176,10 +270,7 @@ impl HashFile for FileHashes {
     /// it was read, or whose last change is too recent to be told apart from a later one
     /// by its stat, is not remembered.
     fn sha256(&self, path: &Path, file: &mut std::fs::File) -> std::io::Result<String> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        self.sha256_at(path, file, now)
+        self.sha256_at(path, file, unix_nanos())
     }
 }
 
@@ -217,7 +308,7 @@ mod tests {
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
         assert!(remembered(&hashes, &path));
         // The remembered hash answers without a read: plant another to see it served.
-        let stamp = FileStamp::of(&std::fs::metadata(&path).unwrap());
+        let stamp = Stamp::File(FileStamp::of(&std::fs::metadata(&path).unwrap()));
         let planted = (KnownHash(stamp, "planted".into()), false);
         let key = path.to_str().unwrap().to_string();
         hashes.known().lock().unwrap().insert(key, planted);
