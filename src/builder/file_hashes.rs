@@ -15,10 +15,28 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// Entries kept in `file-hashes.json`: enough for a few big contexts; past it, the files
 /// the last run did not look at go first.
 const MAX_FILE_HASHES: usize = 200_000;
-/// How long after a file's last change its hash may be remembered: a change within the
-/// file system's timestamp granularity of the hashing could leave the stat as it was, so
-/// such a "racy" file (git's word) is hashed again on every run until it has settled.
+/// How long after a file's last change its hash may be remembered: a second change within
+/// the same timestamp tick as the first could leave the stat as it was, so such a "racy"
+/// file (git's word) is hashed again on every run until it has settled. This margin holds
+/// for any file system: 1-second timestamps, FAT's 2 seconds, a file server's own clock.
 const RACY_NANOS: i64 = 2_000_000_000;
+/// The margin on a local file system with fine timestamps: the kernel stamps a change from
+/// its coarse clock, which lags the clock read here by at most a tick (1–10 ms), so a file
+/// last changed this long before the read began cannot change again within its tick.
+const LOCAL_RACY_NANOS: i64 = 100_000_000;
+
+/// File systems whose timestamps come from this kernel's clock at nanosecond precision;
+/// any other (NFS, SMB, FUSE, FAT, ...) may stamp from another clock or coarser.
+const LOCAL_FINE_TIMESTAMPS: [u64; 8] = [
+    0xEF53,      // ext2/3/4 (ext3 and small inodes keep whole seconds: see `racy_nanos`)
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x794C_7630, // overlayfs
+    0xF2F5_2010, // f2fs
+    0x2FC1_2FC1, // zfs
+    0x858_458F6, // ramfs
+];
 
 /// What `stat` says of a file: any write, truncation or replacement changes one of these
 /// (the ctime moves on every change and, unlike the mtime, cannot be set back).
@@ -74,6 +92,8 @@ pub struct FileHashes {
     known: OnceLock<Mutex<HashMap<String, (KnownHash, bool)>>>,
     /// A lock per path being hashed: platforms replaying at once wait for one read.
     reading: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The racy margin of each device seen (see [`FileHashes::racy_nanos`]).
+    devices: Mutex<HashMap<u64, i64>>,
     changed: AtomicBool,
 }
 
@@ -85,6 +105,7 @@ impl FileHashes {
             path,
             known: Default::default(),
             reading: Default::default(),
+            devices: Default::default(),
             changed: AtomicBool::new(false),
         }
     }
@@ -112,7 +133,7 @@ impl FileHashes {
         let Some(key) = path.to_str() else {
             return read_all(file);
         };
-        let ctime_ns = stamp.ctime_ns;
+        let file_stamp = stamp;
         let stamp = Stamp::File(stamp);
         if let Some(known) = self.remembered(key, &stamp) {
             return Ok(known);
@@ -130,17 +151,43 @@ impl FileHashes {
             return Ok(known);
         }
         let sha256 = read_all(file)?;
-        let settled = self.settled(ctime_ns, started);
+        let settled = self.settled(&file_stamp, started, || rustix::fs::fstatfs(&*file));
         if settled && Stamp::File(FileStamp::of(&file.metadata()?)) == stamp {
             self.remember(key.to_string(), stamp, sha256.clone());
         }
         Ok(sha256)
     }
 
-    /// Whether a change at `ctime_ns` was long enough before `started` that any later
-    /// change shows in the stat (else the entry is "racy", git's word).
-    fn settled(&self, ctime_ns: i64, started: i64) -> bool {
-        ctime_ns.saturating_add(RACY_NANOS) < started
+    /// Whether the last change `stamp` shows was long enough before `started` that any
+    /// later change shows in the stat (else the entry is "racy", git's word); `statfs`
+    /// says which file system the entry is on.
+    fn settled(
+        &self,
+        stamp: &FileStamp,
+        started: i64,
+        statfs: impl FnOnce() -> rustix::io::Result<rustix::fs::StatFs>,
+    ) -> bool {
+        let margin = self.racy_nanos(stamp, statfs);
+        stamp.ctime_ns.saturating_add(margin) < started
+    }
+
+    /// How long after its last change a file is racy: [`LOCAL_RACY_NANOS`] on a local file
+    /// system whose stamps carry sub-second parts, else [`RACY_NANOS`]. A ctime on a whole
+    /// second is taken as a coarse file system's (one in a billion fine ones looks so too,
+    /// and only waits longer). The file system's type is asked once per device.
+    fn racy_nanos(
+        &self,
+        stamp: &FileStamp,
+        statfs: impl FnOnce() -> rustix::io::Result<rustix::fs::StatFs>,
+    ) -> i64 {
+        if stamp.ctime_ns % 1_000_000_000 == 0 {
+            return RACY_NANOS;
+        }
+        let mut devices = self.devices.lock().expect("file hashes lock");
+        *devices.entry(stamp.dev).or_insert_with(|| match statfs() {
+            Ok(fs) if LOCAL_FINE_TIMESTAMPS.contains(&(fs.f_type as u64)) => LOCAL_RACY_NANOS,
+            _ => RACY_NANOS,
+        })
     }
 
     fn remember(&self, key: String, stamp: Stamp, sha256: String) {
@@ -167,10 +214,16 @@ impl FileHashes {
             let path = root.join(relative);
             let meta = std::fs::symlink_metadata(&path).ok()?;
             let stamp = FileStamp::of(&meta);
-            if !self.settled(stamp.ctime_ns, started) {
+            let link = meta.file_type().is_symlink();
+            // A link's own file system is its directory's (statfs follows links).
+            let on = match link {
+                true => path.parent().unwrap_or(root),
+                false => &path,
+            };
+            if !self.settled(&stamp, started, || rustix::fs::statfs(on)) {
                 return None;
             }
-            let link = match meta.file_type().is_symlink() {
+            let link = match link {
                 true => std::fs::read_link(&path).ok()?.into_os_string(),
                 false => Default::default(),
             };
@@ -351,6 +404,29 @@ mod tests {
         assert!(!remembered(&hashes, &path));
         std::fs::write(&path, b"bbbb").unwrap();
         assert_eq!(hash(&hashes, &path, now_ns()), sha256_hex(b"bbbb"));
+    }
+
+    /// A rerun right after a build (the ctime a second old) reads no file again where the
+    /// file system's stamps come from this kernel's clock; elsewhere it waits for the margin
+    /// any file system allows.
+    #[test]
+    fn a_file_changed_a_moment_before_its_read_is_remembered_on_a_local_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        let hashes = FileHashes::open(None);
+        let stamp = FileStamp::of(&meta);
+        let a_moment_later = stamp.ctime_ns + 4 * LOCAL_RACY_NANOS;
+        assert_eq!(hash(&hashes, &path, a_moment_later), sha256_hex(b"aaaa"));
+        let fs_type = rustix::fs::statfs(dir.path()).unwrap().f_type as u64;
+        let local_fine =
+            LOCAL_FINE_TIMESTAMPS.contains(&fs_type) && stamp.ctime_ns % 1_000_000_000 != 0;
+        assert_eq!(
+            remembered(&hashes, &path),
+            local_fine,
+            "file system type {fs_type:#x}"
+        );
     }
 
     #[test]

@@ -478,20 +478,25 @@ impl Registry {
         .await
     }
 
-    /// Fails early (before any build) when the registry is unreachable or refuses us.
+    /// Fails early (before any build) when the registry is unreachable or refuses us: a
+    /// token with the scope the run needs where the registry wants one, then a read of an
+    /// absent blob with the run's auth (a 404 is the answer hoped for). Over reqwest, as
+    /// reads are: building an oci-client client loads the system's CA store, which a run
+    /// that pushes nothing (a warm rerun) never needs.
     pub async fn probe(&self, reference: &Reference, push: bool) -> Result<()> {
-        let operation = if push {
-            RegistryOperation::Push
-        } else {
-            RegistryOperation::Pull
-        };
-        self.authenticate(reference, operation).await?;
-        let absent = format!("sha256:{}", "0".repeat(64));
-        self.call(reference, "check access", |c, _| {
-            let absent = absent.clone();
-            async move { c.blob_exists(reference, &absent).await.map(|_| ()) }
-        })
-        .await
+        if let Some(challenge) = self.challenge(reference).await {
+            self.token(reference, &challenge, push).await?;
+        }
+        let absent = format!("blobs/sha256:{}", "0".repeat(64));
+        let access = self.get_if_there(
+            reference,
+            "check access",
+            &absent,
+            "*/*",
+            |_| async { Ok(()) },
+            true,
+        );
+        access.await.map(drop)
     }
 
     pub async fn blob_exists(&self, reference: &Reference, digest: &Digest) -> Result<bool> {
