@@ -4,6 +4,7 @@
 //! images replay it. Whole trees likewise: a digest of a tree's content (the classic
 //! builder's context tar) is kept under the stat of all its entries ([`TreeStat`]).
 
+use crate::base::files;
 use crate::docker::buildkit::filesync::HashFile;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
@@ -294,13 +295,8 @@ impl FileHashes {
         if std::fs::create_dir_all(dir).is_err() {
             return;
         }
-        // A file of its own per writer: concurrent runs never rename a half-written one.
-        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
-            return;
-        };
-        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
-            let _ = partial.persist(path);
-        }
+        // Unsaved hashes only cost the next run a read.
+        let _ = files::replace(path, &bytes);
     }
 }
 

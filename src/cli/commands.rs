@@ -167,19 +167,21 @@ async fn run_build(
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
-    let engine =
-        polyarch::builder::default_engine(project, &options.images, &options.platforms).await?;
+    // Reached by the pipeline beside the registry.
+    let engine = async {
+        Ok(polyarch::builder::default_engine(project, &options.images, &options.platforms).await?)
+    };
     let cleanup = Cleanup::default();
     if push_by_digest {
         let outcome =
-            pipeline::build_part(project, &engine, options, &cleanup, reporter.as_ref()).await;
+            pipeline::build_part(project, engine, options, &cleanup, reporter.as_ref()).await;
         cleanup
             .run(cleanup_grace(&outcome), reporter.as_ref())
             .await;
         drop(reporter);
         return write_part(&outcome?, output);
     }
-    let outcome = pipeline::build(project, &engine, options, &cleanup, reporter.as_ref()).await;
+    let outcome = pipeline::build(project, engine, options, &cleanup, reporter.as_ref()).await;
     cleanup
         .run(cleanup_grace(&outcome), reporter.as_ref())
         .await;

@@ -1,5 +1,6 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
+use crate::base::join;
 use crate::base::platform::Platform;
 use crate::docker::buildkit::daemon::{Daemon, DaemonError};
 use crate::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
@@ -144,7 +145,6 @@ impl Engine {
     /// Reaches the engine at `location`: a probe first, so that a down engine, a TLS or ssh
     /// failure is told as such, then the version and info the build needs.
     pub async fn connect_to(location: Endpoint) -> Result<Engine, EndpointError> {
-        location.probe().await?;
         let endpoint = location.name.clone();
         let unanswered = |source: bollard::errors::Error| EndpointError::Api {
             endpoint: endpoint.clone(),
@@ -159,13 +159,18 @@ impl Engine {
             .as_ref()
             .and_then(|s| ProbeMemory::load().get(&endpoint, s));
         let probed = match remembered {
-            Some(probed) => probed,
+            Some(probed) => {
+                location.probe().await?;
+                probed
+            }
             None => {
                 // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
                 // `negotiate_version` (a second `/version`): bollard's request paths carry
                 // no `/vX.Y` prefix, so every engine answers at the API version it serves.
-                let (version, info) =
-                    tokio::try_join!(docker.version(), docker.info()).map_err(unanswered)?;
+                // Both are asked beside the probe, whose failure is the one told.
+                let answers =
+                    async { tokio::try_join!(docker.version(), docker.info()).map_err(unanswered) };
+                let ((), (version, info)) = join::primary_first(location.probe(), answers).await?;
                 let probed = Probed::of(version, info);
                 if let Some(serving) = serving {
                     ProbeMemory::load().put(&endpoint, serving, &probed);
@@ -350,15 +355,8 @@ impl ProbeMemory {
         let (Some(dir), Ok(bytes)) = (path.parent(), serde_json::to_vec(&self.entries)) else {
             return;
         };
-        if std::fs::create_dir_all(dir).is_err() {
-            return;
-        }
-        // A file of its own per writer: concurrent runs never rename a half-written one.
-        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
-            return;
-        };
-        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
-            let _ = partial.persist(&path);
+        if std::fs::create_dir_all(dir).is_ok() {
+            let _ = crate::base::files::replace(&path, &bytes);
         }
     }
 }

@@ -6,6 +6,7 @@
 //! uploaded, to another repository of that registry).
 
 use crate::base::digest::Digest;
+use crate::base::files;
 use crate::base::oci::ConfigPlatform;
 use crate::builder::build_inputs::RememberedBuild;
 use crate::Platform;
@@ -148,13 +149,8 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
         else {
             return;
         };
-        // A file of its own per writer: concurrent runs never rename a half-written one.
-        let Ok(mut partial) = tempfile::NamedTempFile::new_in(dir) else {
-            return;
-        };
-        if std::io::Write::write_all(&mut partial, &bytes).is_ok() {
-            let _ = partial.persist(path);
-        }
+        // A cache that cannot be written is only a slower next run.
+        let _ = files::replace(path, &bytes);
     }
 }
 

@@ -24,6 +24,36 @@ pub struct Plan<'a> {
     pub native: Platform,
 }
 
+/// What a run builds, checked before any engine is asked: every error of the plan is here,
+/// none depends on the engine.
+#[derive(Debug, Clone)]
+pub struct Selection<'a> {
+    /// In build order: an image after the images of the project it builds `FROM`.
+    pub images: Vec<&'a ImageSpec>,
+    dependencies: Graph,
+    units: Vec<(&'a ImageSpec, Platform)>,
+}
+
+impl<'a> Selection<'a> {
+    /// The plan on an engine whose own platform is `native`.
+    pub fn on(self, native: &Platform) -> Plan<'a> {
+        Plan {
+            images: self.images,
+            dependencies: self.dependencies,
+            units: self
+                .units
+                .into_iter()
+                .map(|(image, platform)| Unit {
+                    image,
+                    foreign: platform.os_arch() != native.os_arch(),
+                    platform,
+                })
+                .collect(),
+            native: native.clone(),
+        }
+    }
+}
+
 /// Selects the named images (all when none are named) and the images of the project they
 /// build `FROM`, and expands them per platform. `only` restricts every image to those
 /// platforms (split runners build one each).
@@ -33,6 +63,15 @@ pub fn plan<'a>(
     only: &[Platform],
     native: &Platform,
 ) -> Result<Plan<'a>> {
+    Ok(selection(project, selected, only)?.on(native))
+}
+
+/// [`plan`] before the engine's platform is known.
+pub fn selection<'a>(
+    project: &'a Project,
+    selected: &[String],
+    only: &[Platform],
+) -> Result<Selection<'a>> {
     let dependencies = Graph::of(project)?;
     let names: Vec<String> = select(project, selected)?
         .iter()
@@ -51,37 +90,32 @@ pub fn plan<'a>(
             )));
         }
     }
-    let units = images
+    let units: Vec<(&ImageSpec, Platform)> = images
         .iter()
         .flat_map(|image| {
             image
                 .platforms
                 .iter()
                 .filter(|p| only.is_empty() || only.contains(p))
-                .map(move |platform| Unit {
-                    image,
-                    platform: platform.clone(),
-                    foreign: platform.os_arch() != native.os_arch(),
-                })
+                .map(move |platform| (*image, platform.clone()))
         })
-        .collect::<Vec<Unit<'a>>>();
+        .collect();
     // A dependent waits for what it builds FROM: that must be built in this run.
-    for unit in &units {
-        for base in dependencies.dependencies(&unit.image.name) {
-            if !units.iter().any(|u| u.image.name == base) {
+    for (image, _) in &units {
+        for base in dependencies.dependencies(&image.name) {
+            if !units.iter().any(|(u, _)| u.name == base) {
                 return Err(ProjectError::Usage(format!(
                     "{} builds FROM {base}, which this run builds for no platform (--platform {}); add a platform of {base} to --platform",
-                    unit.image.name,
+                    image.name,
                     only.iter().map(Platform::to_string).collect::<Vec<_>>().join(",")
                 )));
             }
         }
     }
-    Ok(Plan {
+    Ok(Selection {
         images,
         dependencies,
         units,
-        native: native.clone(),
     })
 }
 

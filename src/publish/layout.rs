@@ -3,6 +3,7 @@
 //! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
 
 use crate::base::digest::Digest;
+use crate::base::files;
 use crate::base::oci::{self, ManifestBlob};
 use crate::verify::ContentSource;
 use serde_json::{json, Value};
@@ -177,10 +178,7 @@ impl OciLayout {
             "annotations": {REF_NAME: tag},
         }));
         let path = self.dir.join("index.json");
-        let partial = self.dir.join("index.json.partial");
-        std::fs::write(&partial, serde_json::to_vec(&index).expect("serialises"))
-            .map_err(io(&partial))?;
-        std::fs::rename(&partial, &path).map_err(io(&path))
+        files::replace(&path, &serde_json::to_vec(&index).expect("serialises")).map_err(io(&path))
     }
 
     fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {

@@ -1,6 +1,8 @@
 //! Pushing: blobs (HEAD first, a cross-repository mount when this run or an earlier one
 //! put the blob in another repository, then a streamed upload) and manifests, with progress.
 
+use super::failure::Attempt;
+use super::read::{refusal, with_auth};
 use super::Result;
 use super::{parse_reference, Registry};
 use crate::base::digest::Digest;
@@ -231,25 +233,34 @@ impl Registry {
         Ok(())
     }
 
-    /// Pushes a manifest under `reference` (a tag, or its own digest).
+    /// Pushes a manifest under `reference` (a tag, or its own digest), over reqwest as reads
+    /// are: a run whose layers the engine pushed builds no oci-client client (and loads no
+    /// CA store for a plain-HTTP registry) to push its index.
     pub async fn push_manifest(
         &self,
         reference: &Reference,
         manifest: &ManifestBlob,
     ) -> Result<()> {
-        self.authenticate(reference, RegistryOperation::Push)
-            .await?;
+        if let Some(challenge) = self.challenge(reference).await {
+            self.token(reference, &challenge, true).await?;
+        }
         self.forget_tag_read(reference);
-        self.call(reference, "push manifest", |c, _| async move {
-            {
-                let content_type = manifest
-                    .media_type
-                    .parse()
-                    .expect("media types are valid header values");
-                c.push_manifest_raw(reference, manifest.bytes.clone(), content_type)
-                    .await
-                    .map(|_| ())
+        let wanted = reference.digest().or(reference.tag()).unwrap_or("latest");
+        let (base, client) = self.base(reference).await;
+        let url = format!("{base}/v2/{}/manifests/{wanted}", reference.repository());
+        let url = &url;
+        self.authorized(reference, "push manifest", |auth, _| async move {
+            let request = client
+                .put(url)
+                .header(reqwest::header::CONTENT_TYPE, manifest.media_type)
+                .body(manifest.bytes.clone());
+            let response = with_auth(request, &auth).send().await?;
+            let status = response.status();
+            if !status.is_success() {
+                let body = response.text().await.unwrap_or_default();
+                return Err(Attempt::answered(status.as_u16(), url, refusal(&body)));
             }
+            Ok(())
         })
         .await
     }

@@ -149,12 +149,7 @@ impl Registry {
         let (url, read) = (&url, &read);
         self.authorized(reference, what, |auth, _| async move {
             let request = client.get(url).header(reqwest::header::ACCEPT, accept);
-            let request = match &auth {
-                RegistryAuth::Basic(user, password) => request.basic_auth(user, Some(password)),
-                RegistryAuth::Bearer(token) if !token.is_empty() => request.bearer_auth(token),
-                _ => request,
-            };
-            let response = request.send().await?;
+            let response = with_auth(request, &auth).send().await?;
             let status = response.status();
             if absent_ok && status == reqwest::StatusCode::NOT_FOUND {
                 return Ok(None);
@@ -184,9 +179,22 @@ pub(super) async fn read_limited(
     Ok(out)
 }
 
+/// `request` with the run's credentials or token; an empty bearer (see
+/// [`Registry::send_empty_bearer`]) sends none.
+pub(super) fn with_auth(
+    request: reqwest::RequestBuilder,
+    auth: &RegistryAuth,
+) -> reqwest::RequestBuilder {
+    match auth {
+        RegistryAuth::Basic(user, password) => request.basic_auth(user, Some(password)),
+        RegistryAuth::Bearer(token) if !token.is_empty() => request.bearer_auth(token),
+        _ => request,
+    }
+}
+
 /// What a registry said when it refused: the OCI error envelope's codes and messages
 /// (`MANIFEST_UNKNOWN: manifest unknown`), else the start of its body.
-fn refusal(body: &str) -> String {
+pub(super) fn refusal(body: &str) -> String {
     #[derive(serde::Deserialize)]
     struct Envelope {
         errors: Vec<OciError>,

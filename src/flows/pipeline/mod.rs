@@ -7,6 +7,7 @@ mod retry;
 mod together;
 mod unit;
 
+use crate::base::join;
 use crate::base::progress::Reporter;
 use crate::builder::build_inputs;
 use crate::builder::cleanup::Cleanup;
@@ -20,12 +21,13 @@ use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
 use crate::publish::store::{connect_registry, Destination};
 use crate::publish::{publish_all, Pushed};
-use crate::registry::{self, RegistryOptions};
+use crate::registry::{self, Registry, RegistryOptions};
 use crate::verify::coverage_record::{CoverageRecord, PartImage, PartPlatform, PartRecord};
 use crate::{Error, Platform, Result};
 pub use emulation_plan::image_needs_emulation;
 use emulation_plan::EmulationPlan;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
 use together::{build_and_push_image, solved_together};
 
@@ -65,7 +67,7 @@ struct Built<'a> {
 /// before any tag moves.
 async fn build_units<'a>(
     project: &'a Project,
-    engine: &Engine,
+    engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
@@ -78,14 +80,25 @@ async fn build_units<'a>(
 
 async fn build_and_push_all<'a>(
     project: &'a Project,
-    engine: &Engine,
+    engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
-    let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
+    let selection = plan::selection(project, &options.images, &options.platforms)?;
+    // The engine and the registry are reached at once: neither needs the other.
+    let reached = async {
+        Ok(match &options.layout {
+            Some(dir) => Reached::Layout(dir),
+            None => Reached::Registry(
+                connect_registry(&selection.images, &options.registry, true).await?,
+            ),
+        })
+    };
+    let (engine, reached) = join::primary_first(engine, reached).await?;
+    let plan = selection.on(&engine.native);
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
-    let destination = destination(&plan, options).await?;
+    let destination = destination(&plan, reached)?;
     let blobs = Arc::new(BlobMemory::open());
     if let Destination::Registry(registry) = &destination {
         registry.remember_blob_places(blobs.clone());
@@ -159,10 +172,17 @@ async fn build_and_push_all<'a>(
     })
 }
 
+/// The registry, reached beside the engine; or with `--output oci:DIR` the layout's
+/// directory, made once the plan is checked against it.
+enum Reached<'o> {
+    Registry(Registry),
+    Layout(&'o std::path::Path),
+}
+
 /// Where the images go: the registry, or with `--output oci:DIR` a layout of one image.
-async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<Destination> {
-    Ok(match &options.layout {
-        Some(dir) => {
+fn destination(plan: &plan::Plan<'_>, reached: Reached<'_>) -> Result<Destination> {
+    Ok(match reached {
+        Reached::Layout(dir) => {
             dependents::check_layout(plan, dir)?;
             if plan.images.len() != 1 {
                 return Err(Error::Usage(format!(
@@ -184,9 +204,7 @@ async fn destination(plan: &plan::Plan<'_>, options: &BuildOptions) -> Result<De
             }
             Destination::Layout(OciLayout::create(dir)?)
         }
-        None => {
-            Destination::Registry(connect_registry(&plan.images, &options.registry, true).await?)
-        }
+        Reached::Registry(registry) => Destination::Registry(registry),
     })
 }
 
@@ -270,7 +288,7 @@ async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pus
 /// `build`: builds, pushes, publishes every tag as one index per image, reads it back.
 pub async fn build(
     project: &Project,
-    engine: &Engine,
+    engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
@@ -297,7 +315,7 @@ pub async fn build(
 /// as a part for `assemble`; no tag moves.
 pub async fn build_part(
     project: &Project,
-    engine: &Engine,
+    engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,

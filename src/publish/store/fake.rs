@@ -101,6 +101,10 @@ impl ImageStore for FakeStore {
             return Err(refused(image, &format!("tag {tag}")));
         }
         self.calls.lock().unwrap().push(format!("tag {tag}"));
+        self.manifests
+            .lock()
+            .unwrap()
+            .insert(index.digest.to_string(), index.bytes.clone());
         self.tags
             .lock()
             .unwrap()

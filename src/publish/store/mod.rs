@@ -50,7 +50,8 @@ pub trait ImageStore {
         reference: &Reference,
         manifest: &ManifestBlob,
     ) -> impl Future<Output = Result<()>>;
-    /// Points `tag` at `index`.
+    /// Stores `index` and points `tag` at it: a registry keeps a manifest pushed by tag
+    /// under its digest too, so publishing needs no push by digest first.
     fn tag(
         &self,
         image: &ImageSpec,
@@ -177,7 +178,10 @@ impl ImageStore for Destination {
                 r.push_manifest(&image.tagged(tag)?, index).await?;
                 Ok(())
             }
-            Destination::Layout(l) => Ok(l.tag(index, tag)?),
+            Destination::Layout(l) => {
+                l.put_blob_bytes(&index.bytes, &index.digest)?;
+                Ok(l.tag(index, tag)?)
+            }
         }
     }
 
@@ -315,9 +319,12 @@ pub async fn connect_registry(
     for image in images {
         registry.declare(&image.first_tag()?, push).await;
     }
-    for image in images {
-        registry.probe(&image.first_tag()?, push).await?;
-    }
+    let tags = images
+        .iter()
+        .map(|image| image.first_tag())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    // At once: a run of many images would otherwise wait one round trip per image.
+    futures_util::future::try_join_all(tags.iter().map(|tag| registry.probe(tag, push))).await?;
     Ok(registry)
 }
 
