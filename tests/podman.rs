@@ -175,17 +175,38 @@ fn podman_warm_rerun_builds_nothing_and_a_changed_file_builds_again() {
         &registry.repo(&unique_name("podman/warm")),
     );
 
+    // A context long in place, as a user's: the build remembers the tar it sent by the
+    // tree's stat, so warm reruns read no file of it.
+    support::wait_until_settled(&dir.path().join("ctx"), std::time::Duration::from_secs(2));
     let (_, cold) = build_on_podman(&file, None);
     assert_eq!(reused(&cold), [false, false], "{cold:#}");
+    let cache = dir.path().join("cache");
+    let remembered = fs::read_to_string(cache.join("file-hashes.json")).unwrap();
+    assert!(remembered.contains("classic-context-tar"), "{remembered}");
+    // Podman's slow /version and /info, remembered for the process serving the socket.
+    let engines = fs::read_to_string(cache.join("engines.json")).unwrap();
+    assert!(engines.contains("Podman"), "{engines}");
     let (warm_log, warm) = build_on_podman(&file, None);
     assert_eq!(reused(&warm), [true, true], "{warm_log}");
     assert!(!warm_log.contains("building with"), "{warm_log}");
     assert_eq!(warm["images"][0]["digest"], cold["images"][0]["digest"]);
 
-    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    // The same size, and the old mtime put back: the ctime still moved.
+    let nonce = dir.path().join("ctx/nonce");
+    let mtime = fs::metadata(&nonce).unwrap().modified().unwrap();
+    let same_size = "x".repeat(fs::metadata(&nonce).unwrap().len() as usize);
+    fs::write(&nonce, same_size).unwrap();
+    let reopened = fs::File::options().write(true).open(&nonce).unwrap();
+    reopened.set_modified(mtime).unwrap();
+    drop(reopened);
     let (_, changed) = build_on_podman(&file, None);
     assert_eq!(reused(&changed), [false, false], "{changed:#}");
     assert_ne!(changed["images"][0]["digest"], cold["images"][0]["digest"]);
+
+    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    let (_, again) = build_on_podman(&file, None);
+    assert_eq!(reused(&again), [false, false], "{again:#}");
+    assert_ne!(again["images"][0]["digest"], changed["images"][0]["digest"]);
 }
 
 /// A base image in a registry that needs a login: Podman's `/build` gets the command

@@ -346,37 +346,6 @@ fn a_rerun_builds_again_when_a_symlinked_source_changes() {
     );
 }
 
-/// Waits until every file under `dir` last changed more than `age` ago, as a context
-/// long in place has.
-fn wait_until_settled(dir: &std::path::Path, age: std::time::Duration) {
-    use std::os::unix::fs::MetadataExt;
-    let newest = |dir: &std::path::Path| {
-        let mut newest = 0i64;
-        let mut pending = vec![dir.to_path_buf()];
-        while let Some(d) = pending.pop() {
-            for entry in std::fs::read_dir(&d).unwrap() {
-                let entry = entry.unwrap();
-                let meta = entry.metadata().unwrap();
-                newest = newest.max(meta.ctime());
-                if meta.is_dir() {
-                    pending.push(entry.path());
-                }
-            }
-        }
-        newest
-    };
-    let settled_before = |newest: i64| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap();
-        // Whole seconds: the newest ctime rounded down, so one more second is added.
-        now.as_secs() as i64 > newest + age.as_secs() as i64 + 1
-    };
-    while !settled_before(newest(dir)) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_same_size_change_under_the_old_mtime_is_noticed_after_hashes_were_remembered() {
     let registry = Registry::start();
@@ -394,7 +363,7 @@ fn a_same_size_change_under_the_old_mtime_is_noticed_after_hashes_were_remembere
     let build = || build_and_read_tag(&file, cache.path(), &repo);
     // Hashes are remembered only for files whose last change is seconds old: a context
     // long in place, not one written just now.
-    wait_until_settled(dir.path(), std::time::Duration::from_secs(2));
+    support::wait_until_settled(dir.path(), std::time::Duration::from_secs(2));
     let (_, first) = build();
     let remembered = std::fs::read_to_string(cache.path().join("file-hashes.json")).unwrap();
     assert!(remembered.contains("data.txt"), "{remembered}");

@@ -15,3 +15,13 @@ pub mod platform;
 pub mod progress;
 pub mod reference;
 pub mod text;
+
+/// Where polyarch keeps what it remembers: `$POLYARCH_CACHE_DIR`,
+/// `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    std::env::var_os("POLYARCH_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("polyarch")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/polyarch")))
+}

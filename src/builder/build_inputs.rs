@@ -113,10 +113,26 @@ pub async fn settings_key(
         };
         bases.push((image, id));
     }
+    let engine = [engine.identity.as_str(), engine.server_version.as_str()];
+    Ok(Some(settings_digest(engine, spec, platform, &bases)))
+}
+
+/// The settings key of `spec` for `platform` on `engine` (identity, version) with its
+/// `bases` resolved (image, ID or digest).
+fn settings_digest(
+    engine: [&str; 2],
+    spec: &ImageSpec,
+    platform: &Platform,
+    bases: &[(String, String)],
+) -> String {
     let key = serde_json::json!({
         "polyarch": env!("CARGO_PKG_VERSION"),
-        "engine": [&engine.identity, &engine.server_version],
+        "engine": engine,
         "platform": platform.to_string(),
+        // What was read is remembered per context: another context built with the same
+        // settings (a second checkout, a service sharing the Dockerfile) would otherwise
+        // take this one's place, and its next rerun would build again.
+        "context": spec.context,
         "dockerfile": spec.dockerfile,
         "target": spec.target,
         "build_args": spec.build_args,
@@ -134,7 +150,7 @@ pub async fn settings_key(
         "cache_to": spec.cache_to.as_ref().map(|c| c.for_platform(platform)),
         "pull": spec.pull,
     });
-    Ok(Some(hex::encode(Sha256::digest(key.to_string()))))
+    hex::encode(Sha256::digest(key.to_string()))
 }
 
 /// The session directory BuildKit names `dir`, as [`crate::builder`] serves it.
@@ -268,7 +284,7 @@ impl Replays {
             let now = cell
                 .get_or_init(|| async move {
                     tokio::task::spawn_blocking(move || match replayed.dir.as_str() {
-                        CLASSIC_CONTEXT => builder::classic_context_digest(&spec).ok(),
+                        CLASSIC_CONTEXT => builder::classic_context_digest(&spec, &hashes).ok(),
                         _ => replay(&spec, &replayed, &hashes).map(|(_, d)| d),
                     })
                     .await
@@ -352,6 +368,19 @@ mod tests {
             error: None,
         };
         (dir, spec, transfer)
+    }
+
+    #[test]
+    fn builds_of_two_contexts_under_the_same_settings_are_remembered_apart() {
+        let (one, two) = (image("v1"), image("v1"));
+        let two = ImageSpec {
+            context: two.context.join("elsewhere"),
+            ..two
+        };
+        let platform: Platform = "linux/amd64".parse().unwrap();
+        let key = |spec: &ImageSpec| settings_digest(["engine", "20.10"], spec, &platform, &[]);
+        assert_eq!(key(&one), key(&image("v1")));
+        assert_ne!(key(&one), key(&two));
     }
 
     #[test]

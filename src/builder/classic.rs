@@ -2,9 +2,11 @@
 //! REST `/build`, `.dockerignore` applied here.
 
 use super::*;
+use crate::builder::file_hashes::{self, FileHashes, TreeStat};
 use crate::docker::engine::Product;
 use crate::registry::credentials::Credential;
 use bollard::auth::DockerCredentials;
+use std::sync::Arc;
 
 /// How a classic build ended: the error message when it failed, and the sha256 of the
 /// context tar the engine was sent in full (what the warm path compares next time).
@@ -20,6 +22,7 @@ pub(super) async fn build_classic(
     spec: &ImageSpec,
     platform: &Platform,
     tag: &str,
+    hashes: &Arc<FileHashes>,
     log: &mut BuildLog<'_>,
 ) -> Result<ClassicOutcome> {
     let needs_buildkit = [
@@ -80,7 +83,7 @@ pub(super) async fn build_classic(
         ..Default::default()
     };
     let credentials = registry_config(spec, options.buildargs.as_ref())?;
-    let (context, sent) = stream_context(spec.context.clone(), spec.dockerfile.clone())?;
+    let (context, sent) = stream_context(spec, hashes.clone())?;
     let mut stream =
         engine
             .docker
@@ -151,15 +154,17 @@ fn registry_config(
 }
 
 /// Streams the build context as a tar from a blocking thread, so a large context is
-/// never held in memory; the receiver gets the tar's sha256 once all of it was sent.
+/// never held in memory; the receiver gets the tar's sha256 once all of it was sent
+/// (remembered in `hashes` by the tree's stat, for the next run's warm check).
 fn stream_context(
-    context: PathBuf,
-    dockerfile: PathBuf,
+    spec: &ImageSpec,
+    hashes: Arc<FileHashes>,
 ) -> Result<(
     impl futures_util::Stream<Item = Bytes> + Send + 'static,
     tokio::sync::oneshot::Receiver<String>,
 )> {
-    let files = ContextFilter::load(&context, &dockerfile)?.files(&context)?;
+    let started = file_hashes::unix_nanos();
+    let context = ContextTree::walk(spec, &hashes, started)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     let (digest_tx, digest_rx) = tokio::sync::oneshot::channel();
     tokio::task::spawn_blocking(move || {
@@ -168,11 +173,50 @@ fn stream_context(
             buf: Vec::new(),
         };
         // An error means the engine hung up; the build stream reports why.
-        if let Ok(digest) = write_context(&context, &files, writer) {
+        if let Ok(digest) = context.write(&hashes, started, writer) {
             let _ = digest_tx.send(digest);
         }
     });
     Ok((tokio_stream_from(rx), digest_rx))
+}
+
+/// What of a context the engine is sent, and the stat of it all when none of it is racy.
+struct ContextTree {
+    root: PathBuf,
+    name: String,
+    files: Vec<PathBuf>,
+    stat: Option<TreeStat>,
+}
+
+impl ContextTree {
+    /// The context's files and their stat, `started` being [`file_hashes::unix_nanos`]
+    /// before the walk.
+    fn walk(spec: &ImageSpec, hashes: &FileHashes, started: i64) -> Result<ContextTree> {
+        let root = spec.context.clone();
+        let files = ContextFilter::load(&root, &spec.dockerfile)?.files(&root)?;
+        // The Dockerfile decides which ignore file counts: a tree per Dockerfile.
+        let name = format!("classic-context-tar {}", spec.dockerfile.display());
+        let stat = hashes.tree_stat(&root, &name, &files, started);
+        Ok(ContextTree {
+            root,
+            name,
+            files,
+            stat,
+        })
+    }
+
+    /// Writes the tar to `out`; its sha256, remembered by the tree's stat when that did
+    /// not move while it was written.
+    fn write(self, hashes: &FileHashes, started: i64, out: impl Write) -> std::io::Result<String> {
+        let digest = write_context(&self.root, &self.files, out)?;
+        if let Some(before) = self.stat {
+            let after = hashes.tree_stat(&self.root, &self.name, &self.files, started);
+            if after.as_ref() == Some(&before) {
+                hashes.remember_tree(before, digest.clone());
+            }
+        }
+        Ok(digest)
+    }
 }
 
 /// Writes the context tar of `files` to `out`; the sha256 of the tar written.
@@ -193,10 +237,20 @@ fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io:
 
 /// The sha256 of the context tar a classic build of `spec` would be sent now, without
 /// sending it: equal to an earlier build's `ClassicOutcome::sent_context` when nothing the
-/// engine was sent has changed (file list, contents, modes, times). Blocking.
-pub fn classic_context_digest(spec: &ImageSpec) -> Result<String> {
-    let files = ContextFilter::load(&spec.context, &spec.dockerfile)?.files(&spec.context)?;
-    write_context(&spec.context, &files, std::io::sink())
+/// engine was sent has changed (file list, contents, modes, times). Read only when the
+/// tree's stat is not the one `hashes` remember a digest for. Blocking.
+pub fn classic_context_digest(spec: &ImageSpec, hashes: &FileHashes) -> Result<String> {
+    context_digest_at(spec, hashes, file_hashes::unix_nanos())
+}
+
+/// [`classic_context_digest`] at `started` ([`file_hashes::unix_nanos`]) before the walk.
+fn context_digest_at(spec: &ImageSpec, hashes: &FileHashes, started: i64) -> Result<String> {
+    let context = ContextTree::walk(spec, hashes, started)?;
+    if let Some(known) = context.stat.as_ref().and_then(|s| hashes.tree_digest(s)) {
+        return Ok(known);
+    }
+    context
+        .write(hashes, started, std::io::sink())
         .map_err(|e| BuilderError::io(&spec.context, e))
 }
 
@@ -342,5 +396,168 @@ impl ContextFilter {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+
+    /// A context of a Dockerfile, a file in a directory and a symlink, and an image of it.
+    fn context() -> (tempfile::TempDir, ImageSpec) {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("Dockerfile"), "FROM scratch\nCOPY . /\n").unwrap();
+        fs::create_dir(dir.path().join("src")).unwrap();
+        fs::write(dir.path().join("src/a"), "aaaa").unwrap();
+        std::os::unix::fs::symlink("src/a", dir.path().join("link")).unwrap();
+        let spec = ImageSpec {
+            context: dir.path().to_path_buf(),
+            ..crate::project::test_image("v1")
+        };
+        (dir, spec)
+    }
+
+    /// As if every change so far were long past (no entry racy).
+    fn later() -> i64 {
+        file_hashes::unix_nanos() + 3_600_000_000_000
+    }
+
+    /// The digest of the tar as sent now, read in full.
+    fn read_in_full(spec: &ImageSpec) -> String {
+        let files = ContextFilter::load(&spec.context, &spec.dockerfile)
+            .unwrap()
+            .files(&spec.context)
+            .unwrap();
+        write_context(&spec.context, &files, std::io::sink()).unwrap()
+    }
+
+    /// Plants a digest no read would give for the tree as it is now: served only when
+    /// the tree is not read again.
+    fn plant(spec: &ImageSpec, hashes: &FileHashes, at: i64) {
+        let tree = ContextTree::walk(spec, hashes, at).unwrap();
+        hashes.remember_tree(tree.stat.unwrap(), "planted".into());
+    }
+
+    #[test]
+    fn the_context_a_build_sent_is_remembered_and_not_read_again_while_its_stat_holds() {
+        let (_dir, spec) = context();
+        let hashes = FileHashes::open(None);
+        let at = later();
+        // As the build streams it to the engine.
+        let mut sent = Vec::new();
+        let tree = ContextTree::walk(&spec, &hashes, at).unwrap();
+        let digest = tree.write(&hashes, at, &mut sent).unwrap();
+        assert_eq!(digest, read_in_full(&spec));
+        assert_eq!(context_digest_at(&spec, &hashes, at).unwrap(), digest);
+        plant(&spec, &hashes, at);
+        assert_eq!(context_digest_at(&spec, &hashes, at).unwrap(), "planted");
+    }
+
+    /// Waits until a file written now gets a later ctime than any entry under `root`.
+    fn past_the_newest_change(root: &Path, probes: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        let ctime = |m: fs::Metadata| (m.ctime(), m.ctime_nsec());
+        let newest = fs::read_dir(root)
+            .unwrap()
+            .chain(fs::read_dir(root.join("src")).unwrap())
+            .map(|e| ctime(fs::symlink_metadata(e.unwrap().path()).unwrap()))
+            .max()
+            .unwrap();
+        let probe = probes.join("probe");
+        while {
+            fs::write(&probe, "").unwrap();
+            ctime(fs::metadata(&probe).unwrap()) <= newest
+        } {}
+    }
+
+    #[test]
+    fn any_change_to_a_classic_context_is_noticed_on_a_warm_rerun() {
+        let (dir, spec) = context();
+        let root = dir.path();
+        let hashes = FileHashes::open(None);
+        let a = root.join("src/a");
+        let old_mtime = fs::metadata(&a).unwrap().modified().unwrap();
+        type Change<'a> = (&'a str, Box<dyn Fn() + 'a>);
+        let changes: Vec<Change> = vec![
+            (
+                "content, same size, old mtime put back",
+                Box::new(|| {
+                    fs::write(&a, "bbbb").unwrap();
+                    let file = fs::File::options().write(true).open(&a).unwrap();
+                    file.set_modified(old_mtime).unwrap();
+                }),
+            ),
+            (
+                "replaced by another file",
+                Box::new(|| {
+                    fs::write(root.join("new"), "cccc").unwrap();
+                    fs::rename(root.join("new"), &a).unwrap();
+                }),
+            ),
+            (
+                "mode",
+                Box::new(|| {
+                    use std::os::unix::fs::PermissionsExt;
+                    fs::set_permissions(&a, fs::Permissions::from_mode(0o600)).unwrap();
+                }),
+            ),
+            (
+                "a file added",
+                Box::new(|| fs::write(root.join("src/b"), "b").unwrap()),
+            ),
+            (
+                "a file renamed",
+                Box::new(|| fs::rename(root.join("src/b"), root.join("src/c")).unwrap()),
+            ),
+            (
+                "a file removed",
+                Box::new(|| fs::remove_file(root.join("src/c")).unwrap()),
+            ),
+            (
+                "link target",
+                Box::new(|| {
+                    fs::remove_file(root.join("link")).unwrap();
+                    std::os::unix::fs::symlink("src/other", root.join("link")).unwrap();
+                }),
+            ),
+            (
+                "ignore file",
+                Box::new(|| fs::write(root.join(".dockerignore"), "src/a\n").unwrap()),
+            ),
+            (
+                "ignore file's patterns",
+                Box::new(|| fs::write(root.join(".dockerignore"), "link\n").unwrap()),
+            ),
+        ];
+        let probes = tempfile::tempdir().unwrap();
+        for (what, change) in changes {
+            let at = later();
+            plant(&spec, &hashes, at);
+            // What the racy rule leaves to the clock: a change in a later timestamp tick.
+            past_the_newest_change(root, probes.path());
+            change();
+            let now = context_digest_at(&spec, &hashes, later()).unwrap();
+            // Read again (not the planted digest), and as a full read gives it.
+            assert_eq!(now, read_in_full(&spec), "{what}");
+        }
+    }
+
+    #[test]
+    fn a_context_changed_too_recently_is_read_on_every_run() {
+        let (_dir, spec) = context();
+        let hashes = FileHashes::open(None);
+        // Read right after its last change: a same-size change within the timestamp
+        // granularity could leave every stat as it is, so nothing is remembered.
+        let changed = fs::symlink_metadata(spec.context.join("link")).unwrap();
+        let now = {
+            use std::os::unix::fs::MetadataExt;
+            changed.ctime() * 1_000_000_000 + changed.ctime_nsec() + 1
+        };
+        let tree = ContextTree::walk(&spec, &hashes, now).unwrap();
+        assert!(tree.stat.is_none());
+        tree.write(&hashes, now, std::io::sink()).unwrap();
+        let settled = ContextTree::walk(&spec, &hashes, later()).unwrap();
+        assert_eq!(hashes.tree_digest(&settled.stat.unwrap()), None);
     }
 }

@@ -1,7 +1,8 @@
 //! The sha256 of context files by path and stat, across runs, as git's index keeps them:
 //! a warm rerun's replay (see [`crate::builder::build_inputs`]) reads no file whose stat
 //! is unchanged, and a run reads each file at most once however many platforms and
-//! images replay it.
+//! images replay it. Whole trees likewise: a digest of a tree's content (the classic
+//! builder's context tar) is kept under the stat of all its entries ([`TreeStat`]).
 
 use crate::base::files;
 use crate::docker::buildkit::filesync::HashFile;
@@ -62,9 +63,28 @@ impl FileStamp {
     }
 }
 
-/// A remembered hash: the file's stamp when it was read, and the sha256 of its content.
+/// What a remembered hash holds while it is as it was: one file's stamp, or a tree's
+/// ([`TreeStat`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Stamp {
+    File(FileStamp),
+    Tree(String),
+}
+
+/// A remembered hash: the stamp when it was read, and the sha256 of the content.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct KnownHash(FileStamp, String);
+struct KnownHash(Stamp, String);
+
+/// The stat of every entry of a tree, in walk order, as one digest, under the key a
+/// digest of that tree is remembered by: any entry added, removed, renamed or replaced,
+/// any write, and any change of type, mode, owner or link target changes it. Only made
+/// when no entry is racy, so an unchanged `TreeStat` vouches for unchanged content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeStat {
+    key: String,
+    stat: String,
+}
 
 /// The remembered hashes (`file-hashes.json` in the cache directory), loaded on first use.
 pub struct FileHashes {
@@ -114,6 +134,8 @@ impl FileHashes {
         let Some(key) = path.to_str() else {
             return read_all(file);
         };
+        let file_stamp = stamp;
+        let stamp = Stamp::File(stamp);
         if let Some(known) = self.known_hash(key, &stamp) {
             return Ok(known);
         }
@@ -130,36 +152,115 @@ impl FileHashes {
             return Ok(known);
         }
         let sha256 = read_all(file)?;
-        let margin = self.racy_nanos(file, &stamp);
-        let settled = stamp.ctime_ns.saturating_add(margin) < started;
-        if settled && FileStamp::of(&file.metadata()?) == stamp {
-            let entry = (KnownHash(stamp, sha256.clone()), true);
-            let mut known = self.known().lock().expect("file hashes lock");
-            known.insert(key.to_string(), entry);
-            self.changed.store(true, Ordering::Relaxed);
+        let settled = self.settled(&file_stamp, started, || rustix::fs::fstatfs(&*file));
+        if settled && Stamp::File(FileStamp::of(&file.metadata()?)) == stamp {
+            self.remember(key.to_string(), stamp, sha256.clone());
         }
         Ok(sha256)
+    }
+
+    /// Whether the last change `stamp` shows was long enough before `started` that any
+    /// later change shows in the stat (else the entry is "racy", git's word); `statfs`
+    /// says which file system the entry is on.
+    fn settled(
+        &self,
+        stamp: &FileStamp,
+        started: i64,
+        statfs: impl FnOnce() -> rustix::io::Result<rustix::fs::StatFs>,
+    ) -> bool {
+        let margin = self.racy_nanos(stamp, statfs);
+        stamp.ctime_ns.saturating_add(margin) < started
     }
 
     /// How long after its last change a file is racy: [`LOCAL_RACY_NANOS`] on a local file
     /// system whose stamps carry sub-second parts, else [`RACY_NANOS`]. A ctime on a whole
     /// second is taken as a coarse file system's (one in a billion fine ones looks so too,
     /// and only waits longer). The file system's type is asked once per device.
-    fn racy_nanos(&self, file: &std::fs::File, stamp: &FileStamp) -> i64 {
+    fn racy_nanos(
+        &self,
+        stamp: &FileStamp,
+        statfs: impl FnOnce() -> rustix::io::Result<rustix::fs::StatFs>,
+    ) -> i64 {
         if stamp.ctime_ns % 1_000_000_000 == 0 {
             return RACY_NANOS;
         }
         let mut devices = self.devices.lock().expect("file hashes lock");
-        *devices
-            .entry(stamp.dev)
-            .or_insert_with(|| match rustix::fs::fstatfs(file) {
-                Ok(fs) if LOCAL_FINE_TIMESTAMPS.contains(&(fs.f_type as u64)) => LOCAL_RACY_NANOS,
-                _ => RACY_NANOS,
-            })
+        *devices.entry(stamp.dev).or_insert_with(|| match statfs() {
+            Ok(fs) if LOCAL_FINE_TIMESTAMPS.contains(&(fs.f_type as u64)) => LOCAL_RACY_NANOS,
+            _ => RACY_NANOS,
+        })
     }
 
-    /// The hash remembered for `key` while its file's stat is `stamp`.
-    fn known_hash(&self, key: &str, stamp: &FileStamp) -> Option<String> {
+    fn remember(&self, key: String, stamp: Stamp, sha256: String) {
+        let entry = (KnownHash(stamp, sha256), true);
+        let mut known = self.known().lock().expect("file hashes lock");
+        known.insert(key, entry);
+        self.changed.store(true, Ordering::Relaxed);
+    }
+
+    /// The stat of `entries` (paths relative to `root`, symlinks not followed) as
+    /// [`unix_nanos`] said `started` before the first was looked at, for the digest of
+    /// the tree kept under `name`; None when an entry is racy or cannot be looked at.
+    pub fn tree_stat(
+        &self,
+        root: &Path,
+        name: &str,
+        entries: &[PathBuf],
+        started: i64,
+    ) -> Option<TreeStat> {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::MetadataExt;
+        let mut hasher = Sha256::new();
+        for relative in entries {
+            let path = root.join(relative);
+            let meta = std::fs::symlink_metadata(&path).ok()?;
+            let stamp = FileStamp::of(&meta);
+            let link = meta.file_type().is_symlink();
+            // A link's own file system is its directory's (statfs follows links).
+            let on = match link {
+                true => path.parent().unwrap_or(root),
+                false => &path,
+            };
+            if !self.settled(&stamp, started, || rustix::fs::statfs(on)) {
+                return None;
+            }
+            let link = match link {
+                true => std::fs::read_link(&path).ok()?.into_os_string(),
+                false => Default::default(),
+            };
+            // No path holds a NUL; the numbers have fixed widths; the link is counted.
+            hasher.update(relative.as_os_str().as_bytes());
+            hasher.update([0]);
+            for n in [stamp.dev, stamp.ino, stamp.size, meta.rdev()] {
+                hasher.update(n.to_le_bytes());
+            }
+            for n in [stamp.mtime_ns, stamp.ctime_ns] {
+                hasher.update(n.to_le_bytes());
+            }
+            for n in [meta.mode(), meta.uid(), meta.gid()] {
+                hasher.update(n.to_le_bytes());
+            }
+            hasher.update((link.len() as u64).to_le_bytes());
+            hasher.update(link.as_bytes());
+        }
+        Some(TreeStat {
+            key: format!("{}\0{name}", root.to_str()?),
+            stat: hex::encode(hasher.finalize()),
+        })
+    }
+
+    /// The digest remembered for the tree while its stat is `stat`.
+    pub fn tree_digest(&self, stat: &TreeStat) -> Option<String> {
+        self.known_hash(&stat.key, &Stamp::Tree(stat.stat.clone()))
+    }
+
+    /// Remembers `digest` for the tree while its stat is `stat`.
+    pub fn remember_tree(&self, stat: TreeStat, digest: String) {
+        self.remember(stat.key, Stamp::Tree(stat.stat), digest);
+    }
+
+    /// The hash remembered for `key` while its stat is `stamp`.
+    fn known_hash(&self, key: &str, stamp: &Stamp) -> Option<String> {
         let mut known = self.known().lock().expect("file hashes lock");
         let (KnownHash(was, sha256), used) = known.get_mut(key)?;
         (was == stamp).then(|| {
@@ -199,6 +300,13 @@ impl FileHashes {
     }
 }
 
+/// Now, in nanoseconds since the Unix epoch: the `started` of [`FileHashes::tree_stat`].
+pub fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 fn read_all(file: &mut std::fs::File) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
     std::io::copy(file, &mut hasher)?;
@@ -210,7 +318,7 @@ impl HashFile for FileHashes {
     /// for a regular file, the same stat the opened file would give.
     fn remembered(&self, path: &Path, walked: &std::fs::Metadata) -> Option<String> {
         let key = path.to_str()?;
-        self.known_hash(key, &FileStamp::of(walked))
+        self.known_hash(key, &Stamp::File(FileStamp::of(walked)))
     }
 
     /// The sha256 of the regular file `file`, open at `path`: the remembered one while its
@@ -218,10 +326,7 @@ impl HashFile for FileHashes {
     /// it was read, or whose last change is too recent to be told apart from a later one
     /// by its stat, is not remembered.
     fn sha256(&self, path: &Path, file: &mut std::fs::File) -> std::io::Result<String> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
-        self.sha256_at(path, file, now)
+        self.sha256_at(path, file, unix_nanos())
     }
 }
 
@@ -259,7 +364,7 @@ mod tests {
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
         assert!(remembered(&hashes, &path));
         // The remembered hash answers without a read: plant another to see it served.
-        let stamp = FileStamp::of(&std::fs::metadata(&path).unwrap());
+        let stamp = Stamp::File(FileStamp::of(&std::fs::metadata(&path).unwrap()));
         let planted = (KnownHash(stamp, "planted".into()), false);
         let key = path.to_str().unwrap().to_string();
         hashes.known().lock().unwrap().insert(key, planted);

@@ -139,6 +139,9 @@ pub struct UnitBuild<'a> {
     pub run_id: &'a str,
     pub output: Output<'a>,
     pub reporter: &'a dyn Reporter,
+    /// The run's remembered context hashes: the classic builder keeps the digest of the
+    /// context it sent there.
+    pub hashes: &'a std::sync::Arc<file_hashes::FileHashes>,
 }
 
 /// Builds `unit` into the temporary tag, marking on `stage` how far the engine got (once
@@ -185,6 +188,7 @@ async fn build_once(engine: &Engine, unit: UnitBuild<'_>, stage: &BuildStage) ->
         run_id,
         output,
         reporter,
+        ..
     } = unit;
     let started = Instant::now();
     let tag = temporary_tag(&spec.name, platform, run_id);
@@ -267,10 +271,11 @@ async fn run_build(
         spec,
         platform,
         output,
+        hashes,
         ..
     } = unit;
     if !engine.buildkit {
-        let outcome = build_classic(engine, spec, platform, tag, log).await?;
+        let outcome = build_classic(engine, spec, platform, tag, hashes, log).await?;
         return Ok((
             outcome.failed.map(Stopped::Failed),
             None,

@@ -62,7 +62,7 @@ pub struct Standalone {
 }
 
 /// The engine behind the Docker API, told by `/version`'s components.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Product {
     Docker,
     /// Podman's Docker-compatible service: no BuildKit (`/grpc`, `/session`), its `/build`
@@ -151,55 +151,48 @@ impl Engine {
             source,
         };
         let docker = location.docker().map_err(unanswered)?;
-        // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
-        // `negotiate_version` (a second `/version`): bollard's request paths carry no
-        // `/vX.Y` prefix, so every engine answers at the API version it serves. Both are
-        // asked beside the probe, whose failure is the one told.
-        let answers =
-            async { tokio::try_join!(docker.version(), docker.info()).map_err(unanswered) };
-        let ((), (version, info)) = join::primary_first(location.probe(), answers).await?;
-        let os = version
-            .os
-            .clone()
-            .or(info.os_type.clone())
-            .unwrap_or_else(|| "linux".into());
-        let arch = version
-            .arch
-            .clone()
-            .or(info.architecture.clone())
-            .unwrap_or_else(|| std::env::consts::ARCH.into());
-        let native = Platform::new(&os, &arch, None);
-        let api_version = version.api_version.clone().unwrap_or_default();
-        let product =
-            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
-        // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
-        let buildkit =
-            api_at_least(&api_version, 1, 39) && os == "linux" && product == Product::Docker;
-        let containerd_store = info.driver_status.iter().flatten().any(|pair| {
-            pair.first().is_some_and(|k| k == "driver-type")
-                && pair
-                    .get(1)
-                    .is_some_and(|v| v == "io.containerd.snapshotter.v1")
-        });
-        // Podman makes up a new `ID` on every `/info`: its storage root names it instead.
-        let id = match product {
-            Product::Docker | Product::BuildKit => info.id.as_deref(),
-            Product::Podman => info.docker_root_dir.as_deref(),
+        let serving = match location.unix_path() {
+            Some(path) => serving_podman(path).await,
+            None => None,
         };
-        let identity = format!(
-            "{endpoint}|{}|{}",
-            id.unwrap_or_default(),
-            info.kernel_version.as_deref().unwrap_or_default()
-        );
+        let remembered = serving
+            .as_ref()
+            .and_then(|s| ProbeMemory::load().get(&endpoint, s));
+        let probed = match remembered {
+            Some(probed) => {
+                location.probe().await?;
+                probed
+            }
+            None => {
+                // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
+                // `negotiate_version` (a second `/version`): bollard's request paths carry
+                // no `/vX.Y` prefix, so every engine answers at the API version it serves.
+                // Both are asked beside the probe, whose failure is the one told.
+                let answers =
+                    async { tokio::try_join!(docker.version(), docker.info()).map_err(unanswered) };
+                let ((), (version, info)) = join::primary_first(location.probe(), answers).await?;
+                let probed = Probed::of(version, info);
+                if let Some(serving) = serving {
+                    ProbeMemory::load().put(&endpoint, serving, &probed);
+                }
+                probed
+            }
+        };
+        let native = Platform::new(&probed.os, &probed.arch, None);
+        // Podman reports API 1.41 but serves neither `/grpc` nor `/session`.
+        let buildkit = api_at_least(&probed.api_version, 1, 39)
+            && probed.os == "linux"
+            && probed.product == Product::Docker;
+        let identity = format!("{endpoint}|{}|{}", probed.id, probed.kernel);
         Ok(Engine {
             identity,
             docker,
             native,
-            api_version,
-            server_version: version.version.unwrap_or_default(),
-            product,
+            api_version: probed.api_version,
+            server_version: probed.server_version,
+            product: probed.product,
             buildkit,
-            containerd_store,
+            containerd_store: probed.containerd_store,
             endpoint,
             location,
             daemon: None,
@@ -248,6 +241,126 @@ impl Engine {
     }
 }
 
+/// What an engine's `/version` and `/info` said that a run needs.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Probed {
+    os: String,
+    arch: String,
+    api_version: String,
+    server_version: String,
+    product: Product,
+    /// The engine's ID; Podman's storage root, as Podman makes up a new `ID` on every
+    /// `/info`.
+    id: String,
+    kernel: String,
+    containerd_store: bool,
+}
+
+impl Probed {
+    fn of(version: bollard::models::SystemVersion, info: bollard::models::SystemInfo) -> Probed {
+        let os = version
+            .os
+            .clone()
+            .or(info.os_type.clone())
+            .unwrap_or_else(|| "linux".into());
+        let arch = version
+            .arch
+            .clone()
+            .or(info.architecture.clone())
+            .unwrap_or_else(|| std::env::consts::ARCH.into());
+        let product =
+            Product::from_components(version.components.iter().flatten().map(|c| c.name.as_str()));
+        let containerd_store = info.driver_status.iter().flatten().any(|pair| {
+            pair.first().is_some_and(|k| k == "driver-type")
+                && pair
+                    .get(1)
+                    .is_some_and(|v| v == "io.containerd.snapshotter.v1")
+        });
+        let id = match product {
+            Product::Docker | Product::BuildKit => info.id,
+            Product::Podman => info.docker_root_dir,
+        };
+        Probed {
+            os,
+            arch,
+            api_version: version.api_version.unwrap_or_default(),
+            server_version: version.version.unwrap_or_default(),
+            product,
+            id: id.unwrap_or_default(),
+            kernel: info.kernel_version.unwrap_or_default(),
+            containerd_store,
+        }
+    }
+}
+
+/// The Podman process serving the socket at `path`, named so that no other process, now
+/// or after a restart or reboot, has the same name: its pid, its start time (clock ticks
+/// since boot) and the boot's ID. None unless the socket's listener is Podman itself (a
+/// socket systemd listens on, or a forwarder's, may be served by another process later).
+async fn serving_podman(path: &std::path::Path) -> Option<String> {
+    let stream = tokio::net::UnixStream::connect(path).await.ok()?;
+    let pid = stream.peer_cred().ok()?.pid()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    if !exe.file_name()?.to_str()?.starts_with("podman") {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis start at the 3rd; the 22nd is the
+    // start time.
+    let started = stat
+        .rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(19)?
+        .to_string();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(format!("{pid}|{started}|{}", boot.trim()))
+}
+
+/// What Podman's `/version` and `/info` said, per endpoint, for the process that served
+/// them (`engines.json` in the cache directory): Podman answers each in 0.2–0.4 s (it runs
+/// its OCI runtime's and conmon's `--version` every time), and a process's answers do not
+/// change while it runs.
+struct ProbeMemory {
+    path: Option<std::path::PathBuf>,
+    entries: std::collections::HashMap<String, (String, Probed)>,
+}
+
+impl ProbeMemory {
+    fn load() -> ProbeMemory {
+        Self::at(crate::base::cache_dir().map(|d| d.join("engines.json")))
+    }
+
+    fn at(path: Option<std::path::PathBuf>) -> ProbeMemory {
+        let entries = path
+            .as_ref()
+            .and_then(|p| std::fs::read(p).ok())
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        ProbeMemory { path, entries }
+    }
+
+    /// What `endpoint` said while `serving` served it.
+    fn get(&self, endpoint: &str, serving: &str) -> Option<Probed> {
+        let (process, probed) = self.entries.get(endpoint)?;
+        (process == serving).then(|| probed.clone())
+    }
+
+    /// Remembers `probed` for `endpoint` while `serving` serves it; an unwritable cache
+    /// only costs the next run the probe.
+    fn put(mut self, endpoint: &str, serving: String, probed: &Probed) {
+        let Some(path) = self.path.take() else { return };
+        self.entries
+            .insert(endpoint.to_string(), (serving, probed.clone()));
+        let (Some(dir), Ok(bytes)) = (path.parent(), serde_json::to_vec(&self.entries)) else {
+            return;
+        };
+        if std::fs::create_dir_all(dir).is_ok() {
+            let _ = crate::base::files::replace(&path, &bytes);
+        }
+    }
+}
+
 /// The TLS files in `dir` under either of the names buildctl's `--tlsdir` takes.
 fn tls_dir(dir: &std::path::Path) -> TlsFiles {
     let kubernetes = dir.join("tls.crt").exists() && !dir.join("cert.pem").exists();
@@ -285,6 +398,46 @@ mod tests {
             Product::from_components(docker.into_iter()),
             Product::Docker
         );
+    }
+
+    fn podman() -> super::Probed {
+        super::Probed {
+            os: "linux".into(),
+            arch: "amd64".into(),
+            api_version: "1.41".into(),
+            server_version: "4.3.1".into(),
+            product: super::Product::Podman,
+            id: "/var/lib/containers/storage".into(),
+            kernel: "6.1.0".into(),
+            containerd_store: false,
+        }
+    }
+
+    #[test]
+    fn a_probe_is_remembered_for_the_process_that_answered_it_only() {
+        use super::ProbeMemory;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache/engines.json");
+        let memory = || ProbeMemory::at(Some(path.clone()));
+        let endpoint = "unix:///run/podman/podman.sock";
+        memory().put(endpoint, "41|900|boot-a".into(), &podman());
+        assert_eq!(memory().get(endpoint, "41|900|boot-a"), Some(podman()));
+        // Restarted (another start time, perhaps the same pid), or after a reboot.
+        assert_eq!(memory().get(endpoint, "41|950|boot-a"), None);
+        assert_eq!(memory().get(endpoint, "41|900|boot-b"), None);
+        assert_eq!(memory().get("unix:///other.sock", "41|900|boot-a"), None);
+        // The next process's answers replace the last one's.
+        memory().put(endpoint, "57|990|boot-a".into(), &podman());
+        assert_eq!(memory().get(endpoint, "41|900|boot-a"), None);
+    }
+
+    #[tokio::test]
+    async fn only_a_podman_process_listening_itself_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("engine.sock");
+        // This test binary listens: not Podman, so nothing is remembered for it.
+        let _listener = tokio::net::UnixListener::bind(&path).unwrap();
+        assert_eq!(super::serving_podman(&path).await, None);
     }
 
     #[test]

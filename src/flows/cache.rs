@@ -57,14 +57,7 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Where polyarch keeps what it remembers: `$POLYARCH_CACHE_DIR`,
-/// `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.
-pub fn dir() -> Option<PathBuf> {
-    std::env::var_os("POLYARCH_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("polyarch")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/polyarch")))
-}
+pub use crate::base::cache_dir as dir;
 
 /// A small JSON map in the cache directory; unreadable or corrupt files read as empty,
 /// and a file that cannot be written only costs the next run the work it would have saved.

@@ -642,3 +642,34 @@ pub fn as_a_user_runs_cargo(cmd: &mut Command) -> &mut Command {
         tmp.parent().expect("target/tmp has a parent"),
     )
 }
+
+/// Waits until every file under `dir` last changed more than `age` ago, as a context
+/// long in place has.
+pub fn wait_until_settled(dir: &std::path::Path, age: std::time::Duration) {
+    use std::os::unix::fs::MetadataExt;
+    let newest = |dir: &std::path::Path| {
+        let mut newest = 0i64;
+        let mut pending = vec![dir.to_path_buf()];
+        while let Some(d) = pending.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let entry = entry.unwrap();
+                let meta = entry.metadata().unwrap();
+                newest = newest.max(meta.ctime());
+                if meta.is_dir() {
+                    pending.push(entry.path());
+                }
+            }
+        }
+        newest
+    };
+    let settled_before = |newest: i64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        // Whole seconds: the newest ctime rounded down, so one more second is added.
+        now.as_secs() as i64 > newest + age.as_secs() as i64 + 1
+    };
+    while !settled_before(newest(dir)) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

@@ -271,6 +271,14 @@ impl Endpoint {
         }
     }
 
+    /// The socket's path when the engine is reached through a Unix socket.
+    pub fn unix_path(&self) -> Option<&std::path::Path> {
+        match &self.transport {
+            Transport::Unix(path) => Some(path),
+            Transport::Tcp { .. } | Transport::Ssh(_) => None,
+        }
+    }
+
     /// The address connected to, for messages (`tcp://…` with TLS marked).
     pub fn address(&self) -> String {
         match &self.transport {

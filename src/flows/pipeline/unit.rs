@@ -230,12 +230,14 @@ pub(super) async fn build_unit(
         format!("building {}", building(builder)),
     );
     let output = build_output(builder, store, image, run);
+    let hashes = run.replays.hashes();
     let unit_build = UnitBuild {
         spec: image,
         platform: &unit.platform,
         run_id: &run.id,
         output,
         reporter: run.reporter,
+        hashes: &hashes,
     };
     let built = builder.build(unit_build, run.cleanup).await?;
     if let Some(key) = &settings {
