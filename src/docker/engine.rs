@@ -150,7 +150,6 @@ impl Engine {
             endpoint: endpoint.clone(),
             source,
         };
-        let docker = location.docker().map_err(unanswered)?;
         let serving = match location.unix_path() {
             Some(path) => serving_podman(path).await,
             None => None,
@@ -158,24 +157,31 @@ impl Engine {
         let remembered = serving
             .as_ref()
             .and_then(|s| ProbeMemory::load().get(&endpoint, s));
-        let probed = match remembered {
+        // The client is made after the probe or beside it, never before: bollard refuses a
+        // missing socket itself, which would hide the probe's "down" behind an API error.
+        let (docker, probed) = match remembered {
             Some(probed) => {
                 location.probe().await?;
-                probed
+                (location.docker().map_err(unanswered)?, probed)
             }
             None => {
                 // One `/version`, beside `/info`: Podman answers each in 0.2–0.3 s. No
                 // `negotiate_version` (a second `/version`): bollard's request paths carry
                 // no `/vX.Y` prefix, so every engine answers at the API version it serves.
                 // Both are asked beside the probe, whose failure is the one told.
-                let answers =
-                    async { tokio::try_join!(docker.version(), docker.info()).map_err(unanswered) };
-                let ((), (version, info)) = join::primary_first(location.probe(), answers).await?;
+                let answers = async {
+                    let docker = location.docker().map_err(unanswered)?;
+                    let (version, info) =
+                        tokio::try_join!(docker.version(), docker.info()).map_err(unanswered)?;
+                    Ok((docker, version, info))
+                };
+                let ((), (docker, version, info)) =
+                    join::primary_first(location.probe(), answers).await?;
                 let probed = Probed::of(version, info);
                 if let Some(serving) = serving {
                     ProbeMemory::load().put(&endpoint, serving, &probed);
                 }
-                probed
+                (docker, probed)
             }
         };
         let native = Platform::new(&probed.os, &probed.arch, None);
@@ -438,6 +444,23 @@ mod tests {
         // This test binary listens: not Podman, so nothing is remembered for it.
         let _listener = tokio::net::UnixListener::bind(&path).unwrap();
         assert_eq!(super::serving_podman(&path).await, None);
+    }
+
+    /// The user is told the engine is down, not that it answered a ping but not the API.
+    #[tokio::test]
+    async fn a_missing_socket_is_an_engine_that_is_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("docker.sock");
+        let location = crate::docker::endpoint::Endpoint::resolve(
+            &format!("unix://{}", socket.display()),
+            None,
+        )
+        .unwrap();
+        let refused = super::Engine::connect_to(location).await.err().unwrap();
+        assert!(
+            matches!(refused, super::EndpointError::Down { .. }),
+            "{refused:?}"
+        );
     }
 
     #[test]
