@@ -277,7 +277,6 @@ impl FileHashes {
         let (Some(path), Some(known)) = (&self.path, self.known.get()) else {
             return;
         };
-        let Some(dir) = path.parent() else { return };
         let bytes = {
             let known = known.lock().expect("file hashes lock");
             // Past the cap, only what this run used is kept.
@@ -292,9 +291,6 @@ impl FileHashes {
                 Err(_) => return,
             }
         };
-        if std::fs::create_dir_all(dir).is_err() {
-            return;
-        }
         // Unsaved hashes only cost the next run a read.
         let _ = files::replace(path, &bytes);
     }
@@ -338,11 +334,6 @@ mod tests {
         hex::encode(Sha256::digest(bytes))
     }
 
-    fn now_ns() -> i64 {
-        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        since.unwrap().as_nanos() as i64
-    }
-
     /// Hashes `path` as a replay does, as if at `started`.
     fn hash(hashes: &FileHashes, path: &Path, started: i64) -> String {
         let mut file = std::fs::File::open(path).unwrap();
@@ -360,7 +351,7 @@ mod tests {
         let path = dir.path().join("f");
         std::fs::write(&path, b"aaaa").unwrap();
         let hashes = FileHashes::open(None);
-        let later = now_ns() + 10 * RACY_NANOS;
+        let later = unix_nanos() + 10 * RACY_NANOS;
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
         assert!(remembered(&hashes, &path));
         // The remembered hash answers without a read: plant another to see it served.
@@ -378,7 +369,7 @@ mod tests {
         std::fs::write(&path, b"aaaa").unwrap();
         let mtime = std::fs::metadata(&path).unwrap().modified().unwrap();
         let hashes = FileHashes::open(None);
-        let later = now_ns() + 10 * RACY_NANOS;
+        let later = unix_nanos() + 10 * RACY_NANOS;
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"aaaa"));
         // Same size, and the mtime set back as `touch -d` or an archive extractor would:
         // the ctime still moves.
@@ -386,7 +377,7 @@ mod tests {
         let file = std::fs::File::options().write(true).open(&path).unwrap();
         file.set_modified(mtime).unwrap();
         drop(file);
-        let later = now_ns() + 10 * RACY_NANOS;
+        let later = unix_nanos() + 10 * RACY_NANOS;
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"bbbb"));
         // Replaced by another file under the same name: another inode.
         let other = dir.path().join("g");
@@ -403,10 +394,10 @@ mod tests {
         let hashes = FileHashes::open(None);
         // Hashed right after its change: a same-size change within the file system's
         // timestamp granularity could leave the stat exactly as it was.
-        assert_eq!(hash(&hashes, &path, now_ns()), sha256_hex(b"aaaa"));
+        assert_eq!(hash(&hashes, &path, unix_nanos()), sha256_hex(b"aaaa"));
         assert!(!remembered(&hashes, &path));
         std::fs::write(&path, b"bbbb").unwrap();
-        assert_eq!(hash(&hashes, &path, now_ns()), sha256_hex(b"bbbb"));
+        assert_eq!(hash(&hashes, &path, unix_nanos()), sha256_hex(b"bbbb"));
     }
 
     /// A rerun right after a build (the ctime a second old) reads no file again where the
@@ -439,7 +430,7 @@ mod tests {
         std::fs::write(&path, b"aaaa").unwrap();
         let store = dir.path().join("cache/file-hashes.json");
         let open = || FileHashes::open(Some(store.clone()));
-        let later = now_ns() + 10 * RACY_NANOS;
+        let later = unix_nanos() + 10 * RACY_NANOS;
         let first = open();
         hash(&first, &path, later);
         first.save();

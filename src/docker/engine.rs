@@ -150,13 +150,16 @@ impl Engine {
             endpoint: endpoint.clone(),
             source,
         };
-        let serving = match location.unix_path() {
-            Some(path) => serving_podman(path).await,
-            None => None,
+        // Only an endpoint remembered as Podman's is asked who serves it before the probe:
+        // Docker's never is, so its start-up makes no extra connection.
+        let memory = location.unix_path().map(|path| (path, ProbeMemory::load()));
+        let remembered = match &memory {
+            Some((path, memory)) if memory.knows(&endpoint) => match serving_podman(path).await {
+                Some(serving) => memory.get(&endpoint, &serving),
+                None => None,
+            },
+            _ => None,
         };
-        let remembered = serving
-            .as_ref()
-            .and_then(|s| ProbeMemory::load().get(&endpoint, s));
         // The client is made after the probe or beside it, never before: bollard refuses a
         // missing socket itself, which would hide the probe's "down" behind an API error.
         let (docker, probed) = match remembered {
@@ -178,8 +181,12 @@ impl Engine {
                 let ((), (docker, version, info)) =
                     join::primary_first(location.probe(), answers).await?;
                 let probed = Probed::of(version, info);
-                if let Some(serving) = serving {
-                    ProbeMemory::load().put(&endpoint, serving, &probed);
+                // Asked after the answers: a Podman restarted in between would have its
+                // successor remembered with answers of the same build, which is harmless.
+                if let (Some((path, memory)), Product::Podman) = (memory, &probed.product) {
+                    if let Some(serving) = serving_podman(path).await {
+                        memory.put(&endpoint, serving, &probed);
+                    }
                 }
                 (docker, probed)
             }
@@ -346,6 +353,11 @@ impl ProbeMemory {
         ProbeMemory { path, entries }
     }
 
+    /// Whether anything is remembered for `endpoint`.
+    fn knows(&self, endpoint: &str) -> bool {
+        self.entries.contains_key(endpoint)
+    }
+
     /// What `endpoint` said while `serving` served it.
     fn get(&self, endpoint: &str, serving: &str) -> Option<Probed> {
         let (process, probed) = self.entries.get(endpoint)?;
@@ -358,10 +370,7 @@ impl ProbeMemory {
         let Some(path) = self.path.take() else { return };
         self.entries
             .insert(endpoint.to_string(), (serving, probed.clone()));
-        let (Some(dir), Ok(bytes)) = (path.parent(), serde_json::to_vec(&self.entries)) else {
-            return;
-        };
-        if std::fs::create_dir_all(dir).is_ok() {
+        if let Ok(bytes) = serde_json::to_vec(&self.entries) {
             let _ = crate::base::files::replace(&path, &bytes);
         }
     }

@@ -141,10 +141,6 @@ impl<V: Serialize + DeserializeOwned + Clone> Store<V> {
             return;
         }
         let Some(path) = &self.path else { return };
-        let Some(dir) = path.parent() else { return };
-        if std::fs::create_dir_all(dir).is_err() {
-            return;
-        }
         let Ok(bytes) = serde_json::to_vec_pretty(&*self.entries.lock().expect("cache lock"))
         else {
             return;
