@@ -458,13 +458,34 @@ fn plan_and_doctor_describe_the_work_without_building() {
     // COPY-only: a foreign platform that needs no emulation, whatever binfmt holds.
     assert_eq!(arm["execution"], "no_emulation_needed");
 
-    let doctor = run(polyarch().args(["doctor", "-f"]).arg(&file));
-    let text = String::from_utf8_lossy(&doctor.stdout);
-    assert_eq!(doctor.status.code(), Some(0), "{text}");
+    let cache = tempfile::tempdir().unwrap();
+    let doctor = || {
+        run(polyarch()
+            .env("POLYARCH_CACHE_DIR", cache.path())
+            .args(["doctor", "-f"])
+            .arg(&file))
+    };
+    let first = doctor();
+    let text = String::from_utf8_lossy(&first.stdout);
+    assert_eq!(first.status.code(), Some(0), "{text}");
     assert!(
         text.contains("ok   engine") && text.contains(&format!("ok   registry {repo}")),
         "{text}"
     );
+    // dockerd's /version and /info are remembered for the process that answered them,
+    // and the next run tells the same engine from that memory.
+    let engines = std::fs::read_to_string(cache.path().join("engines.json")).unwrap();
+    assert!(engines.contains("\"product\":\"Docker\""), "{engines}");
+    let engine_lines = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.contains(" engine ") || l.contains(" buildkit "))
+            .map(str::to_string)
+            .collect()
+    };
+    let again = doctor();
+    let told = engine_lines(&String::from_utf8_lossy(&again.stdout));
+    assert_eq!(told, engine_lines(&text));
+    assert_eq!(told.len(), 2, "{told:?}");
 
     let unreachable = write_project(
         dir.path(),
@@ -472,7 +493,10 @@ fn plan_and_doctor_describe_the_work_without_building() {
         "[v1]",
         "[linux/amd64]",
     );
-    let doctor = run(polyarch().args(["doctor", "-f"]).arg(&unreachable));
+    let doctor = run(polyarch()
+        .env("POLYARCH_CACHE_DIR", cache.path())
+        .args(["doctor", "-f"])
+        .arg(&unreachable));
     assert_eq!(doctor.status.code(), Some(3));
     assert!(
         String::from_utf8_lossy(&doctor.stdout).contains("FAIL registry 127.0.0.1:1/nobody/here")
