@@ -160,6 +160,7 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
         ssh: Default::default(),
         cache_from: vec![],
         cache_to: None,
+        history: false,
     };
     let solved = solve_on(
         Target::Daemon(&daemon),
@@ -295,6 +296,45 @@ fn buildkitd_refuses_a_platform_its_workers_cannot_run_before_any_build() {
         !String::from_utf8_lossy(&tags.stdout).contains("v1"),
         "{tags:?}"
     );
+}
+
+/// Builds leave no record in BuildKit's build history unless `--build-history` asks.
+#[test]
+fn buildkitd_records_a_build_in_its_history_only_with_build_history() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    support::hello_context(dir.path(), support::HELLO);
+    let repo = registry.repo(&support::unique_name("bkd/history"));
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
+    let recorded = || {
+        support::buildkitd::recorded_repositories(&bk.unix)
+            .iter()
+            .filter(|name| **name == repo)
+            .count()
+    };
+
+    let out = support::run(polyarch_on(&bk.unix).args(["build", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(recorded(), 0);
+
+    let out = support::run(
+        polyarch_on(&bk.unix)
+            .args(["build", "--build-history", "--rebuild", "-f"])
+            .arg(&file),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(recorded(), 1);
 }
 
 #[test]

@@ -540,6 +540,7 @@ async fn solve_in_session(
             })
             .collect(),
         cache_to,
+        history: spec.build_history,
     };
     // The command line's credentials go to the image's own registry only, as the push
     // does with them.

@@ -110,6 +110,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         source_date_epoch,
         provenance,
         require_provenance,
+        build_history,
         push_by_digest,
         output: destination,
         output_args: output,
@@ -133,6 +134,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
         provenance,
         require_provenance,
+        build_history,
     };
     // Selecting an image builds the images of the project it builds FROM too, with the
     // same flags, as bake builds a target's `target:` contexts. A cycle is refused here,

@@ -89,6 +89,7 @@ impl Cx {
             provenance,
             require_provenance: provenance,
             login: None,
+            build_history: false,
         })
     }
 

@@ -196,6 +196,8 @@ pub struct ImageSpec {
     /// `--username/--password-stdin`: offered to BuildKit for the image's own registry
     /// (its pulls from and cache exports to that registry).
     pub login: Option<Credential>,
+    /// `--build-history`: the build is recorded in BuildKit's build history.
+    pub build_history: bool,
 }
 
 /// Where a setting came from, so a problem found when building (a secret that cannot be
@@ -297,6 +299,8 @@ pub struct BuildFlags {
     pub provenance: bool,
     /// `--require-provenance`: an image without provenance is a gap.
     pub require_provenance: bool,
+    /// `--build-history`: every build is recorded in BuildKit's build history.
+    pub build_history: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
     /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
@@ -590,6 +594,7 @@ impl BuildFlags {
         image.no_cache |= self.no_cache;
         image.provenance |= self.provenance;
         image.require_provenance |= self.require_provenance || image.provenance;
+        image.build_history |= self.build_history;
         image.login = login;
         Ok(())
     }

@@ -70,6 +70,36 @@ pub fn answers(address: &str, tls: Option<&std::path::Path>) -> bool {
         .is_ok_and(|s| s.success())
 }
 
+/// The repositories the image exporter of each build in the daemon's build history
+/// pushed to (`buildctl debug histories`), one per recorded build.
+pub fn recorded_repositories(address: &str) -> Vec<String> {
+    let out = Command::new(shared_binary("buildctl"))
+        .args([
+            "--addr",
+            address,
+            "debug",
+            "histories",
+            "--format",
+            "{{json .}}",
+        ])
+        .output()
+        .expect("run buildctl debug histories");
+    assert!(
+        out.status.success(),
+        "buildctl debug histories: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .flat_map(|event| {
+            let exporters = event["record"]["Exporters"].as_array().cloned();
+            exporters.into_iter().flatten()
+        })
+        .filter_map(|exporter| exporter["Attrs"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
 impl Private {
     pub fn start() -> Private {
         let tls = shared().tls;

@@ -126,6 +126,9 @@ pub struct DockerfileBuild<'a> {
     /// A registry cache reference to export to (`--cache-to`), with every intermediate
     /// layer (`mode=max`).
     pub cache_to: Option<String>,
+    /// Recorded in BuildKit's build history; otherwise the solve is marked internal, as
+    /// buildx marks its own helper solves, and BuildKit writes no record.
+    pub history: bool,
 }
 
 /// A finished solve.
@@ -215,6 +218,8 @@ pub async fn solve_on(
         exporter_attrs_deprecated: build.exporter.attrs,
         // Exports and Imports: read since BuildKit 0.4, so by Docker 20.10's 0.8 too.
         cache: Some(cache),
+        // Unknown to BuildKit before 0.11 (Docker 20.10's 0.8), which records nothing.
+        internal: !build.history,
         ..Default::default()
     };
 
