@@ -551,3 +551,52 @@ fn a_warm_rerun_reads_the_tag_once_and_a_moving_run_reads_it_back() {
     assert_exit(&out, 0);
     assert_eq!(tag_reads(seen), 1, "{:#?}", &proxy.log()[seen..]);
 }
+
+/// Another push moves the tag between this run's push and its read-back: the run judges
+/// the index the tag now names, not the one it pushed, and says that a push raced it.
+#[test]
+fn a_tag_moved_by_a_racing_push_before_the_read_back_is_a_gap_that_says_so() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let name = unique_name("race");
+    let project = Project::new(&proxy.repo(&name), "[linux/amd64]");
+    let cache = project.dir.path().join("cache");
+    assert_exit(&run(project.build().env("POLYARCH_CACHE_DIR", &cache)), 0);
+    let earlier = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{}:v1", registry.repo(&name)))
+        .output()
+        .unwrap();
+    assert!(earlier.status.success(), "{}", text(&earlier));
+    let earlier_digest = skopeo_digest(&format!("{}:v1", registry.repo(&name)), None);
+
+    // A label makes a new index; every read of the tag answers the earlier one, as if
+    // another run had pushed it again right after this run's push.
+    let yaml = std::fs::read_to_string(&project.file).unwrap();
+    std::fs::write(
+        &project.file,
+        format!("{yaml}    labels: {{raced: \"yes\"}}\n"),
+    )
+    .unwrap();
+    proxy.add(Rule {
+        method: Some("GET".into()),
+        path_contains: format!("{name}/manifests/v1"),
+        fault: Fault::respond(
+            200,
+            "application/vnd.oci.image.index.v1+json",
+            earlier.stdout,
+        ),
+        times: None,
+    });
+    let out = run(project.build().env("POLYARCH_CACHE_DIR", &cache));
+    assert_exit(&out, 1);
+    assert!(
+        text(&out).contains("another push raced this one"),
+        "{}",
+        text(&out)
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(project.record()).unwrap()).unwrap();
+    assert_eq!(record["images"][0]["digest"], earlier_digest, "{record:#}");
+    assert_eq!(record["images"][0]["covered"], false, "{record:#}");
+}

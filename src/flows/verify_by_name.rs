@@ -86,6 +86,7 @@ pub async fn verify_reference(
         registry: &registry,
         reference: parsed,
         configs,
+        pushed: None,
     };
     Ok(CoverageRecord::new(vec![
         verify(&source, &target, reporter).await?,

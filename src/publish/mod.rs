@@ -15,6 +15,7 @@ use crate::project::ImageSpec;
 use crate::registry::{ClientError, RegistryError};
 use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
 use crate::Platform;
+use futures_util::future::join_all;
 use store::{Attachment, ImageStore, StoreError};
 
 type Result<T, E = PublishError> = std::result::Result<T, E>;
@@ -78,12 +79,15 @@ pub async fn publish(
         phase: Phase::Publish,
         message: format!("publishing {} as {}", index.digest, image.tags.join(", ")),
     });
-    let mut moved = Vec::new();
-    for tag in &image.tags {
-        if destination.current(image, tag).await.as_ref() != Some(&index.digest) {
-            moved.push(tag);
-        }
-    }
+    // Each tag is asked, and moved, independently of the others: all at once.
+    let current = join_all(image.tags.iter().map(|tag| destination.current(image, tag))).await;
+    let moved: Vec<&String> = image
+        .tags
+        .iter()
+        .zip(current)
+        .filter(|(_, at)| at.as_ref() != Some(&index.digest))
+        .map(|(tag, _)| tag)
+        .collect();
     if moved.is_empty() {
         reporter.report(Event::Note {
             message: format!(
@@ -97,13 +101,12 @@ pub async fn publish(
         if interrupt.is_cancelled() {
             return Err(PublishError::Interrupted);
         }
-        for tag in moved {
-            destination.tag(image, tag, &index).await?;
+        let tagged = join_all(moved.iter().map(|tag| destination.tag(image, tag, &index)));
+        for tagged in tagged.await {
+            tagged?;
         }
     }
-    let mut checked = destination
-        .read_back(image, &index.digest, reporter)
-        .await?;
+    let mut checked = destination.read_back(image, &index, reporter).await?;
     for platform in &mut checked.platforms {
         platform.build = mine
             .iter()
@@ -462,10 +465,10 @@ mod tests {
         async fn read_back(
             &self,
             image: &ImageSpec,
-            expected: &crate::base::digest::Digest,
+            pushed: &oci::ManifestBlob,
             reporter: &dyn Reporter,
         ) -> std::result::Result<ImageCoverage, StoreError> {
-            self.store.read_back(image, expected, reporter).await
+            self.store.read_back(image, pushed, reporter).await
         }
     }
 

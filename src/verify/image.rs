@@ -1,7 +1,7 @@
 //! Verifying a project's image through its tags.
 
 use super::{verify, Checks, KnownConfigs, RegistrySource, Target, VerifyError};
-use crate::base::digest::Digest;
+use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
 use crate::project::ImageSpec;
 use crate::registry::{ClientError, Registry};
@@ -9,11 +9,15 @@ use crate::verify::coverage_record::ImageCoverage;
 use std::collections::BTreeMap;
 
 /// Reads an image's first tag back and checks it against the declared platforms; every
-/// other tag must resolve to the same digest (and to `expected`, the index just pushed).
+/// other tag must resolve to the same digest (and to `pushed`, the index just pushed).
+///
+/// With `pushed`, whose bytes are known, the entries are read beside the tags rather than
+/// after the first of them: a tag naming that digest holds exactly those bytes. A first
+/// tag holding another index (a push racing this one) has that index read and judged.
 pub async fn verify_image(
     registry: &Registry,
     image: &ImageSpec,
-    expected: Option<&Digest>,
+    pushed: Option<&ManifestBlob>,
     checks: Checks,
     configs: &dyn KnownConfigs,
     reporter: &dyn Reporter,
@@ -27,29 +31,43 @@ pub async fn verify_image(
         deep: checks.deep,
         require_provenance: checks.require_provenance || image.require_provenance,
     };
-    let source = RegistrySource {
+    let source = |pushed| RegistrySource {
         registry,
-        reference: first,
+        reference: first.clone(),
         configs,
+        pushed,
     };
-    let mut coverage = verify(&source, &target, reporter).await?;
+    // Without `pushed` the first tag is read by the verify itself.
+    let skipped = usize::from(pushed.is_none());
+    let tags =
+        futures_util::future::try_join_all(image.tags.iter().skip(skipped).map(|tag| async move {
+            let reference = image.tagged(tag)?;
+            let (_, digest) = registry
+                .get_manifest(&reference)
+                .await
+                .map_err(VerifyError::Source)?;
+            Ok::<_, VerifyError<ClientError>>(digest)
+        }));
+    let (coverage, digests) =
+        futures_util::future::join(verify(&source(pushed), &target, reporter), tags).await;
+    let (mut coverage, mut digests) = (coverage?, digests?);
+    match pushed {
+        Some(index) if digests[0] != index.digest => {
+            // The tag read back above is what the registry serves now; that is judged.
+            coverage = verify(&source(None), &target, reporter).await?;
+        }
+        Some(_) => {}
+        None => digests.insert(0, coverage.digest.clone()),
+    }
     let missing = missing_annotations(image, &coverage);
     coverage.warnings.extend(missing);
-    let wanted = expected.unwrap_or(&coverage.digest).clone();
-    for (n, tag) in image.tags.iter().enumerate() {
-        // The first tag is the one just read back.
-        let digest = if n == 0 {
-            coverage.digest.clone()
-        } else {
-            registry
-                .get_manifest(&image.tagged(tag)?)
-                .await
-                .map_err(VerifyError::Source)?
-                .1
-        };
+    let wanted = pushed
+        .map_or(&coverage.digest, |index| &index.digest)
+        .clone();
+    for (tag, digest) in image.tags.iter().zip(digests) {
         if digest != wanted {
             coverage.covered = false;
-            let why = if expected.is_some() {
+            let why = if pushed.is_some() {
                 "not the index just pushed; another push raced this one"
             } else {
                 "so the tags disagree; re-publish them together"

@@ -76,6 +76,10 @@ pub struct RegistrySource<'a> {
     pub registry: &'a Registry,
     pub reference: Reference,
     pub configs: &'a dyn KnownConfigs,
+    /// The index this run just pushed under `reference`, known byte for byte: resolving
+    /// takes it from here, and the caller reads the tag back beside the entries and checks
+    /// that it names exactly this digest (see [`verify_image`]).
+    pub pushed: Option<&'a oci::ManifestBlob>,
 }
 
 /// Which config each image manifest names, remembered across runs. A manifest's digest
@@ -98,7 +102,10 @@ impl ContentSource for RegistrySource<'_> {
     type Error = ClientError;
 
     async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
-        self.registry.get_manifest(&self.reference).await
+        match self.pushed {
+            Some(index) => Ok((index.bytes.clone(), index.digest.clone())),
+            None => self.registry.get_manifest(&self.reference).await,
+        }
     }
 
     async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {

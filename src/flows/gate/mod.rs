@@ -275,6 +275,7 @@ async fn read_images(
             registry,
             reference: reference.clone(),
             configs: &(),
+            pushed: None,
         };
         let contents = verify::read_contents(&source, &target, reporter)
             .await

@@ -128,12 +128,13 @@ impl ImageStore for FakeStore {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &Digest,
+        pushed: &ManifestBlob,
         _: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         self.calls.lock().unwrap().push("read back".into());
         let index: serde_json::Value =
-            serde_json::from_slice(&self.manifests.lock().unwrap()[expected.as_str()]).unwrap();
+            serde_json::from_slice(&self.manifests.lock().unwrap()[pushed.digest.as_str()])
+                .unwrap();
         let platforms = index["manifests"]
             .as_array()
             .unwrap()
@@ -159,8 +160,8 @@ impl ImageStore for FakeStore {
             name: image.name.clone(),
             reference: format!("{}:{}", image.repository, image.tags[0]),
             tags: image.tags.clone(),
-            digest: expected.clone(),
-            pinned: format!("{}@{expected}", image.repository),
+            digest: pushed.digest.clone(),
+            pinned: format!("{}@{}", image.repository, pushed.digest),
             media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
             annotations: BTreeMap::new(),
             declared: image.platforms.clone(),

@@ -67,11 +67,11 @@ pub trait ImageStore {
         referrer: &Referrer,
     ) -> impl Future<Output = Result<Attachment>>;
     /// Reads the image back through its tags and checks it against its declared platforms
-    /// and `expected`, the index just published.
+    /// and `pushed`, the index just published.
     fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &Digest,
+        pushed: &ManifestBlob,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ImageCoverage>>;
 }
@@ -199,20 +199,20 @@ impl ImageStore for Destination {
     async fn read_back(
         &self,
         image: &ImageSpec,
-        expected: &Digest,
+        pushed: &ManifestBlob,
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
             Destination::Registry(r) => Ok(verify::verify_image(
                 r,
                 image,
-                Some(expected),
+                Some(pushed),
                 verify::Checks::default(),
                 &(),
                 reporter,
             )
             .await?),
-            Destination::Layout(l) => read_back_layout(l, image, expected, reporter).await,
+            Destination::Layout(l) => read_back_layout(l, image, &pushed.digest, reporter).await,
         }
     }
 }
