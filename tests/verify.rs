@@ -133,6 +133,56 @@ fn verify_finds_every_kind_of_gap_in_what_registries_hold() {
     assert!(String::from_utf8_lossy(&out.stderr).contains(":nope"));
 }
 
+/// verify remembers what a tag named, to read its entries beside the tag next time: a tag
+/// moved since is judged by what it names now, each time.
+#[test]
+fn verify_judges_a_moved_tag_by_what_it_names_now() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = unique_name("verify/moved");
+    build(
+        dir.path(),
+        HELLO,
+        &registry.repo(&repo),
+        "[linux/amd64, linux/arm64]",
+    );
+    let index = get_manifest(&registry, &repo, "v1");
+    let amd64 = serde_json::from_slice::<Value>(&index).unwrap()["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let single = get_manifest(&registry, &repo, &amd64);
+    let cache = dir.path().join("cache");
+    let tag = registry.repo(&format!("{repo}:v1"));
+    let verify_tag = || {
+        let out = run(polyarch()
+            .env("POLYARCH_CACHE_DIR", &cache)
+            .args(["verify", &tag, "--platform", "linux/amd64,linux/arm64"])
+            .args(["--output-format", "json"]));
+        let record: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.code(), record)
+    };
+
+    for (moved_to, media_type, code) in [
+        (None, INDEX, 0),
+        (Some(&single), MANIFEST, 1),
+        (Some(&index), INDEX, 0),
+        (Some(&single), MANIFEST, 1),
+    ] {
+        if let Some(bytes) = moved_to {
+            registry.put_manifest(&repo, "v1", bytes, media_type);
+        }
+        let (status, record) = verify_tag();
+        assert_eq!(status, Some(code), "{record:#}");
+        let missing = if code == 0 {
+            json!([])
+        } else {
+            json!(["linux/arm64"])
+        };
+        assert_eq!(record["images"][0]["missing"], missing, "{record:#}");
+    }
+}
+
 #[test]
 fn deep_verify_catches_an_arm64_entry_holding_an_x86_64_binary() {
     let registry = Registry::start();

@@ -244,7 +244,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         require_provenance: args.require_provenance,
     };
     let reporter = reporter(&args.output);
-    let configs = polyarch::flows::cache::ConfigMemory::open();
+    let memory = polyarch::flows::cache::VerifyMemory::open();
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
             polyarch::flows::verify_by_name::verify_reference(
@@ -252,7 +252,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 &args.platform,
                 &options,
                 checks,
-                &configs,
+                &memory,
                 reporter.as_ref(),
             )
             .await
@@ -264,7 +264,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 images,
                 &options,
                 checks,
-                &configs,
+                &memory,
                 reporter.as_ref(),
             )
             .await
@@ -274,7 +274,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
             "verify takes one REFERENCE with --platform, or -f polyarch.yaml [IMAGE ...]".into(),
         )),
     };
-    configs.save();
+    memory.save();
     drop(reporter);
     finish(&outcome?, &args.output)
 }

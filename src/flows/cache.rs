@@ -236,29 +236,71 @@ impl EmulationMemory {
     }
 }
 
-/// Which config each image manifest names, by the manifest's digest: `verify` asks for
-/// an entry's config beside its manifest (see [`crate::verify::KnownConfigs`]).
-pub struct ConfigMemory(Store<Digest>);
+/// What `verify` read (see [`crate::verify::ReadMemory`]): which config each image
+/// manifest names, by the manifest's digest (`configs.json`), so an entry's config is
+/// asked for beside its manifest; and the manifest each reference resolved to
+/// (`references.json`), so its entries are asked for beside the reference itself.
+pub struct VerifyMemory {
+    configs: Store<Digest>,
+    references: Store<ResolvedManifest>,
+}
 
-impl ConfigMemory {
-    pub fn open() -> ConfigMemory {
-        ConfigMemory(Store::open("configs.json"))
+/// A manifest as a reference resolved to it: a registry's manifests are JSON, kept as text.
+#[derive(Clone, Serialize, Deserialize)]
+struct ResolvedManifest {
+    digest: Digest,
+    manifest: String,
+}
+
+impl VerifyMemory {
+    pub fn open() -> VerifyMemory {
+        VerifyMemory {
+            configs: Store::open("configs.json"),
+            references: Store::open("references.json"),
+        }
     }
 
     pub fn save(&self) {
-        self.0.save()
+        self.configs.save();
+        self.references.save();
     }
 }
 
-impl crate::verify::KnownConfigs for ConfigMemory {
+impl crate::verify::ReadMemory for VerifyMemory {
     fn config_of(&self, manifest: &Digest) -> Option<Digest> {
-        self.0.get(manifest.as_str())
+        self.configs.get(manifest.as_str())
     }
 
     fn remember(&self, manifest: &Digest, config: &Digest) {
-        self.0.put(manifest.to_string(), config.clone());
+        self.configs.put(manifest.to_string(), config.clone());
+    }
+
+    fn resolved_by(&self, reference: &str) -> Option<(Vec<u8>, Digest)> {
+        let resolved = self.references.get(reference)?;
+        // A file edited by hand is no guess at all.
+        (Digest::of(resolved.manifest.as_bytes()) == resolved.digest)
+            .then(|| (resolved.manifest.into_bytes(), resolved.digest))
+    }
+
+    fn remember_resolved(&self, reference: &str, bytes: &[u8], digest: &Digest) {
+        let Ok(manifest) = std::str::from_utf8(bytes) else {
+            return;
+        };
+        if bytes.len() > MAX_REMEMBERED_MANIFEST {
+            return;
+        }
+        self.references.put(
+            reference.to_string(),
+            ResolvedManifest {
+                digest: digest.clone(),
+                manifest: manifest.to_string(),
+            },
+        );
     }
 }
+
+/// Larger manifests (an index of hundreds of entries) are read again rather than kept.
+const MAX_REMEMBERED_MANIFEST: usize = 64 * 1024;
 
 /// Repositories kept per blob: enough to find a live source after a few deletions,
 /// few enough that a failed mount costs little.
@@ -315,12 +357,38 @@ mod tests {
 
     #[test]
     fn a_remembered_config_is_found_by_its_manifest_digest() {
-        use crate::verify::KnownConfigs;
-        let memory = ConfigMemory(Store::in_memory());
+        use crate::verify::ReadMemory;
+        let memory = VerifyMemory {
+            configs: Store::in_memory(),
+            references: Store::in_memory(),
+        };
         let (manifest, config) = (Digest::of(b"manifest"), Digest::of(b"config"));
         assert_eq!(memory.config_of(&manifest), None);
         memory.remember(&manifest, &config);
         assert_eq!(memory.config_of(&manifest), Some(config));
+    }
+
+    #[test]
+    fn what_a_reference_resolved_to_is_kept_whole_and_only_if_its_digest_holds() {
+        use crate::verify::ReadMemory;
+        let memory = VerifyMemory {
+            configs: Store::in_memory(),
+            references: Store::in_memory(),
+        };
+        let index = br#"{"schemaVersion":2,"manifests":[]}"#;
+        let reference = "r.io/app:v1";
+        memory.remember_resolved(reference, index, &Digest::of(index));
+        assert_eq!(
+            memory.resolved_by(reference),
+            Some((index.to_vec(), Digest::of(index)))
+        );
+        assert_eq!(memory.resolved_by("r.io/app:v2"), None);
+        // An entry whose text no longer has its digest (edited by hand) is no guess.
+        memory.remember_resolved(reference, index, &Digest::of(b"other"));
+        assert_eq!(memory.resolved_by(reference), None);
+        // Neither text that is not UTF-8 nor a very large manifest is kept.
+        memory.remember_resolved("r.io/app:bin", &[0xff, 0xfe], &Digest::of(&[0xff, 0xfe]));
+        assert_eq!(memory.resolved_by("r.io/app:bin"), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::publish::layout::{parse_layout_reference, LayoutSource, OciLayout};
 use crate::publish::store::connect_registry;
 use crate::registry::{self, Registry, RegistryOptions};
 use crate::verify::coverage_record::CoverageRecord;
-use crate::verify::{verify, verify_image, Checks, KnownConfigs, RegistrySource, Target};
+use crate::verify::{verify, verify_image, Checks, ReadMemory, RegistrySource, Target};
 use crate::{Platform, Result};
 
 /// `verify -f polyarch.yaml [IMAGE …]`: each selected image's tags against its platforms.
@@ -18,16 +18,18 @@ pub async fn verify_project(
     selected: &[String],
     options: &RegistryOptions,
     checks: Checks,
-    configs: &dyn KnownConfigs,
+    memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let images = plan::select(project, selected)?;
     let registry = connect_registry(&images, options, false).await?;
-    let mut coverage = Vec::new();
-    for image in &images {
-        coverage.push(verify_image(&registry, image, None, checks, configs, reporter).await?);
-    }
-    Ok(CoverageRecord::new(coverage))
+    // Images are independent: all read at once.
+    let coverage = futures_util::future::try_join_all(
+        images
+            .iter()
+            .map(|image| verify_image(&registry, image, None, checks, memory, reporter)),
+    );
+    Ok(CoverageRecord::new(coverage.await?))
 }
 
 /// `verify REF --platform …`: a tag or digest someone else may have pushed.
@@ -36,7 +38,7 @@ pub async fn verify_reference(
     declared: &[Platform],
     options: &RegistryOptions,
     checks: Checks,
-    configs: &dyn KnownConfigs,
+    memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
     let Checks {
@@ -85,7 +87,7 @@ pub async fn verify_reference(
     let source = RegistrySource {
         registry: &registry,
         reference: parsed,
-        configs,
+        memory,
         pushed: None,
     };
     Ok(CoverageRecord::new(vec![

@@ -1,6 +1,6 @@
 //! Verifying a project's image through its tags.
 
-use super::{verify, Checks, KnownConfigs, RegistrySource, Target, VerifyError};
+use super::{verify, Checks, ReadMemory, RegistrySource, Target, VerifyError};
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
 use crate::project::ImageSpec;
@@ -19,7 +19,7 @@ pub async fn verify_image(
     image: &ImageSpec,
     pushed: Option<&ManifestBlob>,
     checks: Checks,
-    configs: &dyn KnownConfigs,
+    memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage, VerifyError<ClientError>> {
     let first = image.first_tag()?;
@@ -34,7 +34,7 @@ pub async fn verify_image(
     let source = |pushed| RegistrySource {
         registry,
         reference: first.clone(),
-        configs,
+        memory,
         pushed,
     };
     // Without `pushed` the first tag is read by the verify itself.

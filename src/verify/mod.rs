@@ -63,6 +63,13 @@ pub trait ContentSource {
     }
     /// The config the manifest `digest` names, for [`ContentSource::known_config`].
     fn learned_config(&self, _manifest: &Digest, _config: &Digest) {}
+    /// What the reference resolved to when last read (bytes and digest): its entries are
+    /// read beside resolving it again, and count only if it still resolves there.
+    fn last_resolved(&self) -> Option<(Vec<u8>, Digest)> {
+        None
+    }
+    /// What the reference resolves to now, for [`ContentSource::last_resolved`].
+    fn resolved(&self, _bytes: &[u8], _digest: &Digest) {}
     /// `--deep`: streams the layers and checks the entrypoint's binary against `platform`.
     fn inspect(
         &self,
@@ -75,27 +82,36 @@ pub trait ContentSource {
 pub struct RegistrySource<'a> {
     pub registry: &'a Registry,
     pub reference: Reference,
-    pub configs: &'a dyn KnownConfigs,
+    pub memory: &'a dyn ReadMemory,
     /// The index this run just pushed under `reference`, known byte for byte: resolving
     /// takes it from here, and the caller reads the tag back beside the entries and checks
     /// that it names exactly this digest (see [`verify_image`]).
     pub pushed: Option<&'a oci::ManifestBlob>,
 }
 
-/// Which config each image manifest names, remembered across runs. A manifest's digest
-/// fixes its config's, so a remembered one is never stale; it only lets `verify` ask for
-/// an entry's manifest and config in one wave. Both are still read and checked.
-pub trait KnownConfigs: Sync {
+/// What earlier reads found, remembered across runs, so that `verify` asks for what it
+/// will need in fewer waves; everything is still read and checked. A manifest's digest
+/// fixes its config's, so a remembered config is never stale; a tag's index may be, so
+/// it counts only when the tag, read beside it, still names its digest.
+pub trait ReadMemory: Sync {
+    /// The config the manifest `manifest` names.
     fn config_of(&self, manifest: &Digest) -> Option<Digest>;
     fn remember(&self, manifest: &Digest, config: &Digest);
+    /// The manifest (bytes and digest) `reference` resolved to when last read.
+    fn resolved_by(&self, reference: &str) -> Option<(Vec<u8>, Digest)>;
+    fn remember_resolved(&self, reference: &str, bytes: &[u8], digest: &Digest);
 }
 
 /// Nothing remembered.
-impl KnownConfigs for () {
+impl ReadMemory for () {
     fn config_of(&self, _: &Digest) -> Option<Digest> {
         None
     }
     fn remember(&self, _: &Digest, _: &Digest) {}
+    fn resolved_by(&self, _: &str) -> Option<(Vec<u8>, Digest)> {
+        None
+    }
+    fn remember_resolved(&self, _: &str, _: &[u8], _: &Digest) {}
 }
 
 impl ContentSource for RegistrySource<'_> {
@@ -138,11 +154,25 @@ impl ContentSource for RegistrySource<'_> {
     }
 
     fn known_config(&self, manifest: &Digest) -> Option<Digest> {
-        self.configs.config_of(manifest)
+        self.memory.config_of(manifest)
     }
 
     fn learned_config(&self, manifest: &Digest, config: &Digest) {
-        self.configs.remember(manifest, config)
+        self.memory.remember(manifest, config)
+    }
+
+    fn last_resolved(&self) -> Option<(Vec<u8>, Digest)> {
+        match self.pushed {
+            Some(_) => None,
+            None => self.memory.resolved_by(&self.reference.whole()),
+        }
+    }
+
+    fn resolved(&self, bytes: &[u8], digest: &Digest) {
+        if self.pushed.is_none() {
+            self.memory
+                .remember_resolved(&self.reference.whole(), bytes, digest)
+        }
     }
 
     async fn inspect(
@@ -223,7 +253,35 @@ pub async fn read_contents<S: ContentSource>(
         phase: Phase::Verify,
         message: format!("reading {} back", target.reference),
     });
-    let (bytes, digest) = source.resolve().await.map_err(VerifyError::Source)?;
+    // What the reference named last time is read beside resolving it again: if it still
+    // names that digest, everything was read in the same wave as the reference itself.
+    let (bytes, digest) = match source.last_resolved() {
+        Some((last, last_digest)) => {
+            let (now, guessed) = futures_util::future::join(
+                source.resolve(),
+                contents_of(source, target, last, last_digest.clone()),
+            )
+            .await;
+            let now = now.map_err(VerifyError::Source)?;
+            if now.1 == last_digest {
+                return guessed;
+            }
+            now
+        }
+        None => source.resolve().await.map_err(VerifyError::Source)?,
+    };
+    source.resolved(&bytes, &digest);
+    contents_of(source, target, bytes, digest).await
+}
+
+/// What the manifest `bytes` (of `digest`) the reference resolved to holds, entry by
+/// entry, each checked.
+async fn contents_of<S: ContentSource>(
+    source: &S,
+    target: &Target,
+    bytes: Vec<u8>,
+    digest: Digest,
+) -> Result<Contents<S::Error>, VerifyError<S::Error>> {
     let mut warnings = Vec::new();
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
@@ -665,6 +723,8 @@ mod tests {
         index: Vec<u8>,
         blobs: BTreeMap<Digest, Vec<u8>>,
         known: BTreeMap<Digest, Digest>,
+        /// What the reference resolved to last time; with it, resolving is a read too.
+        last: Option<(Vec<u8>, Digest)>,
         finished: AtomicUsize,
         asked: Mutex<Vec<(String, usize)>>,
     }
@@ -727,7 +787,11 @@ mod tests {
         type Error = ClientError;
 
         async fn resolve(&self) -> Result<(Vec<u8>, Digest), ClientError> {
-            Ok((self.index.clone(), Digest::of(&self.index)))
+            let digest = Digest::of(&self.index);
+            if self.last.is_some() {
+                self.read("index", &digest).await?;
+            }
+            Ok((self.index.clone(), digest))
         }
         async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
             self.read("manifest", digest).await
@@ -743,6 +807,9 @@ mod tests {
         }
         fn known_config(&self, manifest: &Digest) -> Option<Digest> {
             self.known.get(manifest).cloned()
+        }
+        fn last_resolved(&self) -> Option<(Vec<u8>, Digest)> {
+            self.last.clone()
         }
         async fn inspect(
             &self,
@@ -796,6 +863,37 @@ mod tests {
             late.len() == 2 && late.iter().all(|r| r.starts_with("config")),
             "{late:?}"
         );
+    }
+
+    /// With what the reference named last time remembered, the reference and every entry's
+    /// manifest, config and referrers are asked for in one wave.
+    #[tokio::test]
+    async fn a_remembered_index_is_read_in_the_same_wave_as_the_reference() {
+        let mut fake = Fake::two_platforms(true);
+        fake.last = Some((fake.index.clone(), Digest::of(&fake.index)));
+        let silent = &crate::base::progress::Silent;
+        let coverage = verify(&fake, &target(&["amd64", "arm64"]), silent)
+            .await
+            .unwrap();
+        assert!(coverage.covered, "{:?}", coverage.warnings);
+        assert_eq!(fake.asked.lock().unwrap().len(), 7);
+        assert_eq!(fake.asked_late(), Vec::<String>::new());
+    }
+
+    /// A reference that moved since it was remembered: what it names now is judged.
+    #[tokio::test]
+    async fn a_remembered_index_the_reference_no_longer_names_is_not_trusted() {
+        let mut fake = Fake::two_platforms(true);
+        let empty = json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX, "manifests": []});
+        let empty = empty.to_string().into_bytes();
+        fake.last = Some((empty.clone(), Digest::of(&empty)));
+        let silent = &crate::base::progress::Silent;
+        let coverage = verify(&fake, &target(&["amd64", "arm64"]), silent)
+            .await
+            .unwrap();
+        assert!(coverage.covered, "{:?}", coverage.warnings);
+        assert_eq!(coverage.digest, Digest::of(&fake.index));
+        assert_eq!(coverage.platforms.len(), 2);
     }
 
     /// A remembered config the manifest does not name is not used: the named one is read.

@@ -274,7 +274,7 @@ async fn read_images(
         let source = RegistrySource {
             registry,
             reference: reference.clone(),
-            configs: &(),
+            memory: &(),
             pushed: None,
         };
         let contents = verify::read_contents(&source, &target, reporter)
