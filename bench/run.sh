@@ -273,10 +273,10 @@ use_cache() {
 PA_ENGINE=20
 
 # run_pa FILE: polyarch build of a project file -> prints elapsed seconds
-run_pa() {
+run_pa() { # PROJECT [EXTRA FLAGS…]
   local t0
   t0=$(now)
-  pa build -f "$1" --record "$1.record.json" --quiet >>"$tmp/polyarch.out" 2>>"$tmp/polyarch.err" </dev/null \
+  pa build -f "$1" --record "$1.record.json" --quiet "${@:2}" >>"$tmp/polyarch.out" 2>>"$tmp/polyarch.err" </dev/null \
     || { log "polyarch build -f $1 failed (see below)"; tail -n 8 "$tmp/polyarch.err" >&2; return 1; }
   since "$t0"
 }
@@ -625,6 +625,9 @@ if [[ $on26 == 1 ]]; then
     add ctx-polyarch "$(run_pa "$c500.polyarch.yaml")" "$i"
     change_pkg
     add ctx-buildx "$(run_buildx "$c500" "$host/ctx/buildx" "amd64 arm64")" "$i"
+    # polyarch as buildx records builds: in BuildKit's build history
+    change_pkg
+    add ctx-polyarch-history "$(run_pa "$c500.polyarch.yaml" --build-history)" "$i"
   done
 
   # many images: NIMG small images x 2 platforms in one project / one bake file, cold;
@@ -902,6 +905,7 @@ table() {
   fi
   if [[ $on26 == 1 ]]; then
     echo "- buildx on Docker $engine26_version: \`docker buildx build -q --platform linux/amd64,linux/arm64 --provenance=false --network none --push -t REG/x:t DIR\` (the default \`docker\` driver; on the containerd image store it builds both platforms in one solve and pushes one index), then \`skopeo inspect --raw --tls-verify=false docker://REG/x:t\` as its \"+verify\": the same read-back of the tag the classic workflow gets. It is less than polyarch's verify (the index only, not each entry's manifest and config), so the comparison favours buildx slightly (a read-back costs ~10–20 ms here). A private \`DOCKER_CONFIG\` holds buildx 0.13.1 as a CLI plugin."
+    echo "- BuildKit's build history: buildx records every build in it (\`docker buildx history\`); polyarch does not unless \`--build-history\` is given (the solve is marked internal), which spares the engine writing the record and its provenance after the push. The ${CTX_MB} MB context figure with \`--build-history\`, timed in the same loop: $(fmt "${M[ctx-polyarch-history]:-}")s, $(ratio "${M[ctx-polyarch-history]:-}" "${M[ctx-buildx]:-}")× buildx."
     echo "- ${CTX_MB} MB context: \`node_modules/\` with $ctx_count files (1 000 package directories of 20 files of 25 kB random data each, ${ctx_du} MiB on disk, made once in ${ctx_gen_s}s by bench/gen-node-modules.py and shared by both contenders), \`package.json\`, and a Dockerfile \`FROM scratch\` + \`COPY package.json /\`; no .dockerignore. Each contender builds it once untimed; every timed run first writes a new package.json, then builds both platforms, pushes (to the same repository and tag each time, as a user's rebuild does) and reads back."
     echo "- $NIMG images: per run $NIMG fresh contexts (\`FROM scratch\`, \`COPY nonce\`, busybox per arch, \`COPY data /data\` with 1 MB of its own random data, no RUN), each its own repository. polyarch: one polyarch.yaml listing all $NIMG, one \`polyarch build\`. buildx: a generated docker-bake.hcl with the same $NIMG targets (\`context\`, \`platforms = [\"linux/amd64\", \"linux/arm64\"]\`, \`tags\`, \`network = \"none\"\`, one group), \`docker buildx bake -f docker-bake.hcl --provenance=false --push\`, then \`skopeo inspect --raw\` of each of the $NIMG tags. polyarch's 1-image figure: the same kind of image alone in its own project, cold."
   fi
