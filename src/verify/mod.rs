@@ -9,6 +9,7 @@ use crate::registry::{ClientError, Registry, RegistryError};
 use crate::verify::coverage_record::{DeepCheck, ImageCoverage, PlatformCoverage, PlatformStatus};
 use crate::verify::entrypoint::{DeepReport, Finding};
 use crate::Platform;
+use futures_util::future::Either;
 use oci_client::Reference;
 use oci_spec::image::ImageManifest;
 use std::collections::BTreeMap;
@@ -255,16 +256,22 @@ pub async fn read_contents<S: ContentSource>(
     });
     // What the reference named last time is read beside resolving it again: if it still
     // names that digest, everything was read in the same wave as the reference itself.
+    // A reference that moved has the reads for its old manifest dropped as soon as that is
+    // known (with `--deep` they stream layers).
     let (bytes, digest) = match source.last_resolved() {
         Some((last, last_digest)) => {
-            let (now, guessed) = futures_util::future::join(
-                source.resolve(),
-                contents_of(source, target, last, last_digest.clone()),
-            )
-            .await;
+            let guessed = std::pin::pin!(contents_of(source, target, last, last_digest.clone()));
+            let now = std::pin::pin!(source.resolve());
+            let (now, guessed) = match futures_util::future::select(now, guessed).await {
+                Either::Left((now, guessed)) => (now, Either::Left(guessed)),
+                Either::Right((contents, now)) => (now.await, Either::Right(contents)),
+            };
             let now = now.map_err(VerifyError::Source)?;
             if now.1 == last_digest {
-                return guessed;
+                return match guessed {
+                    Either::Left(guessed) => guessed.await,
+                    Either::Right(contents) => contents,
+                };
             }
             now
         }
@@ -754,6 +761,7 @@ mod tests {
                 "manifests": entries})
             .to_string()
             .into_bytes();
+            fake.put(fake.index.clone());
             fake
         }
 
@@ -769,8 +777,12 @@ mod tests {
             self.asked.lock().unwrap().push((name, finished));
             // Every read that is asked at once is asked before any of them finishes.
             tokio::task::yield_now().await;
+            let Some(bytes) = self.blobs.get(digest) else {
+                // Content the registry does not hold: a read that never ends.
+                return std::future::pending().await;
+            };
             self.finished.fetch_add(1, Ordering::SeqCst);
-            Ok(self.blobs.get(digest).cloned().unwrap_or_default())
+            Ok(bytes.clone())
         }
 
         fn asked_late(&self) -> Vec<String> {
@@ -880,16 +892,22 @@ mod tests {
         assert_eq!(fake.asked_late(), Vec::<String>::new());
     }
 
-    /// A reference that moved since it was remembered: what it names now is judged.
+    /// A reference that moved since it was remembered: what it names now is judged, and the
+    /// reads for what it named before are dropped unfinished.
     #[tokio::test]
     async fn a_remembered_index_the_reference_no_longer_names_is_not_trusted() {
         let mut fake = Fake::two_platforms(true);
-        let empty = json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX, "manifests": []});
-        let empty = empty.to_string().into_bytes();
-        fake.last = Some((empty.clone(), Digest::of(&empty)));
+        let gone = json!({"mediaType": oci::OCI_MANIFEST, "digest": Digest::of(b"gone").as_str(),
+            "size": 1, "platform": {"architecture": "amd64", "os": "linux"}});
+        let old = json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX, "manifests": [gone]});
+        let old = old.to_string().into_bytes();
+        fake.last = Some((old.clone(), Digest::of(&old)));
         let silent = &crate::base::progress::Silent;
-        let coverage = verify(&fake, &target(&["amd64", "arm64"]), silent)
+        let both = target(&["amd64", "arm64"]);
+        let verified = verify(&fake, &both, silent);
+        let coverage = tokio::time::timeout(std::time::Duration::from_secs(30), verified)
             .await
+            .expect("the old manifest's unending read was not dropped")
             .unwrap();
         assert!(coverage.covered, "{:?}", coverage.warnings);
         assert_eq!(coverage.digest, Digest::of(&fake.index));
