@@ -269,7 +269,7 @@ impl FileHashes {
         })
     }
 
-    /// Writes what changed; past [`MAX_FILE_HASHES`] entries, those this run did not use go.
+    /// Writes what changed; past `MAX_FILE_HASHES` entries, those this run did not use go.
     pub fn save(&self) {
         if !self.changed.swap(false, Ordering::Relaxed) {
             return;

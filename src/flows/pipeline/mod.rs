@@ -38,7 +38,7 @@ pub struct BuildOptions {
     /// Restrict to these platforms.
     pub platforms: Vec<Platform>,
     pub registry: RegistryOptions,
-    /// `--jobs`: solves running at once; None for the defaults of [`job_limits`].
+    /// `--jobs`: solves running at once; None for the defaults of `job_limits`.
     pub jobs: Option<usize>,
     /// Write an OCI image layout directory instead of pushing (`--output oci:DIR`).
     pub layout: Option<std::path::PathBuf>,
