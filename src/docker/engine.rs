@@ -170,10 +170,9 @@ impl Engine {
             }
             None => {
                 // One `/version`, beside `/info`: Docker answers each in 7–8 ms, Podman in
-                // 0.2–0.3 s. No
-                // `negotiate_version` (a second `/version`): bollard's request paths carry
-                // no `/vX.Y` prefix, so every engine answers at the API version it serves.
-                // Both are asked beside the probe, whose failure is the one told.
+                // 0.2–0.3 s. No `negotiate_version` (a second `/version`): bollard's request
+                // paths carry no `/vX.Y` prefix, so every engine answers at the API version
+                // it serves. Both are asked beside the probe, whose failure is the one told.
                 let answers = async {
                     let docker = location.docker().map_err(unanswered)?;
                     let (version, info) =
