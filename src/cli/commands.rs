@@ -289,7 +289,10 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     };
     let registry = registry_options(&args.registry)?;
     let reporter = reporter(&args.output);
-    let report = polyarch::flows::gate::run(&options, &registry, reporter.as_ref()).await?;
+    let memory = polyarch::flows::cache::VerifyMemory::open();
+    let report = polyarch::flows::gate::run(&options, &registry, &memory, reporter.as_ref()).await;
+    memory.save();
+    let report = report?;
     drop(reporter);
     if let Some(path) = &args.output.record {
         report.write(path)?;

@@ -22,7 +22,7 @@ use crate::k8s::{
 };
 use crate::registry::{self, Registry, RegistryOptions};
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
-use crate::verify::{self, Contents, RegistrySource, Target};
+use crate::verify::{self, Contents, ReadMemory, RegistrySource, Target};
 use futures_util::StreamExt;
 use oci_client::Reference;
 use serde::{Deserialize, Serialize};
@@ -197,11 +197,13 @@ impl GateReport {
     }
 }
 
-/// Runs the gate: reads manifests and nodes, reads every image, judges, and with `--pin`
-/// writes the pinned manifests. Input mistakes fail before any registry is asked.
+/// Runs the gate: reads manifests and nodes, reads every image (with what `memory` holds
+/// of earlier reads, as `verify`), judges, and with `--pin` writes the pinned manifests.
+/// Input mistakes fail before any registry is asked.
 pub async fn run(
     options: &GateOptions,
     registry: &RegistryOptions,
+    memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<GateReport> {
     let files = k8s::load_manifests(&options.manifests)?;
@@ -210,7 +212,7 @@ pub async fn run(
     }
     let pools = k8s::load_nodes(&options.nodes)?;
     let images = image_references(&files)?;
-    let read = read_images(&images, registry, options.deep, reporter).await?;
+    let read = read_images(&images, registry, options.deep, memory, reporter).await?;
     let mut report = judge(&files, &pools, &read, options.strict);
     if let Some(dir) = &options.pin {
         report.pinned = pin(&files, &report.images, dir)?;
@@ -248,6 +250,7 @@ async fn read_images(
     images: &[(String, Reference)],
     options: &RegistryOptions,
     deep: bool,
+    memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<BTreeMap<String, Result<Contents>>> {
     if images.is_empty() {
@@ -274,7 +277,7 @@ async fn read_images(
         let source = RegistrySource {
             registry,
             reference: reference.clone(),
-            memory: &(),
+            memory,
             pushed: None,
         };
         let contents = verify::read_contents(&source, &target, reporter)
