@@ -546,6 +546,13 @@ fn a_warm_rerun_reads_the_tag_once_and_a_moving_run_reads_it_back() {
     let out = run(project.build().env("POLYARCH_CACHE_DIR", &cache));
     assert_exit(&out, 0);
     assert_eq!(tag_reads(0), 2, "{:#?}", proxy.log());
+    // The read-back leaves what the tag names for a later verify or gate to read at once.
+    let references = std::fs::read_to_string(cache.join("references.json")).unwrap();
+    let served = skopeo_digest(&format!("{}:v1", registry.repo(&name)), None);
+    assert!(
+        references.contains(&format!("{}:v1", proxy.repo(&name))) && references.contains(&served),
+        "{references}"
+    );
     let seen = proxy.log().len();
     let out = run(project.build().env("POLYARCH_CACHE_DIR", &cache));
     assert_exit(&out, 0);

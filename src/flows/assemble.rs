@@ -5,6 +5,7 @@
 use crate::base::digest::Digest;
 use crate::base::oci::{self, ConfigPlatform, IndexEntry, OciError};
 use crate::base::progress::Reporter;
+use crate::flows::cache::VerifyMemory;
 use crate::project::plan;
 use crate::project::{ImageSpec, Project};
 use crate::publish::store::{connect_registry, Destination};
@@ -69,8 +70,10 @@ pub async fn assemble(
         .iter()
         .map(|(image, pushed)| (**image, pushed.iter().collect()))
         .collect();
-    let published = publish_all(&destination, &ready, interrupt, reporter).await?;
-    Ok(CoverageRecord::new(published))
+    let memory = VerifyMemory::open();
+    let published = publish_all(&destination, &ready, &memory, interrupt, reporter).await;
+    memory.save();
+    Ok(CoverageRecord::new(published?))
 }
 
 /// The part platform for each of `image`'s declared platforms, in declared order: each

@@ -14,6 +14,7 @@ use crate::base::reference::ReferenceError;
 use crate::project::ImageSpec;
 use crate::registry::{ClientError, RegistryError};
 use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
+use crate::verify::ReadMemory;
 use crate::Platform;
 use futures_util::future::join_all;
 use store::{Attachment, ImageStore, StoreError};
@@ -60,11 +61,13 @@ pub fn index_of(
         .map_err(|e| ClientError::registry(image.repository.clone(), RegistryError::Content(e)))
 }
 
-/// Publishes one image: every tag that does not point at its index yet, then reads it back.
+/// Publishes one image: every tag that does not point at its index yet, then reads it back
+/// (leaving in `memory` what a later `verify` or `gate` of its tags will read).
 pub async fn publish(
     destination: &impl ImageStore,
     image: &ImageSpec,
     pushed: &[&Pushed],
+    memory: &dyn ReadMemory,
     interrupt: &tokio_util::sync::CancellationToken,
     reporter: &dyn Reporter,
 ) -> Result<ImageCoverage> {
@@ -106,7 +109,9 @@ pub async fn publish(
             tagged?;
         }
     }
-    let mut checked = destination.read_back(image, &index, reporter).await?;
+    let mut checked = destination
+        .read_back(image, &index, memory, reporter)
+        .await?;
     for platform in &mut checked.platforms {
         platform.build = mine
             .iter()
@@ -123,14 +128,14 @@ pub async fn publish(
 pub async fn publish_all(
     destination: &impl ImageStore,
     images: &[(&ImageSpec, Vec<&Pushed>)],
+    memory: &dyn ReadMemory,
     interrupt: &tokio_util::sync::CancellationToken,
     reporter: &dyn Reporter,
 ) -> Result<Vec<ImageCoverage>> {
-    let published = futures_util::future::join_all(
-        images
-            .iter()
-            .map(|(image, pushed)| publish(destination, image, pushed, interrupt, reporter)),
-    );
+    let published =
+        futures_util::future::join_all(images.iter().map(|(image, pushed)| {
+            publish(destination, image, pushed, memory, interrupt, reporter)
+        }));
     published.await.into_iter().collect()
 }
 
@@ -220,6 +225,7 @@ mod tests {
             store,
             image,
             &refs,
+            &(),
             interrupt,
             &crate::base::progress::Silent,
         )
@@ -466,9 +472,10 @@ mod tests {
             &self,
             image: &ImageSpec,
             pushed: &oci::ManifestBlob,
+            memory: &dyn ReadMemory,
             reporter: &dyn Reporter,
         ) -> std::result::Result<ImageCoverage, StoreError> {
-            self.store.read_back(image, pushed, reporter).await
+            self.store.read_back(image, pushed, memory, reporter).await
         }
     }
 
@@ -491,7 +498,8 @@ mod tests {
             .map(|(i, p)| (i, p.iter().collect()))
             .collect();
         let interrupt = CancellationToken::new();
-        publish_all(store, &images, &interrupt, &crate::base::progress::Silent).await
+        let silent = &crate::base::progress::Silent;
+        publish_all(store, &images, &(), &interrupt, silent).await
     }
 
     #[tokio::test]

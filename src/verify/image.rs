@@ -56,7 +56,7 @@ pub async fn verify_image(
             // The tag read back above is what the registry serves now; that is judged.
             coverage = verify(&source(None), &target, reporter).await?;
         }
-        Some(_) => {}
+        Some(index) => memory.remember_resolved(&first.whole(), &index.bytes, &index.digest),
         None => digests.insert(0, coverage.digest.clone()),
     }
     let missing = missing_annotations(image, &coverage);

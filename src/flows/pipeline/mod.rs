@@ -15,7 +15,7 @@ use crate::builder::file_hashes::FileHashes;
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
-use crate::flows::cache::{self, BlobMemory, BuildMemory, PushCache};
+use crate::flows::cache::{self, BlobMemory, BuildMemory, PushCache, VerifyMemory};
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
@@ -307,8 +307,18 @@ pub async fn build(
             (built.rebased.get(&image.name).unwrap_or(image), mine)
         })
         .collect();
-    let published = publish_all(&built.destination, &images, &options.interrupt, reporter);
-    Ok(CoverageRecord::new(published.await?))
+    // What the read-back finds is what a later `verify` or `gate` of the tags will read.
+    let memory = VerifyMemory::open();
+    let published = publish_all(
+        &built.destination,
+        &images,
+        &memory,
+        &options.interrupt,
+        reporter,
+    );
+    let published = published.await;
+    memory.save();
+    Ok(CoverageRecord::new(published?))
 }
 
 /// `build --push-by-digest`: pushes this runner's platforms by digest and records them

@@ -129,6 +129,7 @@ impl ImageStore for FakeStore {
         &self,
         image: &ImageSpec,
         pushed: &ManifestBlob,
+        _: &dyn crate::verify::ReadMemory,
         _: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         self.calls.lock().unwrap().push("read back".into());

@@ -16,7 +16,7 @@ use crate::project::ImageSpec;
 use crate::publish::layout::{LayoutSource, OciLayout};
 use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::verify::coverage_record::ImageCoverage;
-use crate::verify::{self, Target};
+use crate::verify::{self, ReadMemory, Target};
 use oci_client::Reference;
 use std::future::Future;
 
@@ -72,6 +72,7 @@ pub trait ImageStore {
         &self,
         image: &ImageSpec,
         pushed: &ManifestBlob,
+        memory: &dyn ReadMemory,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ImageCoverage>>;
 }
@@ -200,6 +201,7 @@ impl ImageStore for Destination {
         &self,
         image: &ImageSpec,
         pushed: &ManifestBlob,
+        memory: &dyn ReadMemory,
         reporter: &dyn Reporter,
     ) -> Result<ImageCoverage> {
         match self {
@@ -208,7 +210,7 @@ impl ImageStore for Destination {
                 image,
                 Some(pushed),
                 verify::Checks::default(),
-                &(),
+                memory,
                 reporter,
             )
             .await?),
