@@ -296,48 +296,20 @@ impl Registry {
     /// once per registry with an anonymous request, so no credential meets a server whose
     /// certificate is not checked. With a port, one plain `GET /v2/` on it answers (a
     /// registry's 200 or 401 proves plain HTTP, and says whether it wants a token);
-    /// otherwise, as Docker, HTTPS on 443 is tried and plain HTTP is the fallback.
+    /// otherwise, as Docker, HTTPS on 443 is tried and plain HTTP is the fallback. A read
+    /// whose own plain answer decided it (see `first_read`) spares the ping.
     async fn scheme(&self, host: &str, reference: &Reference) -> Scheme {
-        self.scheme_or_first_read(host, reference, None).await.0
+        self.decide_scheme(host, reference, true).await
     }
 
-    /// As [`Registry::scheme`]; with `first` (a path under the reference's repository and
-    /// its Accept) a registry whose scheme is not known yet is asked for that path,
-    /// anonymously over plain HTTP, instead of its `/v2/`: its answer decides the scheme
-    /// as the ping's would, and comes back to be used, which saves `verify` a round trip.
-    async fn scheme_or_first_read(
-        &self,
-        host: &str,
-        reference: &Reference,
-        first: Option<(&str, &str)>,
-    ) -> (Scheme, Option<reqwest::Response>) {
-        let cell = self
-            .schemes
-            .lock()
-            .expect("scheme lock")
-            .entry(host.to_string())
-            .or_default()
-            .clone();
-        let mut answered = None;
-        let scheme = cell
+    /// [`Registry::scheme`]; without `ping` no plain `/v2/` is asked, as when a plain read
+    /// of the same server got no answer at all.
+    async fn decide_scheme(&self, host: &str, reference: &Reference, ping: bool) -> Scheme {
+        self.scheme_cell(host)
             .get_or_init(|| async {
                 let resolved = reference.resolve_registry();
-                if has_port(resolved) {
-                    let mut ping = true;
-                    if let Some((path, accept)) = first {
-                        match self.read_plain(reference, path, accept).await {
-                            Ok((scheme, response)) => {
-                                answered = Some(response);
-                                return scheme;
-                            }
-                            Err(other_answer) => ping = other_answer,
-                        }
-                    }
-                    let answer = match ping {
-                        true => ask_plain_v2(resolved).await,
-                        false => None,
-                    };
-                    if let Some(answer) = answer.filter(|a| a.is_registry()) {
+                if has_port(resolved) && ping {
+                    if let Some(answer) = ask_plain_v2(resolved).await.filter(|a| a.is_registry()) {
                         return Scheme::Plain {
                             open: answer.is_open(),
                             bearer: answer.bearer(),
@@ -366,8 +338,17 @@ impl Registry {
                 }
             })
             .await
-            .clone();
-        (scheme, answered)
+            .clone()
+    }
+
+    /// Where the scheme of `host` is decided once per run.
+    fn scheme_cell(&self, host: &str) -> Arc<tokio::sync::OnceCell<Scheme>> {
+        self.schemes
+            .lock()
+            .expect("scheme lock")
+            .entry(host.to_string())
+            .or_default()
+            .clone()
     }
 
     /// Runs one oci-client call with the run's auth, retried as [`Registry::authorized`]

@@ -4,7 +4,7 @@
 //! start-up, for reads that need none of oci-client's state.
 
 use super::failure::Attempt;
-use super::probe::PlainAnswer;
+use super::probe::{has_port, PlainAnswer};
 use super::Result;
 use super::{Registry, Scheme, MAX_JSON_BLOB};
 use crate::base::text::one_line;
@@ -31,8 +31,11 @@ impl Registry {
         }
     }
 
-    /// The answer to this very request when it was the run's first contact with a
-    /// loopback or insecure registry (see [`Registry::scheme_or_first_read`]).
+    /// The answer to this very request when it was sent before the scheme of a loopback
+    /// or insecure registry with a port was known: every read asked before then is its own
+    /// plain probe, so reads asked at once (`verify`'s one wave) do not queue behind the
+    /// first of them. The first answer proving plain HTTP decides the scheme (as the `/v2/`
+    /// ping's would, a round trip sooner); a read proving nothing waits for the scheme.
     async fn first_read(
         &self,
         reference: &Reference,
@@ -40,11 +43,24 @@ impl Registry {
         accept: &str,
     ) -> Option<reqwest::Response> {
         let host = reference.registry();
-        if !self.plain_capable.contains(host) {
+        if !self.plain_capable.contains(host) || !has_port(reference.resolve_registry()) {
             return None;
         }
-        let first = Some((path, accept));
-        self.scheme_or_first_read(host, reference, first).await.1
+        let cell = self.scheme_cell(host);
+        if cell.initialized() {
+            return None;
+        }
+        match self.read_plain(reference, path, accept).await {
+            Ok((scheme, response)) => {
+                // Another read may have decided meanwhile, from an answer of the same server.
+                let _ = cell.set(scheme);
+                Some(response)
+            }
+            Err(answered) => {
+                self.decide_scheme(host, reference, answered).await;
+                None
+            }
+        }
     }
 
     /// An anonymous plain-HTTP GET of `path` under the reference's repository, and the
