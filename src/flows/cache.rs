@@ -299,8 +299,9 @@ impl crate::verify::ReadMemory for VerifyMemory {
     }
 }
 
-/// Larger manifests (an index of hundreds of entries) are read again rather than kept.
-const MAX_REMEMBERED_MANIFEST: usize = 64 * 1024;
+/// Larger manifests (an index of more than ~40 entries) are read again rather than kept:
+/// every `verify` loads the whole file, up to 2048 of them.
+const MAX_REMEMBERED_MANIFEST: usize = 16 * 1024;
 
 /// Repositories kept per blob: enough to find a live source after a few deletions,
 /// few enough that a failed mount costs little.
@@ -389,6 +390,13 @@ mod tests {
         // Neither text that is not UTF-8 nor a very large manifest is kept.
         memory.remember_resolved("r.io/app:bin", &[0xff, 0xfe], &Digest::of(&[0xff, 0xfe]));
         assert_eq!(memory.resolved_by("r.io/app:bin"), None);
+        let large = format!(
+            "{{\"padding\":\"{}\"}}",
+            "x".repeat(MAX_REMEMBERED_MANIFEST)
+        );
+        let large = large.as_bytes();
+        memory.remember_resolved("r.io/app:large", large, &Digest::of(large));
+        assert_eq!(memory.resolved_by("r.io/app:large"), None);
     }
 
     #[test]
