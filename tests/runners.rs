@@ -475,7 +475,7 @@ fn plan_and_doctor_describe_the_work_without_building() {
     // dockerd's /version and /info are remembered for the process that answered them,
     // and the next run tells the same engine from that memory.
     let engines = std::fs::read_to_string(cache.path().join("engines.json")).unwrap();
-    assert!(engines.contains("\"product\":\"Docker\""), "{engines}");
+    assert!(engines.contains("\"product\": \"Docker\""), "{engines}");
     let engine_lines = |out: &str| -> Vec<String> {
         out.lines()
             .filter(|l| l.contains(" engine ") || l.contains(" buildkit "))

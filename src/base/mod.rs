@@ -10,6 +10,7 @@ pub mod elf;
 pub mod files;
 pub mod image_path;
 pub mod join;
+pub mod memory;
 pub mod oci;
 pub mod platform;
 pub mod progress;

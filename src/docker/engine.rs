@@ -1,6 +1,7 @@
 //! The Docker Engine connection: where it is, what it runs natively, what builder it has.
 
 use crate::base::join;
+use crate::base::memory::Store;
 use crate::base::platform::Platform;
 use crate::docker::buildkit::daemon::{Daemon, DaemonError};
 use crate::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
@@ -333,40 +334,24 @@ async fn serving_engine(path: &std::path::Path) -> Option<String> {
 /// 0.2–0.4 s (it runs its OCI runtime's and conmon's `--version` every time), and none of
 /// what [`Probed`] keeps changes while the process runs (a reload by SIGHUP changes
 /// neither versions, ID, kernel nor image store).
-struct ProbeMemory {
-    path: Option<std::path::PathBuf>,
-    entries: std::collections::HashMap<String, (String, Probed)>,
-}
+struct ProbeMemory(Store<(String, Probed)>);
 
 impl ProbeMemory {
     fn load() -> ProbeMemory {
-        Self::at(crate::base::cache_dir().map(|d| d.join("engines.json")))
-    }
-
-    fn at(path: Option<std::path::PathBuf>) -> ProbeMemory {
-        let entries = path
-            .as_ref()
-            .and_then(|p| std::fs::read(p).ok())
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
-            .unwrap_or_default();
-        ProbeMemory { path, entries }
+        ProbeMemory(Store::open("engines.json"))
     }
 
     /// What `endpoint` said while `serving` served it.
     fn get(&self, endpoint: &str, serving: &str) -> Option<Probed> {
-        let (process, probed) = self.entries.get(endpoint)?;
-        (process == serving).then(|| probed.clone())
+        let (process, probed) = self.0.get(endpoint)?;
+        (process == serving).then_some(probed)
     }
 
     /// Remembers `probed` for `endpoint` while `serving` serves it; an unwritable cache
     /// only costs the next run the probe.
-    fn put(mut self, endpoint: &str, serving: String, probed: &Probed) {
-        let Some(path) = self.path.take() else { return };
-        self.entries
-            .insert(endpoint.to_string(), (serving, probed.clone()));
-        if let Ok(bytes) = serde_json::to_vec(&self.entries) {
-            let _ = crate::base::files::replace(&path, &bytes);
-        }
+    fn put(self, endpoint: &str, serving: String, probed: &Probed) {
+        self.0.put(endpoint.to_string(), (serving, probed.clone()));
+        self.0.save();
     }
 }
 
@@ -427,7 +412,7 @@ mod tests {
         use super::ProbeMemory;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cache/engines.json");
-        let memory = || ProbeMemory::at(Some(path.clone()));
+        let memory = || ProbeMemory(crate::base::memory::Store::at(Some(path.clone())));
         let endpoint = "unix:///run/podman/podman.sock";
         memory().put(endpoint, "41|900|boot-a".into(), &podman());
         assert_eq!(memory().get(endpoint, "41|900|boot-a"), Some(podman()));
