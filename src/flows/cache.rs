@@ -32,8 +32,6 @@ impl CachedManifest {
     }
 }
 
-pub use crate::base::cache_dir as dir;
-
 pub struct PushCache(Store<CachedManifest>);
 
 fn key(repository: &str, image_id: &str) -> String {

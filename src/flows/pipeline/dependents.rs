@@ -98,7 +98,7 @@ pub(super) async fn rebased(
     let original = image.context.join(&image.dockerfile);
     let text = std::fs::read(&original).map_err(|e| Error::io(&original, e))?;
     let rewritten = dependencies::rewrite(&String::from_utf8_lossy(&text), edges, &pinned);
-    let root = crate::flows::cache::dir().unwrap_or_else(std::env::temp_dir);
+    let root = crate::base::cache_dir().unwrap_or_else(std::env::temp_dir);
     let dockerfile = write_copy(&root.join("dockerfiles"), &original, &rewritten)?;
     Ok(Some(ImageSpec {
         // Absolute: the context stays where it is, the Dockerfile is the copy.

@@ -15,7 +15,7 @@ use crate::builder::file_hashes::FileHashes;
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
-use crate::flows::cache::{self, BlobMemory, BuildMemory, PushCache, VerifyMemory};
+use crate::flows::cache::{BlobMemory, BuildMemory, PushCache, VerifyMemory};
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
@@ -113,7 +113,7 @@ async fn build_and_push_all<'a>(
         trust_inputs: !options.rebuild,
         registry: options.registry.clone(),
         replays: build_inputs::Replays::new(FileHashes::open(
-            cache::dir().map(|d| d.join("file-hashes.json")),
+            crate::base::cache_dir().map(|d| d.join("file-hashes.json")),
         )),
         bases: build_inputs::RemoteBases::new(&options.registry),
         reporter,
