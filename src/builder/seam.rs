@@ -7,6 +7,7 @@ use super::{build_on_engine, temporary_tag, BuiltImage, Output, UnitBuild};
 use crate::base::progress::Reporter;
 use crate::builder::build_inputs::{self, RemoteBases};
 use crate::builder::cleanup::Cleanup;
+use crate::builder::export::early::EarlyUploads;
 use crate::builder::export::{self, ExportedImage};
 use crate::docker::buildkit::daemon::Daemon;
 use crate::docker::engine::Engine;
@@ -45,12 +46,14 @@ pub trait Builder {
         unit: UnitBuild<'_>,
         cleanup: &Cleanup,
     ) -> impl Future<Output = Result<BuiltImage>>;
-    /// The built image out of the builder, as layers, config and manifest to push.
+    /// The built image out of the builder, as layers, config and manifest to push; large
+    /// layers are offered to `early` as they are exported.
     fn export(
         &self,
         built: &BuiltImage,
         spec: &ImageSpec,
         platform: &Platform,
+        early: Option<&dyn EarlyUploads>,
         reporter: &dyn Reporter,
     ) -> impl Future<Output = Result<ExportedImage>>;
     /// Removes a temporary image the build wrote; true once it is gone.
@@ -120,6 +123,7 @@ impl Builder for Engine {
         built: &BuiltImage,
         spec: &ImageSpec,
         platform: &Platform,
+        early: Option<&dyn EarlyUploads>,
         reporter: &dyn Reporter,
     ) -> Result<ExportedImage> {
         if let Some(layout) = &built.layout {
@@ -132,6 +136,7 @@ impl Builder for Engine {
             &built.id,
             &spec.name,
             Some(platform),
+            early,
             reporter,
         )
         .await?;

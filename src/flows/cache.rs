@@ -234,6 +234,36 @@ impl crate::registry::BlobPlaces for BlobMemory {
     }
 }
 
+/// What each layer (by diff ID) compressed to when polyarch last exported it
+/// (`layer-digests.json`): with [`BlobMemory`], whether a registry already holds a layer
+/// before it is exported again.
+pub struct LayerDigests(Store<Digest>);
+
+impl LayerDigests {
+    pub fn open() -> LayerDigests {
+        LayerDigests(Store::open("layer-digests.json"))
+    }
+
+    #[cfg(test)]
+    pub fn in_memory() -> LayerDigests {
+        LayerDigests(Store::in_memory())
+    }
+
+    pub fn get(&self, diff_id: &str) -> Option<Digest> {
+        self.0.get(diff_id)
+    }
+
+    pub fn remember(&self, diff_id: &str, digest: &Digest) {
+        if self.0.get(diff_id).as_ref() != Some(digest) {
+            self.0.put(diff_id.to_string(), digest.clone());
+        }
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

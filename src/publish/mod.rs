@@ -424,6 +424,20 @@ mod tests {
         ) -> std::result::Result<(), StoreError> {
             self.store.put_layer(reference, layer, progress).await
         }
+        fn knows_blob(
+            &self,
+            reference: &oci_client::Reference,
+            digest: &crate::base::digest::Digest,
+        ) -> bool {
+            self.store.knows_blob(reference, digest)
+        }
+        async fn put_early_layer(
+            &self,
+            reference: &oci_client::Reference,
+            layer: crate::builder::export::early::EarlyLayer,
+        ) -> bool {
+            self.store.put_early_layer(reference, layer).await
+        }
         async fn put_config(
             &self,
             reference: &oci_client::Reference,

@@ -9,7 +9,7 @@ use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::Platform;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use oci_client::errors::OciDistributionError;
 use oci_client::{Reference, RegistryOperation};
 use std::path::Path;
@@ -111,17 +111,7 @@ impl Registry {
                 }
             }
         }
-        let remember = || {
-            self.known
-                .lock()
-                .expect("known lock")
-                .entry(key.clone())
-                .or_default()
-                .insert(repository.clone());
-            if let Some(places) = self.places.get() {
-                places.remember(&key.0, digest, &repository);
-            }
-        };
+        let remember = || self.remember_blob(reference, digest);
         if self.blob_exists(reference, digest).await? {
             remember();
             skipped(progress);
@@ -137,6 +127,90 @@ impl Registry {
         self.upload(reference, digest, body, progress).await?;
         remember();
         Ok(true)
+    }
+
+    /// This run put (or found) `digest` in `reference`'s repository.
+    fn remember_blob(&self, reference: &Reference, digest: &Digest) {
+        let key = (reference.registry().to_string(), digest.to_string());
+        let repository = reference.repository().to_string();
+        if let Some(places) = self.places.get() {
+            places.remember(&key.0, digest, &repository);
+        }
+        self.known
+            .lock()
+            .expect("known lock")
+            .entry(key)
+            .or_default()
+            .insert(repository);
+    }
+
+    /// Whether this run or an earlier one put `digest` in this registry: in `reference`'s
+    /// repository, or in one it can be mounted from.
+    pub fn knows_blob(&self, reference: &Reference, digest: &Digest) -> bool {
+        let key = (reference.registry().to_string(), digest.to_string());
+        if self.known.lock().expect("known lock").contains_key(&key) {
+            return true;
+        }
+        self.places
+            .get()
+            .is_some_and(|places| !places.places(&key.0, digest).is_empty())
+    }
+
+    /// Uploads a blob while it is being made: its bytes arrive on `chunks` and go out as
+    /// one streamed `PATCH`, and its digest arrives on `digest` once they all did, for the
+    /// closing `PUT`. One attempt: the bytes went by once. False when it did not land
+    /// (the caller still has the blob, and pushes it the usual way).
+    pub async fn push_blob_streamed(
+        &self,
+        reference: &Reference,
+        chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+        digest: tokio::sync::oneshot::Receiver<Digest>,
+    ) -> bool {
+        let (base, client) = self.base(reference).await;
+        let start = format!("{base}/v2/{}/blobs/uploads/", reference.repository());
+        let (start, base) = (&start, &base);
+        let begun = self
+            .authorized(reference, "start an upload", |auth, _| async move {
+                let response = with_auth(client.post(start), &auth).send().await?;
+                let location = upload_location(&response, base).ok_or_else(|| {
+                    Attempt::answered(response.status().as_u16(), start, String::new())
+                })?;
+                Ok((location, auth))
+            })
+            .await;
+        let Ok((location, auth)) = begun else {
+            return false;
+        };
+        let body = reqwest::Body::wrap_stream(
+            tokio_stream::wrappers::ReceiverStream::new(chunks).map(Ok::<_, std::io::Error>),
+        );
+        let sent = with_auth(client.patch(&location), &auth)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(body)
+            .send()
+            .await;
+        let location = match sent {
+            Ok(response) if response.status().is_success() => {
+                upload_location(&response, base).unwrap_or(location)
+            }
+            _ => return false,
+        };
+        let Ok(digest) = digest.await else {
+            // The export failed: the registry drops the upload after its timeout anyway.
+            let _ = with_auth(client.delete(&location), &auth).send().await;
+            return false;
+        };
+        let separator = if location.contains('?') { '&' } else { '?' };
+        let close = format!("{location}{separator}digest={digest}");
+        let closed = with_auth(client.put(&close), &auth)
+            .header(reqwest::header::CONTENT_LENGTH, 0)
+            .send()
+            .await;
+        if !closed.is_ok_and(|r| r.status().is_success()) {
+            return false;
+        }
+        self.remember_blob(reference, &digest);
+        true
     }
 
     /// Mounts the blob from one of the repositories this run or an earlier one put it in;
@@ -264,6 +338,19 @@ impl Registry {
         })
         .await
     }
+}
+
+/// Where an upload goes on: the answer's `Location`, made absolute against `base`.
+fn upload_location(response: &reqwest::Response, base: &str) -> Option<String> {
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)?
+        .to_str()
+        .ok()?;
+    Some(match location.starts_with('/') {
+        true => format!("{base}{location}"),
+        false => location.to_string(),
+    })
 }
 
 /// Counts pushed bytes for one image × platform and reports them.

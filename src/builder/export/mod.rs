@@ -23,10 +23,12 @@ use tokio::sync::mpsc;
 
 use crate::base::digest::Digest;
 use crate::base::image_path;
+use crate::base::oci::ConfigPlatform;
 use crate::base::platform::Platform;
 use crate::base::progress::{Event, Phase, Reporter};
 
 mod blocks;
+pub mod early;
 mod error;
 pub mod reproducible;
 mod resolve;
@@ -38,6 +40,7 @@ pub use error::{ExportError, ImageExportError};
 
 type Result<T, E = ImageExportError> = std::result::Result<T, E>;
 use blocks::*;
+use early::*;
 use resolve::*;
 pub use save::read_save_stream;
 use save::*;
@@ -103,7 +106,9 @@ pub struct SaveContents {
 }
 
 /// Exports `image_id` from the engine (`GET /images/{id}/get`) and turns it into
-/// gzip-compressed, digested layers spooled in a fresh temporary directory.
+/// gzip-compressed, digested layers spooled in a fresh temporary directory. Large layers
+/// are offered to `early` as their export begins ([`early`]); the export returns once
+/// their uploads ended.
 ///
 /// `image_name` and `platform` are used for messages and progress only, except that
 /// `platform` picks the manifest when an OCI-layout stream holds an index of several.
@@ -112,6 +117,7 @@ pub async fn export_image(
     image_id: &str,
     image_name: &str,
     platform: Option<&Platform>,
+    early: Option<&dyn EarlyUploads>,
     reporter: &dyn Reporter,
 ) -> Result<ExportedImage> {
     let export_err = |source: ExportError| ImageExportError {
@@ -121,13 +127,21 @@ pub async fn export_image(
     let spool = spool_dir().map_err(export_err)?;
 
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(CHANNEL_DEPTH);
+    let (offers, mut offered) = mpsc::channel::<EarlyLayer>(1);
+    let (diff_ids_to, diff_ids) = tokio::sync::oneshot::channel();
+    let offering = early.is_some().then(|| EarlyOffers {
+        offers,
+        diff_ids: DiffIds::Coming(diff_ids),
+        legacy_json: None,
+    });
     let name = image_name.to_string();
     let wanted = platform.cloned();
     // The spool moves into the worker so that, if this future is dropped, the worker
     // (which then sees a truncated stream) removes it once it stops.
     let worker = tokio::task::spawn_blocking(move || {
+        let reader = ChannelReader::new(rx);
         let contents =
-            read_save_stream(ChannelReader::new(rx), spool.path(), &name, wanted.as_ref());
+            read_save_stream_offering(reader, spool.path(), &name, wanted.as_ref(), offering);
         (contents, spool)
     });
 
@@ -140,33 +154,72 @@ pub async fn export_image(
             total: None,
         })
     };
-    let mut stream = Box::pin(docker.export_image(image_id));
-    let mut done = 0u64;
-    let mut reported = 0u64;
-    let mut stream_error = None;
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(chunk) => {
-                done += chunk.len() as u64;
-                if tx.send(Ok(chunk)).await.is_err() {
-                    // The parser stopped (finished or failed); its result says which.
-                    break;
+    let pump = async {
+        // Owned here: the parser sees the end of the stream as soon as the pump ends.
+        let tx = tx;
+        let mut stream = Box::pin(docker.export_image(image_id));
+        let mut done = 0u64;
+        let mut reported = 0u64;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(chunk) => {
+                    done += chunk.len() as u64;
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        // The parser stopped (finished or failed); its result says which.
+                        break;
+                    }
+                    if done - reported >= PROGRESS_EVERY {
+                        reported = done;
+                        report(done);
+                    }
                 }
-                if done - reported >= PROGRESS_EVERY {
-                    reported = done;
-                    report(done);
+                Err(e) => {
+                    let message = engine_error_message(&e, image_id);
+                    let _ = tx.send(Err(io::Error::other(message))).await;
+                    return (done, Some(e));
                 }
-            }
-            Err(e) => {
-                let message = engine_error_message(&e, image_id);
-                let _ = tx.send(Err(io::Error::other(message))).await;
-                stream_error = Some(e);
-                break;
             }
         }
-    }
-    drop(tx);
-    drop(stream);
+        (done, None)
+    };
+    let uploads = async {
+        let Some(early) = early else { return };
+        // Asked while the engine prepares the stream: Docker ≤ 24 names a layer's directory
+        // by an ID derived from the diff IDs, which the inspect lists; and an image of
+        // another platform than asked for is refused after the export, so nothing of it
+        // is sent before.
+        let inspected = docker.inspect_image(image_id).await.ok();
+        let (diff_ids, send) = match inspected {
+            Some(image) => {
+                let built = ConfigPlatform {
+                    os: image.os.unwrap_or_default(),
+                    architecture: image.architecture.unwrap_or_default(),
+                    variant: image.variant,
+                };
+                let diff_ids = image.root_fs.and_then(|r| r.layers).unwrap_or_default();
+                let send = platform.is_none_or(|p| built.normalized() == *p);
+                (diff_ids, send)
+            }
+            None => (Vec::new(), false),
+        };
+        let _ = diff_ids_to.send(diff_ids);
+        let mut running = futures_util::stream::FuturesUnordered::new();
+        loop {
+            tokio::select! {
+                layer = offered.recv() => match layer {
+                    Some(layer) if send && early.claim(&layer.diff_id) => {
+                        running.push(early.upload(layer))
+                    }
+                    // Not taken: dropping it tells the worker to spool only.
+                    Some(_) => {}
+                    None => break,
+                },
+                Some(()) = running.next(), if !running.is_empty() => {}
+            }
+        }
+        while running.next().await.is_some() {}
+    };
+    let ((done, stream_error), ()) = tokio::join!(pump, uploads);
 
     let (contents, spool) = worker
         .await

@@ -140,7 +140,7 @@ impl Resolver<'_> {
             })?),
         };
         let mut buf = std::mem::take(&mut self.buf);
-        let result = spool_tar_layer(src, &file, &mut buf);
+        let result = spool_tar_layer(src, &file, &mut buf, None);
         self.buf = buf;
         let layer = result.map_err(|e| match e {
             SpoolError::Read(source) | SpoolError::Write(source) | SpoolError::Gzip(source) => {

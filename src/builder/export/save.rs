@@ -54,6 +54,18 @@ pub fn read_save_stream(
     image: &str,
     platform: Option<&Platform>,
 ) -> Result<SaveContents> {
+    read_save_stream_offering(reader, spool, image, platform, None)
+}
+
+/// [`read_save_stream`], offering each large uncompressed layer to `early` as its export
+/// begins.
+pub(super) fn read_save_stream_offering(
+    reader: impl Read,
+    spool: &Path,
+    image: &str,
+    platform: Option<&Platform>,
+    early: Option<EarlyOffers>,
+) -> Result<SaveContents> {
     let mut archive = tar::Archive::new(Tracked {
         inner: reader,
         pos: 0,
@@ -64,6 +76,7 @@ pub fn read_save_stream(
         image,
         spooled: 0,
         buf: vec![0u8; COPY_BUF],
+        early,
     };
     let mut items: HashMap<String, Item> = HashMap::new();
     {
@@ -111,6 +124,7 @@ struct Spooler<'a> {
     image: &'a str,
     spooled: usize,
     buf: Vec<u8>,
+    early: Option<EarlyOffers>,
 }
 
 impl Spooler<'_> {
@@ -160,6 +174,20 @@ impl Spooler<'_> {
             path.ends_with("/layer.tar") || (!path.contains('/') && path.ends_with(".tar"));
         let is_blob = path.starts_with("blobs/");
         let is_top_json = !path.contains('/') && path.ends_with(".json");
+        if let (Some(early), Some(dir)) = (&mut self.early, legacy_json_dir(&path)) {
+            if entry.size() < SMALL_BLOB {
+                let mut json = Vec::new();
+                entry.read_to_end(&mut json).map_err(|e| {
+                    stream(
+                        self.image,
+                        format!("reading `{path}` from the save stream"),
+                        e,
+                    )
+                })?;
+                early.legacy_json = Some((dir.to_string(), json));
+            }
+            return Ok(None);
+        }
         if !(is_layer_tar || is_blob || is_top_json) {
             // VERSION, <id>/json, repositories, oci-layout: not needed.
             return Ok(None);
@@ -245,7 +273,8 @@ impl Spooler<'_> {
                 let layer = if kind == Kind::Gzip {
                     spool_gzip_layer(src, &file, &mut self.buf)
                 } else {
-                    spool_tar_layer(src, &file, &mut self.buf)
+                    let sending = self.early.as_mut().and_then(|e| e.offer(path, size));
+                    spool_tar_layer(src, &file, &mut self.buf, sending)
                 }
                 .map_err(|e| match e {
                     SpoolError::Read(e) => io_err(e),
@@ -337,6 +366,11 @@ fn contents(
         layers,
         stream_bytes,
     })
+}
+
+/// `<dir>` of a Docker ≤ 24 save directory's `<dir>/json`.
+fn legacy_json_dir(path: &str) -> Option<&str> {
+    path.strip_suffix("/json").filter(|dir| !dir.contains('/'))
 }
 
 /// `sha256:<hex>` from `<hex>.json` or `blobs/sha256/<hex>`.

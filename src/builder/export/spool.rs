@@ -10,17 +10,24 @@ pub(super) enum SpoolError {
 }
 
 /// Hashes an uncompressed layer tar (diff_id) while gzipping it into `file` and hashing
-/// the compressed output (digest).
+/// the compressed output (digest); the compressed bytes also go to `sending`'s upload,
+/// then its digest.
 pub(super) fn spool_tar_layer(
     mut src: impl Read,
     file: &Path,
     buf: &mut [u8],
+    sending: Option<Sending>,
 ) -> std::result::Result<ExportedLayer, SpoolError> {
+    let (to, digest_to) = match sending {
+        Some(s) => (Some(s.chunks), Some(s.digest)),
+        None => (None, None),
+    };
     let out = File::create(file).map_err(SpoolError::Write)?;
-    let mut gz = BlockGz::new(
-        HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
-        GZIP_LEVEL,
-    );
+    let out = Tee {
+        inner: BufWriter::with_capacity(COPY_BUF, out),
+        to,
+    };
+    let mut gz = BlockGz::new(HashWriter::new(out), GZIP_LEVEL);
     let mut diff = Sha256::new();
     loop {
         let n = match src.read(buf) {
@@ -32,8 +39,14 @@ pub(super) fn spool_tar_layer(
         diff.update(&buf[..n]);
         gz.write_all(&buf[..n]).map_err(SpoolError::Write)?;
     }
-    let hashed = gz.finish().map_err(SpoolError::Write)?;
-    hashed.finish_layer(diff, file)
+    let mut hashed = gz.finish().map_err(SpoolError::Write)?;
+    // The upload's body ends with the layer; its digest follows.
+    hashed.inner.to = None;
+    let layer = hashed.finish_layer(diff, file)?;
+    if let Some(digest_to) = digest_to {
+        let _ = digest_to.send(layer.digest.clone());
+    }
+    Ok(layer)
 }
 
 /// Spools the uncompressed layer tar that `fill` writes: hashed (diff_id), gzipped into

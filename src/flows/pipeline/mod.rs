@@ -2,6 +2,7 @@
 //! Tags move only after every platform manifest of an image is in the registry.
 
 mod dependents;
+mod early;
 mod emulation_plan;
 mod retry;
 mod together;
@@ -15,7 +16,7 @@ use crate::builder::file_hashes::FileHashes;
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
-use crate::flows::cache::{BlobMemory, BuildMemory, PushCache, VerifyMemory};
+use crate::flows::cache::{BlobMemory, BuildMemory, LayerDigests, PushCache, VerifyMemory};
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
@@ -118,6 +119,7 @@ async fn build_and_push_all<'a>(
         bases: build_inputs::RemoteBases::new(&options.registry),
         reporter,
         fallbacks: builders.fallbacks.clone(),
+        early: early::EarlySends::new(LayerDigests::open()),
     };
     let run = &run;
     dependents::check_reachable(&plan, &builders, run)?;
@@ -156,6 +158,7 @@ async fn build_and_push_all<'a>(
     run.cache.save();
     run.builds.save();
     run.replays.hashes().save();
+    run.early.save();
     blobs.save();
     let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
     for (image, spec) in per_image? {
@@ -372,6 +375,8 @@ struct Run<'a> {
     reporter: &'a dyn Reporter,
     /// Platforms built on the default engine because their builders were unreachable.
     fallbacks: BTreeMap<Platform, String>,
+    /// Layers sent while they are exported.
+    early: early::EarlySends,
 }
 
 impl Run<'_> {

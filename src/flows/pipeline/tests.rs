@@ -67,6 +67,7 @@ fn run<'a>(cleanup: &'a Cleanup, reporter: &'a Recorded) -> Run<'a> {
         bases: RemoteBases::new(&RegistryOptions::default()),
         reporter,
         fallbacks: Default::default(),
+        early: super::early::EarlySends::new(crate::flows::cache::LayerDigests::in_memory()),
     }
 }
 
@@ -114,7 +115,8 @@ async fn a_built_unit_is_pushed_as_layers_config_and_manifest_by_digest() {
     assert_eq!(
         store.calls(),
         vec![
-            format!("layer {}", digest(&manifest["layers"][0])),
+            // Sent while it was exported.
+            format!("early layer {}", digest(&manifest["layers"][0])),
             format!("config {}", digest(&manifest["config"])),
             format!("manifest {}", pushed.entry.digest),
         ]

@@ -1,11 +1,13 @@
 //! One image × platform: reused when its inputs are unchanged and its manifest is still
 //! pushed, else built, exported (or pushed by the engine) and pushed by digest.
 
+use super::early::EarlySends;
 use super::Run;
 use crate::base::digest::Digest;
 use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::builder::build_inputs::{self, RememberedBuild};
+use crate::builder::export::early::EarlyUploads;
 use crate::builder::export::ExportedImage;
 use crate::builder::{self, BuildError, Builder, BuiltImage, UnitBuild};
 use crate::flows::cache::{CachedManifest, PushCache};
@@ -262,10 +264,10 @@ pub(super) async fn build_unit(
         return Ok(pushed_before(unit, &cached, build));
     }
     report_phase(run, unit, Phase::Export, format!("exporting {}", &built.id));
-    let exported = export_built(builder, unit, &built, run).await;
+    let exported = export_built(builder, store, unit, &built, run).await;
     // The image is in the spool (or the export failed): the engine's copy is removed
     // while the layers upload, not before (a removal takes 0.1 s on Podman).
-    let push = async { push_exported(store, unit, exported?, run.reporter).await };
+    let push = async { push_exported(store, unit, exported?, &run.early, run.reporter).await };
     let (entry, _) = tokio::join!(push, builder.remove(run.cleanup, &built.tag));
     let entry = entry?;
     remember_pushed(run, image, &built.id, &entry);
@@ -379,17 +381,26 @@ pub(super) fn remember_pushed(run: &Run<'_>, image: &ImageSpec, id: &str, entry:
     );
 }
 
-/// The built image out of the engine, with times clamped for `SOURCE_DATE_EPOCH`.
+/// The built image out of the engine, with times clamped for `SOURCE_DATE_EPOCH`. Large
+/// layers go to the registry while they are exported, unless their times are clamped
+/// after the export.
 async fn export_built(
     builder: &impl Builder,
+    store: &impl ImageStore,
     unit: &Unit<'_>,
     built: &BuiltImage,
     run: &Run<'_>,
 ) -> Result<ExportedImage> {
     let image = unit.image;
+    let early = match store.is_registry() && image.source_date_epoch.is_none() {
+        true => Some(run.early.to(store, image.first_tag()?)),
+        false => None,
+    };
+    let early = early.as_ref().map(|e| e as &dyn EarlyUploads);
     let exported = builder
-        .export(built, image, &unit.platform, run.reporter)
+        .export(built, image, &unit.platform, early, run.reporter)
         .await?;
+    run.early.remember(&exported.layers);
     let Some(epoch) = image.source_date_epoch else {
         return Ok(exported);
     };
@@ -414,6 +425,7 @@ async fn push_exported(
     store: &impl ImageStore,
     unit: &Unit<'_>,
     exported: ExportedImage,
+    early: &EarlySends,
     reporter: &dyn Reporter,
 ) -> Result<IndexEntry> {
     let image = unit.image;
@@ -441,9 +453,10 @@ async fn push_exported(
     let reference = image.first_tag()?;
     // Blobs go by digest, so they need no order: all at once, one connection each, rather
     // than a few round trips per blob one after another.
-    let layers = futures_util::future::try_join_all(
-        (exported.layers.iter()).map(|layer| store.put_layer(&reference, layer, &progress)),
-    );
+    let layers = futures_util::future::try_join_all(exported.layers.iter().map(|layer| async {
+        early.settled(&layer.diff_id).await;
+        store.put_layer(&reference, layer, &progress).await
+    }));
     futures_util::future::try_join(layers, store.put_config(&reference, &exported)).await?;
     let manifest = oci::image_manifest(
         (&exported.config_digest, exported.config.len()),

@@ -6,6 +6,7 @@ use crate::base::attachment::{self, Referrer};
 use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
+use crate::builder::export::early::EarlyLayer;
 use crate::builder::export::{ExportedImage, ExportedLayer};
 use crate::project::ImageSpec;
 use crate::registry::{BlobProgress, ClientError, RegistryError};
@@ -61,11 +62,41 @@ impl ImageStore for FakeStore {
         layer: &ExportedLayer,
         _: &BlobProgress<'_>,
     ) -> Result<()> {
+        let mut calls = self.calls.lock().unwrap();
+        // Sent while it was exported: there already, as a registry would find.
+        if !calls.contains(&format!("early layer {}", layer.digest)) {
+            calls.push(format!("layer {}", layer.digest));
+        }
+        Ok(())
+    }
+
+    fn knows_blob(&self, _: &Reference, digest: &Digest) -> bool {
+        self.calls().iter().any(|call| {
+            call.strip_prefix("early layer ")
+                .or_else(|| call.strip_prefix("layer "))
+                == Some(digest.as_str())
+        })
+    }
+
+    /// Takes the bytes and the digest; the bytes must have that digest.
+    async fn put_early_layer(&self, _: &Reference, mut layer: EarlyLayer) -> bool {
+        let mut bytes = Vec::new();
+        while let Some(chunk) = layer.chunks.recv().await {
+            bytes.extend_from_slice(&chunk);
+        }
+        let Ok(digest) = layer.digest.await else {
+            return false;
+        };
+        assert_eq!(
+            Digest::of(&bytes),
+            digest,
+            "an early layer's bytes and digest"
+        );
         self.calls
             .lock()
             .unwrap()
-            .push(format!("layer {}", layer.digest));
-        Ok(())
+            .push(format!("early layer {digest}"));
+        true
     }
 
     async fn put_config(&self, _: &Reference, image: &ExportedImage) -> Result<()> {

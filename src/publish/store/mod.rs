@@ -11,6 +11,7 @@ use crate::base::attachment::{self, Referrer};
 use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
+use crate::builder::export::early::EarlyLayer;
 use crate::builder::export::{ExportedImage, ExportedLayer};
 use crate::project::ImageSpec;
 use crate::publish::layout::{LayoutSource, OciLayout};
@@ -34,6 +35,16 @@ pub trait ImageStore {
         layer: &ExportedLayer,
         progress: &BlobProgress<'_>,
     ) -> impl Future<Output = Result<()>>;
+    /// Whether the store is known (from this run or an earlier one) to hold the blob
+    /// `digest`, in the image's repository or one it can be mounted from.
+    fn knows_blob(&self, reference: &Reference, digest: &Digest) -> bool;
+    /// Uploads a layer while it is exported, in one attempt (its bytes go by once);
+    /// false when it did not land, and the layer is pushed from the spool as usual.
+    fn put_early_layer(
+        &self,
+        reference: &Reference,
+        layer: EarlyLayer,
+    ) -> impl Future<Output = bool>;
     /// Uploads an image's config.
     fn put_config(
         &self,
@@ -116,6 +127,24 @@ impl ImageStore for Destination {
             }
         }
         Ok(())
+    }
+
+    fn knows_blob(&self, reference: &Reference, digest: &Digest) -> bool {
+        match self {
+            Destination::Registry(r) => r.knows_blob(reference, digest),
+            Destination::Layout(_) => false,
+        }
+    }
+
+    async fn put_early_layer(&self, reference: &Reference, layer: EarlyLayer) -> bool {
+        match self {
+            Destination::Registry(r) => {
+                r.push_blob_streamed(reference, layer.chunks, layer.digest)
+                    .await
+            }
+            // A directory on this machine is written from the spool at once.
+            Destination::Layout(_) => false,
+        }
     }
 
     async fn put_config(&self, reference: &Reference, image: &ExportedImage) -> Result<()> {
