@@ -166,6 +166,12 @@ impl Registry {
         chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
         digest: tokio::sync::oneshot::Receiver<Digest>,
     ) -> bool {
+        // A token that may push, as the upload's requests below use the one this fetches.
+        if let Some(challenge) = self.challenge(reference).await {
+            if self.token(reference, &challenge, true).await.is_err() {
+                return false;
+            }
+        }
         let (base, client) = self.base(reference).await;
         let start = format!("{base}/v2/{}/blobs/uploads/", reference.repository());
         let (start, base) = (&start, &base);
@@ -200,9 +206,8 @@ impl Registry {
             let _ = with_auth(client.delete(&location), &auth).send().await;
             return false;
         };
-        let separator = if location.contains('?') { '&' } else { '?' };
-        let close = format!("{location}{separator}digest={digest}");
-        let closed = with_auth(client.put(&close), &auth)
+        let closed = with_auth(client.put(&location), &auth)
+            .query(&[("digest", digest.as_str())])
             .header(reqwest::header::CONTENT_LENGTH, 0)
             .send()
             .await;
