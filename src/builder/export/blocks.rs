@@ -112,13 +112,45 @@ impl<W: Write> Write for BlockGz<W> {
 
 /// One gzip member of `block`: deflated at `level`, or stored when it does not compress.
 fn member(block: &[u8], level: u32) -> io::Result<Vec<u8>> {
-    let level = if compresses(block) { level } else { 0 };
+    if !compresses(block) {
+        return Ok(stored_member(block));
+    }
     let mut gz = GzEncoder::new(
         Vec::with_capacity(block.len() + block.len() / 64 + 64),
         Compression::new(level),
     );
     gz.write_all(block)?;
     gz.finish()
+}
+
+/// Largest stored deflate block (its length is a 16-bit field).
+const STORED_MAX: usize = u16::MAX as usize;
+
+/// A gzip member of `block` in stored deflate blocks (RFC 1951 §3.2.4), written here: a
+/// copy and a CRC. miniz_oxide's level 0 still runs its match finder over the input,
+/// which made it most of an export's CPU on random data.
+fn stored_member(block: &[u8]) -> Vec<u8> {
+    let blocks = block.len().div_ceil(STORED_MAX).max(1);
+    let mut out = Vec::with_capacity(block.len() + 5 * blocks + 18);
+    // ID1 ID2, CM deflate, no flags, no mtime, no extra flags, OS unknown: as flate2's.
+    out.extend_from_slice(&[0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]);
+    let mut chunks = block.chunks(STORED_MAX).peekable();
+    if chunks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
+    }
+    while let Some(chunk) = chunks.next() {
+        let last = chunks.peek().is_none();
+        let len = chunk.len() as u16;
+        out.push(u8::from(last));
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(chunk);
+    }
+    let mut crc = flate2::Crc::new();
+    crc.update(block);
+    out.extend_from_slice(&crc.sum().to_le_bytes());
+    out.extend_from_slice(&(block.len() as u32).to_le_bytes());
+    out
 }
 
 /// Whether deflating samples spread over `block` saves more than a few percent.
@@ -201,6 +233,26 @@ mod tests {
         // Members depend on the blocks only: the same bytes from any number of threads.
         assert_eq!(gz(&input, 3), one);
         assert_eq!(gz(&input, 4), one);
+    }
+
+    /// Written by hand, a stored member reads back through flate2 and through gzip(1)
+    /// whatever its size: empty, one byte, exactly one stored block, and several.
+    #[test]
+    fn stored_members_read_back_at_any_size() {
+        for len in [0, 1, STORED_MAX, STORED_MAX + 1, 3 * STORED_MAX + 17] {
+            let input = noise(len, len as u64 + 1);
+            let member = stored_member(&input);
+            assert_eq!(gunzip(&member), input, "{len} bytes");
+            let file = tempfile::NamedTempFile::new().unwrap();
+            std::fs::write(file.path(), &member).unwrap();
+            let out = std::process::Command::new("gzip")
+                .args(["-d", "-c"])
+                .arg(file.path())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "gzip -d refused {len} bytes");
+            assert_eq!(out.stdout, input, "gzip -d of {len} bytes");
+        }
     }
 
     #[test]
