@@ -234,17 +234,21 @@ impl EarlyUploads for Collected {
     }
 }
 
-fn random_file(path: &Path, size: usize, seed: u64) {
+/// `size` bytes of xorshift output: incompressible, the same for the same seed.
+fn noise(size: usize, seed: u64) -> Vec<u8> {
     let mut x = seed;
-    let data: Vec<u8> = (0..size / 8)
+    (0..size / 8)
         .flat_map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             x.to_le_bytes()
         })
-        .collect();
-    write(path, &data);
+        .collect()
+}
+
+fn random_file(path: &Path, size: usize, seed: u64) {
+    write(path, &noise(size, seed));
 }
 
 /// Layers of 1 MiB and more go to the upload while they are spooled: the same bytes as the
@@ -326,15 +330,7 @@ async fn big_layer_exports_in_bounded_memory() {
     let ctx = tempfile::tempdir().unwrap();
     {
         // 1 MiB of xorshift output repeated: incompressible for gzip's 32 KiB window.
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
-        let block: Vec<u8> = (0..MIB / 8)
-            .flat_map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x.to_le_bytes()
-            })
-            .collect();
+        let block = noise(MIB, 0x2545_f491_4f6c_dd1d);
         let mut file =
             std::io::BufWriter::new(std::fs::File::create(ctx.path().join("big.bin")).unwrap());
         for _ in 0..SIZE_MIB {
