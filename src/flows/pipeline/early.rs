@@ -88,12 +88,13 @@ impl<S: ImageStore> EarlyUploads for UnitSends<'_, S> {
     }
 
     fn upload(&self, layer: EarlyLayer) -> LocalBoxFuture<'_, ()> {
+        // Ended however it ends, even dropped before it ran: a push waiting for it goes on.
+        let ended = Ended {
+            sends: self.sends,
+            diff_id: layer.diff_id.clone(),
+        };
         Box::pin(async move {
-            // Ended however it ends, even dropped: a push waiting for it goes on.
-            let _ended = Ended {
-                sends: self.sends,
-                diff_id: layer.diff_id.clone(),
-            };
+            let _ended = ended;
             self.store.put_early_layer(&self.reference, layer).await;
         })
     }
@@ -164,6 +165,12 @@ mod tests {
         waiting.await;
         let sent = format!("early layer {}", Digest::of(b"shared layer"));
         assert_eq!(store.calls(), vec![sent]);
+
+        // An upload dropped before it ran (its export was cancelled) does not leave
+        // another platform's push waiting.
+        assert!(amd64.claim("sha256:cancelled"));
+        drop(amd64.upload(layer("sha256:cancelled", b"cancelled").0));
+        sends.settled("sha256:cancelled").await;
 
         // A later run's export of a layer whose blob the store knows does not send it.
         let later = EarlySends::new(LayerDigests::in_memory());
