@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use tokio::sync::oneshot;
 
 /// Layers smaller than this are pushed from the spool: their upload is short anyway.
-pub const EARLY_MIN: u64 = 1 << 20;
+const EARLY_MIN: u64 = 1 << 20;
 /// Compressed members (up to ~1 MiB each) waiting for the upload: the export waits for a
 /// registry slower than itself rather than hold more in memory.
 const EARLY_DEPTH: usize = 4;
@@ -48,23 +48,25 @@ pub(super) struct EarlyOffers {
     pub(super) legacy_json: Option<(String, Vec<u8>)>,
 }
 
-pub(super) enum DiffIds {
-    Coming(oneshot::Receiver<Vec<String>>),
-    Known(Vec<String>),
+pub(super) struct DiffIds {
+    coming: Option<oneshot::Receiver<Vec<String>>>,
+    known: Vec<String>,
 }
 
 impl DiffIds {
+    pub(super) fn coming(ids: oneshot::Receiver<Vec<String>>) -> DiffIds {
+        DiffIds {
+            coming: Some(ids),
+            known: Vec::new(),
+        }
+    }
+
+    /// The diff IDs, waiting for them the first time; none when the inspect failed.
     fn get(&mut self) -> &[String] {
-        if let DiffIds::Coming(rx) = self {
-            let ids = std::mem::replace(rx, oneshot::channel().1)
-                .blocking_recv()
-                .unwrap_or_default();
-            *self = DiffIds::Known(ids);
+        if let Some(coming) = self.coming.take() {
+            self.known = coming.blocking_recv().unwrap_or_default();
         }
-        match self {
-            DiffIds::Known(ids) => ids,
-            DiffIds::Coming(_) => &[],
-        }
+        &self.known
     }
 }
 

@@ -131,7 +131,7 @@ pub async fn export_image(
     let (diff_ids_to, diff_ids) = tokio::sync::oneshot::channel();
     let offering = early.is_some().then(|| EarlyOffers {
         offers,
-        diff_ids: DiffIds::Coming(diff_ids),
+        diff_ids: DiffIds::coming(diff_ids),
         legacy_json: None,
     });
     let name = image_name.to_string();
