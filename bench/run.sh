@@ -34,7 +34,9 @@
 # Dockerfile step (so every later step misses the build cache, for both contenders,
 # without pruning the engines' caches, which other users share), a fresh 20 MB random
 # blob (so no layer can be deduplicated by the registry) and a fresh repository.
-# polyarch gets a private POLYARCH_CACHE_DIR per figure.
+# polyarch gets a private POLYARCH_CACHE_DIR per figure. Before every timed cold or
+# warm run, `sync` writes back what earlier runs (and the new context) left dirty in the
+# page cache, outside the timing: otherwise a run pays for its predecessor's writes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -388,10 +390,12 @@ cold() {
   local s
   make_ctx "$3"
   ensure_qemu
+  sync
   if ! s=$("run_$1" "$3" "$4" "$5"); then
     qemu_ok && { failed_run "$2" "$6"; return 1; }
     ensure_qemu
     make_ctx "$3"
+    sync
     s=$("run_$1" "$3" "$4" "$5")
   fi
   add "$2" "$s" "$6"
@@ -399,9 +403,11 @@ cold() {
 # warm CONTENDER KEY DIR REPO PLATFORMS RUN: the same context and repository again.
 warm() {
   local s
+  sync
   if ! s=$("run_$1" "$3" "$4" "$5"); then
     qemu_ok && { failed_run "$2" "$6"; return 1; }
     ensure_qemu
+    sync
     s=$("run_$1" "$3" "$4" "$5")
   fi
   add "$2" "$s" "$6"
@@ -412,6 +418,7 @@ warm() {
 # engine's and the registry's memory is not counted). A failed build ends the bench.
 measured_build() {
   local name="$1" file="$2"
+  sync
   /usr/bin/time -v -o "$tmp/$name.time" env DOCKER_HOST="$PA_HOST" POLYARCH_CACHE_DIR="$PA_CACHE" \
     "$bin" build -f "$file" --record "$file.record.json" --quiet \
     >"$tmp/$name.out" 2>"$tmp/$name.err" </dev/null \
@@ -557,6 +564,7 @@ PY
     measured_build big "$big.polyarch.yaml"
     big_wall=$measured_wall big_rss_mib=$measured_rss_mib
     if [[ "$BIG_CLASSIC" == 1 ]]; then
+      sync
       t0=$(now)
       { "$DOCKER" build -q -t "$host/big/classic:t" "$big" && "$DOCKER" push -q "$host/big/classic:t"; } \
         >>"$tmp/classic.out" 2>>"$tmp/classic.err" </dev/null && big_classic=$(since "$t0")
@@ -615,7 +623,7 @@ if [[ $on26 == 1 ]]; then
   use_cache ctx
   printf 'version: 1\nbinfmt: %s\nimages:\n' "$BINFMT" >"$c500.polyarch.yaml"
   project_image app "$c500" "$host/ctx/polyarch" "linux/amd64, linux/arm64" >>"$c500.polyarch.yaml"
-  change_pkg() { printf '{"name": "bench", "version": "1.0.%s", "nonce": "%s"}\n' "$RANDOM" "$(date +%s%N)" >"$c500/package.json"; }
+  change_pkg() { printf '{"name": "bench", "version": "1.0.%s", "nonce": "%s"}\n' "$RANDOM" "$(date +%s%N)" >"$c500/package.json" && sync; }
   # untimed first builds: the figure is the rebuild after an edit
   change_pkg
   run_pa "$c500.polyarch.yaml" >/dev/null
@@ -662,13 +670,16 @@ HCL
     # BuildKit's cache of the first one's steps.
     d="$tmp/many-$i"
     make_many "$d-pa" "many-$i"
+    sync
     add many-polyarch "$(run_pa "$d-pa.polyarch.yaml")" "$i"
     make_many "$d-bx" "many-$i"
+    sync
     add many-bake "$(run_bake "$d-bx/docker-bake.hcl" "${many_tags[@]}")" "$i"
     d="$tmp/one-$i"
     make_small "$d"
     printf 'version: 1\nbinfmt: %s\nimages:\n' "$BINFMT" >"$d.polyarch.yaml"
     project_image img0 "$d" "$host/one-$i/img0" "linux/amd64, linux/arm64" >>"$d.polyarch.yaml"
+    sync
     add one-polyarch "$(run_pa "$d.polyarch.yaml")" "$i"
   done
   overheads c26
@@ -894,7 +905,7 @@ table() {
   echo
   echo "- Registry: a throw-away CNCF distribution registry (Debian \`docker-registry\`) on 127.0.0.1:$registry_port, plain HTTP, data in the bench's temp dir; every figure uses its own repositories."
   echo "- Fixture of the cold and warm figures (generated per run): \`FROM scratch\`, \`COPY nonce /nonce\`, static Debian busybox per arch (\`COPY bin/\${TARGETARCH}/busybox /bin/busybox\`), \`RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\` (arm64 runs under QEMU), \`COPY blob /blob\` with 20 MB from /dev/urandom. RUN steps get network \`none\` from every contender."
-  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The engines' build caches are not pruned (other users share the engines); the base is \`scratch\`, so nothing else could be cached."
+  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The engines' build caches are not pruned (other users share the engines); the base is \`scratch\`, so nothing else could be cached. Before each timed run (cold or warm, every contender) the bench runs \`sync\`, untimed, so no run pays for writing back the pages an earlier run left dirty: on Docker 20.10, a 1-platform run right after a 2-platform one took 1.79 s without it and 1.61 s with it (median of 4 each; the classic CLI 2.30 s and 2.18 s)."
   echo "- Warm runs: the same contender's cold context, repository and tag again, unchanged, right after the cold run."
   echo "- polyarch: \`polyarch build -f polyarch.yaml --record record.json --quiet\` (default -j 2; builds through the engine's BuildKit session API, exports, pushes, publishes the index, reads it back and checks every entry's manifest and config, writes the record), \`DOCKER_HOST\` set to the engine. Each figure has its own \`POLYARCH_CACHE_DIR\`, seeded only with the emulation memory (\`emulation.json\`: which emulators the engine's kernel has) of an untimed warm-up build on the same engine, never with build or push memory; warm runs use the memory their own cold run left."
   if [[ $on20 == 1 ]]; then

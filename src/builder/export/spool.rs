@@ -28,7 +28,6 @@ pub(super) fn spool_tar_layer(
         to,
     };
     let mut gz = BlockGz::new(HashWriter::new(out), GZIP_LEVEL);
-    let mut diff = Sha256::new();
     loop {
         let n = match src.read(buf) {
             Ok(0) => break,
@@ -36,10 +35,9 @@ pub(super) fn spool_tar_layer(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(SpoolError::Read(e)),
         };
-        diff.update(&buf[..n]);
         gz.write_all(&buf[..n]).map_err(SpoolError::Write)?;
     }
-    let mut hashed = gz.finish().map_err(SpoolError::Write)?;
+    let (mut hashed, diff) = gz.finish().map_err(SpoolError::Write)?;
     // The upload's body ends with the layer; its digest follows.
     hashed.inner.to = None;
     let layer = hashed.finish_layer(diff, file)?;
@@ -55,31 +53,14 @@ pub(crate) fn spool_written_layer(
     file: &Path,
     fill: impl FnOnce(&mut dyn Write) -> io::Result<()>,
 ) -> io::Result<ExportedLayer> {
-    struct DiffHasher<W> {
-        inner: W,
-        diff: Sha256,
-    }
-    impl<W: Write> Write for DiffHasher<W> {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            let n = self.inner.write(buf)?;
-            self.diff.update(&buf[..n]);
-            Ok(n)
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            self.inner.flush()
-        }
-    }
     let out = File::create(file)?;
-    let mut writer = DiffHasher {
-        inner: BlockGz::new(
-            HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
-            GZIP_LEVEL,
-        ),
-        diff: Sha256::new(),
-    };
-    fill(&mut writer)?;
-    let hashed = writer.inner.finish()?;
-    hashed.finish_layer(writer.diff, file).map_err(|e| match e {
+    let mut gz = BlockGz::new(
+        HashWriter::new(BufWriter::with_capacity(COPY_BUF, out)),
+        GZIP_LEVEL,
+    );
+    fill(&mut gz)?;
+    let (hashed, diff) = gz.finish()?;
+    hashed.finish_layer(diff, file).map_err(|e| match e {
         SpoolError::Read(e) | SpoolError::Write(e) | SpoolError::Gzip(e) => e,
     })
 }
