@@ -14,7 +14,7 @@
 #   Podman 4.3 (scripts/podman.sh): cold 2-platform against `podman build --platform
 #     linux/amd64,linux/arm64 --manifest` + `podman manifest push --all`; warm rerun.
 #
-#   BENCH_RUNS=N         runs per figure (default 3; median reported)
+#   BENCH_RUNS=N         runs per figure (default 5; median reported: Docker 20.10's image write alone swings by 0.5 s between runs)
 #   BENCH_VERIFY_RUNS    runs of each verify-only command (default 100: a run is ~20 ms)
 #   BENCH_BIG_MB         size of the big layer in MiB (default 1024; 0 skips it)
 #   BENCH_BIG_CLASSIC    1 (default) also time docker build+push of the big layer once
@@ -34,9 +34,9 @@
 # Dockerfile step (so every later step misses the build cache, for both contenders,
 # without pruning the engines' caches, which other users share), a fresh 20 MB random
 # blob (so no layer can be deduplicated by the registry) and a fresh repository.
-# polyarch gets a private POLYARCH_CACHE_DIR per figure. Before every timed cold or
-# warm run, `sync` writes back what earlier runs (and the new context) left dirty in the
-# page cache, outside the timing: otherwise a run pays for its predecessor's writes.
+# polyarch gets a private POLYARCH_CACHE_DIR per figure. Before every timed run, `sync`
+# writes back what earlier runs (and the new context) left dirty in the page cache,
+# outside the timing, so no run pays for another's writes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -45,7 +45,7 @@ log() { printf 'bench: %s\n' "$*" >&2; }
 # the engines are named explicitly below (the 20.10 figures use the machine's engine)
 unset DOCKER_HOST DOCKER_CONTEXT
 
-RUNS="${BENCH_RUNS:-3}"
+RUNS="${BENCH_RUNS:-5}"
 VRUNS="${BENCH_VERIFY_RUNS:-100}"
 BIG_MB="${BENCH_BIG_MB:-1024}"
 BIG_CLASSIC="${BENCH_BIG_CLASSIC:-1}"
@@ -905,7 +905,7 @@ table() {
   echo
   echo "- Registry: a throw-away CNCF distribution registry (Debian \`docker-registry\`) on 127.0.0.1:$registry_port, plain HTTP, data in the bench's temp dir; every figure uses its own repositories."
   echo "- Fixture of the cold and warm figures (generated per run): \`FROM scratch\`, \`COPY nonce /nonce\`, static Debian busybox per arch (\`COPY bin/\${TARGETARCH}/busybox /bin/busybox\`), \`RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\` (arm64 runs under QEMU), \`COPY blob /blob\` with 20 MB from /dev/urandom. RUN steps get network \`none\` from every contender."
-  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The engines' build caches are not pruned (other users share the engines); the base is \`scratch\`, so nothing else could be cached. Before each timed run (cold or warm, every contender) the bench runs \`sync\`, untimed, so no run pays for writing back the pages an earlier run left dirty: on Docker 20.10, a 1-platform run right after a 2-platform one took 1.79 s without it and 1.61 s with it (median of 4 each; the classic CLI 2.30 s and 2.18 s)."
+  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The engines' build caches are not pruned (other users share the engines); the base is \`scratch\`, so nothing else could be cached. Before each timed run (every contender) the bench runs \`sync\`, untimed, so no run pays for writing back the pages an earlier run, or the making of its context, left dirty."
   echo "- Warm runs: the same contender's cold context, repository and tag again, unchanged, right after the cold run."
   echo "- polyarch: \`polyarch build -f polyarch.yaml --record record.json --quiet\` (default -j 2; builds through the engine's BuildKit session API, exports, pushes, publishes the index, reads it back and checks every entry's manifest and config, writes the record), \`DOCKER_HOST\` set to the engine. Each figure has its own \`POLYARCH_CACHE_DIR\`, seeded only with the emulation memory (\`emulation.json\`: which emulators the engine's kernel has) of an untimed warm-up build on the same engine, never with build or push memory; warm runs use the memory their own cold run left."
   if [[ $on20 == 1 ]]; then
