@@ -21,24 +21,20 @@ const SAMPLES: usize = 4;
 const STORE_AT_PERMILLE: usize = 980;
 
 /// A `Write` that gzips what it is given into `inner`, block by block (see the module),
-/// and hashes it uncompressed (a layer's diff ID). While one batch of blocks is
-/// compressed and hashed, the previous batch's members are written: on 2 cores the two
-/// sha256 and the writes no longer wait for each other.
-pub(crate) struct BlockGz<W: Write + Send> {
+/// and hashes it uncompressed (a layer's diff ID) while the workers compress each batch.
+pub(crate) struct BlockGz<W: Write> {
     inner: W,
     level: u32,
     workers: usize,
     /// Blocks waiting for the next batch, the last one still filling.
     blocks: Vec<Vec<u8>>,
-    /// The last batch's members, written while the next batch is compressed.
-    members: Vec<Vec<u8>>,
     /// The uncompressed input hashed so far.
     diff: Sha256,
-    /// Whether any member was made yet (an empty input still gets one, empty, member).
-    made: bool,
+    /// Whether any member was written yet (an empty input still gets one, empty, member).
+    wrote: bool,
 }
 
-impl<W: Write + Send> BlockGz<W> {
+impl<W: Write> BlockGz<W> {
     pub(crate) fn new(inner: W, level: u32) -> Self {
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -52,32 +48,28 @@ impl<W: Write + Send> BlockGz<W> {
             level,
             workers,
             blocks: Vec::new(),
-            members: Vec::new(),
             diff: Sha256::new(),
-            made: false,
+            wrote: false,
         }
     }
 
-    /// Compresses and writes what is left; hands back the inner writer and the hash of
-    /// the uncompressed input.
+    /// Compresses what is left; hands back the inner writer and the hash of the
+    /// uncompressed input.
     pub(crate) fn finish(mut self) -> io::Result<(W, Sha256)> {
-        if !self.made && self.blocks.is_empty() {
+        if !self.wrote && self.blocks.is_empty() {
             self.blocks.push(Vec::new());
         }
         self.compress_batch()?;
-        write_members(&mut self.inner, &std::mem::take(&mut self.members))?;
         Ok((self.inner, self.diff))
     }
 
-    /// Compresses the waiting blocks, one thread each, while this thread hashes them and
-    /// another writes the previous batch's members, in order.
+    /// Compresses the waiting blocks, one thread each, while this thread hashes them;
+    /// then writes their members in order.
     fn compress_batch(&mut self) -> io::Result<()> {
         let blocks = std::mem::take(&mut self.blocks);
-        let previous = std::mem::take(&mut self.members);
         let level = self.level;
-        let (inner, diff) = (&mut self.inner, &mut self.diff);
-        let (members, written) = std::thread::scope(|scope| {
-            let writer = scope.spawn(move || write_members(inner, &previous));
+        let diff = &mut self.diff;
+        let members: Vec<io::Result<Vec<u8>>> = std::thread::scope(|scope| {
             let compressors: Vec<_> = blocks
                 .iter()
                 .map(|block| scope.spawn(move || member(block, level)))
@@ -85,29 +77,23 @@ impl<W: Write + Send> BlockGz<W> {
             for block in &blocks {
                 diff.update(block);
             }
-            let members: io::Result<Vec<Vec<u8>>> = compressors
+            compressors
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(worker_panicked())))
-                .collect();
-            let written = writer.join().unwrap_or_else(|_| Err(worker_panicked()));
-            (members, written)
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("a gzip worker panicked")))
+                })
+                .collect()
         });
-        written?;
-        self.members = members?;
-        self.made |= !self.members.is_empty();
+        for member in members {
+            self.inner.write_all(&member?)?;
+            self.wrote = true;
+        }
         Ok(())
     }
 }
 
-fn worker_panicked() -> io::Error {
-    io::Error::other("a gzip worker panicked")
-}
-
-fn write_members(inner: &mut impl Write, members: &[Vec<u8>]) -> io::Result<()> {
-    members.iter().try_for_each(|m| inner.write_all(m))
-}
-
-impl<W: Write + Send> Write for BlockGz<W> {
+impl<W: Write> Write for BlockGz<W> {
     fn write(&mut self, mut data: &[u8]) -> io::Result<usize> {
         let given = data.len();
         while !data.is_empty() {
@@ -125,7 +111,7 @@ impl<W: Write + Send> Write for BlockGz<W> {
         Ok(given)
     }
 
-    /// Members are only written whole, a batch behind and at the finish.
+    /// Members are only written whole, by batches and at the finish.
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
