@@ -2,6 +2,7 @@
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
 mod auth;
+mod challenge;
 mod clients;
 pub mod credentials;
 mod error;
@@ -21,7 +22,8 @@ use crate::base::oci;
 use credentials::Credential;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
-use auth::{Challenge, Tokens};
+use auth::Tokens;
+use challenge::Challenge;
 use clients::Clients;
 use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
 use futures_util::TryStreamExt;

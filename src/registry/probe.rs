@@ -1,7 +1,7 @@
 //! Which registries speak plain HTTP, what their `/v2/` answers, and where Docker keeps
 //! their trust roots.
 
-use super::auth::{parse_challenge, Challenge};
+use super::challenge::{parse_challenge, Challenge};
 use std::path::PathBuf;
 use std::time::Duration;
 
