@@ -23,8 +23,10 @@ struct Run {
     outputs: Outputs,
     summary: String,
     success: bool,
+    /// Where the action had polyarch keep its memory: the directory its state cache saves.
+    state_dir: PathBuf,
     /// RUNNER_TEMP, where the record goes by default; removed with the run.
-    _runner: tempfile::TempDir,
+    runner: tempfile::TempDir,
 }
 
 /// `${{ inputs.x }}`, `${{ steps.id.outputs.x }}` and `${{ github.action_path }}`, the
@@ -126,6 +128,9 @@ fn run_action(workspace: &Path, given: &[(&str, &str)]) -> Run {
             .env("GITHUB_WORKSPACE", workspace)
             .env("RUNNER_TEMP", runner.path())
             .env("RUNNER_OS", "Linux")
+            // A fresh runner's home cache: the memory is in it only if the action put it there.
+            .env("XDG_CACHE_HOME", runner.path().join("home-cache"))
+            .env_remove("POLYARCH_CACHE_DIR")
             .env("CI", "true");
         if let Some(env) = step["env"].as_mapping() {
             for (k, v) in env {
@@ -157,11 +162,17 @@ fn run_action(workspace: &Path, given: &[(&str, &str)]) -> Run {
             (k.as_str().unwrap().to_string(), value)
         })
         .collect();
+    let state_dir = steps
+        .get("key")
+        .and_then(|k| k.get("state-dir"))
+        .map(PathBuf::from)
+        .unwrap_or_default();
     Run {
         outputs,
         summary: std::fs::read_to_string(&summary).unwrap_or_default(),
         success,
-        _runner: runner,
+        state_dir,
+        runner,
     }
 }
 
@@ -186,6 +197,17 @@ fn the_split_runner_flow_publishes_one_index_and_a_gap_fails_the_step_with_its_t
             ],
         );
         assert!(run.success, "build linux/{arch}");
+        // The state cache saves the directory polyarch remembered its pushes in.
+        assert!(
+            run.state_dir.starts_with(run.runner.path()),
+            "{}",
+            run.state_dir.display()
+        );
+        assert!(
+            run.state_dir.join("blobs.json").is_file(),
+            "no memory of the pushed blobs in {}",
+            run.state_dir.display()
+        );
         assert_eq!(run.outputs["record"], part);
         assert_eq!(run.outputs["exit-code"], "0");
         assert!(ws.join(&part).is_file());
