@@ -27,6 +27,12 @@
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
 #   BENCH_BIN=PATH       time this polyarch binary instead (no cargo build; e.g. a "before" copy)
 #
+# Disk: the images a run tags are removed at its end; what the engines' build caches keep
+# is not (other users share them): several GB a run, mostly in Docker 20.10's, where the
+# context synced for the memory figure (5 GiB) and the 1 GiB layers stay. Three runs and
+# a day's harness builds filled this machine's disk on 2026-12-06 (build caches: 43 GB on
+# 20.10, 11 GB on 26.1, 6 GB on 28.5); `docker builder prune` on each engine gives it back.
+#
 #   Token auth (bench/tokens.sh): token fetches, requests, uploads and mounts of one
 #     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1.
 #
@@ -114,7 +120,7 @@ engine_driver="$(DOCKER_HOST=$H20 docker info --format '{{.Driver}}' 2>/dev/null
 tmp="$(mktemp -d -t polyarch-bench.XXXXXX)"
 reg_pid=""
 host=""
-H26="" D26BIN="" D26CFG=""
+H26="" D26BIN="" D26CFG="" H28="" D28BIN=""
 d26() { DOCKER_HOST="$H26" DOCKER_CONFIG="$D26CFG" "$D26BIN/docker" "$@"; }
 
 # QEMU: the RUN step on arm64 needs qemu-aarch64 in binfmt_misc. The bench registers
@@ -152,6 +158,9 @@ cleanup() {
     DOCKER_HOST=$H20 docker images --format '{{.Repository}}:{{.Tag}}' | grep -F "$host/" | xargs -r env DOCKER_HOST=$H20 docker image rm -f >/dev/null 2>&1
     if [[ -n "$H26" ]]; then
       d26 images --format '{{.Repository}}:{{.Tag}}' | grep -F "$host/" | xargs -r "$D26BIN/docker" -H "$H26" image rm -f >/dev/null 2>&1
+    fi
+    if [[ -n "$H28" ]]; then
+      "$D28BIN/docker" -H "$H28" images --format '{{.Repository}}:{{.Tag}}' | grep -F "$host/" | xargs -r "$D28BIN/docker" -H "$H28" image rm -f >/dev/null 2>&1
     fi
   fi
   restore_binfmt
