@@ -204,8 +204,8 @@ fn the_split_runner_flow_publishes_one_index_and_a_gap_fails_the_step_with_its_t
             run.state_dir.display()
         );
         assert!(
-            run.state_dir.join("blobs.json").is_file(),
-            "no memory of the pushed blobs in {}",
+            run.state_dir.join("pushed.json").is_file(),
+            "no memory of the pushed manifests in {}",
             run.state_dir.display()
         );
         assert_eq!(run.outputs["record"], part);
