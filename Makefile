@@ -21,7 +21,7 @@ build:
 	$(CARGO) build --release
 
 env:
-	bash scripts/ensure-env.sh
+	bash scripts/ensure-env.sh test
 
 fixtures:
 	bash fixtures/fetch-busybox.sh

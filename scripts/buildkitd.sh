@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A standalone BuildKit daemon (buildkitd v0.32.2) for builds without a Docker
-# engine: a unix socket and a TCP listener with mutual TLS, its own state.
-# Debian bookworm, root. Binaries: BUILDKITD / BUILDCTL from the environment,
-# else ../shared/buildkit beside the checkout; nothing is downloaded except
-# bookworm's runc (apt-get) when it is missing.
+# A standalone BuildKit daemon for builds without a Docker engine: a unix socket
+# and a TCP listener with mutual TLS, its own state. Debian bookworm, root.
+# Binaries: BUILDKITD / BUILDCTL from the environment, else BuildKit v0.25.2
+# built from Debian's archive by scripts/buildkit-debian.sh (cached outside the
+# checkout: minutes the first time, nothing after); bookworm's runc is
+# apt-get installed when it is missing.
 #
 # Usage: buildkitd.sh COMMAND
 #   start   start buildkitd (no-op when it answers `buildctl debug workers`),
@@ -25,7 +26,7 @@
 # Knobs (environment):
 #   POLYARCH_BUILDKITD_PORT=N   TCP port on 127.0.0.1 (default 21234)
 #   POLYARCH_BUILDKITD_WAIT=S   how long `start` waits for the daemon (default 60)
-#   BUILDKITD=PATH, BUILDCTL=PATH  the binaries (default ../shared/buildkit/)
+#   BUILDKITD=PATH, BUILDCTL=PATH  the binaries (default: scripts/buildkit-debian.sh's)
 #   POLYARCH_SKIP_INSTALL=1     fail instead of apt-get installing runc
 #
 # Concurrency: `start`/`stop` hold /run/polyarch/buildkitd.lock (flock); the
@@ -36,7 +37,6 @@ export DEBIAN_FRONTEND=noninteractive
 unset BUILDKIT_HOST NOTIFY_SOCKET
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-shared="$(cd "$here/.." && cd ../shared/buildkit 2>/dev/null && pwd || true)"
 run_dir=/run/polyarch
 state_dir=/var/lib/polyarch/buildkitd
 log_dir=/var/log/polyarch
@@ -50,15 +50,14 @@ log() { printf 'buildkitd: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 need_root() { [[ $(id -u) -eq 0 ]] || die "$1 needs root"; }
 
-bin_of() { # bin_of VAR NAME -> the binary, or a message saying how to get it
-  local v="${!1:-}"
+bin_of() { # bin_of VAR NAME -> the binary
+  local v="${!1:-}" dir
   if [[ -n "$v" ]]; then
     [[ -x "$v" ]] || die "$1=$v is not an executable"
     printf '%s\n' "$v"
-  elif [[ -n "$shared" && -x "$shared/$2" ]]; then
-    printf '%s\n' "$shared/$2"
   else
-    die "no $2: set $1, or unpack https://github.com/moby/buildkit/releases/download/v0.32.2/buildkit-v0.32.2.linux-amd64.tar.gz (bin/$2) into ../shared/buildkit"
+    dir="$(bash "$here/buildkit-debian.sh" build)" || die "no $2: scripts/buildkit-debian.sh could not build it (or set $1)"
+    printf '%s\n' "$dir/$2"
   fi
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: build examples/hello for linux/amd64 + linux/arm64 with polyarch,
 # push it to a throw-away loopback registry and print the coverage record.
-#   1. scripts/ensure-env.sh (tools, engine, busybox fixtures)
+#   1. scripts/ensure-env.sh demo (its tools, the machine's engine, busybox fixtures)
 #   2. copy fixtures/busybox/<arch>/busybox into examples/hello/bin/ (gitignored)
 #   3. start `docker-registry serve` on a free 127.0.0.1 port (temp storage)
 #   4. write polyarch.yaml (repository host -> that registry, absolute context)
@@ -14,7 +14,7 @@ cd "$root"
 if [[ -f "$HOME/.cargo/env" ]]; then source "$HOME/.cargo/env"; fi
 log() { printf 'demo: %s\n' "$*" >&2; }
 
-bash scripts/ensure-env.sh
+bash scripts/ensure-env.sh demo
 bin="$root/target/release/polyarch"
 if [[ ! -x "$bin" ]]; then cargo build --release; fi
 

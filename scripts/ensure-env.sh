@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
-# Shared environment set-up for CI (.ci/run), `make test` and `make demo`:
-#   1. install missing tools from Debian's apt (only when a command is missing),
-#   2. make sure a Docker engine answers `docker info` (start dockerd if not),
-#   3. fetch the busybox fixtures (fixtures/fetch-busybox.sh).
-# Idempotent and cheap when everything is already there.
+# Environment set-up, in two sizes:
+#   ensure-env.sh demo   what `make demo` uses: the tools it runs (apt-get, only
+#                        when a command is missing), a Docker engine answering
+#                        `docker info` (dockerd started if not) and the busybox
+#                        fixtures. No other engine or daemon is installed or started.
+#   ensure-env.sh test   (the default; .ci/run and `make test`) all of the above,
+#                        the tools the whole suite runs, and every engine it uses:
+#                        Docker 26.1 and 28.5 (scripts/engine26.sh, engine28.sh),
+#                        Podman 4.3 (scripts/podman.sh) and a standalone BuildKit
+#                        daemon built from Debian's archive (scripts/buildkitd.sh).
+# Idempotent and cheap when everything is already there. Nothing outside the
+# clone is needed: what is missing comes from Debian's archive, and a step that
+# cannot be had stops the script with one line naming it.
 #
 # Knobs (environment):
 #   POLYARCH_SKIP_INSTALL=1     do not apt-get anything
 #   POLYARCH_SKIP_ENGINE=1      do not check/start dockerd
 #   POLYARCH_SKIP_FIXTURES=1    do not fetch busybox
+#   POLYARCH_SKIP_DOCKER26=1, POLYARCH_SKIP_DOCKER28=1, POLYARCH_SKIP_PODMAN=1,
+#   POLYARCH_SKIP_BUILDKITD=1   (test) leave that engine out
 #   POLYARCH_DOCKERD_LOG=FILE   dockerd log (default /tmp/polyarch-dockerd.log)
 #   POLYARCH_DOCKERD_ARGS=...   extra dockerd arguments (word-split)
 #   POLYARCH_DOCKERD_WAIT=SECS  how long to wait for the engine (default 60)
@@ -22,6 +32,12 @@ log() { printf 'ensure-env: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # ---------------------------------------------------------------- 1. tools
+mode="${1:-test}"
+case "$mode" in
+  demo | test) ;;
+  *) die "unknown mode '$mode' (demo or test)" ;;
+esac
+
 # command -> Debian package that provides it
 tools=(
   "docker:docker.io"
@@ -29,23 +45,29 @@ tools=(
   "docker-registry:docker-registry"
   "skopeo:skopeo"
   "qemu-aarch64-static:qemu-user-static"
-  "htpasswd:apache2-utils"
-  "openssl:openssl"
-  "objdump:binutils"
   "curl:curl"
   "python3:python3"
-  "make:make"
   "flock:util-linux"
-  "ssh-agent:openssh-client"
-  "ssh:openssh-client"
-  # tests/remote_builders.rs: test hosts are network namespaces with their own sshd
-  "sshd:openssh-server"
-  "ssh-keygen:openssh-client"
-  "ip:iproute2"
-  "nsenter:util-linux"
-  # action.yml's scripts/action-run.sh reads the record's digests (tests/action.rs)
-  "jq:jq"
 )
+if [[ "$mode" == test ]]; then
+  tools+=(
+    "htpasswd:apache2-utils"
+    "openssl:openssl"
+    "objdump:binutils"
+    "make:make"
+    "ssh-agent:openssh-client"
+    "ssh:openssh-client"
+    # tests/remote_builders.rs: test hosts are network namespaces with their own sshd
+    "sshd:openssh-server"
+    "ssh-keygen:openssh-client"
+    "ip:iproute2"
+    "nsenter:util-linux"
+    # tests/progress.rs gives polyarch a terminal with script(1)
+    "script:bsdutils"
+    # action.yml's scripts/action-run.sh reads the record's digests (tests/action.rs)
+    "jq:jq"
+  )
+fi
 
 apt_updated=0
 apt_update() {
@@ -127,6 +149,10 @@ ensure_engine() {
 
 # ---------------------------------------------------------------- main
 install_missing
+if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
+if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
+if [[ "$mode" == demo ]]; then log "ok (demo)"; exit 0; fi
+
 # The tests' token server (tests/support/token-server.py) signs with Python's cryptography.
 if ! python3 -c 'import cryptography' 2>/dev/null; then
   [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "missing python3-cryptography (POLYARCH_SKIP_INSTALL=1)"
@@ -134,26 +160,20 @@ if ! python3 -c 'import cryptography' 2>/dev/null; then
   apt_update
   apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends python3-cryptography </dev/null
 fi
-if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
-if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
-# Docker 26.1 with the containerd image store beside the machine's engine
-# (scripts/engine26.sh; POLYARCH_SKIP_DOCKER26=1 skips it).
+# Docker 26.1 and 28.5 with the containerd image store beside the machine's engine.
 if [[ "${POLYARCH_SKIP_DOCKER26:-}" != 1 ]]; then
   bash "$root/scripts/engine26.sh" install
   bash "$root/scripts/engine26.sh" start containerd >/dev/null
 fi
-# Docker 28.5 with the containerd image store (scripts/engine28.sh;
-# POLYARCH_SKIP_DOCKER28=1 skips it).
 if [[ "${POLYARCH_SKIP_DOCKER28:-}" != 1 ]]; then
   bash "$root/scripts/engine28.sh" install
   bash "$root/scripts/engine28.sh" start containerd >/dev/null
 fi
-# Podman 4.3's Docker-compatible API on its own socket (scripts/podman.sh;
-# POLYARCH_SKIP_PODMAN=1 skips it).
+# Podman 4.3's Docker-compatible and libpod API on its own socket.
 if [[ "${POLYARCH_SKIP_PODMAN:-}" != 1 ]]; then
   bash "$root/scripts/podman.sh" start >/dev/null
 fi
-# A standalone buildkitd (scripts/buildkitd.sh; POLYARCH_SKIP_BUILDKITD=1 skips it).
+# A standalone buildkitd, built from Debian's archive the first time.
 if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
   bash "$root/scripts/buildkitd.sh" start >/dev/null
 fi

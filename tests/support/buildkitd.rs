@@ -49,16 +49,38 @@ pub struct Private {
     _state: tempfile::TempDir,
 }
 
-fn shared_binary(name: &str) -> PathBuf {
+/// `BUILDKITD`/`BUILDCTL` when set, else what scripts/buildkit-debian.sh built (`shared`
+/// starts the daemon, and so builds them, first).
+fn binary(name: &str) -> PathBuf {
     let var = name.to_ascii_uppercase();
     std::env::var_os(&var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| super::repo_root().join("../shared/buildkit").join(name))
+        .unwrap_or_else(|| {
+            let out = Command::new("bash")
+                .arg(super::repo_root().join("scripts/buildkit-debian.sh"))
+                .arg("dir")
+                .output()
+                .expect("run scripts/buildkit-debian.sh dir");
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join(name)
+        })
+}
+
+/// The BuildKit version the daemon's binary reports (`buildkitd --version`: its third word).
+pub fn binary_version() -> String {
+    let out = Command::new(binary("buildkitd"))
+        .arg("--version")
+        .output()
+        .expect("run buildkitd --version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("buildkitd --version: {text}"))
+        .to_string()
 }
 
 /// Whether the daemon at `address` answers `buildctl debug workers`.
 pub fn answers(address: &str, tls: Option<&std::path::Path>) -> bool {
-    let mut cmd = Command::new(shared_binary("buildctl"));
+    let mut cmd = Command::new(binary("buildctl"));
     cmd.args(["--addr", address]);
     if let Some(dir) = tls {
         cmd.arg("--tlsdir").arg(dir);
@@ -73,7 +95,7 @@ pub fn answers(address: &str, tls: Option<&std::path::Path>) -> bool {
 /// The repositories the image exporter of each build in the daemon's build history
 /// pushed to (`buildctl debug histories`), one per recorded build.
 pub fn recorded_repositories(address: &str) -> Vec<String> {
-    let out = Command::new(shared_binary("buildctl"))
+    let out = Command::new(binary("buildctl"))
         .args([
             "--addr",
             address,
@@ -110,7 +132,7 @@ impl Private {
         let unix = format!("unix://{}", state.path().join("buildkitd.sock").display());
         let tcp = format!("tcp://127.0.0.1:{}", super::free_port());
         let log = std::fs::File::create(state.path().join("buildkitd.log")).unwrap();
-        let mut child = Command::new(shared_binary("buildkitd"))
+        let mut child = Command::new(binary("buildkitd"))
             .arg("--root")
             .arg(state.path().join("root"))
             .args(["--addr", &unix, "--addr", &tcp])

@@ -148,7 +148,7 @@ impl Daemon {
         Ok(platforms)
     }
 
-    /// The daemon's BuildKit version (`v0.32.2`).
+    /// The daemon's BuildKit version (`v0.25.2`).
     pub async fn version(&self) -> Result<String, DaemonError> {
         let info = self
             .control
