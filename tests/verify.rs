@@ -1,6 +1,8 @@
 //! Verification-only mode and the deploy gate against a real registry holding what other
 //! tools push: single-arch tags, attestation entries, lying platforms, foreign binaries.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use serde_json::{json, Value};
@@ -231,6 +233,121 @@ fn deep_verify_catches_an_arm64_entry_holding_an_x86_64_binary() {
     assert_eq!(
         record["images"][0]["platforms"][1]["deep"]["finding"],
         "match"
+    );
+}
+
+/// The layers of the single-platform manifest `reference` names.
+fn layer_digests(reference: &str) -> Vec<String> {
+    let manifest = support::skopeo_inspect_raw(reference);
+    let manifest = match manifest["manifests"].as_array() {
+        // polyarch pushes an index even for one platform.
+        Some(entries) => {
+            let digest = entries[0]["digest"].as_str().unwrap();
+            let repository = reference.rsplit_once(':').unwrap().0;
+            support::skopeo_inspect_raw(&format!("{repository}@{digest}"))
+        }
+        None => manifest,
+    };
+    manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|layer| layer["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+const LIAR: &str =
+    "FROM scratch\nCOPY bin/amd64/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"true\"]\n";
+const HONEST_ARM64: &str =
+    "FROM scratch\nCOPY bin/arm64/busybox /bin/busybox\nENTRYPOINT [\"/bin/busybox\", \"true\"]\n";
+
+/// Issue 39, case 4: an arm64 entry shipping an x86-64 binary, whose layer a hostile
+/// registry (or a tampered layout) answers with an honest arm64 layer's bytes. Read as
+/// they come, those bytes would make the entry look covered.
+#[test]
+fn deep_verify_refuses_layer_bytes_the_manifest_does_not_name() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_name("verify/swapped");
+    let (liar, honest) = (
+        registry.repo(&format!("{name}/liar")),
+        registry.repo(&format!("{name}/honest")),
+    );
+    build(&dir.path().join("liar"), LIAR, &liar, "[linux/arm64]");
+    build(
+        &dir.path().join("honest"),
+        HONEST_ARM64,
+        &honest,
+        "[linux/arm64]",
+    );
+    let (liar_layers, honest_layers) = (
+        layer_digests(&format!("{liar}:v1")),
+        layer_digests(&format!("{honest}:v1")),
+    );
+    assert_eq!(liar_layers.len(), 1, "{liar_layers:?}");
+    let honest_bytes = curl(&[&format!(
+        "http://{}/v2/{name}/honest/blobs/{}",
+        registry.host, honest_layers[0]
+    )]);
+
+    let proxy = proxy::Proxy::start(registry.port);
+    proxy.add(
+        proxy::Rule::new(
+            "GET",
+            &format!("/blobs/{}", liar_layers[0]),
+            proxy::Fault::respond(200, "application/octet-stream", honest_bytes),
+        )
+        .always(),
+    );
+    let swapped = format!("{}:v1", proxy.repo(&format!("{name}/liar")));
+    let (out, record) = verify(&swapped, "linux/arm64", &["--deep"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert_ne!(record["covered"], true);
+    assert!(
+        stderr.contains(&format!("layer {} of", liar_layers[0]))
+            && stderr.contains("does not match its digest"),
+        "{stderr}"
+    );
+    // JSON events on stderr, then the one error line.
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+
+    // The same swap in an OCI layout's blob file.
+    let layouts = dir.path().join("layouts");
+    for (context, image) in [("liar", "liar"), ("honest", "honest")] {
+        let file = dir.path().join(context).join("polyarch.yaml");
+        let out = run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--output")
+            .arg(format!("oci:{}", layouts.join(image).display())));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let blob = |image: &str, digest: &str| {
+        layouts
+            .join(image)
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
+    std::fs::copy(
+        blob("honest", &honest_layers[0]),
+        blob("liar", &liar_layers[0]),
+    )
+    .unwrap();
+    let layout = format!("oci:{}:v1", layouts.join("liar").display());
+    let (out, record) = verify(&layout, "linux/arm64", &["--deep"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert_ne!(record["covered"], true);
+    assert!(
+        stderr.contains(&liar_layers[0]) && stderr.contains("corrupt"),
+        "{stderr}"
     );
 }
 

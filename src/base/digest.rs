@@ -7,9 +7,11 @@
 //! writes sha256.
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use sha2::{Digest as _, Sha256};
+use sha2::{Digest as _, Sha256, Sha384, Sha512};
 use std::fmt;
+use std::io::{self, Read};
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
 
 /// A valid `algorithm:hex` digest, held as its text.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -124,9 +126,129 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
+/// A hash in the algorithm of the digest it will be compared with (a registry may name
+/// layers by sha384 or sha512).
+enum Hasher {
+    Sha256(Sha256),
+    Sha384(Sha384),
+    Sha512(Sha512),
+}
+
+impl Hasher {
+    fn like(digest: &Digest) -> Hasher {
+        match digest.algorithm() {
+            "sha384" => Hasher::Sha384(Sha384::new()),
+            "sha512" => Hasher::Sha512(Sha512::new()),
+            _ => Hasher::Sha256(Sha256::new()),
+        }
+    }
+
+    fn update(&mut self, bytes: &[u8]) {
+        match self {
+            Hasher::Sha256(h) => h.update(bytes),
+            Hasher::Sha384(h) => h.update(bytes),
+            Hasher::Sha512(h) => h.update(bytes),
+        }
+    }
+
+    fn finish(self) -> Digest {
+        let (algorithm, hex) = match self {
+            Hasher::Sha256(h) => ("sha256", hex::encode(h.finalize())),
+            Hasher::Sha384(h) => ("sha384", hex::encode(h.finalize())),
+            Hasher::Sha512(h) => ("sha512", hex::encode(h.finalize())),
+        };
+        Digest(format!("{algorithm}:{hex}"))
+    }
+}
+
+/// Passes a blob's bytes through while hashing them, for a reader that must not trust what
+/// it is handed (`verify --deep` reads layers a registry or layout serves). At the end of
+/// the stream the digest of what passed is left in [`HashingReader::seen`]; the owner
+/// compares it with the digest the manifest names once the reading is done.
+pub struct HashingReader<R> {
+    inner: R,
+    hasher: Option<Hasher>,
+    seen: Arc<OnceLock<Digest>>,
+}
+
+impl<R: Read> HashingReader<R> {
+    /// Hashes in `expected`'s algorithm; the returned cell is filled at the end of `inner`.
+    pub fn new(inner: R, expected: &Digest) -> (HashingReader<R>, Arc<OnceLock<Digest>>) {
+        let seen = Arc::new(OnceLock::new());
+        let reader = HashingReader {
+            inner,
+            hasher: Some(Hasher::like(expected)),
+            seen: Arc::clone(&seen),
+        };
+        (reader, seen)
+    }
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 {
+            if let Some(hasher) = self.hasher.take() {
+                let _ = self.seen.set(hasher.finish());
+            }
+        } else if let Some(hasher) = &mut self.hasher {
+            hasher.update(&buf[..n]);
+        }
+        Ok(n)
+    }
+}
+
+/// The first of `layers` (the digest a manifest names, and what its bytes hashed to when
+/// read to the end) whose bytes are not what the manifest names. A layer not read to its
+/// end (the reader stopped at an error, which is reported as such) is not judged.
+pub fn first_mismatch<'a>(
+    layers: impl IntoIterator<Item = (&'a Digest, &'a OnceLock<Digest>)>,
+) -> Option<(Digest, Digest)> {
+    layers.into_iter().find_map(|(expected, seen)| {
+        seen.get()
+            .filter(|computed| *computed != expected)
+            .map(|computed| (expected.clone(), computed.clone()))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hashing_reader_tells_what_passed_in_the_expected_algorithm() {
+        for algorithm in ["sha256", "sha384", "sha512"] {
+            let expected: Digest = match algorithm {
+                "sha256" => Digest::of(b"layer").to_string(),
+                "sha384" => format!("sha384:{}", hex::encode(Sha384::digest(b"layer"))),
+                _ => format!("sha512:{}", hex::encode(Sha512::digest(b"layer"))),
+            }
+            .parse()
+            .unwrap();
+            let (mut reader, seen) = HashingReader::new(&b"layer"[..], &expected);
+            assert!(seen.get().is_none());
+            io::copy(&mut reader, &mut io::sink()).unwrap();
+            assert_eq!(seen.get(), Some(&expected));
+            assert_eq!(first_mismatch([(&expected, &*seen)]), None);
+
+            let (mut reader, other) = HashingReader::new(&b"other bytes"[..], &expected);
+            io::copy(&mut reader, &mut io::sink()).unwrap();
+            let (named, computed) =
+                first_mismatch([(&expected, &*seen), (&expected, &*other)]).expect("a mismatch");
+            assert_eq!(named, expected);
+            assert_eq!(computed.algorithm(), algorithm);
+            assert_ne!(computed, expected);
+        }
+    }
+
+    #[test]
+    fn a_layer_not_read_to_its_end_is_not_judged() {
+        let expected = Digest::of(b"a long layer");
+        let (mut reader, seen) = HashingReader::new(&b"a long layer"[..], &expected);
+        let mut first = [0u8; 4];
+        reader.read_exact(&mut first).unwrap();
+        assert_eq!(first_mismatch([(&expected, &*seen)]), None);
+    }
 
     fn sha256(hex: &str) -> String {
         format!("sha256:{hex}")

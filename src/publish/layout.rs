@@ -2,7 +2,7 @@
 //! destination for `build --output oci:DIR` and a source for `verify oci:DIR[:TAG]`.
 //! Tags are `org.opencontainers.image.ref.name` annotations, as skopeo and containerd read them.
 
-use crate::base::digest::Digest;
+use crate::base::digest::{first_mismatch, Digest, HashingReader};
 use crate::base::files;
 use crate::base::oci::{self, ManifestBlob};
 use crate::verify::ContentSource;
@@ -261,18 +261,33 @@ impl ContentSource for LayoutSource {
         layers: &[(Digest, String)],
         platform: &crate::Platform,
     ) -> Result<crate::verify::entrypoint::DeepReport> {
+        // Each layer is hashed as the inspector reads it: a layout is as untrusted as a
+        // registry, and no verdict is drawn from bytes its manifest does not name.
         let mut readers: Vec<Box<dyn std::io::Read + Send>> = Vec::new();
+        let mut hashed = Vec::new();
         for (digest, _) in layers {
             let path = blob_path(&self.layout.dir, digest)?;
             let file = std::fs::File::open(&path).map_err(io(&path))?;
-            readers.push(Box::new(std::io::BufReader::new(file)));
+            let (reader, seen) = HashingReader::new(std::io::BufReader::new(file), digest);
+            readers.push(Box::new(reader));
+            hashed.push(seen);
         }
         let (config, platform) = (config.to_vec(), platform.clone());
-        tokio::task::spawn_blocking(move || {
+        let report = tokio::task::spawn_blocking(move || {
             crate::verify::entrypoint::inspect(&config, readers, &platform)
         })
         .await
-        .map_err(LayoutError::Inspection)
+        .map_err(LayoutError::Inspection)?;
+        let named = layers.iter().map(|(digest, _)| digest);
+        match first_mismatch(named.zip(hashed.iter().map(|s| &**s))) {
+            Some((digest, computed)) => Err(LayoutError::CorruptBlob {
+                dir: self.layout.dir.clone(),
+                digest,
+                computed,
+            }
+            .into()),
+            None => Ok(report),
+        }
     }
 }
 

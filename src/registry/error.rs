@@ -157,6 +157,14 @@ pub enum RegistryError {
         #[source]
         source: std::io::Error,
     },
+    /// `verify --deep` read a layer whose bytes are not the ones its manifest names: no
+    /// verdict is drawn from them.
+    #[error("layer {digest} of {reference} does not match its digest (its bytes hash to {computed}); the registry or a proxy altered it, so nothing is concluded about this image")]
+    LayerDigest {
+        digest: String,
+        reference: String,
+        computed: String,
+    },
     #[error("deep inspection of {reference} failed: {source}")]
     Inspection {
         reference: String,

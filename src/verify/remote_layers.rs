@@ -1,8 +1,10 @@
 //! `verify --deep` against a registry: an image's layers streamed from the registry into
-//! [`entrypoint::inspect`], which reads them on a blocking thread. Its failures are the registry
-//! client's ([`ClientError`]); `deep` itself cannot fail (what it cannot read is a
-//! [`Finding::Unreadable`]).
+//! [`entrypoint::inspect`], which reads them on a blocking thread, each hashed as it is read.
+//! Its failures are the registry client's ([`ClientError`]), a layer whose bytes are not
+//! the ones its manifest names among them; `deep` itself cannot fail (what it cannot read
+//! is a [`Finding::Unreadable`]).
 
+use crate::base::digest::{first_mismatch, HashingReader};
 use crate::base::platform::Platform;
 use crate::builder::export::ChannelReader;
 use crate::registry::{ClientError, RegistryError};
@@ -41,10 +43,13 @@ pub async fn inspect_remote(
     }
     let mut senders = Vec::new();
     let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
-    for _ in &wanted {
+    let mut hashed = Vec::new();
+    for digest in &wanted {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         senders.push(tx);
-        readers.push(Box::new(ChannelReader::new(rx)));
+        let (reader, seen) = HashingReader::new(ChannelReader::new(rx), digest);
+        readers.push(Box::new(reader));
+        hashed.push(seen);
     }
     let config_bytes = config.to_vec();
     let owned_platform = platform.clone();
@@ -54,6 +59,17 @@ pub async fn inspect_remote(
     let pump = pump_layers(registry, reference, &wanted, senders);
     let (pumped, inspected) = tokio::join!(pump, inspector);
     pumped?;
+    if let Some((digest, computed)) = first_mismatch(wanted.iter().zip(hashed.iter().map(|s| &**s)))
+    {
+        return Err(ClientError::registry(
+            reference.registry(),
+            RegistryError::LayerDigest {
+                digest: digest.to_string(),
+                reference: reference.to_string(),
+                computed: computed.to_string(),
+            },
+        ));
+    }
     let mut report = inspected.map_err(|source| {
         ClientError::registry(
             reference.registry(),
