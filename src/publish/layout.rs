@@ -284,8 +284,7 @@ impl ContentSource for LayoutSource {
                 dir: self.layout.dir.clone(),
                 digest,
                 computed,
-            }
-            .into()),
+            }),
             None => Ok(report),
         }
     }
