@@ -66,6 +66,8 @@ if [[ "$mode" == test ]]; then
     "script:bsdutils"
     # action.yml's scripts/action-run.sh reads the record's digests (tests/action.rs)
     "jq:jq"
+    # tests/hostile_registry.rs measures each run's peak memory with GNU time's %M
+    "/usr/bin/time:time"
   )
 fi
 

@@ -2,9 +2,11 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use polyarch::base::annotations::AnnotationFlag;
+use polyarch::base::duration::parse_duration;
 use polyarch::project::{BinfmtMode, CacheRef, Override, SecretFlag, SshFlag};
 use polyarch::Platform;
 use std::path::PathBuf;
+use std::time::Duration;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
 const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
@@ -238,6 +240,9 @@ pub struct VerifyArgs {
     /// with `provenance: true` require it anyway.
     #[arg(long)]
     pub require_provenance: bool,
+    /// Give up (exit 3) when the whole check takes longer: 90s, 5m, 1m30s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
     #[command(flatten)]
     pub output: Output,
     #[command(flatten)]
@@ -324,6 +329,9 @@ pub struct GateArgs {
     /// pinned to the digest checked (repo:tag@sha256:…), ready for `kubectl apply -f DIR`.
     #[arg(long, value_name = "DIR")]
     pub pin: Option<PathBuf>,
+    /// Give up (exit 3) when the whole gate takes longer: 90s, 5m, 1m30s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
     #[command(flatten)]
     pub output: Output,
     #[command(flatten)]

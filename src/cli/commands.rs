@@ -16,6 +16,7 @@ use polyarch::verify::coverage_record::{CoverageRecord, PartRecord};
 use polyarch::Error;
 use std::future::Future;
 use std::io::{IsTerminal, Read};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(command: Command) -> Result<i32, Error> {
@@ -23,8 +24,19 @@ pub async fn run(command: Command) -> Result<i32, Error> {
     match command {
         Command::Build(args) => build(args, &interrupt).await,
         Command::Assemble(args) => assemble(args, &interrupt).await,
-        Command::Verify(args) => until_interrupted(&interrupt, verify(args)).await,
-        Command::Gate(args) => until_interrupted(&interrupt, gate(args)).await,
+        Command::Verify(args) => {
+            let what = match (args.targets.as_slice(), &args.file) {
+                ([reference], None) => format!("verify {reference}"),
+                (_, Some(file)) => format!("verify -f {}", file.display()),
+                _ => "verify".to_string(),
+            };
+            let limit = args.timeout;
+            until_interrupted(&interrupt, within(limit, what, verify(args))).await
+        }
+        Command::Gate(args) => {
+            let limit = args.timeout;
+            until_interrupted(&interrupt, within(limit, "gate".into(), gate(args))).await
+        }
         Command::Plan(args) => plan(args).await,
         Command::Doctor(args) => doctor(args).await,
         Command::Schema(SchemaArgs { which }) => {
@@ -78,6 +90,20 @@ async fn until_interrupted(
         outcome = work => outcome,
         _ = interrupt.cancelled() => Err(Error::Interrupted),
     }
+}
+
+/// `--timeout`: the whole command within `limit`, else a failure naming `what` timed out.
+async fn within(
+    limit: Option<Duration>,
+    what: String,
+    work: impl Future<Output = Result<i32, Error>>,
+) -> Result<i32, Error> {
+    let Some(limit) = limit else {
+        return work.await;
+    };
+    tokio::time::timeout(limit, work)
+        .await
+        .unwrap_or(Err(Error::TimedOut { what, limit }))
 }
 
 /// Whether `--source-date-epoch` or the environment gave the epoch (clap reads both into
@@ -391,10 +417,20 @@ fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Error> {
         }
         None => None,
     };
+    // Tests and slow links set the per-request deadline; a value that is no duration is
+    // refused rather than ignored.
+    let deadline = match std::env::var("POLYARCH_REGISTRY_TIMEOUT") {
+        Ok(text) if !text.trim().is_empty() => Some(
+            polyarch::base::duration::parse_duration(&text)
+                .map_err(|e| Error::Usage(format!("POLYARCH_REGISTRY_TIMEOUT: {e}")))?,
+        ),
+        _ => None,
+    };
     Ok(RegistryOptions {
         insecure: args.insecure_registry.clone(),
         credentials,
         ca_certs: args.ca_cert.iter().cloned().collect(),
+        deadline,
         ..Default::default()
     })
 }

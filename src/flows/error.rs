@@ -96,6 +96,14 @@ pub enum Error {
 
     #[error("interrupted")]
     Interrupted,
+
+    /// `--timeout` passed before the command finished; `what` names the command and what
+    /// it was checking.
+    #[error("{what} did not finish within --timeout {}: a registry is answering too slowly or not at all; check it, or allow more time", crate::base::duration::show(*limit))]
+    TimedOut {
+        what: String,
+        limit: std::time::Duration,
+    },
 }
 
 impl Error {

@@ -3,11 +3,11 @@
 //! repository set (every scope in one request, as buildx and containerd ask), shared by
 //! all calls, and fetches again only on expiry or when a call needs a scope it lacks.
 
+use super::body::{error_text, read_limited, MAX_TOKEN_ANSWER};
 use super::challenge::{parse_challenge, Challenge};
 use super::failure::{registry_error, Attempt, Failure};
-use super::probe::has_port;
-use super::Result;
-use super::{Registry, Scheme};
+use super::probe::{has_port, is_loopback};
+use super::{ClientError, Registry, RegistryError, Result, Scheme};
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
 use serde::Deserialize;
@@ -140,7 +140,11 @@ impl Registry {
                 }
             }
             let (base, client) = self.base(reference).await;
-            let answer = client.get(format!("{base}/v2/")).send().await.ok()?;
+            let asked = client.get(format!("{base}/v2/")).send();
+            let answer = tokio::time::timeout(self.deadline, asked)
+                .await
+                .ok()?
+                .ok()?;
             let header = answer.headers().get(reqwest::header::WWW_AUTHENTICATE)?;
             parse_challenge(header.to_str().ok()?)
         })
@@ -178,18 +182,56 @@ impl Registry {
         if let Some(token) = tokens.current(reference.repository(), push, Instant::now()) {
             return Ok(token);
         }
+        self.refuse_downgrade(reference, challenge).await?;
         let asked = tokens.ask_with(reference.repository(), push);
         let credentials = match self.auth_for(reference.registry())? {
             RegistryAuth::Basic(user, password) => Some((user, password)),
             _ => None,
         };
         let fetched = self
-            .retrying(|| self.fetch_token(challenge, &asked, credentials.as_ref()))
+            .retrying(self.deadline, || {
+                self.fetch_token(challenge, &asked, credentials.as_ref())
+            })
             .await;
         let (token, expires_in) =
             fetched.map_err(|(failed, n)| registry_error(reference, "authenticate", failed, n))?;
         tokens.store(token.clone(), asked, expires_in, Instant::now());
         Ok(token)
+    }
+
+    /// A registry reached over TLS that names a plain-HTTP realm would have credentials
+    /// and tokens cross the network in the clear: refused, unless the realm's host is one
+    /// trusted over plain HTTP anyway (loopback, `--insecure-registry`).
+    async fn refuse_downgrade(&self, reference: &Reference, challenge: &Challenge) -> Result<()> {
+        let plain = challenge.realm.get(..7);
+        let Some(host) = plain
+            .filter(|scheme| scheme.eq_ignore_ascii_case("http://"))
+            .map(|_| authority(&challenge.realm[7..]))
+        else {
+            return Ok(());
+        };
+        let (base, _) = self.base(reference).await;
+        if !base.starts_with("https://") || self.trusts_plain(host) {
+            return Ok(());
+        }
+        Err(ClientError::registry(
+            reference.registry(),
+            RegistryError::PlainRealm {
+                reference: reference.to_string(),
+                realm: challenge.realm.clone(),
+                host: host.to_string(),
+            },
+        ))
+    }
+
+    /// Whether `host` (`host[:port]`) is spoken to without TLS checks anyway: loopback, or
+    /// named by `--insecure-registry` (with its port, or without one).
+    fn trusts_plain(&self, host: &str) -> bool {
+        let name = match host.rsplit_once(':') {
+            Some((name, _)) if has_port(host) => name,
+            _ => host,
+        };
+        is_loopback(host) || self.insecure.contains(host) || self.insecure.contains(name)
     }
 
     /// One `GET realm?service=…&scope=…&scope=…`, as Docker's token spec has it.
@@ -208,10 +250,11 @@ impl Registry {
             query.push(("service", service.clone()));
         }
         // A realm on an `--insecure-registry` host is trusted as that registry is.
-        let verified = !self
-            .insecure
-            .iter()
-            .any(|host| challenge.realm.contains(&format!("://{host}/")));
+        let realm_host = challenge
+            .realm
+            .split_once("://")
+            .map(|(_, rest)| authority(rest));
+        let verified = !realm_host.is_some_and(|host| self.insecure.contains(host));
         let mut request = self
             .clients
             .http(verified)
@@ -222,11 +265,11 @@ impl Registry {
         }
         let answer = request.send().await?;
         let status = answer.status().as_u16();
-        let body = answer.bytes().await?;
         if !(200..300).contains(&status) {
-            let text = String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned();
+            let text = error_text(answer).await;
             return Err(Attempt::answered(status, &challenge.realm, text));
         }
+        let body = read_limited(answer, MAX_TOKEN_ANSWER).await?;
         serde_json::from_slice::<TokenAnswer>(&body)
             .ok()
             .and_then(TokenAnswer::token)
@@ -237,6 +280,15 @@ impl Registry {
                 cause: None,
             })
     }
+}
+
+/// `host[:port]` of a URL without its scheme: up to the path, query or user info.
+fn authority(rest: &str) -> &str {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host)
 }
 
 #[cfg(test)]
@@ -306,6 +358,33 @@ mod tests {
         tokens.reject("t2");
         assert_eq!(tokens.current("a", true, now), None);
         assert_eq!(tokens.ask_with("a", true).parameters().len(), 2);
+    }
+
+    #[test]
+    fn plain_realms_are_trusted_on_loopback_and_insecure_hosts_only() {
+        assert_eq!(authority("h.example:5001/token?x=1"), "h.example:5001");
+        assert_eq!(authority("user:pw@h.example/token"), "h.example");
+        let options = super::super::RegistryOptions {
+            insecure: vec!["auth.example:8080".into(), "bare.example".into()],
+            ..Default::default()
+        };
+        let registry = Registry::new(&[], &options).unwrap();
+        for host in [
+            "127.0.0.1:9",
+            "localhost",
+            "auth.example:8080",
+            "bare.example:81",
+        ] {
+            assert!(registry.trusts_plain(host), "{host}");
+        }
+        for host in [
+            "auth.example",
+            "auth.example:80",
+            "evil.example",
+            "10.0.0.1:5000",
+        ] {
+            assert!(!registry.trusts_plain(host), "{host}");
+        }
     }
 
     #[test]

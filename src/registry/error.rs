@@ -5,6 +5,7 @@ use crate::base::oci::OciError;
 use crate::registry::credentials::CredentialsError;
 use oci_client::errors::OciDistributionError;
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// What a call of the registry client fails with: a registry's failure (which registry,
 /// what kind), credentials that cannot be found, or a CA file that cannot be read.
@@ -100,10 +101,29 @@ pub enum RegistryError {
         expected: String,
         computed: String,
     },
-    #[error("manifest of {reference} is larger than {limit} bytes; refusing to read more")]
-    ManifestTooLarge { reference: String, limit: usize },
-    #[error("blob {digest} is larger than {limit} bytes; it is not an image config")]
-    BlobTooLarge { digest: String, limit: usize },
+    /// An answer (manifest, config, listing, token, …) past its size limit; reading
+    /// stopped there.
+    #[error("cannot {what} for {reference}: the answer is larger than {}; refusing to read more", super::body::size(*limit))]
+    TooLarge {
+        what: String,
+        reference: String,
+        limit: usize,
+    },
+    /// No complete answer within the request's deadline (a silent or trickling server).
+    #[error("cannot {what} for {reference}: no complete answer within {}; the registry is not answering, or too slowly (POLYARCH_REGISTRY_TIMEOUT sets this deadline)", crate::base::duration::show(*deadline))]
+    TimedOut {
+        what: String,
+        reference: String,
+        deadline: Duration,
+    },
+    /// A registry reached over TLS that sends clients to a token realm on plain HTTP:
+    /// credentials and tokens would cross the network in the clear.
+    #[error("cannot authenticate for {reference}: the registry is reached over TLS but names the plain-HTTP token realm {realm}; refusing to send credentials there: configure the registry's token realm as https://, or pass --insecure-registry {host} if plain HTTP to that host is intended")]
+    PlainRealm {
+        reference: String,
+        realm: String,
+        host: String,
+    },
     #[error("cannot {what} for {reference}: the referrers listing is not an OCI image index ({source}); check the registry's referrers API, or a proxy in front of it")]
     BadListing {
         what: String,

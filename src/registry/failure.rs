@@ -15,6 +15,11 @@ pub(super) enum Failure {
     /// The certificate chain is not trusted: no retry, a TLS fix.
     Tls,
     Permanent,
+    /// The body went past this many bytes: a retry would read as much again.
+    TooLarge(usize),
+    /// No complete answer within the request's deadline: a server that silent or that slow
+    /// would only multiply the wait if asked again.
+    TimedOut(Duration),
 }
 
 pub(super) fn digest_mismatch(
@@ -148,6 +153,26 @@ impl From<reqwest::Error> for Attempt {
 }
 
 impl Attempt {
+    /// No complete answer within `deadline`.
+    pub fn timed_out(deadline: Duration) -> Self {
+        Attempt {
+            status: None,
+            failure: Failure::TimedOut(deadline),
+            detail: String::new(),
+            cause: None,
+        }
+    }
+
+    /// An answer of `status` whose body went past `limit` bytes.
+    pub fn too_large(status: u16, limit: usize) -> Self {
+        Attempt {
+            status: Some(status),
+            failure: Failure::TooLarge(limit),
+            detail: format!("the answer is larger than {}", super::body::size(limit)),
+            cause: None,
+        }
+    }
+
     /// An HTTP answer of `status` that is not what was asked for.
     pub fn answered(status: u16, url: &str, detail: String) -> Self {
         Attempt::from(OciDistributionError::ServerError {
@@ -172,7 +197,19 @@ pub(super) fn registry_error(
         cause: source,
     } = attempt;
     let (what, reference) = (what.to_string(), reference.to_string());
-    let kind = if matches!(status, Some(401)) {
+    let kind = if let Failure::TooLarge(limit) = failure {
+        RegistryError::TooLarge {
+            what,
+            reference,
+            limit,
+        }
+    } else if let Failure::TimedOut(deadline) = failure {
+        RegistryError::TimedOut {
+            what,
+            reference,
+            deadline,
+        }
+    } else if matches!(status, Some(401)) {
         RegistryError::Unauthorized {
             what,
             reference,
@@ -304,6 +341,37 @@ mod tests {
             "registry r.io: cannot authenticate for r.io/a/b:v1: the token server answered no token"
         );
         assert!(error.source().unwrap().source().is_none());
+    }
+
+    #[test]
+    fn limits_passed_are_their_own_kinds() {
+        let large = registry_error(
+            &reference(),
+            "authenticate",
+            Attempt::too_large(200, 1 << 20),
+            1,
+        );
+        assert_eq!(
+            large.to_string(),
+            "registry r.io: cannot authenticate for r.io/a/b:v1: the answer is larger than 1 MiB; refusing to read more"
+        );
+        let ClientError::Registry { source, .. } = &large else {
+            panic!("{large:?}");
+        };
+        assert!(matches!(**source, RegistryError::TooLarge { limit, .. } if limit == 1 << 20));
+        let late = Attempt::timed_out(Duration::from_secs(60));
+        let late = registry_error(&reference(), "read manifest", late, 1);
+        let ClientError::Registry { source, .. } = &late else {
+            panic!("{late:?}");
+        };
+        assert!(matches!(
+            **source,
+            RegistryError::TimedOut { deadline, .. } if deadline == Duration::from_secs(60)
+        ));
+        assert!(
+            late.to_string().contains("no complete answer within 1m;"),
+            "{late}"
+        );
     }
 
     #[test]

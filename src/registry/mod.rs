@@ -2,6 +2,7 @@
 //! first), manifests by digest, the index to each tag, and verified reads back.
 
 mod auth;
+mod body;
 mod challenge;
 mod clients;
 pub mod credentials;
@@ -23,6 +24,7 @@ use credentials::Credential;
 
 type Result<T, E = ClientError> = std::result::Result<T, E>;
 use auth::Tokens;
+use body::read_json;
 use challenge::Challenge;
 use clients::Clients;
 use failure::{classify, digest_mismatch, registry_error, Attempt, Failure};
@@ -31,15 +33,18 @@ use oci_client::errors::OciDistributionError;
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference, RegistryOperation};
 use probe::{ask_plain_v2, certs_d_files, has_port};
-use read::read_limited;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-/// Largest manifest or config polyarch will read; real ones are a few KiB.
-const MAX_JSON_BLOB: usize = 4 * 1024 * 1024;
+/// How long one registry request may take, from sending it to the end of its answer,
+/// unless `RegistryOptions::deadline` says otherwise.
+pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(60);
+/// The slowest transfer a blob upload or layer read is given time for beyond the deadline
+/// (256 KiB/s, about 2 Mbit/s): a big layer is not cut off on a slow link, a stalled one is.
+const MIN_TRANSFER_RATE: u64 = 256 * 1024;
 
 #[derive(Debug, Clone, Default)]
 pub struct RegistryOptions {
@@ -51,6 +56,9 @@ pub struct RegistryOptions {
     pub ca_certs: Vec<std::path::PathBuf>,
     /// Retry policy for transient failures; `None` uses [`RetryPolicy::from_env`].
     pub retry: Option<RetryPolicy>,
+    /// Longest one request may take; `None`: [`DEFAULT_REQUEST_DEADLINE`]. Blob transfers
+    /// get more in proportion to their size.
+    pub deadline: Option<Duration>,
 }
 
 /// Bounded retries with exponential backoff and jitter for 5xx, 429 and transport errors.
@@ -155,6 +163,8 @@ pub struct Inner {
     auths: Mutex<HashMap<String, RegistryAuth>>,
     cli_credentials: Option<(String, String)>,
     retry: RetryPolicy,
+    /// Longest one request may take (see [`Registry::deadline_for`]).
+    deadline: Duration,
     /// `registry digest` → repositories this run knows to hold the blob.
     known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
@@ -222,6 +232,7 @@ impl Registry {
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
+            deadline: options.deadline.unwrap_or(DEFAULT_REQUEST_DEADLINE),
             known: Mutex::default(),
             uploads: Mutex::default(),
             places: OnceLock::new(),
@@ -319,11 +330,15 @@ impl Registry {
                     }
                 }
                 let absent = format!("sha256:{}", "0".repeat(64));
-                let probe = self
-                    .clients
-                    .unverified()
-                    .blob_exists(reference, &absent)
-                    .await;
+                let probe = self.clients.unverified().blob_exists(reference, &absent);
+                // A server silent to TLS too gets the answer of one that speaks no TLS; the
+                // request that follows then fails by its own deadline.
+                let Ok(probe) = tokio::time::timeout(self.deadline, probe).await else {
+                    return Scheme::Plain {
+                        open: false,
+                        bearer: None,
+                    };
+                };
                 match probe {
                     // No HTTP answer, and not for a certificate problem (which means the
                     // server does speak TLS).
@@ -354,11 +369,22 @@ impl Registry {
     }
 
     /// Runs one oci-client call with the run's auth, retried as [`Registry::authorized`]
-    /// says. Every oci-client call goes through here.
-    async fn call<'a, T, F, Fut>(
+    /// says, each attempt within the request deadline.
+    async fn call<'a, T, F, Fut>(&'a self, reference: &'a Reference, what: &str, op: F) -> Result<T>
+    where
+        F: FnMut(&'a Client, RegistryAuth) -> Fut,
+        Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
+    {
+        self.call_within(reference, what, self.deadline, op).await
+    }
+
+    /// [`Registry::call`] with each attempt given `deadline`. Every oci-client call goes
+    /// through here.
+    async fn call_within<'a, T, F, Fut>(
         &'a self,
         reference: &'a Reference,
         what: &str,
+        deadline: Duration,
         mut op: F,
     ) -> Result<T>
     where
@@ -366,7 +392,7 @@ impl Registry {
         Fut: Future<Output = std::result::Result<T, OciDistributionError>>,
     {
         let client = self.client_for(reference).await?;
-        self.authorized(reference, what, |auth, token| {
+        self.authorized(reference, what, deadline, |auth, token| {
             let call = op(client, auth.clone());
             async move {
                 // oci-client keeps a token per repository and operation and fetches its
@@ -385,8 +411,15 @@ impl Registry {
 
     /// Runs one registry request with bounded, jittered retries of transient failures,
     /// with the run's token where the registry wants one (fetched again once when
-    /// refused); `op` is told whether its auth is that token.
-    async fn authorized<T, F, Fut>(&self, reference: &Reference, what: &str, mut op: F) -> Result<T>
+    /// refused); `op` is told whether its auth is that token, and each attempt is given
+    /// `deadline`.
+    async fn authorized<T, F, Fut>(
+        &self,
+        reference: &Reference,
+        what: &str,
+        deadline: Duration,
+        mut op: F,
+    ) -> Result<T>
     where
         F: FnMut(RegistryAuth, bool) -> Fut,
         Fut: Future<Output = std::result::Result<T, Attempt>>,
@@ -400,7 +433,8 @@ impl Registry {
                 }
                 None => (self.auth_for(reference.registry())?, None),
             };
-            match self.retrying(|| op(auth.clone(), token.is_some())).await {
+            let attempt = || op(auth.clone(), token.is_some());
+            match self.retrying(deadline, attempt).await {
                 Ok(value) => return Ok(value),
                 // A registry refuses a token that lapsed early or lacks a scope it now
                 // wants: one new token, asked with every scope, then the call again.
@@ -419,9 +453,13 @@ impl Registry {
         }
     }
 
-    /// Bounded, jittered retries of transient failures; the last failure and the number
-    /// of attempts when it gives up.
-    async fn retrying<T, F, Fut>(&self, mut attempt: F) -> std::result::Result<T, (Attempt, u32)>
+    /// Bounded, jittered retries of transient failures, each attempt within `deadline`;
+    /// the last failure and the number of attempts when it gives up.
+    async fn retrying<T, F, Fut>(
+        &self,
+        deadline: Duration,
+        mut attempt: F,
+    ) -> std::result::Result<T, (Attempt, u32)>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, Attempt>>,
@@ -429,7 +467,7 @@ impl Registry {
         let mut waited = Duration::ZERO;
         let mut count = 1;
         loop {
-            let failed = match attempt().await {
+            let failed = match within(deadline, attempt()).await {
                 Ok(value) => return Ok(value),
                 Err(failed) => failed,
             };
@@ -537,19 +575,10 @@ impl Registry {
                         .get("Docker-Content-Digest")
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_string);
-                    Ok((read_limited(response).await?, announced))
+                    Ok((read_json(response).await?, announced))
                 },
             )
             .await?;
-        if bytes.len() > MAX_JSON_BLOB {
-            return Err(ClientError::registry(
-                reference.registry(),
-                RegistryError::ManifestTooLarge {
-                    reference: reference.to_string(),
-                    limit: MAX_JSON_BLOB,
-                },
-            ));
-        }
         let computed = Digest::of(&bytes);
         // Checked against the digest asked for, else the one the registry announced.
         if let Some(expected) = reference.digest().map(str::to_string).or(announced) {
@@ -569,18 +598,9 @@ impl Registry {
                 &format!("read blob {digest}"),
                 &format!("blobs/{digest}"),
                 "*/*",
-                read_limited,
+                read_json,
             )
             .await?;
-        if out.len() > MAX_JSON_BLOB {
-            return Err(ClientError::registry(
-                reference.registry(),
-                RegistryError::BlobTooLarge {
-                    digest: digest.to_string(),
-                    limit: MAX_JSON_BLOB,
-                },
-            ));
-        }
         let computed = Digest::of(&out);
         if computed != *digest {
             return Err(digest_mismatch(
@@ -593,7 +613,7 @@ impl Registry {
     }
 
     /// Streams a blob (a layer) for deep checks; the caller verifies the digest as it
-    /// streams.
+    /// streams. The stream fails once the time its announced size is given has passed.
     pub async fn blob_stream(
         &self,
         reference: &Reference,
@@ -608,8 +628,42 @@ impl Registry {
                 |response| async move { Ok(response) },
             )
             .await?;
-        Ok(response.bytes_stream().map_err(std::io::Error::other))
+        let size = response.content_length().unwrap_or(0);
+        let until = tokio::time::Instant::now() + self.deadline_for(size);
+        let chunks = response.bytes_stream().map_err(std::io::Error::other);
+        Ok(futures_util::stream::unfold(
+            Box::pin(chunks),
+            move |mut chunks| async move {
+                let next = tokio::time::timeout_at(until, chunks.try_next()).await;
+                match next {
+                    Ok(chunk) => chunk.transpose().map(|chunk| (chunk, chunks)),
+                    Err(_) => {
+                        let late = std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "the blob did not arrive within its deadline",
+                        );
+                        Some((Err(late), chunks))
+                    }
+                }
+            },
+        ))
     }
+
+    /// How long a request moving `size` bytes may take: the deadline, and time for the
+    /// bytes at [`MIN_TRANSFER_RATE`].
+    fn deadline_for(&self, size: u64) -> Duration {
+        self.deadline + Duration::from_secs(size / MIN_TRANSFER_RATE)
+    }
+}
+
+/// `work` within `deadline`; past it the attempt has timed out.
+async fn within<T>(
+    deadline: Duration,
+    work: impl Future<Output = std::result::Result<T, Attempt>>,
+) -> std::result::Result<T, Attempt> {
+    tokio::time::timeout(deadline, work)
+        .await
+        .unwrap_or_else(|_| Err(Attempt::timed_out(deadline)))
 }
 
 #[cfg(test)]
@@ -652,6 +706,38 @@ mod tests {
             "{:?}",
             refused.err()
         );
+    }
+
+    /// A server too slow for the deadline is not asked again: each attempt would wait as
+    /// long. A transient failure still is.
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_past_its_deadline_fails_once_as_timed_out() {
+        let registry = Registry::new(&[], &RegistryOptions::default()).unwrap();
+        let deadline = Duration::from_secs(3);
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let hung = registry
+            .retrying(deadline, || {
+                tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::future::pending::<std::result::Result<(), Attempt>>()
+            })
+            .await;
+        let (failed, attempts) = hung.unwrap_err();
+        assert_eq!((failed.failure, attempts), (Failure::TimedOut(deadline), 1));
+        assert_eq!(tries.into_inner(), 1);
+        let failing = registry
+            .retrying(deadline, || async {
+                Err::<(), _>(Attempt::answered(503, "http://r/v2/", String::new()))
+            })
+            .await;
+        assert_eq!(failing.unwrap_err().1, registry.retry.attempts);
+    }
+
+    #[test]
+    fn big_blobs_get_time_for_their_size() {
+        let registry = Registry::new(&[], &RegistryOptions::default()).unwrap();
+        assert_eq!(registry.deadline_for(0), DEFAULT_REQUEST_DEADLINE);
+        let gib = registry.deadline_for(1 << 30);
+        assert_eq!(gib, DEFAULT_REQUEST_DEADLINE + Duration::from_secs(4096));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Pushing: blobs (HEAD first, a cross-repository mount when this run or an earlier one
 //! put the blob in another repository, then a streamed upload) and manifests, with progress.
 
+use super::body::error_text;
 use super::failure::Attempt;
 use super::read::{refusal, with_auth};
 use super::Result;
@@ -176,13 +177,18 @@ impl Registry {
         let start = format!("{base}/v2/{}/blobs/uploads/", reference.repository());
         let (start, base) = (&start, &base);
         let begun = self
-            .authorized(reference, "start an upload", |auth, _| async move {
-                let response = with_auth(client.post(start), &auth).send().await?;
-                let location = upload_location(&response, base).ok_or_else(|| {
-                    Attempt::answered(response.status().as_u16(), start, String::new())
-                })?;
-                Ok((location, auth))
-            })
+            .authorized(
+                reference,
+                "start an upload",
+                self.deadline,
+                |auth, _| async move {
+                    let response = with_auth(client.post(start), &auth).send().await?;
+                    let location = upload_location(&response, base).ok_or_else(|| {
+                        Attempt::answered(response.status().as_u16(), start, String::new())
+                    })?;
+                    Ok((location, auth))
+                },
+            )
             .await;
         let Ok((location, auth)) = begun else {
             return false;
@@ -203,15 +209,16 @@ impl Registry {
         };
         let Ok(digest) = digest.await else {
             // The export failed: the registry drops the upload after its timeout anyway.
-            let _ = with_auth(client.delete(&location), &auth).send().await;
+            let dropped = with_auth(client.delete(&location), &auth).send();
+            let _ = tokio::time::timeout(self.deadline, dropped).await;
             return false;
         };
         let closed = with_auth(client.put(&location), &auth)
             .query(&[("digest", digest.as_str())])
             .header(reqwest::header::CONTENT_LENGTH, 0)
-            .send()
-            .await;
-        if !closed.is_ok_and(|r| r.status().is_success()) {
+            .send();
+        let closed = tokio::time::timeout(self.deadline, closed).await;
+        if !closed.is_ok_and(|r| r.is_ok_and(|r| r.status().is_success())) {
             return false;
         }
         self.remember_blob(reference, &digest);
@@ -268,7 +275,8 @@ impl Registry {
         match body {
             Body::File { path, size } => {
                 let counter = progress.map(|p| p.counter());
-                self.call(reference, &what, |c, _| {
+                let deadline = self.deadline_for(size);
+                self.call_within(reference, &what, deadline, |c, _| {
                     let counter = counter.clone();
                     async move {
                         let file = tokio::fs::File::open(path).await?;
@@ -301,8 +309,9 @@ impl Registry {
                 }
             }
             Body::Bytes(bytes) => {
+                let deadline = self.deadline_for(bytes.len() as u64);
                 let bytes = bytes::Bytes::copy_from_slice(bytes);
-                self.call(reference, &what, |c, _| {
+                self.call_within(reference, &what, deadline, |c, _| {
                     let bytes = bytes.clone();
                     async move { c.push_blob(reference, bytes, digest.as_str()).await }
                 })
@@ -328,7 +337,8 @@ impl Registry {
         let (base, client) = self.base(reference).await;
         let url = format!("{base}/v2/{}/manifests/{wanted}", reference.repository());
         let url = &url;
-        self.authorized(reference, "push manifest", |auth, _| async move {
+        let deadline = self.deadline;
+        self.authorized(reference, "push manifest", deadline, |auth, _| async move {
             let request = client
                 .put(url)
                 .header(reqwest::header::CONTENT_TYPE, manifest.media_type)
@@ -336,7 +346,7 @@ impl Registry {
             let response = with_auth(request, &auth).send().await?;
             let status = response.status();
             if !status.is_success() {
-                let body = response.text().await.unwrap_or_default();
+                let body = error_text(response).await;
                 return Err(Attempt::answered(status.as_u16(), url, refusal(&body)));
             }
             Ok(())

@@ -3,12 +3,12 @@
 //! certificate verifier that reads the system's CA store: most of a `polyarch verify`'s
 //! start-up, for reads that need none of oci-client's state.
 
-use super::failure::Attempt;
+use super::body::error_text;
+use super::failure::{registry_error, Attempt, Failure};
 use super::probe::{has_port, PlainAnswer};
 use super::Result;
-use super::{Registry, Scheme, MAX_JSON_BLOB};
+use super::{Registry, Scheme};
 use crate::base::text::one_line;
-use futures_util::TryStreamExt;
 use oci_client::secrets::RegistryAuth;
 use oci_client::Reference;
 use std::future::Future;
@@ -35,30 +35,34 @@ impl Registry {
     /// or insecure registry with a port was known: every read asked before then is its own
     /// plain probe, so reads asked at once (`verify`'s one wave) do not queue behind the
     /// first of them. The first answer proving plain HTTP decides the scheme (as the `/v2/`
-    /// ping's would, a round trip sooner); a read proving nothing waits for the scheme.
+    /// ping's would, a round trip sooner); a read proving nothing waits for the scheme. A
+    /// server that takes the connection and says nothing within the deadline fails the
+    /// read: asked over TLS or again, it would keep the run waiting as long.
     async fn first_read(
         &self,
         reference: &Reference,
         path: &str,
         accept: &str,
-    ) -> Option<reqwest::Response> {
+    ) -> std::result::Result<Option<reqwest::Response>, Attempt> {
         let host = reference.registry();
         if !self.plain_capable.contains(host) || !has_port(reference.resolve_registry()) {
-            return None;
+            return Ok(None);
         }
         let cell = self.scheme_cell(host);
         if cell.initialized() {
-            return None;
+            return Ok(None);
         }
         match self.read_plain(reference, path, accept).await {
             Ok((scheme, response)) => {
                 // Another read may have decided meanwhile, from an answer of the same server.
                 let _ = cell.set(scheme);
-                Some(response)
+                Ok(Some(response))
             }
-            Err(answered) => {
+            Err(PlainMiss::Silent) => Err(Attempt::timed_out(self.deadline)),
+            Err(miss) => {
+                let answered = miss == PlainMiss::NotARegistry;
                 self.decide_scheme(host, reference, answered).await;
-                None
+                Ok(None)
             }
         }
     }
@@ -66,15 +70,12 @@ impl Registry {
     /// An anonymous plain-HTTP GET of `path` under the reference's repository, and the
     /// scheme its answer proves: a registry's 200 or 401 (or its 404, which carries the
     /// registry's API version header) means plain HTTP, as the `/v2/` ping's would.
-    /// `Err(answered)` when no registry answered so: `answered` is false when nothing came
-    /// back at all (no `/v2/` ping can do better then), true for another answer (a TLS
-    /// server answers a plain request with 400).
     pub(super) async fn read_plain(
         &self,
         reference: &Reference,
         path: &str,
         accept: &str,
-    ) -> Result<(Scheme, reqwest::Response), bool> {
+    ) -> Result<(Scheme, reqwest::Response), PlainMiss> {
         let url = format!(
             "http://{}/v2/{}/{path}",
             reference.resolve_registry(),
@@ -85,10 +86,10 @@ impl Registry {
             .http(false)
             .get(&url)
             .header(reqwest::header::ACCEPT, accept);
-        let response = tokio::time::timeout(std::time::Duration::from_secs(5), request.send())
+        let response = tokio::time::timeout(self.deadline, request.send())
             .await
-            .map_err(|_| false)?
-            .map_err(|_| false)?;
+            .map_err(|_| PlainMiss::Silent)?
+            .map_err(|_| PlainMiss::Unanswered)?;
         let status = response.status().as_u16();
         let headers = response.headers();
         let challenge = headers
@@ -98,7 +99,7 @@ impl Registry {
         let registry_404 = status == 404 && headers.contains_key("docker-distribution-api-version");
         let answer = PlainAnswer::new(if registry_404 { 200 } else { status }, challenge);
         if !answer.is_registry() {
-            return Err(true);
+            return Err(PlainMiss::NotARegistry);
         }
         let scheme = Scheme::Plain {
             open: answer.is_open(),
@@ -149,12 +150,22 @@ impl Registry {
         F: Fn(reqwest::Response) -> Fut,
         Fut: Future<Output = std::result::Result<T, Attempt>>,
     {
-        if let Some(first) = self.first_read(reference, path, accept).await {
+        let started = tokio::time::Instant::now();
+        let failed = |attempt| registry_error(reference, what, attempt, 1);
+        if let Some(first) = self
+            .first_read(reference, path, accept)
+            .await
+            .map_err(failed)?
+        {
             let status = first.status();
             if status.is_success() {
-                // A body cut short is asked for again below, as any failed read.
-                if let Ok(value) = read(first).await {
-                    return Ok(Some(value));
+                let left = self.deadline.saturating_sub(started.elapsed());
+                let read = tokio::time::timeout(left, read(first)).await;
+                match read.unwrap_or_else(|_| Err(Attempt::timed_out(self.deadline))) {
+                    Ok(value) => return Ok(Some(value)),
+                    // A body cut short is asked for again below, as any failed read.
+                    Err(attempt) if matches!(attempt.failure, Failure::Transient(_)) => {}
+                    Err(attempt) => return Err(failed(attempt)),
                 }
             } else if absent_ok && status == reqwest::StatusCode::NOT_FOUND {
                 return Ok(None);
@@ -163,7 +174,7 @@ impl Registry {
         let (base, client) = self.base(reference).await;
         let url = format!("{base}/v2/{}/{path}", reference.repository());
         let (url, read) = (&url, &read);
-        self.authorized(reference, what, |auth, _| async move {
+        self.authorized(reference, what, self.deadline, |auth, _| async move {
             let request = client.get(url).header(reqwest::header::ACCEPT, accept);
             let response = with_auth(request, &auth).send().await?;
             let status = response.status();
@@ -171,7 +182,7 @@ impl Registry {
                 return Ok(None);
             }
             if !status.is_success() {
-                let body = response.text().await.unwrap_or_default();
+                let body = error_text(response).await;
                 return Err(Attempt::answered(status.as_u16(), url, refusal(&body)));
             }
             read(response).await.map(Some)
@@ -180,19 +191,15 @@ impl Registry {
     }
 }
 
-/// The body, or its first bytes past [`MAX_JSON_BLOB`] (the caller refuses those).
-pub(super) async fn read_limited(
-    response: reqwest::Response,
-) -> std::result::Result<Vec<u8>, Attempt> {
-    let mut stream = response.bytes_stream();
-    let mut out = Vec::new();
-    while let Some(chunk) = stream.try_next().await? {
-        out.extend_from_slice(&chunk);
-        if out.len() > MAX_JSON_BLOB {
-            break;
-        }
-    }
-    Ok(out)
+/// Why a plain read proved nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum PlainMiss {
+    /// Nothing came back at all (refused, reset): no `/v2/` ping can do better.
+    Unanswered,
+    /// Another answer: a TLS server answers a plain request with 400.
+    NotARegistry,
+    /// The connection was taken, and no answer came within the deadline.
+    Silent,
 }
 
 /// `request` with the run's credentials or token; an empty bearer (see

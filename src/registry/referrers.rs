@@ -2,7 +2,7 @@
 //! has none (a 404, as the distribution registry 2.8 answers), the referrers tag schema
 //! (`sha256-<hex>`), as the OCI distribution spec v1.1 has clients do.
 
-use super::read::read_limited;
+use super::body::read_json;
 use super::{ClientError, ListingError, Registry, RegistryError, Result};
 use crate::base::digest::Digest;
 use crate::base::{attachment, oci};
@@ -62,7 +62,7 @@ impl Registry {
     ) -> Result<Option<Vec<Value>>> {
         let what = format!("list referrers of {subject}");
         let path = format!("referrers/{subject}");
-        let api = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_limited, true);
+        let api = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_json, true);
         let Some(listing) = api.await? else {
             return Ok(None);
         };
@@ -88,7 +88,7 @@ impl Registry {
         }
         let read = |response: reqwest::Response| async move {
             let paged = response.headers().contains_key(reqwest::header::LINK);
-            Ok((paged, read_limited(response).await?))
+            Ok((paged, read_json(response).await?))
         };
         let what = "list tags";
         let answer = self.get_if_there(
@@ -100,7 +100,7 @@ impl Registry {
             true,
         );
         match answer.await {
-            Ok(Some((false, body))) if body.len() <= super::MAX_JSON_BLOB => {
+            Ok(Some((false, body))) => {
                 let list: TagList = serde_json::from_slice(&body).ok()?;
                 Some(list.tags.unwrap_or_default().into_iter().collect())
             }
@@ -119,7 +119,7 @@ impl Registry {
             format!("read the referrers tag {tag}"),
             format!("manifests/{tag}"),
         );
-        let index = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_limited, true);
+        let index = self.get_if_there(reference, &what, &path, oci::OCI_INDEX, read_json, true);
         Ok(index
             .await?
             .and_then(|bytes| listed(&bytes).ok())

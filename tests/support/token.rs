@@ -126,12 +126,21 @@ impl Drop for TokenServer {
 impl Registry {
     /// Plain HTTP with `auth: token`, trusting `server`'s tokens.
     pub fn start_token(server: &TokenServer) -> Registry {
+        Self::start_token_at(server, &server.realm(), false)
+    }
+
+    /// `auth: token` trusting `server`'s tokens but sending clients to `realm`; `tls`: over
+    /// HTTPS with a test CA, as [`Registry::start_tls`].
+    pub fn start_token_at(server: &TokenServer, realm: &str, tls: bool) -> Registry {
         let section = format!(
-            "auth:\n  token:\n    realm: {}\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
-            server.realm(),
+            "auth:\n  token:\n    realm: {realm}\n    service: {SERVICE}\n    issuer: {ISSUER}\n    rootcertbundle: {}\n",
             server.cert_path().display()
         );
-        let mut registry = Self::start_auth(RegistryOptions::default(), Some(section));
+        let options = RegistryOptions {
+            tls,
+            ..Default::default()
+        };
+        let mut registry = Self::start_auth(options, Some(section));
         registry.credentials = server.credentials.clone();
         registry
     }
