@@ -63,7 +63,10 @@ fn main() {
     let code = match runtime.block_on(cli::commands::run(cli.command)) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {error}");
+            eprintln!(
+                "error: {}",
+                polyarch::base::text::printable(&error.to_string())
+            );
             error.exit_code()
         }
     };

@@ -1,6 +1,7 @@
 //! The vocabulary every other area speaks: digests, platforms, references, image paths,
 //! OCI documents and annotations, the referrers vocabulary, ELF headers, Dockerfile
-//! reading, reporter events, durations and text helpers. Imports no other area.
+//! reading, reporter events, durations, text helpers and YAML's nesting depth. Imports no
+//! other area.
 
 pub mod annotations;
 pub mod attachment;
@@ -17,6 +18,7 @@ pub mod platform;
 pub mod progress;
 pub mod reference;
 pub mod text;
+pub mod yaml_depth;
 
 /// Where polyarch keeps what it remembers: `$POLYARCH_CACHE_DIR`,
 /// `$XDG_CACHE_HOME/polyarch` or `~/.cache/polyarch`.

@@ -233,7 +233,7 @@ fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
         std::fs::write(path, part.to_json() + "\n").map_err(|e| Error::io(path, e))?;
     }
     match output.output_format {
-        OutputFormat::Markdown => print!("{}", super::render::markdown::part(part)),
+        OutputFormat::Markdown => super::render::print(&super::render::markdown::part(part)),
         OutputFormat::Json => println!("{}", part.to_json()),
         OutputFormat::Text if output.record.is_none() => println!("{}", part.to_json()),
         OutputFormat::Text => {}
@@ -325,8 +325,10 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
     }
     match args.output.output_format {
         OutputFormat::Json => println!("{}", report.to_json()),
-        OutputFormat::Text => print!("{}", super::render::gate::render_text(&report)),
-        OutputFormat::Markdown => print!("{}", super::render::markdown::gate::gate(&report)),
+        OutputFormat::Text => super::render::print(&super::render::gate::render_text(&report)),
+        OutputFormat::Markdown => {
+            super::render::print(&super::render::markdown::gate::gate(&report))
+        }
     }
     Ok(report.exit_code())
 }
@@ -347,7 +349,7 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&lines).expect("serialises")
         ),
-        _ => print!("{}", super::render::doctor::render_plan(&lines)),
+        _ => super::render::print(&super::render::doctor::render_plan(&lines)),
     }
     Ok(exit::COVERED)
 }
@@ -369,7 +371,7 @@ async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
             "{}",
             serde_json::to_string_pretty(&checks).expect("serialises")
         ),
-        _ => print!("{}", super::render::doctor::render_checks(&checks)),
+        _ => super::render::print(&super::render::doctor::render_checks(&checks)),
     }
     let failed = checks
         .iter()
@@ -442,8 +444,8 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
     }
     match output.output_format {
         OutputFormat::Json => println!("{}", record.to_json()),
-        OutputFormat::Text => print!("{}", super::render::coverage_text(record)),
-        OutputFormat::Markdown => print!("{}", super::render::markdown::coverage(record)),
+        OutputFormat::Text => super::render::print(&super::render::coverage_text(record)),
+        OutputFormat::Markdown => super::render::print(&super::render::markdown::coverage(record)),
     }
     Ok(if record.covered {
         exit::COVERED

@@ -2,6 +2,7 @@
 //! timestamped lines otherwise, or JSON lines. They print, so they live in the binary.
 
 use polyarch::base::progress::{Event, Phase, Reporter};
+use polyarch::base::text::printable;
 use polyarch::Platform;
 
 fn unit_label(image: &str, platform: Option<&Platform>) -> String {
@@ -15,7 +16,7 @@ fn megabytes(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1_000_000.0)
 }
 
-/// Plain timestamped lines for logs and CI: no control characters, build output only
+/// Plain timestamped lines for logs and CI: control characters escaped, build output only
 /// when `verbose` (a failing build's tail is in its error either way).
 pub struct PlainReporter {
     pub verbose: bool,
@@ -33,8 +34,7 @@ impl PlainReporter {
     fn line(&self, text: &str) {
         let now = time::OffsetDateTime::now_utc();
         let stamp = format!("{:02}:{:02}:{:02}", now.hour(), now.minute(), now.second());
-        let clean: String = text.chars().filter(|c| !c.is_control()).collect();
-        eprintln!("{stamp} {clean}");
+        eprintln!("{stamp} {}", printable(text));
     }
 }
 
@@ -149,6 +149,11 @@ impl TerminalReporter {
         }
     }
 
+    /// A line above the bars.
+    fn say(&self, text: &str) {
+        let _ = self.multi.println(printable(text));
+    }
+
     fn bar(&self, label: &str) -> indicatif::ProgressBar {
         let mut bars = self.bars.lock().expect("reporter lock");
         bars.entry(label.to_string())
@@ -160,7 +165,7 @@ impl TerminalReporter {
                     )
                     .expect("valid template"),
                 );
-                bar.set_prefix(label.to_string());
+                bar.set_prefix(printable(label).into_owned());
                 bar.enable_steady_tick(std::time::Duration::from_millis(120));
                 bar
             })
@@ -179,9 +184,11 @@ impl Reporter for TerminalReporter {
             } => {
                 let bar = self.bar(&unit_label(&image, platform.as_ref()));
                 if phase == Phase::Done {
-                    bar.finish_with_message(message);
+                    bar.finish_with_message(printable(&message).into_owned());
                 } else {
-                    bar.set_message(format!("{phase:?}: {message}").to_lowercase());
+                    bar.set_message(
+                        printable(&format!("{phase:?}: {message}").to_lowercase()).into_owned(),
+                    );
                 }
             }
             Event::Step {
@@ -193,7 +200,7 @@ impl Reporter for TerminalReporter {
             } => {
                 let counter = total.map_or(String::new(), |t| format!(" {step}/{t}"));
                 self.bar(&unit_label(&image, Some(&platform)))
-                    .set_message(format!("build{counter}: {name}"));
+                    .set_message(printable(&format!("build{counter}: {name}")).into_owned());
             }
             Event::Log { .. } => {}
             Event::Bytes {
@@ -212,18 +219,16 @@ impl Reporter for TerminalReporter {
                 platform,
                 lines,
             } => {
-                let _ = self
-                    .multi
-                    .println(format!("{image} {platform} build log (failed):"));
+                self.say(&format!("{image} {platform} build log (failed):"));
                 for line in lines {
-                    let _ = self.multi.println(format!("  {line}"));
+                    self.say(&format!("  {line}"));
                 }
             }
             Event::Warning { message } => {
-                let _ = self.multi.println(format!("warning: {message}"));
+                self.say(&format!("warning: {message}"));
             }
             Event::Note { message } => {
-                let _ = self.multi.println(message);
+                self.say(&message);
             }
         }
     }

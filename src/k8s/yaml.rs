@@ -2,6 +2,7 @@
 //! the fix.
 
 use super::*;
+use crate::base::yaml_depth::{check_depth, MAX_YAML_DEPTH};
 
 /// The non-empty documents of a YAML stream (or a JSON file holding one or more values),
 /// with their 1-based index. Stops at the first syntax error.
@@ -31,6 +32,9 @@ pub(crate) fn documents(file: &Path, text: &str) -> Result<Vec<(usize, Value)>> 
             }
         }
     } else {
+        // Before the parser, whose time grows with the depth at every token.
+        check_depth(text, MAX_YAML_DEPTH)
+            .map_err(|e| K8sError::Usage(format!("{}: {e}", file.display())))?;
         // The iterator keeps yielding the same error after a syntax error, so stop at once.
         for (i, de) in serde_norway::Deserializer::from_str(text).enumerate() {
             let index = i + 1;

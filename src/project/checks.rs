@@ -9,6 +9,7 @@ use super::{
 use super::{ProjectError, Result};
 use crate::base::platform::Platform;
 use crate::base::text::one_line;
+use crate::base::yaml_depth::{check_depth, MAX_YAML_DEPTH};
 use crate::docker::endpoint::{self, TlsFiles};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -51,6 +52,8 @@ impl Cx {
 
     /// Syntax, top-level shape and version, before any version-specific typing.
     pub(super) fn precheck(&self, text: &str) -> Result<()> {
+        // Before the parser, whose time grows with the depth at every token.
+        check_depth(text, MAX_YAML_DEPTH).map_err(|e| self.err("", e.to_string()))?;
         let top = match Shallow::deserialize_top(serde_norway::Deserializer::from_str(text)) {
             Ok(v) => v,
             Err(e) => {

@@ -330,21 +330,11 @@ pub(super) fn clip(s: &str) -> String {
 }
 
 pub(super) fn clip_long(s: &str, max: usize) -> String {
-    let escaped: String = s
-        .chars()
-        .flat_map(|c| {
-            let e: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            e
-        })
-        .collect();
+    let escaped = crate::base::text::printable(s);
     if escaped.chars().count() > max {
         let head: String = escaped.chars().take(max).collect();
         format!("{head}…")
     } else {
-        escaped
+        escaped.into_owned()
     }
 }

@@ -475,7 +475,7 @@ impl Project {
             values::resolve(&mut raw, file, options.overrides, options.env).map_err(|problem| {
                 match problem {
                     values::Problem::Set(message) => ProjectError::Usage(one_line(&message)),
-                    values::Problem::Variable(field, message) => cx.err(field, message),
+                    values::Problem::Variable(field, why) => cx.err(field, why.to_string()),
                 }
             })?;
         cx.project(raw)

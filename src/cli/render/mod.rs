@@ -1,10 +1,19 @@
 //! Text for the terminal: the library hands back data, the CLI words it.
 
+use polyarch::base::text::printable;
 use polyarch::verify::coverage_record::{CoverageRecord, PlatformCoverage};
 
 pub mod doctor;
 pub mod gate;
 pub mod markdown;
+
+/// Prints rendered text (a summary, a table) to standard output with each line made
+/// printable: the renderer's own line breaks stay, and a value's control characters, a
+/// line break included, are escaped.
+pub fn print(text: &str) {
+    let lines: Vec<_> = text.split('\n').map(printable).collect();
+    print!("{}", lines.join("\n"));
+}
 
 fn human_size(bytes: u64) -> String {
     if bytes >= 1_000_000 {

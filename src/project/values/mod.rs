@@ -97,16 +97,38 @@ pub fn process_env(name: &str) -> Option<String> {
 // ---------------------------------------------------------------------------------------
 // Interpolation.
 
+/// How deep `${…}` may nest in a default or message: far beyond any real file, and each
+/// level is a stack frame and a scan of the rest of the value.
+pub const MAX_INTERPOLATION_DEPTH: usize = 32;
+
+/// Why a value could not be expanded.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Unexpanded {
+    /// A reference polyarch cannot read, or a variable that must be set: the problem and
+    /// the fix.
+    #[error("{0}")]
+    Invalid(String),
+    /// Defaults holding references nest deeper than [`MAX_INTERPOLATION_DEPTH`].
+    #[error("`${{…}}` references nest more than {MAX_INTERPOLATION_DEPTH} deep in defaults or messages; flatten them")]
+    TooDeep,
+}
+
+type Expanded = std::result::Result<String, Unexpanded>;
+
 /// Expands `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?message}`,
 /// `${NAME?message}`, `$NAME` and `$$` (a literal `$`) as compose does; defaults may hold
-/// references themselves. A variable used without a default must be set (compose would
-/// warn and use an empty string; a release built with an empty tag is worse than none).
-/// Each variable read is added to `used`. `Err` is the problem and the fix.
-pub(super) fn interpolate(
-    text: &str,
-    env: Lookup,
-    used: &mut Vec<Source>,
-) -> std::result::Result<String, String> {
+/// references themselves, up to [`MAX_INTERPOLATION_DEPTH`] deep. A variable used without
+/// a default must be set (compose would warn and use an empty string; a release built with
+/// an empty tag is worse than none). Each variable read is added to `used`.
+pub(super) fn interpolate(text: &str, env: Lookup, used: &mut Vec<Source>) -> Expanded {
+    nested(text, env, used, 0)
+}
+
+/// [`interpolate`] inside `depth` enclosing `${…}`.
+fn nested(text: &str, env: Lookup, used: &mut Vec<Source>, depth: usize) -> Expanded {
+    if depth > MAX_INTERPOLATION_DEPTH {
+        return Err(Unexpanded::TooDeep);
+    }
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find('$') {
@@ -117,20 +139,20 @@ pub(super) fn interpolate(
             rest = tail;
         } else if let Some(inner) = after.strip_prefix('{') {
             let end = closing_brace(inner).ok_or_else(|| {
-                format!(
+                Unexpanded::Invalid(format!(
                     "{} opens `${{` without a closing `}}`; close it, or write `$$` for a literal `$`",
                     q(text)
-                )
+                ))
             })?;
-            out.push_str(&braced(&inner[..end], env, used)?);
+            out.push_str(&braced(&inner[..end], env, used, depth)?);
             rest = &inner[end + 1..];
         } else {
             let len = name_len(after);
             if len == 0 {
-                return Err(format!(
+                return Err(Unexpanded::Invalid(format!(
                     "{} has a `$` that starts no variable; write `${{NAME}}` for a variable or `$$` for a literal `$`",
                     q(text)
-                ));
+                )));
             }
             let name = &after[..len];
             out.push_str(&required(name, env, used)?);
@@ -174,14 +196,14 @@ fn name_len(s: &str) -> usize {
     }
 }
 
-/// The inside of `${…}`.
-fn braced(inner: &str, env: Lookup, used: &mut Vec<Source>) -> std::result::Result<String, String> {
+/// The inside of `${…}`, itself inside `depth` enclosing ones.
+fn braced(inner: &str, env: Lookup, used: &mut Vec<Source>, depth: usize) -> Expanded {
     let len = name_len(inner);
     let (name, op) = inner.split_at(len);
     let unsupported = || {
-        format!(
+        Unexpanded::Invalid(format!(
             "`${{{inner}}}` is not a variable reference polyarch reads; write `${{NAME}}`, `${{NAME:-default}}` or `${{NAME:?message}}`"
-        )
+        ))
     };
     if name.is_empty() {
         return Err(unsupported());
@@ -201,7 +223,7 @@ fn braced(inner: &str, env: Lookup, used: &mut Vec<Source>) -> std::result::Resu
             }
             None => {
                 used.push(Source::Default(name.to_string()));
-                interpolate(&op[1..], env, used)
+                nested(&op[1..], env, used, depth + 1)
             }
         },
         Some('?') => match value {
@@ -210,19 +232,19 @@ fn braced(inner: &str, env: Lookup, used: &mut Vec<Source>) -> std::result::Resu
                 Ok(value)
             }
             None => {
-                let message = interpolate(&op[1..], env, used)?;
+                let message = nested(&op[1..], env, used, depth + 1)?;
                 let state = if env(name).is_some() {
                     "is empty"
                 } else {
                     "is not set"
                 };
-                Err(format!(
+                Err(Unexpanded::Invalid(format!(
                     "variable {name} {state}{}; set it in the job's environment",
                     match message.trim() {
                         "" => String::new(),
                         m => format!(": {m}"),
                     }
-                ))
+                )))
             }
         },
         _ => Err(unsupported()),
@@ -230,15 +252,11 @@ fn braced(inner: &str, env: Lookup, used: &mut Vec<Source>) -> std::result::Resu
 }
 
 /// A variable used without a default: it must be set.
-fn required(
-    name: &str,
-    env: Lookup,
-    used: &mut Vec<Source>,
-) -> std::result::Result<String, String> {
+fn required(name: &str, env: Lookup, used: &mut Vec<Source>) -> Expanded {
     let value = env(name).ok_or_else(|| {
-        format!(
+        Unexpanded::Invalid(format!(
             "variable {name} is not set; set it in the job's environment, or give a default: `${{{name}:-default}}`"
-        )
+        ))
     })?;
     used.push(Source::Env(name.to_string()));
     Ok(value)
@@ -660,8 +678,8 @@ pub(super) fn resolve(
 pub(super) enum Problem {
     /// A bad `--set`: the whole one-line message.
     Set(String),
-    /// A variable that cannot be read: the field path and the message.
-    Variable(String, String),
+    /// A value that cannot be expanded: the field path and why.
+    Variable(String, Unexpanded),
 }
 
 #[cfg(test)]

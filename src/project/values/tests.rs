@@ -9,7 +9,7 @@ fn env(name: &str) -> Option<String> {
     }
 }
 
-fn expand(text: &str) -> std::result::Result<(String, Vec<Source>), String> {
+fn expand(text: &str) -> std::result::Result<(String, Vec<Source>), Unexpanded> {
     let mut used = Vec::new();
     interpolate(text, &env, &mut used).map(|out| (out, used))
 }
@@ -71,7 +71,7 @@ fn refuses_unset_variables_and_bad_syntax_with_the_fix() {
         ("${UNSET?}", &["UNSET is not set;"]),
     ];
     for (bad, needles) in cases {
-        let m = expand(bad).unwrap_err();
+        let m = expand(bad).unwrap_err().to_string();
         for needle in *needles {
             assert!(m.contains(needle), "{bad}: lacks {needle:?}: {m}");
         }
@@ -84,10 +84,30 @@ fn refuses_unset_variables_and_bad_syntax_with_the_fix() {
     ];
     for (needle, bads) in syntax {
         for bad in *bads {
-            let m = expand(bad).unwrap_err();
+            let m = expand(bad).unwrap_err().to_string();
             assert!(m.contains(needle), "{bad}: lacks {needle:?}: {m}");
         }
     }
+}
+
+/// `${A:-${A:-…}}` nested as deep as the limit allows, around `x`.
+fn defaults_nested(depth: usize) -> String {
+    "${UNSET:-".repeat(depth) + "x" + &"}".repeat(depth)
+}
+
+#[test]
+fn nesting_is_expanded_up_to_the_limit_and_refused_beyond_it() {
+    assert_eq!(ok(&defaults_nested(MAX_INTERPOLATION_DEPTH)), "x");
+    assert_eq!(
+        expand(&defaults_nested(MAX_INTERPOLATION_DEPTH + 1)),
+        Err(Unexpanded::TooDeep)
+    );
+    // The depth a stack could not take ends the same way, and at once.
+    let start = std::time::Instant::now();
+    assert_eq!(expand(&defaults_nested(20_000)), Err(Unexpanded::TooDeep));
+    let message = "${UNSET:?".repeat(40) + &"}".repeat(40);
+    assert_eq!(expand(&message), Err(Unexpanded::TooDeep));
+    assert!(start.elapsed() < std::time::Duration::from_secs(1));
 }
 
 #[test]
