@@ -177,6 +177,13 @@ pub enum RegistryError {
         #[source]
         source: std::io::Error,
     },
+    /// A referrers listing longer than verify reads (`verify::MAX_REFERRERS`).
+    #[error("{subject} lists {listed} referrers, more than the {limit} verify reads; a registry listing that many for one manifest is refused rather than read one by one")]
+    TooManyReferrers {
+        subject: String,
+        listed: usize,
+        limit: usize,
+    },
     /// `verify --deep` read a layer whose bytes are not the ones its manifest names: no
     /// verdict is drawn from them.
     #[error("layer {digest} of {reference} does not match its digest (its bytes hash to {computed}); the registry or a proxy altered it, so nothing is concluded about this image")]

@@ -5,11 +5,22 @@
 use super::{ContentSource, Target, VerifyError};
 use crate::base::attachment::{self, Attached};
 use crate::base::digest::Digest;
+use crate::registry::{ClientError, RegistryError};
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
-use std::collections::BTreeMap;
+use futures_util::StreamExt;
+use std::collections::{BTreeMap, HashSet};
 
-/// What is attached to one entry, or the source's failure to list it.
-pub(crate) type Listing<E> = Result<(Vec<Attached>, Vec<String>), E>;
+/// What is attached to one entry, or the failure to list it: the source's, or a listing
+/// past [`MAX_REFERRERS`].
+pub(crate) type Listing<E> = Result<(Vec<Attached>, Vec<String>), VerifyError<E>>;
+
+/// The referrers read for one entry. Signatures, SBOMs, provenance and VEX documents of a
+/// few builds and signers stay far below it; a longer listing would cost a request each
+/// (a hostile registry's 20,000 took 13,500 requests over 300 s), so it is refused.
+const MAX_REFERRERS: usize = 256;
+
+/// Referrer manifests read at once for one entry.
+const READS_IN_FLIGHT: usize = 8;
 
 /// Lists what is attached to each of `digests`, concurrently.
 pub(super) async fn list<S: ContentSource>(
@@ -54,13 +65,13 @@ where
                     )
                 }));
             }
-            Err(e) if !target.require_provenance => {
+            Err(VerifyError::Source(e)) if !target.require_provenance => {
                 warnings.push(format!(
                     "cannot list what is attached to {} ({digest}): {e}",
                     platform.platform
                 ));
             }
-            Err(e) => return Err(VerifyError::Source(e)),
+            Err(e) => return Err(e),
         }
         let has_provenance = platform.attached.iter().any(Attached::is_provenance);
         if target.require_provenance && !has_provenance && platform.status == PlatformStatus::Ok {
@@ -75,14 +86,37 @@ where
 }
 
 /// The referrers of one entry that check out, and why each other one listed does not.
+/// A referrer listed twice is read once.
 async fn attached_to<S: ContentSource>(
     source: &S,
     digest: &Digest,
     listed: Result<Vec<serde_json::Value>, S::Error>,
 ) -> Listing<S::Error> {
+    let listed = listed.map_err(VerifyError::Source)?;
+    if listed.len() > MAX_REFERRERS {
+        return Err(VerifyError::Content(ClientError::registry(
+            source.repository(),
+            RegistryError::TooManyReferrers {
+                subject: digest.to_string(),
+                listed: listed.len(),
+                limit: MAX_REFERRERS,
+            },
+        )));
+    }
+    let mut seen = HashSet::new();
+    let distinct = attachment::attached(&listed)
+        .into_iter()
+        .filter(|found| seen.insert(found.digest.clone()));
+    let checks = futures_util::stream::iter(distinct.map(|found| async move {
+        let outcome = checked(source, &found, digest).await;
+        (found, outcome)
+    }))
+    .buffered(READS_IN_FLIGHT)
+    .collect::<Vec<_>>()
+    .await;
     let (mut attached, mut ignored) = (Vec::new(), Vec::new());
-    for found in attachment::attached(&listed?) {
-        match checked(source, &found, digest).await {
+    for (found, outcome) in checks {
+        match outcome {
             Ok(one) => attached.push(one),
             Err(why) => ignored.push(format!("{} which {why}", found.digest)),
         }
@@ -128,10 +162,11 @@ mod tests {
         apply(target, platforms, listings, warnings)
     }
 
-    /// Manifests by digest and referrer listings by subject.
+    /// Manifests by digest and referrer listings by subject; counts the manifests read.
     struct Fake {
         manifests: BTreeMap<String, Vec<u8>>,
         listings: BTreeMap<String, Vec<Value>>,
+        reads: std::sync::atomic::AtomicUsize,
     }
 
     impl ContentSource for Fake {
@@ -141,6 +176,8 @@ mod tests {
             unreachable!("not resolved here")
         }
         async fn manifest(&self, digest: &Digest) -> Result<Vec<u8>, ClientError> {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.manifests.get(digest.as_str()).cloned().ok_or_else(|| {
                 ClientError::registry(
                     "fake",
@@ -240,6 +277,7 @@ mod tests {
                 (digest('a'), vec![listed('1'), listed('2'), listed('3')]),
                 (digest('b'), vec![]),
             ]),
+            reads: Default::default(),
         }
     }
 
@@ -285,5 +323,50 @@ mod tests {
             ),
             "{outcome:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_referrer_listed_twice_is_read_once() {
+        let source = Fake {
+            listings: BTreeMap::from([(digest('a'), vec![listed('1'); MAX_REFERRERS])]),
+            ..fake()
+        };
+        let mut platforms = [entry("amd64", 'a')];
+        let mut warnings = Vec::new();
+        read_attached(&source, &target(true), &mut platforms, &mut warnings)
+            .await
+            .unwrap();
+        assert_eq!(platforms[0].attached.len(), 1, "{warnings:?}");
+        assert_eq!(source.reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_listing_past_the_limit_is_refused_unread_whatever_is_required() {
+        let many: Vec<Value> = (0..=MAX_REFERRERS)
+            .map(|i| {
+                json!({"mediaType": crate::base::oci::OCI_MANIFEST, "size": 1,
+                       "digest": format!("sha256:{i:064x}")})
+            })
+            .collect();
+        let source = Fake {
+            listings: BTreeMap::from([(digest('a'), many)]),
+            ..fake()
+        };
+        for required in [false, true] {
+            let mut platforms = [entry("amd64", 'a')];
+            let mut warnings = Vec::new();
+            let outcome =
+                read_attached(&source, &target(required), &mut platforms, &mut warnings).await;
+            let Err(VerifyError::Content(ClientError::Registry { source: why, .. })) = outcome
+            else {
+                panic!("{outcome:?}");
+            };
+            assert!(
+                matches!(*why, RegistryError::TooManyReferrers { listed, limit, .. }
+                    if listed == MAX_REFERRERS + 1 && limit == MAX_REFERRERS),
+                "{why:?}"
+            );
+        }
+        assert_eq!(source.reads.load(std::sync::atomic::Ordering::Relaxed), 0);
     }
 }
