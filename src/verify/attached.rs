@@ -2,7 +2,9 @@
 //! each referrer read and checked to name the entry as its subject, and whether provenance
 //! the target requires is there.
 
-use super::{ContentSource, Target, VerifyError};
+use super::error::VerifyError;
+use super::source::ContentSource;
+use super::target::Target;
 use crate::base::attachment::{self, Attached};
 use crate::base::digest::Digest;
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
