@@ -2,8 +2,8 @@
 //! platforms: one entry per platform, each entry's config agreeing with the entry, and no
 //! attestation entries (older containerd fails on them with "unknown media type").
 //!
-//! Imports run one way: `verdict` → `contents` (the index walk) → `entry` (one entry's
-//! checks) → `attached`, `error`, `source`, `target`.
+//! Imports run one way: `image` → `verdict` → `contents` (the index walk) → `entry` (one
+//! entry's checks) → `attached`, `error`, `source`, `target`.
 
 mod attached;
 mod contents;
