@@ -104,14 +104,25 @@ pub fn attached(listed: &[Value]) -> Vec<Attached> {
         .collect()
 }
 
+/// Why a listed referrer does not count as attached to the entry.
+#[derive(Debug, thiserror::Error)]
+pub enum ReferrerError {
+    #[error("is not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("names subject {named}, not {subject}")]
+    OtherSubject { named: String, subject: Digest },
+}
+
 /// Reads a referrer manifest as verify checks it: it must name `subject`. The predicate
 /// type of its in-toto layer, when it has one.
-pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, String> {
-    let manifest: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("is not valid JSON: {e}"))?;
+pub fn check_referrer(bytes: &[u8], subject: &Digest) -> Result<Option<String>, ReferrerError> {
+    let manifest: Value = serde_json::from_slice(bytes).map_err(ReferrerError::NotJson)?;
     let named = manifest["subject"]["digest"].as_str().unwrap_or("none");
     if *subject != named {
-        return Err(format!("names subject {named}, not {subject}"));
+        return Err(ReferrerError::OtherSubject {
+            named: named.to_string(),
+            subject: subject.clone(),
+        });
     }
     let layers = manifest["layers"].as_array().cloned().unwrap_or_default();
     Ok(layers

@@ -25,6 +25,34 @@ pub(super) async fn build_classic(
     hashes: &Arc<FileHashes>,
     log: &mut BuildLog<'_>,
 ) -> Result<ClassicOutcome> {
+    refuse_buildkit_only_settings(engine, spec, platform)?;
+    let options = classic_options(engine, spec, platform, tag);
+    let credentials = registry_config(spec, options.buildargs.as_ref())?;
+    let (context, sent) = stream_context(spec, hashes.clone())?;
+    let mut stream =
+        engine
+            .docker
+            .build_image(options, credentials, Some(bollard::body_stream(context)));
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item.map(|info| log.consume(info)) {
+            return Ok(ClassicOutcome {
+                failed: Some(e.to_string()),
+                sent_context: None,
+            });
+        }
+    }
+    Ok(ClassicOutcome {
+        failed: None,
+        sent_context: sent.await.ok(),
+    })
+}
+
+/// Settings only BuildKit builds are refused up front, with the way to get BuildKit.
+fn refuse_buildkit_only_settings(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+) -> Result<()> {
     let needs_buildkit = [
         (!spec.secrets.is_empty(), "secrets"),
         (!spec.ssh.is_empty(), "ssh"),
@@ -43,7 +71,7 @@ pub(super) async fn build_classic(
                 "upgrade it to Docker 18.09+ or build on another engine"
             }
         };
-        return Err(BuilderError::Build {
+        Err(BuilderError::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source: BuildError::Request(format!(
@@ -52,14 +80,25 @@ pub(super) async fn build_classic(
                 engine.product_version(),
                 engine.api_version
             )),
-        });
+        })
+    } else {
+        Ok(())
     }
+}
+
+/// The classic builder's `/build` query for one platform of `spec`, tagged `tag`.
+fn classic_options(
+    engine: &Engine,
+    spec: &ImageSpec,
+    platform: &Platform,
+    tag: &str,
+) -> BuildImageOptions {
     let mut buildargs: HashMap<String, String> = spec.build_args.clone().into_iter().collect();
     // The classic builder defines none of the platform args BuildKit does.
     for (key, value) in platform_build_args(platform, &engine.native) {
         buildargs.entry(key).or_insert(value);
     }
-    let options = BuildImageOptions {
+    BuildImageOptions {
         dockerfile: spec.dockerfile.to_string_lossy().replace('\\', "/"),
         t: Some(tag.to_string()),
         platform: platform.to_string(),
@@ -81,25 +120,7 @@ pub(super) async fn build_classic(
         nocache: true,
         version: BuilderVersion::BuilderV1,
         ..Default::default()
-    };
-    let credentials = registry_config(spec, options.buildargs.as_ref())?;
-    let (context, sent) = stream_context(spec, hashes.clone())?;
-    let mut stream =
-        engine
-            .docker
-            .build_image(options, credentials, Some(bollard::body_stream(context)));
-    while let Some(item) = stream.next().await {
-        if let Err(e) = item.map(|info| log.consume(info)) {
-            return Ok(ClassicOutcome {
-                failed: Some(e.to_string()),
-                sent_context: None,
-            });
-        }
     }
-    Ok(ClassicOutcome {
-        failed: None,
-        sent_context: sent.await.ok(),
-    })
 }
 
 /// The credentials the classic builder pulls the Dockerfile's base images with (sent as

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use cleanup::BuildStage;
 use futures_util::StreamExt;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -513,14 +513,6 @@ async fn solve_in_session(
         .iter()
         .map(|(id, secret)| (id.clone(), secret.source.clone()))
         .collect();
-    let mut sockets = std::collections::BTreeMap::new();
-    for (id, agent) in &spec.ssh {
-        let socket = agent
-            .socket
-            .resolve()
-            .map_err(|e| buildkit::SolveError::Failed(format!("SSH agent `{id}`: {e}")))?;
-        sockets.insert(id.clone(), socket);
-    }
     let cache_to = registry_cache_to(engine, spec, platforms, reporter);
     let build = buildkit::DockerfileBuild {
         context: &spec.context,
@@ -529,7 +521,7 @@ async fn solve_in_session(
         entitlements,
         exporter,
         secrets: buildkit::secrets::SecretStore::new(secrets),
-        ssh: buildkit::ssh::SshAgents::new(sockets),
+        ssh: buildkit::ssh::SshAgents::new(ssh_sockets(spec)?),
         cache_from: spec
             .cache_from
             .iter()
@@ -542,14 +534,6 @@ async fn solve_in_session(
         cache_to,
         history: spec.build_history,
     };
-    // The command line's credentials go to the image's own registry only, as the push
-    // does with them.
-    let auth = buildkit::SessionAuth {
-        push: spec.login.clone().and_then(|login| {
-            let repository = crate::registry::parse_reference(&spec.repository).ok()?;
-            Some((repository.registry().to_string(), login))
-        }),
-    };
     // A cache BuildKit cannot import (on a first run it is not pushed yet) only costs the
     // build its cached steps: BuildKit goes on without it, and so does polyarch, saying so
     // once, instead of taking the import's failed step for the build's failure.
@@ -559,7 +543,7 @@ async fn solve_in_session(
         Some(standalone) => buildkit::Target::Daemon(&standalone.daemon),
         None => buildkit::Target::Engine(&engine.location),
     };
-    buildkit::solve_on(target, build, auth, |mut status| {
+    buildkit::solve_on(target, build, session_auth(spec), |mut status| {
         for vertex in &mut status.vertexes {
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);
@@ -577,6 +561,33 @@ async fn solve_in_session(
         on_status(status)
     })
     .await
+}
+
+/// The socket of each SSH agent the build forwards, by its id.
+fn ssh_sockets(
+    spec: &ImageSpec,
+) -> std::result::Result<BTreeMap<String, PathBuf>, buildkit::SolveError> {
+    spec.ssh
+        .iter()
+        .map(|(id, agent)| {
+            let socket = agent
+                .socket
+                .resolve()
+                .map_err(|e| buildkit::SolveError::Failed(format!("SSH agent `{id}`: {e}")))?;
+            Ok((id.clone(), socket))
+        })
+        .collect()
+}
+
+/// The command line's credentials go to the image's own registry only, as the push does
+/// with them.
+fn session_auth(spec: &ImageSpec) -> buildkit::SessionAuth {
+    buildkit::SessionAuth {
+        push: spec.login.clone().and_then(|login| {
+            let repository = crate::registry::parse_reference(&spec.repository).ok()?;
+            Some((repository.registry().to_string(), login))
+        }),
+    }
 }
 
 /// The Dockerfile frontend's attributes for `spec` and the entitlements they need.

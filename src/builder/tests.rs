@@ -22,19 +22,10 @@ fn vertex(digest: &str, name: &str, inputs: &[&str], error: &str) -> Vertex {
     }
 }
 
-#[test]
-fn a_multi_platform_solve_reports_each_step_against_its_platform() {
-    let platforms: Vec<Platform> = vec![
-        "linux/amd64".parse().unwrap(),
-        "linux/arm64".parse().unwrap(),
-    ];
-    let native: Platform = "linux/amd64".parse().unwrap();
-    let recorded = Recorded(Default::default());
-    let started = BuildStage::default();
-    let mut logs = PlatformLogs::new("api", &platforms, &native, &started, &recorded);
-    // As BuildKit lists them: an exec-form RUN has no platform in its name, and may
-    // come before the step it builds on.
-    logs.route(StatusResponse {
+/// The steps of a two-platform solve as BuildKit lists them: an exec-form RUN has no
+/// platform in its name, and may come before the step it builds on.
+fn copies_listed_out_of_order() -> StatusResponse {
+    StatusResponse {
         vertexes: vec![
             vertex("run-arm", "[2/2] RUN [\"/app\"]", &["copy-arm"], ""),
             vertex("ctx", "[internal] load build context", &[], ""),
@@ -43,8 +34,12 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
             vertex("run-amd", "[2/2] RUN [\"/app\"]", &["copy-amd"], ""),
         ],
         ..Default::default()
-    });
-    logs.route(StatusResponse {
+    }
+}
+
+/// The arm64 RUN fails with `exec format error`; the amd64 one is cancelled with it.
+fn arm64_fails_and_amd64_is_cancelled() -> StatusResponse {
+    StatusResponse {
         vertexes: vec![
             vertex(
                 "run-arm",
@@ -65,8 +60,12 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
             ..Default::default()
         }],
         ..Default::default()
-    });
-    let steps: Vec<(String, String)> = recorded
+    }
+}
+
+/// Each step event reported: (platform, step name).
+fn recorded_steps(recorded: &Recorded) -> Vec<(String, String)> {
+    recorded
         .0
         .lock()
         .unwrap()
@@ -75,7 +74,22 @@ fn a_multi_platform_solve_reports_each_step_against_its_platform() {
             Event::Step { platform, name, .. } => Some((platform.to_string(), name.clone())),
             _ => None,
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_multi_platform_solve_reports_each_step_against_its_platform() {
+    let platforms: Vec<Platform> = vec![
+        "linux/amd64".parse().unwrap(),
+        "linux/arm64".parse().unwrap(),
+    ];
+    let native: Platform = "linux/amd64".parse().unwrap();
+    let recorded = Recorded(Default::default());
+    let started = BuildStage::default();
+    let mut logs = PlatformLogs::new("api", &platforms, &native, &started, &recorded);
+    logs.route(copies_listed_out_of_order());
+    logs.route(arm64_fails_and_amd64_is_cancelled());
+    let steps = recorded_steps(&recorded);
     for platform in ["linux/amd64", "linux/arm64"] {
         let mut mine: Vec<&str> = steps
             .iter()

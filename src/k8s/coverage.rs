@@ -76,12 +76,12 @@ pub struct Fixes {
 /// `provided` is called once per distinct image reference. An image it could not read (its
 /// error says why) is recorded against each container using it, which is then not covered
 /// and restricts no fix: one unreadable image must not hide what the others show.
-pub fn evaluate(
+pub fn evaluate<E: fmt::Display>(
     workloads: &[Workload],
     pools: &[NodePool],
-    provided: &dyn Fn(&str) -> Result<ProvidedPlatforms, String>,
+    provided: &dyn Fn(&str) -> Result<ProvidedPlatforms, E>,
 ) -> GateRecord {
-    let mut cache: HashMap<String, Result<ProvidedPlatforms, String>> = HashMap::new();
+    let mut cache: HashMap<String, Result<ProvidedPlatforms, E>> = HashMap::new();
     let mut warnings = Vec::new();
     let mut out = Vec::new();
     if workloads.is_empty() {
@@ -157,9 +157,9 @@ fn reach_warnings(w: &Workload, reachable: &[&NodePool]) -> Vec<String> {
 }
 
 /// One container judged against the os/arch its reachable pools need.
-fn container_gate(
+fn container_gate<E: fmt::Display>(
     c: &Container,
-    looked_up: &Result<ProvidedPlatforms, String>,
+    looked_up: &Result<ProvidedPlatforms, E>,
     needed: &BTreeSet<String>,
     reachable: &[&NodePool],
 ) -> ContainerGate {
@@ -180,7 +180,7 @@ fn container_gate(
     let p = match looked_up {
         Ok(p) => p,
         Err(error) => {
-            gate.error = Some(error.clone());
+            gate.error = Some(error.to_string());
             return gate;
         }
     };

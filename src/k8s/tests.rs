@@ -1,4 +1,5 @@
 use super::*;
+use std::convert::Infallible;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -57,7 +58,7 @@ fn names(pools: Vec<&NodePool>) -> Vec<&str> {
     pools.into_iter().map(|p| p.name.as_str()).collect()
 }
 
-fn amd64_only(_: &str) -> Result<ProvidedPlatforms, String> {
+fn amd64_only(_: &str) -> Result<ProvidedPlatforms, Infallible> {
     Ok(ProvidedPlatforms {
         digest: Some(format!("sha256:{}", "a".repeat(64)).parse().unwrap()),
         platforms: vec![p("linux/amd64"), p("unknown/unknown")],
@@ -69,7 +70,7 @@ fn gate(w: &Workload, pools: &[NodePool]) -> GateRecord {
 }
 
 /// Every image provides these platforms, and no digest.
-fn providing(platforms: &[&str]) -> impl Fn(&str) -> Result<ProvidedPlatforms, String> {
+fn providing(platforms: &[&str]) -> impl Fn(&str) -> Result<ProvidedPlatforms, Infallible> {
     let platforms: Vec<Platform> = platforms.iter().map(|s| p(s)).collect();
     move |_: &str| {
         Ok(ProvidedPlatforms {
@@ -378,7 +379,7 @@ fn arm64_v8_image_covers_arm64_pool() {
 fn provided_is_called_once_per_image_and_errors_are_recorded_per_container() {
     let w = one("containers:\n- {name: a, image: same}\n- {name: b, image: same}\n");
     let calls = std::cell::Cell::new(0);
-    let provided = |_: &str| -> Result<ProvidedPlatforms, String> {
+    let provided = |_: &str| {
         calls.set(calls.get() + 1);
         amd64_only("")
     };
@@ -387,12 +388,12 @@ fn provided_is_called_once_per_image_and_errors_are_recorded_per_container() {
 
     // One unreadable image: its containers carry the error; the other is still judged.
     let w = one("containers:\n- {name: a, image: gone}\n- {name: b, image: there}\n");
-    let some_fail = |image: &str| -> Result<ProvidedPlatforms, String> {
-        if image == "gone" {
-            Err("registry r.io: manifest unknown".into())
-        } else {
-            amd64_only(image)
-        }
+    #[derive(Debug, thiserror::Error)]
+    #[error("registry r.io: manifest unknown")]
+    struct ManifestUnknown;
+    let some_fail = |image: &str| match image {
+        "gone" => Err(ManifestUnknown),
+        _ => Ok(amd64_only(image).unwrap()),
     };
     let rec = evaluate(&[w], &two_pools(), &some_fail);
     assert!(!rec.covered);
@@ -498,7 +499,7 @@ fn deploy_fixture_with_kubectl_nodes() {
     assert_eq!(cron.tolerations.len(), 1);
 
     let pools = load_nodes(&fixture("nodes.json")).unwrap();
-    let provided = |image: &str| -> Result<ProvidedPlatforms, String> {
+    let provided = |image: &str| -> Result<ProvidedPlatforms, Infallible> {
         if image.contains("statsd") {
             amd64_only(image)
         } else {

@@ -541,7 +541,7 @@ impl Project {
                 .extend(epoch_for(image, flags).map_err(|m| ProjectError::File {
                     file: file.clone(),
                     field: format!("images.{}.reproducible", image.name),
-                    message: one_line(&m),
+                    message: one_line(&m.to_string()),
                 })?);
             check_sources(image, &file)?;
         }
@@ -631,7 +631,7 @@ fn check_sources(image: &ImageSpec, file: &Path) -> Result<()> {
 fn epoch_for(
     image: &mut ImageSpec,
     flags: &BuildFlags,
-) -> std::result::Result<Option<values::Provenance>, String> {
+) -> std::result::Result<Option<values::Provenance>, source_date_epoch::EpochError> {
     let chosen = crate::project::source_date_epoch::choose(
         flags.source_date_epoch.clone(),
         image.reproducible,

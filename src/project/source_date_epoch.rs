@@ -3,7 +3,7 @@
 //! context's git checkout, as `--source-date-epoch $(git log -1 --format=%ct)` gives it.
 //! An explicit value wins, so a release job can still pin one epoch for every image.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Where an epoch came from, as the coverage record's `values` names it.
@@ -29,13 +29,12 @@ impl EpochSource {
 }
 
 /// The epoch an image builds with: the explicit one when given, else with `reproducible`
-/// the commit time of `context`'s checkout, else none. The error says why git could not
-/// tell, without the field (the caller names it).
+/// the commit time of `context`'s checkout, else none.
 pub fn choose(
     explicit: Option<(u64, EpochSource)>,
     reproducible: bool,
     context: &Path,
-) -> Result<Option<(u64, EpochSource)>, String> {
+) -> Result<Option<(u64, EpochSource)>, EpochError> {
     match explicit {
         Some(given) => Ok(Some(given)),
         None if reproducible => commit_time(context).map(Some),
@@ -43,42 +42,55 @@ pub fn choose(
     }
 }
 
+/// What to do when git cannot tell the commit time.
+const FIX: &str =
+    "commit the context to git, or give the time yourself with SOURCE_DATE_EPOCH or --source-date-epoch";
+
+/// Why git could not tell the commit time of a context's checkout. The text says why and
+/// the fix, without the field (the caller names it).
+#[derive(Debug, thiserror::Error)]
+pub enum EpochError {
+    #[error("needs git to read the commit time, and git is not installed; install git, or {FIX}")]
+    GitMissing(#[source] std::io::Error),
+    #[error("cannot run git ({0}); {FIX}")]
+    GitUnrunnable(#[source] std::io::Error),
+    #[error("the context {} is not in a git checkout (git: {said}); {FIX}", dir.display())]
+    NotACheckout { dir: PathBuf, said: String },
+    #[error("the context {} is in a git checkout without a commit yet (git: {said}); {FIX}", dir.display())]
+    NoCommitYet { dir: PathBuf, said: String },
+    #[error("the context {} has no last commit git can read (git: {said}); {FIX}", dir.display())]
+    NoLastCommit { dir: PathBuf, said: String },
+    #[error("the git checkout of {} has no commit yet; {FIX}", dir.display())]
+    UnreadableLog { dir: PathBuf },
+}
+
 /// `git log -1 --format='%ct %H'` in `dir`: the committer time of its checkout's last
 /// commit (what `%ct` gives, so amending or rebasing moves it) and that commit.
-pub fn commit_time(dir: &Path) -> Result<(u64, EpochSource), String> {
-    let fix = "commit the context to git, or give the time yourself with SOURCE_DATE_EPOCH or --source-date-epoch";
+pub fn commit_time(dir: &Path) -> Result<(u64, EpochSource), EpochError> {
     let output = Command::new("git")
         .arg("-C")
         .arg(dir)
         .args(["log", "-1", "--format=%ct %H"])
         .output()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => {
-                format!("needs git to read the commit time, and git is not installed; install git, or {fix}")
-            }
-            _ => format!("cannot run git ({e}); {fix}"),
+            std::io::ErrorKind::NotFound => EpochError::GitMissing(e),
+            _ => EpochError::GitUnrunnable(e),
         })?;
     if !output.status.success() {
         let said = String::from_utf8_lossy(&output.stderr);
-        let said = said.lines().next().unwrap_or("").trim();
+        let said = said.lines().next().unwrap_or("").trim().to_string();
+        let dir = dir.to_path_buf();
         // git says why in words of its own; the common two get ours.
-        let why = if said.contains("not a git repository") {
-            "is not in a git checkout"
+        return Err(if said.contains("not a git repository") {
+            EpochError::NotACheckout { dir, said }
         } else if said.contains("does not have any commits") {
-            "is in a git checkout without a commit yet"
+            EpochError::NoCommitYet { dir, said }
         } else {
-            "has no last commit git can read"
-        };
-        return Err(format!(
-            "the context {} {why} (git: {said}); {fix}",
-            dir.display()
-        ));
+            EpochError::NoLastCommit { dir, said }
+        });
     }
-    parse_log(&String::from_utf8_lossy(&output.stdout)).ok_or_else(|| {
-        format!(
-            "the git checkout of {} has no commit yet; {fix}",
-            dir.display()
-        )
+    parse_log(&String::from_utf8_lossy(&output.stdout)).ok_or_else(|| EpochError::UnreadableLog {
+        dir: dir.to_path_buf(),
     })
 }
 
@@ -134,12 +146,13 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         // Never asks git when the epoch is given, so no checkout is needed.
         assert_eq!(
-            choose(Some((7, EpochSource::Flag)), true, outside.path()),
-            Ok(Some((7, EpochSource::Flag)))
+            choose(Some((7, EpochSource::Flag)), true, outside.path()).unwrap(),
+            Some((7, EpochSource::Flag))
         );
-        assert_eq!(choose(None, false, outside.path()), Ok(None));
+        assert_eq!(choose(None, false, outside.path()).unwrap(), None);
         let error = choose(None, true, outside.path()).unwrap_err();
-        assert!(error.contains("not in a git checkout"), "{error}");
+        assert!(matches!(error, EpochError::NotACheckout { .. }), "{error}");
+        let error = error.to_string();
         assert!(error.contains("SOURCE_DATE_EPOCH"), "{error}");
         assert!(!error.contains('\n'), "one line: {error}");
     }
@@ -174,10 +187,7 @@ mod tests {
         let repo = tempfile::tempdir().unwrap();
         git(repo.path(), &["init", "-q"]);
         let empty = commit_time(repo.path()).unwrap_err();
-        assert!(
-            empty.contains("is in a git checkout without a commit yet"),
-            "{empty}"
-        );
+        assert!(matches!(empty, EpochError::NoCommitYet { .. }), "{empty}");
         std::fs::create_dir(repo.path().join("app")).unwrap();
         std::fs::write(repo.path().join("app/file"), "x").unwrap();
         git(repo.path(), &["add", "."]);

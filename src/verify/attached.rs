@@ -2,9 +2,11 @@
 //! each referrer read and checked to name the entry as its subject, and whether provenance
 //! the target requires is there.
 
-use super::{ContentSource, Target, VerifyError};
-use crate::base::attachment::{self, Attached};
-use crate::base::digest::Digest;
+use super::error::VerifyError;
+use super::source::ContentSource;
+use super::target::Target;
+use crate::base::attachment::{self, Attached, ReferrerError};
+use crate::base::digest::{Digest, DigestError};
 use crate::registry::{ClientError, RegistryError};
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
 use futures_util::StreamExt;
@@ -124,18 +126,29 @@ async fn attached_to<S: ContentSource>(
     Ok((attached, ignored))
 }
 
+/// Why a listed referrer is ignored, said after its digest.
+#[derive(Debug, thiserror::Error)]
+enum Ignored<E> {
+    #[error("{0}")]
+    Digest(#[source] DigestError),
+    #[error("cannot be read ({0})")]
+    Unreadable(#[source] E),
+    #[error(transparent)]
+    Referrer(#[from] ReferrerError),
+}
+
 /// A listed referrer as its manifest says: it must name `subject`; its predicate type
 /// is its in-toto layer's.
 async fn checked<S: ContentSource>(
     source: &S,
     found: &Attached,
     subject: &Digest,
-) -> std::result::Result<Attached, String> {
-    let digest: Digest = found.digest.parse().map_err(|why| format!("{why}"))?;
+) -> std::result::Result<Attached, Ignored<S::Error>> {
+    let digest: Digest = found.digest.parse().map_err(Ignored::Digest)?;
     let bytes = source
         .manifest(&digest)
         .await
-        .map_err(|e| format!("cannot be read ({e})"))?;
+        .map_err(Ignored::Unreadable)?;
     let predicate_type = attachment::check_referrer(&bytes, subject)?;
     Ok(Attached {
         predicate_type: predicate_type.or_else(|| found.predicate_type.clone()),

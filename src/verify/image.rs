@@ -1,6 +1,9 @@
 //! Verifying a project's image through its tags.
 
-use super::{verify, Checks, ReadMemory, RegistrySource, Target, VerifyError};
+use super::error::VerifyError;
+use super::source::{ReadMemory, RegistrySource};
+use super::target::{Checks, Target};
+use super::verdict::verify;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
 use crate::project::ImageSpec;

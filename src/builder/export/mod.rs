@@ -134,16 +134,7 @@ pub async fn export_image(
         diff_ids: DiffIds::coming(diff_ids),
         legacy_json: None,
     });
-    let name = image_name.to_string();
-    let wanted = platform.cloned();
-    // The spool moves into the worker so that, if this future is dropped, the worker
-    // (which then sees a truncated stream) removes it once it stops.
-    let worker = tokio::task::spawn_blocking(move || {
-        let reader = ChannelReader::new(rx);
-        let contents =
-            read_save_stream_offering(reader, spool.path(), &name, wanted.as_ref(), offering);
-        (contents, spool)
-    });
+    let worker = spawn_save_reader(rx, spool, image_name, platform, offering);
 
     let report = |done: u64| {
         reporter.report(Event::Bytes {
@@ -154,70 +145,12 @@ pub async fn export_image(
             total: None,
         })
     };
-    let pump = async {
-        // Owned here: the parser sees the end of the stream as soon as the pump ends.
-        let tx = tx;
-        let mut stream = Box::pin(docker.export_image(image_id));
-        let mut done = 0u64;
-        let mut reported = 0u64;
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(chunk) => {
-                    done += chunk.len() as u64;
-                    if tx.send(Ok(chunk)).await.is_err() {
-                        // The parser stopped (finished or failed); its result says which.
-                        break;
-                    }
-                    if done - reported >= PROGRESS_EVERY {
-                        reported = done;
-                        report(done);
-                    }
-                }
-                Err(e) => {
-                    let message = engine_error_message(&e, image_id);
-                    let _ = tx.send(Err(io::Error::other(message))).await;
-                    return (done, Some(e));
-                }
-            }
-        }
-        (done, None)
-    };
+    let pump = pump_save_stream(docker, image_id, tx, report);
     let uploads = async {
         let Some(early) = early else { return };
-        // Asked while the engine prepares the stream: Docker ≤ 24 names a layer's directory
-        // by an ID derived from the diff IDs, which the inspect lists; and an image of
-        // another platform than asked for is refused after the export, so nothing of it
-        // is sent before.
-        let inspected = docker.inspect_image(image_id).await.ok();
-        let (diff_ids, send) = match inspected {
-            Some(image) => {
-                let built = ConfigPlatform {
-                    os: image.os.unwrap_or_default(),
-                    architecture: image.architecture.unwrap_or_default(),
-                    variant: image.variant,
-                };
-                let diff_ids = image.root_fs.and_then(|r| r.layers).unwrap_or_default();
-                let send = platform.is_none_or(|p| built.normalized() == *p);
-                (diff_ids, send)
-            }
-            None => (Vec::new(), false),
-        };
+        let (diff_ids, send) = inspect_before_export(docker, image_id, platform).await;
         let _ = diff_ids_to.send(diff_ids);
-        let mut running = futures_util::stream::FuturesUnordered::new();
-        loop {
-            tokio::select! {
-                layer = offered.recv() => match layer {
-                    Some(layer) if send && early.claim(&layer.diff_id) => {
-                        running.push(early.upload(layer))
-                    }
-                    // Not taken: dropping it tells the worker to spool only.
-                    Some(_) => {}
-                    None => break,
-                },
-                Some(()) = running.next(), if !running.is_empty() => {}
-            }
-        }
-        while running.next().await.is_some() {}
+        upload_offered_layers(early, &mut offered, send).await;
     };
     let ((done, stream_error), ()) = tokio::join!(pump, uploads);
 
@@ -236,6 +169,109 @@ pub async fn export_image(
         layers: contents.layers,
         spool,
     })
+}
+
+/// Parses the save stream arriving on `rx` on a blocking thread, spooling its layers into
+/// `spool`. The spool moves into the worker so that, if the export is dropped, the worker
+/// (which then sees a truncated stream) removes it once it stops.
+fn spawn_save_reader(
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    spool: tempfile::TempDir,
+    image_name: &str,
+    platform: Option<&Platform>,
+    offering: Option<EarlyOffers>,
+) -> tokio::task::JoinHandle<(Result<SaveContents>, tempfile::TempDir)> {
+    let name = image_name.to_string();
+    let wanted = platform.cloned();
+    tokio::task::spawn_blocking(move || {
+        let reader = ChannelReader::new(rx);
+        let contents =
+            read_save_stream_offering(reader, spool.path(), &name, wanted.as_ref(), offering);
+        (contents, spool)
+    })
+}
+
+/// Pumps the engine's `docker save` stream into the parser's channel, reporting progress:
+/// the bytes received, and the engine's error if the stream broke. `tx` is owned so that
+/// the parser sees the end of the stream as soon as the pump ends.
+async fn pump_save_stream(
+    docker: &bollard::Docker,
+    image_id: &str,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    report: impl Fn(u64),
+) -> (u64, Option<bollard::errors::Error>) {
+    let mut stream = Box::pin(docker.export_image(image_id));
+    let mut done = 0u64;
+    let mut reported = 0u64;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(chunk) => {
+                done += chunk.len() as u64;
+                if tx.send(Ok(chunk)).await.is_err() {
+                    // The parser stopped (finished or failed); its result says which.
+                    break;
+                }
+                if done - reported >= PROGRESS_EVERY {
+                    reported = done;
+                    report(done);
+                }
+            }
+            Err(e) => {
+                let message = engine_error_message(&e, image_id);
+                let _ = tx.send(Err(io::Error::other(message))).await;
+                return (done, Some(e));
+            }
+        }
+    }
+    (done, None)
+}
+
+/// Asked while the engine prepares the stream: the image's diff IDs (Docker ≤ 24 names a
+/// layer's directory by an ID derived from them), and whether its layers may be sent
+/// early (an image of another platform than asked for is refused after the export, so
+/// nothing of it is sent before).
+async fn inspect_before_export(
+    docker: &bollard::Docker,
+    image_id: &str,
+    platform: Option<&Platform>,
+) -> (Vec<String>, bool) {
+    match docker.inspect_image(image_id).await.ok() {
+        Some(image) => {
+            let built = ConfigPlatform {
+                os: image.os.unwrap_or_default(),
+                architecture: image.architecture.unwrap_or_default(),
+                variant: image.variant,
+            };
+            let diff_ids = image.root_fs.and_then(|r| r.layers).unwrap_or_default();
+            let send = platform.is_none_or(|p| built.normalized() == *p);
+            (diff_ids, send)
+        }
+        None => (Vec::new(), false),
+    }
+}
+
+/// Uploads the layers the worker offers that `early` claims (none unless `send`), until
+/// the worker stops offering and every upload has ended.
+async fn upload_offered_layers(
+    early: &dyn EarlyUploads,
+    offered: &mut mpsc::Receiver<EarlyLayer>,
+    send: bool,
+) {
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            layer = offered.recv() => match layer {
+                Some(layer) if send && early.claim(&layer.diff_id) => {
+                    running.push(early.upload(layer))
+                }
+                // Not taken: dropping it tells the worker to spool only.
+                Some(_) => {}
+                None => break,
+            },
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+    while running.next().await.is_some() {}
 }
 
 /// A fresh temporary directory for one image's spooled layers.

@@ -311,6 +311,18 @@ fn usable(contents: &Contents) -> ProvidedPlatforms {
     }
 }
 
+/// Why what an image provides is not known; the gate's record says it against each
+/// container using the image.
+#[derive(Debug, thiserror::Error)]
+enum Unread<'r> {
+    /// Reading the image failed.
+    #[error(transparent)]
+    Failed(&'r Error),
+    /// The image was not among those read.
+    #[error("{0} was not read")]
+    NotRead(String),
+}
+
 /// Judges every container against the pools it may land on and what its image holds.
 pub fn judge(
     files: &[ManifestFile],
@@ -324,8 +336,8 @@ pub fn judge(
         .collect();
     let provided = |image: &str| match read.get(image) {
         Some(Ok(contents)) => Ok(usable(contents)),
-        Some(Err(e)) => Err(e.to_string()),
-        None => Err(format!("{image} was not read")),
+        Some(Err(e)) => Err(Unread::Failed(e)),
+        None => Err(Unread::NotRead(image.to_string())),
     };
     let mut record = k8s::evaluate(&workloads, pools, &provided);
     let mut findings = Vec::new();

@@ -7,7 +7,7 @@ use crate::base::progress::{Event, Reporter};
 use crate::builder::binfmt::{Emulation, EmulationStatus};
 use crate::builder::Builders;
 use crate::docker::buildkit::daemon::DaemonError;
-use crate::docker::engine::Engine;
+use crate::docker::engine::{Engine, Standalone};
 use crate::flows::cache::EmulationMemory;
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
@@ -17,6 +17,65 @@ use std::collections::{HashMap, HashSet};
 /// The binfmt mode in force for an image: CLI, then the image's own, then the project's.
 fn binfmt_mode(project: &Project, image: &ImageSpec, options: &BuildOptions) -> BinfmtMode {
     options.binfmt.or(image.binfmt).unwrap_or(project.binfmt)
+}
+
+/// The image's builds on a platform other than their builder's own, warning where the
+/// builder was listed for that platform yet is native to another.
+fn foreign_builds<'e>(
+    image: &ImageSpec,
+    plan: &plan::Plan<'_>,
+    builders: &'e Builders,
+    reporter: &dyn Reporter,
+) -> Vec<(&'e Engine, Platform)> {
+    let mut foreign = Vec::new();
+    for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
+        let engine = builders.for_unit(unit);
+        if unit.platform.os_arch() == engine.native.os_arch() {
+            continue;
+        }
+        if builders.by_platform.contains_key(&unit.platform) {
+            reporter.report(Event::Warning {
+                message: format!(
+                    "builder {} for {} is a {} {}",
+                    engine.endpoint,
+                    unit.platform,
+                    engine.native,
+                    match engine.daemon {
+                        Some(_) => "BuildKit daemon",
+                        None => "engine",
+                    }
+                ),
+            });
+        }
+        foreign.push((engine, unit.platform.clone()));
+    }
+    foreign
+}
+
+/// A standalone daemon's verdict: polyarch registers nothing on a daemon's host, so its
+/// workers say what runs.
+fn daemon_runs(
+    engine: &Engine,
+    standalone: &Standalone,
+    platform: Platform,
+) -> Result<EmulationStatus> {
+    if !standalone.platforms.contains(&platform) {
+        return Err(DaemonError::Unrunnable {
+            daemon: engine.endpoint.clone(),
+            runs: standalone
+                .platforms
+                .iter()
+                .map(Platform::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            arch: platform.architecture.clone(),
+            platform,
+        }
+        .into());
+    }
+    Ok(EmulationStatus::Emulated {
+        registered_now: false,
+    })
 }
 
 /// Whether an image's Dockerfile RUNs anything in stages built for the target platform.
@@ -85,28 +144,7 @@ impl<'a> EmulationPlan<'a> {
         reporter: &dyn Reporter,
     ) -> Result<()> {
         for image in &plan.images {
-            let mut foreign: Vec<(&Engine, Platform)> = Vec::new();
-            for unit in plan.units.iter().filter(|u| u.image.name == image.name) {
-                let engine = builders.for_unit(unit);
-                if unit.platform.os_arch() == engine.native.os_arch() {
-                    continue;
-                }
-                if builders.by_platform.contains_key(&unit.platform) {
-                    reporter.report(Event::Warning {
-                        message: format!(
-                            "builder {} for {} is a {} {}",
-                            engine.endpoint,
-                            unit.platform,
-                            engine.native,
-                            match engine.daemon {
-                                Some(_) => "BuildKit daemon",
-                                None => "engine",
-                            }
-                        ),
-                    });
-                }
-                foreign.push((engine, unit.platform.clone()));
-            }
+            let foreign = foreign_builds(image, plan, builders, reporter);
             if foreign.is_empty() {
                 continue;
             }
@@ -122,55 +160,53 @@ impl<'a> EmulationPlan<'a> {
             }
             let mode = binfmt_mode(self.project, image, self.options);
             for (engine, platform) in foreign {
-                if let Some(standalone) = &engine.daemon {
-                    // polyarch registers nothing on a daemon's host: its workers say what runs.
-                    if !standalone.platforms.contains(&platform) {
-                        return Err(DaemonError::Unrunnable {
-                            daemon: engine.endpoint.clone(),
-                            runs: standalone
-                                .platforms
-                                .iter()
-                                .map(Platform::to_string)
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                            arch: platform.architecture.clone(),
-                            platform,
-                        }
-                        .into());
-                    }
-                    let status = EmulationStatus::Emulated {
-                        registered_now: false,
-                    };
-                    self.mark(&image.name, &platform, status);
-                    continue;
-                }
-                // `never` decides from the platforms alone; the others may trust a verdict.
-                let remembered = (mode != BinfmtMode::Never)
-                    .then(|| self.memory.runs(&engine.identity, &platform))
-                    .flatten();
-                let status = match remembered {
-                    Some(emulated) => {
-                        self.remembered
-                            .insert((image.name.clone(), platform.clone()));
-                        if emulated {
-                            EmulationStatus::Emulated {
-                                registered_now: false,
-                            }
-                        } else {
-                            EmulationStatus::Native
-                        }
-                    }
+                let status = match &engine.daemon {
+                    Some(standalone) => daemon_runs(engine, standalone, platform.clone())?,
                     None => {
-                        let emulation = emulations
-                            .entry(engine.endpoint.clone())
-                            .or_insert_with(|| Emulation::new(engine.clone()));
-                        self.ensure(emulation, &platform, mode, reporter).await?
+                        self.engine_verdict(image, engine, &platform, mode, emulations, reporter)
+                            .await?
                     }
                 };
                 self.mark(&image.name, &platform, status);
             }
         }
         Ok(())
+    }
+
+    /// A Docker engine's verdict on `platform`: remembered from an earlier run, or probed
+    /// (and registered, per `mode`) through the engine's one `Emulation`.
+    async fn engine_verdict(
+        &mut self,
+        image: &ImageSpec,
+        engine: &Engine,
+        platform: &Platform,
+        mode: BinfmtMode,
+        emulations: &mut HashMap<String, Emulation>,
+        reporter: &dyn Reporter,
+    ) -> Result<EmulationStatus> {
+        // `never` decides from the platforms alone; the others may trust a verdict.
+        let remembered = (mode != BinfmtMode::Never)
+            .then(|| self.memory.runs(&engine.identity, platform))
+            .flatten();
+        match remembered {
+            Some(emulated) => {
+                self.remembered
+                    .insert((image.name.clone(), platform.clone()));
+                Ok(if emulated {
+                    EmulationStatus::Emulated {
+                        registered_now: false,
+                    }
+                } else {
+                    EmulationStatus::Native
+                })
+            }
+            None => {
+                let emulation = emulations
+                    .entry(engine.endpoint.clone())
+                    .or_insert_with(|| Emulation::new(engine.clone()));
+                self.ensure(emulation, platform, mode, reporter).await
+            }
+        }
     }
 
     /// Probes (and, per `mode`, registers) one platform, and remembers what it found.

@@ -106,21 +106,7 @@ async fn build_and_push_all<'a>(
     }
     let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
 
-    let run = Run {
-        id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
-        cleanup,
-        cache: PushCache::open(),
-        builds: BuildMemory::open(),
-        trust_inputs: !options.rebuild,
-        registry: options.registry.clone(),
-        replays: build_inputs::Replays::new(FileHashes::open(
-            crate::base::cache_dir().map(|d| d.join("file-hashes.json")),
-        )),
-        bases: build_inputs::RemoteBases::new(&options.registry),
-        reporter,
-        fallbacks: builders.fallbacks.clone(),
-        early: early::EarlySends::new(LayerDigests::open()),
-    };
+    let run = Run::open(options, cleanup, &builders, reporter);
     let run = &run;
     dependents::check_reachable(&plan, &builders, run)?;
     // `--jobs` bounds the solves running at once: a platform's own, or one for several
@@ -138,8 +124,28 @@ async fn build_and_push_all<'a>(
         run,
     };
     let (shared, pins, graph) = (&shared, &pins, &plan.dependencies);
+    let per_image = futures_util::future::try_join_all(
+        units_by_image(&plan.units)
+            .into_iter()
+            .map(|units| build_when_ready(units, graph, pins, shared)),
+    )
+    .await;
+    // What did get pushed is remembered even when another unit failed.
+    run.save();
+    blobs.save();
+    let (pushed, rebased) = gather(per_image?);
+    Ok(Built {
+        plan,
+        destination,
+        pushed,
+        rebased,
+    })
+}
+
+/// The plan's units grouped by image, in plan order.
+fn units_by_image<'u>(units: &'u [Unit<'u>]) -> Vec<Vec<&'u Unit<'u>>> {
     let mut images: Vec<Vec<&Unit<'_>>> = Vec::new();
-    for unit in &plan.units {
+    for unit in units {
         match images
             .iter_mut()
             .find(|units| units[0].image.name == unit.image.name)
@@ -148,31 +154,21 @@ async fn build_and_push_all<'a>(
             None => images.push(vec![unit]),
         }
     }
-    let per_image = futures_util::future::try_join_all(
-        images
-            .into_iter()
-            .map(|units| build_when_ready(units, graph, pins, shared)),
-    )
-    .await;
-    // What did get pushed is remembered even when another unit failed.
-    run.cache.save();
-    run.builds.save();
-    run.replays.hashes().save();
-    run.early.save();
-    blobs.save();
+    images
+}
+
+/// Every image's pushed platforms, and the dependents as rebuilt FROM digests by name.
+fn gather(
+    per_image: Vec<(Vec<Pushed>, Option<ImageSpec>)>,
+) -> (Vec<Pushed>, BTreeMap<String, ImageSpec>) {
     let (mut pushed, mut rebased) = (Vec::new(), BTreeMap::new());
-    for (image, spec) in per_image? {
+    for (image, spec) in per_image {
         pushed.extend(image);
         if let Some(spec) = spec {
             rebased.insert(spec.name.clone(), spec);
         }
     }
-    Ok(Built {
-        plan,
-        destination,
-        pushed,
-        rebased,
-    })
+    (pushed, rebased)
 }
 
 /// The registry, reached beside the engine; or with `--output oci:DIR` the layout's
@@ -379,7 +375,39 @@ struct Run<'a> {
     early: early::EarlySends,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// A new run, with what earlier runs remembered.
+    fn open(
+        options: &BuildOptions,
+        cleanup: &'a Cleanup,
+        builders: &Builders,
+        reporter: &'a dyn Reporter,
+    ) -> Run<'a> {
+        Run {
+            id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+            cleanup,
+            cache: PushCache::open(),
+            builds: BuildMemory::open(),
+            trust_inputs: !options.rebuild,
+            registry: options.registry.clone(),
+            replays: build_inputs::Replays::new(FileHashes::open(
+                crate::base::cache_dir().map(|d| d.join("file-hashes.json")),
+            )),
+            bases: build_inputs::RemoteBases::new(&options.registry),
+            reporter,
+            fallbacks: builders.fallbacks.clone(),
+            early: early::EarlySends::new(LayerDigests::open()),
+        }
+    }
+
+    /// Remembers what the run read and pushed, for the next run.
+    fn save(&self) {
+        self.cache.save();
+        self.builds.save();
+        self.replays.hashes().save();
+        self.early.save();
+    }
+
     /// Whether `engine`, which reaches registries with its own settings (loopback as
     /// insecure, /etc/docker/certs.d), can push `image` where polyarch would: a loopback
     /// registry when the engine runs on this machine; elsewhere only when no

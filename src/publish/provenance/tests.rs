@@ -104,12 +104,18 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
     assert_eq!(layer["digest"], digest.as_str());
     assert_eq!(serde_json::from_slice::<Value>(bytes).unwrap(), statement);
     assert_eq!(
-        check_referrer(&referrer.manifest.bytes, &pushed.entry.digest),
-        Ok(Some(SLSA_PROVENANCE.to_string()))
+        check_referrer(&referrer.manifest.bytes, &pushed.entry.digest).unwrap(),
+        Some(SLSA_PROVENANCE.to_string())
     );
     let other: Digest = format!("sha256:{}", "c".repeat(64)).parse().unwrap();
-    assert!(check_referrer(&referrer.manifest.bytes, &other).is_err());
-    assert!(check_referrer(b"not json", &other).is_err());
+    assert!(matches!(
+        check_referrer(&referrer.manifest.bytes, &other),
+        Err(ReferrerError::OtherSubject { .. })
+    ));
+    assert!(matches!(
+        check_referrer(b"not json", &other),
+        Err(ReferrerError::NotJson(_))
+    ));
 }
 
 #[test]

@@ -81,9 +81,8 @@ fn string_list(value: Option<&serde_json::Value>) -> Vec<String> {
     }
 }
 
-fn command(config: &[u8]) -> std::result::Result<Command, String> {
-    let value: serde_json::Value =
-        serde_json::from_slice(config).map_err(|e| format!("image config is not JSON: {e}"))?;
+fn command(config: &[u8]) -> serde_json::Result<Command> {
+    let value: serde_json::Value = serde_json::from_slice(config)?;
     let c = value.get("config");
     let entrypoint = string_list(c.and_then(|c| c.get("Entrypoint")));
     let cmd = string_list(c.and_then(|c| c.get("Cmd")));
@@ -161,7 +160,7 @@ fn inspect_capped(
 ) -> DeepReport {
     let command = match command(config) {
         Ok(c) => c,
-        Err(e) => return unreadable(e),
+        Err(e) => return unreadable(format!("image config is not JSON: {e}")),
     };
     let Some(argv0) = command.argv.first().cloned() else {
         return report(
@@ -216,6 +215,20 @@ struct Verdict {
     detail: String,
 }
 
+/// Why `exec.LookPath` finds no executable `name` on the container's PATH.
+#[derive(Debug, thiserror::Error)]
+enum NotOnPath {
+    #[error("`{name}` is not on PATH={path}")]
+    Absent { name: String, path: String },
+    /// `found`: the first match, a file without an execute bit.
+    #[error("`{name}` is not on PATH={path} ({found} exists but is not executable)")]
+    NotExecutable {
+        name: String,
+        path: String,
+        found: String,
+    },
+}
+
 impl Inspector<'_> {
     fn run(&self, argv0: &str) -> DeepReport {
         let located = if argv0.contains('/') {
@@ -223,7 +236,7 @@ impl Inspector<'_> {
                 .resolve(&self.command.cwd, argv0)
                 .map_err(|e| e.describe(argv0))
         } else {
-            self.look_path(argv0)
+            self.look_path(argv0).map_err(|e| e.to_string())
         };
         let (resolved, node) = match located {
             Ok(found) => found,
@@ -245,7 +258,7 @@ impl Inspector<'_> {
     }
 
     /// `exec.LookPath` in the container: the first PATH entry holding an executable file.
-    fn look_path(&self, name: &str) -> std::result::Result<(String, &Node), String> {
+    fn look_path(&self, name: &str) -> std::result::Result<(String, &Node), NotOnPath> {
         let mut not_executable = None;
         for dir in self.command.path.split(':') {
             let dir = if dir.is_empty() { "." } else { dir };
@@ -260,12 +273,10 @@ impl Inspector<'_> {
                 }
             }
         }
+        let (name, path) = (name.to_string(), self.command.path.clone());
         Err(match not_executable {
-            Some(p) => format!(
-                "`{name}` is not on PATH={} ({p} exists but is not executable)",
-                self.command.path
-            ),
-            None => format!("`{name}` is not on PATH={}", self.command.path),
+            Some(found) => NotOnPath::NotExecutable { name, path, found },
+            None => NotOnPath::Absent { name, path },
         })
     }
 
@@ -450,7 +461,7 @@ impl Inspector<'_> {
                         .resolve(&self.command.cwd, &program)
                         .map_err(|e| e.describe(&program))
                 } else {
-                    self.look_path(&program)
+                    self.look_path(&program).map_err(|e| e.to_string())
                 };
                 verdict = match located {
                     Err(e) => Verdict {
