@@ -1,8 +1,10 @@
 //! A registry polyarch does not control cannot exhaust or hang it (issue 39): endless error
 //! bodies and token answers are read up to their limits only, a trickling or silent server
 //! is given up on at the request deadline, `--timeout` bounds a whole `verify` or `gate`,
-//! and a registry reached over TLS cannot draw credentials to a plain-HTTP token realm.
-//! Each run exits 3 with one clean error line, within 128 MiB and its deadline.
+//! a registry reached over TLS cannot draw credentials to a plain-HTTP token realm, and
+//! indexes fanning out, indexes of 20,000 entries and referrers listings of 20,000 are
+//! refused at their limits rather than read. Each run exits 3 with one clean error line,
+//! within 128 MiB and its deadline.
 
 mod support;
 
@@ -34,6 +36,57 @@ enum Answer {
     Trickle,
     /// Nothing at all, until the client hangs up.
     Silent,
+    /// What [`serve_content`] put at the path; 404 elsewhere.
+    Content,
+}
+
+/// Manifests a hostile registry serves for [`Answer::Content`], by request path; each
+/// test puts its own under a repository of its own.
+static CONTENT: std::sync::Mutex<Vec<(String, String, Vec<u8>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Serves `body` as `media_type` at `/v2/{repository}/{kind}/{reference}`; returns the
+/// body's digest.
+fn serve_content(
+    repository: &str,
+    kind: &str,
+    reference: &str,
+    media_type: &str,
+    body: Vec<u8>,
+) -> String {
+    use sha2::Digest as _;
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&body)));
+    let path = format!("/v2/{repository}/{kind}/{reference}");
+    let mut content = CONTENT.lock().unwrap();
+    content.push((path.clone(), media_type.to_string(), body.clone()));
+    if kind != "referrers" {
+        content.push((
+            path.replace(reference, &digest),
+            media_type.to_string(),
+            body,
+        ));
+    }
+    digest
+}
+
+fn answer_content(stream: &mut TcpStream, path: &str) -> std::io::Result<()> {
+    let found = CONTENT
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(p, _, _)| p == path)
+        .cloned();
+    match found {
+        Some((_, media_type, body)) => {
+            write!(stream, "HTTP/1.1 200 OK\r\nContent-Type: {media_type}\r\nDocker-Distribution-Api-Version: registry/2.0\r\nContent-Length: {}\r\n\r\n", body.len())?;
+            stream.write_all(&body)
+        }
+        None if path == "/v2/" => write!(stream, "HTTP/1.1 200 OK\r\nDocker-Distribution-Api-Version: registry/2.0\r\nContent-Length: 2\r\n\r\n{{}}"),
+        None => {
+            let body = r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}"#;
+            write!(stream, "HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\nDocker-Distribution-Api-Version: registry/2.0\r\nContent-Length: {}\r\n\r\n{body}", body.len())
+        }
+    }
 }
 
 /// A server on a kernel-chosen 127.0.0.1 port answering each request as `answer(path)`
@@ -70,6 +123,7 @@ fn serve(mut stream: TcpStream, answer: fn(&str) -> Answer, realm: &str) {
                 b"a",
             ),
             Answer::Trickle => trickle(&mut stream),
+            Answer::Content => answer_content(&mut stream, &path),
             Answer::Silent => {
                 // Returns when the client hangs up.
                 let _ = reader.read(&mut [0u8; 1]);
@@ -357,4 +411,149 @@ fn a_tls_registry_cannot_draw_credentials_to_a_plain_http_realm() {
         "--insecure-registry token.polyarch-test.invalid",
     ];
     assert_clean_failure("plain realm", &run, &names, SLACK);
+}
+
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+fn index_of(entries: &[serde_json::Value], marker: &str) -> Vec<u8> {
+    serde_json::json!({"schemaVersion": 2, "mediaType": INDEX, "manifests": entries,
+                       "annotations": {"marker": marker}})
+    .to_string()
+    .into_bytes()
+}
+
+fn descriptor(media_type: &str, digest: &str, arch: Option<&str>) -> serde_json::Value {
+    let mut d = serde_json::json!({"mediaType": media_type, "digest": digest, "size": 100});
+    if let Some(arch) = arch {
+        d["platform"] = serde_json::json!({"architecture": arch, "os": "linux"});
+    }
+    d
+}
+
+/// `verify` of `{repository}:v1` on the content server, with the short request deadline.
+fn verify_content(repository: &str) -> Run {
+    let address = hostile(|_| Answer::Content);
+    let deadline = format!("{}s", DEADLINE.as_secs());
+    run(
+        &[
+            "verify",
+            &format!("{address}/{repository}:v1"),
+            "--platform",
+            "linux/amd64",
+        ],
+        &[("POLYARCH_REGISTRY_TIMEOUT", &deadline)],
+        "",
+    )
+}
+
+/// Issue 39, case 1: nested indexes 64 wide (about 50 KB over a few requests took 3 GB).
+#[test]
+fn nested_indexes_fanning_out_stop_at_the_entry_budget() {
+    let repository = "hostile/fanout";
+    let missing = |i: usize| format!("sha256:{i:064x}");
+    let level1: Vec<serde_json::Value> = (0..64)
+        .map(|i| {
+            let entries: Vec<_> = (0..64)
+                .map(|j| descriptor(INDEX, &missing(i * 64 + j), None))
+                .collect();
+            let digest = serve_content(
+                repository,
+                "manifests",
+                &format!("level1-{i}"),
+                INDEX,
+                index_of(&entries, &i.to_string()),
+            );
+            descriptor(INDEX, &digest, None)
+        })
+        .collect();
+    serve_content(
+        repository,
+        "manifests",
+        "v1",
+        INDEX,
+        index_of(&level1, "top"),
+    );
+    let run = verify_content(repository);
+    assert_clean_failure(
+        "fan-out",
+        &run,
+        &[repository, "more than 1024 entries"],
+        SLACK,
+    );
+}
+
+/// Issue 39, case 2: an index of 20,000 entries (43,000 requests and 812 MB before).
+#[test]
+fn an_index_of_twenty_thousand_entries_is_refused_unread() {
+    let repository = "hostile/wide";
+    let entry = descriptor(MANIFEST, &format!("sha256:{:064x}", 1), Some("amd64"));
+    serve_content(
+        repository,
+        "manifests",
+        "v1",
+        INDEX,
+        index_of(&vec![entry; 20_000], "wide"),
+    );
+    let run = verify_content(repository);
+    assert_clean_failure(
+        "20,000 entries",
+        &run,
+        &[repository, "more than 1024 entries"],
+        SLACK,
+    );
+}
+
+/// Issue 39, case 9: 20,000 referrers listed for a platform manifest (13,500 requests
+/// one after another, still going after 300 s).
+#[test]
+fn a_referrers_listing_of_twenty_thousand_is_refused_unread() {
+    let repository = "hostile/referred";
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
+            .to_vec();
+    let config_digest = serve_content(
+        repository,
+        "blobs",
+        "config",
+        "application/vnd.oci.image.config.v1+json",
+        config,
+    );
+    let manifest = serde_json::json!({"schemaVersion": 2, "mediaType": MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": 74},
+        "layers": []});
+    let manifest_digest = serve_content(
+        repository,
+        "manifests",
+        "amd64",
+        MANIFEST,
+        manifest.to_string().into_bytes(),
+    );
+    serve_content(
+        repository,
+        "manifests",
+        "v1",
+        INDEX,
+        index_of(
+            &[descriptor(MANIFEST, &manifest_digest, Some("amd64"))],
+            "one",
+        ),
+    );
+    let referrers: Vec<_> = (0..20_000)
+        .map(|i| descriptor(MANIFEST, &format!("sha256:{i:064x}"), None))
+        .collect();
+    serve_content(
+        repository,
+        "referrers",
+        &manifest_digest,
+        INDEX,
+        index_of(&referrers, "many"),
+    );
+    let run = verify_content(repository);
+    assert_clean_failure(
+        "20,000 referrers",
+        &run,
+        &[&manifest_digest, "20000 referrers", "256"],
+        SLACK,
+    );
 }

@@ -189,7 +189,7 @@ impl Registry {
             _ => None,
         };
         let fetched = self
-            .retrying(self.deadline, || {
+            .retrying(reference.registry(), self.deadline, || {
                 self.fetch_token(challenge, &asked, credentials.as_ref())
             })
             .await;

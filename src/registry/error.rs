@@ -143,6 +143,9 @@ pub enum RegistryError {
     },
     #[error("cannot read {reference}: entry {digest} is not an image manifest")]
     EntryNotImage { reference: String, digest: String },
+    /// An index (nested ones counted) listing more than verify reads.
+    #[error("{reference} lists more than {limit} entries, those of its nested indexes counted; no image index needs that many, so it is refused unread")]
+    TooManyEntries { reference: String, limit: usize },
     #[error("part {reference} is not an image manifest")]
     PartNotImage { reference: String },
     #[error("part {reference} claims {claimed} but its config says {found}")]

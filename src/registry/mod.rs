@@ -45,6 +45,10 @@ pub const DEFAULT_REQUEST_DEADLINE: Duration = Duration::from_secs(60);
 /// The slowest transfer a blob upload or layer read is given time for beyond the deadline
 /// (256 KiB/s, about 2 Mbit/s): a big layer is not cut off on a slow link, a stalled one is.
 const MIN_TRANSFER_RATE: u64 = 256 * 1024;
+/// Requests one registry has in flight at once, from every flow of a run: an index of
+/// thousands of entries is read that many at a time, never all at once (which ran out of
+/// file descriptors), and a registry is not flooded.
+pub const MAX_IN_FLIGHT: usize = 16;
 
 #[derive(Debug, Clone, Default)]
 pub struct RegistryOptions {
@@ -169,6 +173,9 @@ pub struct Inner {
     known: Mutex<HashMap<BlobKey, HashSet<String>>>,
     /// One upload per `registry digest` at a time.
     uploads: Mutex<HashMap<BlobKey, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per registry: the requests it may have in flight at once, from every flow of the
+    /// run ([`MAX_IN_FLIGHT`]).
+    in_flight: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Where earlier runs put each blob, when the caller keeps that between runs.
     places: OnceLock<Arc<dyn BlobPlaces>>,
 }
@@ -235,6 +242,7 @@ impl Registry {
             deadline: options.deadline.unwrap_or(DEFAULT_REQUEST_DEADLINE),
             known: Mutex::default(),
             uploads: Mutex::default(),
+            in_flight: Mutex::default(),
             places: OnceLock::new(),
         }));
         for host in registries {
@@ -434,7 +442,7 @@ impl Registry {
                 None => (self.auth_for(reference.registry())?, None),
             };
             let attempt = || op(auth.clone(), token.is_some());
-            match self.retrying(deadline, attempt).await {
+            match self.retrying(reference.registry(), deadline, attempt).await {
                 Ok(value) => return Ok(value),
                 // A registry refuses a token that lapsed early or lacks a scope it now
                 // wants: one new token, asked with every scope, then the call again.
@@ -453,10 +461,12 @@ impl Registry {
         }
     }
 
-    /// Bounded, jittered retries of transient failures, each attempt within `deadline`;
-    /// the last failure and the number of attempts when it gives up.
+    /// Bounded, jittered retries of transient failures, each attempt within `deadline`
+    /// once one of `registry`'s places in flight is free; the last failure and the number
+    /// of attempts when it gives up.
     async fn retrying<T, F, Fut>(
         &self,
+        registry: &str,
         deadline: Duration,
         mut attempt: F,
     ) -> std::result::Result<T, (Attempt, u32)>
@@ -464,10 +474,16 @@ impl Registry {
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, Attempt>>,
     {
+        let places = self.places_in_flight(registry);
         let mut waited = Duration::ZERO;
         let mut count = 1;
         loop {
-            let failed = match within(deadline, attempt()).await {
+            let answered = {
+                // Never closed, so the wait always ends with a place.
+                let _place = places.acquire().await;
+                within(deadline, attempt()).await
+            };
+            let failed = match answered {
                 Ok(value) => return Ok(value),
                 Err(failed) => failed,
             };
@@ -482,6 +498,12 @@ impl Registry {
             waited += delay;
             count += 1;
         }
+    }
+
+    fn places_in_flight(&self, registry: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut all = self.in_flight.lock().expect("in-flight lock");
+        let places = all.entry(registry.to_string());
+        Arc::clone(places.or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT))))
     }
 
     async fn authenticate(
@@ -716,7 +738,7 @@ mod tests {
         let deadline = Duration::from_secs(3);
         let tries = std::sync::atomic::AtomicU32::new(0);
         let hung = registry
-            .retrying(deadline, || {
+            .retrying("r", deadline, || {
                 tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 std::future::pending::<std::result::Result<(), Attempt>>()
             })
@@ -725,11 +747,37 @@ mod tests {
         assert_eq!((failed.failure, attempts), (Failure::TimedOut(deadline), 1));
         assert_eq!(tries.into_inner(), 1);
         let failing = registry
-            .retrying(deadline, || async {
+            .retrying("r", deadline, || async {
                 Err::<(), _>(Attempt::answered(503, "http://r/v2/", String::new()))
             })
             .await;
         assert_eq!(failing.unwrap_err().1, registry.retry.attempts);
+    }
+
+    /// However many flows ask at once, one registry has at most MAX_IN_FLIGHT requests
+    /// in flight; another registry has places of its own.
+    #[tokio::test(start_paused = true)]
+    async fn requests_to_one_registry_wait_for_a_place_in_flight() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let registry = Registry::new(&[], &RegistryOptions::default()).unwrap();
+        let (now, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let request = |host: &'static str| {
+            registry.retrying(host, Duration::from_secs(3), || async {
+                most.fetch_max(now.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<(), Attempt>(())
+            })
+        };
+        let all = (0..3 * MAX_IN_FLIGHT).map(|_| request("r"));
+        for answered in futures_util::future::join_all(all).await {
+            answered.unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), MAX_IN_FLIGHT);
+        most.store(0, Ordering::SeqCst);
+        let mixed = (0..2 * MAX_IN_FLIGHT).map(|i| request(if i % 2 == 0 { "a" } else { "b" }));
+        futures_util::future::join_all(mixed).await;
+        assert_eq!(most.load(Ordering::SeqCst), 2 * MAX_IN_FLIGHT);
     }
 
     #[test]

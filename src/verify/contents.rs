@@ -5,18 +5,23 @@
 use super::attached;
 use super::coverage_record::PlatformCoverage;
 use super::entry::{check_entries, Entry};
-use super::error::{parse_digest, unreadable, VerifyError};
+use super::error::{parse_digest, target_error, unreadable, VerifyError};
 use super::source::ContentSource;
 use super::target::Target;
 use crate::base::digest::Digest;
 use crate::base::oci::{self, Parsed};
 use crate::base::progress::{Event, Phase, Reporter};
-use crate::registry::ClientError;
+use crate::registry::{ClientError, RegistryError};
 use futures_util::future::Either;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Nested indexes deeper than this are reported rather than followed.
 const MAX_INDEX_DEPTH: usize = 4;
+
+/// Descriptors read over an index and the indexes nested in it. Real indexes list a few
+/// platforms and their attestations; a hostile one fanning out 64 wide and 4 deep asked
+/// for 3 GB before this cap, and 20,000 entries for 43,000 requests.
+pub const MAX_ENTRIES: usize = 1024;
 
 /// What a reference holds, entry by entry, before any platform is declared: the deploy gate
 /// judges each entry against the nodes that would pull it.
@@ -145,8 +150,26 @@ async fn collect_entries<S: ContentSource>(
     target: &Target,
     index: Box<oci_spec::image::ImageIndex>,
 ) -> Result<Collected, VerifyError<S::Error>> {
+    // Counted as each index is read, so a wide one stops the walk before its nested
+    // indexes are asked for.
+    let mut walked = 0;
+    let mut within_budget = |index: &oci_spec::image::ImageIndex| {
+        walked += index.manifests().len();
+        if walked <= MAX_ENTRIES {
+            return Ok(());
+        }
+        Err(target_error(
+            target,
+            RegistryError::TooManyEntries {
+                reference: target.reference.clone(),
+                limit: MAX_ENTRIES,
+            },
+        ))
+    };
+    within_budget(&index)?;
     let mut found = Collected::default();
     let mut pending = vec![(index, 0)];
+    let mut nested_read = HashSet::new();
     while let Some((index, depth)) = pending.pop() {
         for descriptor in index.manifests() {
             let media_type = descriptor.media_type().to_string();
@@ -162,12 +185,19 @@ async fn collect_entries<S: ContentSource>(
                     ));
                     continue;
                 }
+                // Listed again (here or in another nested index): its entries are in.
+                if !nested_read.insert(digest.clone()) {
+                    continue;
+                }
                 let bytes = source
                     .manifest(&digest)
                     .await
                     .map_err(VerifyError::Source)?;
                 match oci::parse_manifest(&bytes) {
-                    Ok(Parsed::Index { index, .. }) => pending.push((index, depth + 1)),
+                    Ok(Parsed::Index { index, .. }) => {
+                        within_budget(&index)?;
+                        pending.push((index, depth + 1));
+                    }
                     Ok(_) => found
                         .warnings
                         .push(format!("{digest} claims to be an index but is not")),
@@ -230,5 +260,76 @@ mod tests {
         assert_eq!(contents.digest, Digest::of(&fake.index));
         assert_both_platforms_ok(&contents.entries);
         assert!(contents.attestations.is_empty());
+    }
+
+    /// The two platform entries of `Fake::two_platforms`'s index.
+    fn platform_entries(fake: &Fake) -> Vec<serde_json::Value> {
+        let index: serde_json::Value = serde_json::from_slice(&fake.index).unwrap();
+        index["manifests"].as_array().unwrap().clone()
+    }
+
+    fn index_of(entries: Vec<serde_json::Value>, marker: usize) -> Vec<u8> {
+        json!({"schemaVersion": 2, "mediaType": oci::OCI_INDEX, "manifests": entries,
+               "annotations": {"marker": marker.to_string()}})
+        .to_string()
+        .into_bytes()
+    }
+
+    fn nested(digest: &Digest) -> serde_json::Value {
+        json!({"mediaType": oci::OCI_INDEX, "digest": digest.as_str(), "size": 1})
+    }
+
+    fn reads(fake: &Fake, what: &str, digest: &Digest) -> usize {
+        let name = format!("{what} {}", digest.short());
+        let asked = fake.asked.lock().unwrap();
+        asked.iter().filter(|(n, _)| *n == name).count()
+    }
+
+    /// Nested indexes fanning out, each listing 64 others: the walk stops at the entry
+    /// budget, having read no more nested indexes than fit in it.
+    #[tokio::test]
+    async fn an_index_fanning_out_past_the_entry_budget_is_refused() {
+        let mut fake = Fake::two_platforms(false);
+        let entry = platform_entries(&fake)[0].clone();
+        let leaves: Vec<Digest> = (0..64)
+            .map(|i| fake.put(index_of(vec![entry.clone(); 64], i)))
+            .collect();
+        fake.index = index_of(leaves.iter().map(nested).collect(), 64);
+        let refused = read_contents(&fake, &target(&["amd64"]), &Silent).await;
+        let Err(VerifyError::Content(ClientError::Registry { source, .. })) = refused else {
+            panic!("not refused");
+        };
+        assert!(
+            matches!(*source, RegistryError::TooManyEntries { limit, .. } if limit == MAX_ENTRIES),
+            "{source:?}"
+        );
+        let read = fake.asked.lock().unwrap().len();
+        assert!(read <= MAX_ENTRIES / 64, "{read} reads");
+    }
+
+    /// An index that lists one nested index twice, and one platform manifest three times:
+    /// each is read once, and every listing still counts as an entry.
+    #[tokio::test]
+    async fn what_an_index_lists_again_is_read_once() {
+        let mut fake = Fake::two_platforms(false);
+        let entries = platform_entries(&fake);
+        let amd64: Digest = entries[0]["digest"].as_str().unwrap().parse().unwrap();
+        let inner = fake.put(index_of(entries.clone(), 0));
+        fake.index = index_of(
+            vec![
+                nested(&inner),
+                nested(&inner),
+                entries[0].clone(),
+                entries[0].clone(),
+            ],
+            1,
+        );
+        let contents = read_contents(&fake, &target(&["amd64", "arm64"]), &Silent)
+            .await
+            .unwrap();
+        assert_eq!(contents.entries.len(), 4);
+        assert_eq!(reads(&fake, "manifest", &inner), 1);
+        assert_eq!(reads(&fake, "manifest", &amd64), 1);
+        assert_eq!(reads(&fake, "referrers", &amd64), 1);
     }
 }

@@ -12,8 +12,9 @@ use crate::base::digest::Digest;
 use crate::base::oci::{self, ConfigPlatform, Parsed};
 use crate::registry::RegistryError;
 use crate::Platform;
+use futures_util::{StreamExt, TryStreamExt};
 use oci_spec::image::ImageManifest;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// A platform manifest found under the reference.
 pub(super) struct Entry {
@@ -22,8 +23,13 @@ pub(super) struct Entry {
     pub(super) size: u64,
 }
 
+/// Entries checked at once; the registry bounds its requests in flight too, this bounds
+/// the work held in memory.
+const ENTRIES_IN_FLIGHT: usize = 16;
+
 /// Entries are independent: their manifests and configs are read, and what is attached
-/// to them listed, all concurrently.
+/// to them listed, concurrently. An entry listed again (the same digest for the same
+/// platform) is checked once.
 pub(super) async fn check_entries<S: ContentSource>(
     source: &S,
     target: &Target,
@@ -36,21 +42,39 @@ pub(super) async fn check_entries<S: ContentSource>(
     ),
     VerifyError<S::Error>,
 > {
-    let digests: Vec<&Digest> = entries.iter().map(|e| &e.digest).collect();
-    let (checked, attached) = futures_util::future::join(
-        futures_util::future::try_join_all(
-            entries
-                .iter()
-                .map(|entry| check_entry(source, target, entry)),
-        ),
-        attached::list(source, &digests),
+    let mut distinct: Vec<&Entry> = Vec::new();
+    let mut first_of = HashMap::new();
+    let slots: Vec<usize> = entries
+        .iter()
+        .map(|entry| {
+            *first_of
+                .entry((&entry.digest, &entry.platform))
+                .or_insert_with(|| {
+                    distinct.push(entry);
+                    distinct.len() - 1
+                })
+        })
+        .collect();
+    let digests: Vec<&Digest> = distinct
+        .iter()
+        .map(|e| &e.digest)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let checks = futures_util::stream::iter(
+        distinct
+            .iter()
+            .map(|entry| check_entry(source, target, entry)),
     )
-    .await;
-    let mut found = Vec::new();
-    for (coverage, entry_warnings) in checked? {
-        found.push(coverage);
-        warnings.extend(entry_warnings);
+    .buffered(ENTRIES_IN_FLIGHT)
+    .try_collect::<Vec<_>>();
+    let (checked, attached) =
+        futures_util::future::join(checks, attached::list(source, &digests)).await;
+    let mut checked = checked?;
+    for (_, entry_warnings) in &mut checked {
+        warnings.append(entry_warnings);
     }
+    let found = slots.iter().map(|&i| checked[i].0.clone()).collect();
     Ok((found, attached))
 }
 

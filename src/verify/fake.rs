@@ -56,7 +56,7 @@ impl Fake {
         fake
     }
 
-    fn put(&mut self, bytes: Vec<u8>) -> Digest {
+    pub(super) fn put(&mut self, bytes: Vec<u8>) -> Digest {
         let digest = Digest::of(&bytes);
         self.blobs.insert(digest.clone(), bytes);
         digest
