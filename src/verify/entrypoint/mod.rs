@@ -32,8 +32,9 @@ const OTHER_PREFIX: u64 = 256;
 /// Longest entry name and link target: Linux's PATH_MAX.
 const MAX_NAME: usize = 4096;
 
-/// What one inspection keeps at most; with the tar crate's one entry of headers, about
-/// 64 MiB whatever the layers hold.
+/// What one inspection keeps at most: with the index's own overhead (some 100 bytes a
+/// path) and the tar crate's one entry of headers, under about 80 MiB whatever the layers
+/// hold.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     /// Bytes of file heads; past it files are kept without theirs.
