@@ -57,7 +57,7 @@ struct Pending {
     bytes: usize,
 }
 
-/// The bytes a node adds to its path's in the index's name budget.
+/// What a node adds to its path's bytes in the index's name budget: a symlink's target.
 fn target_bytes(node: &Node) -> usize {
     match node {
         Node::Symlink(target) => target.len(),
