@@ -1,7 +1,7 @@
 //! The vocabulary every other area speaks: digests, platforms, references, image paths,
 //! OCI documents and annotations, the referrers vocabulary, ELF headers, Dockerfile
-//! reading, reporter events, durations, text helpers and YAML's nesting depth. Imports no
-//! other area.
+//! reading, reporter events, durations, text helpers, YAML's nesting depth and the limits
+//! `--deep` reads layers within. Imports no other area.
 
 pub mod annotations;
 pub mod attachment;
@@ -12,6 +12,7 @@ pub mod elf;
 pub mod files;
 pub mod image_path;
 pub mod join;
+pub mod layer_limits;
 pub mod memory;
 pub mod oci;
 pub mod platform;

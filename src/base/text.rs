@@ -50,6 +50,15 @@ pub fn unreadable_argument(path: &Path, source: &std::io::Error) -> String {
     )
 }
 
+/// `4 MiB`, `16 KiB` or bytes: how messages name a size limit.
+pub fn size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b.is_multiple_of(1 << 10) => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

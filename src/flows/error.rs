@@ -114,7 +114,9 @@ impl Error {
                 2
             }
             Error::Layout(error) => match error {
-                LayoutError::Io { .. } | LayoutError::CorruptBlob { .. } => 3,
+                LayoutError::Io { .. }
+                | LayoutError::CorruptBlob { .. }
+                | LayoutError::LayerRefused { .. } => 3,
                 LayoutError::NotSha256 { .. }
                 | LayoutError::NotALayout { .. }
                 | LayoutError::IndexJson { .. }

@@ -58,6 +58,13 @@ pub enum LayoutError {
     SeveralManifests { dir: PathBuf },
     #[error("deep inspection stopped: {0}")]
     Inspection(#[source] tokio::task::JoinError),
+    /// `verify --deep` read a layer past one of its limits (names, headers, paths).
+    #[error("--deep refused {reference}: {source}")]
+    LayerRefused {
+        reference: String,
+        #[source]
+        source: crate::base::layer_limits::LayerRefused,
+    },
 }
 
 /// `oci:DIR[:TAG]` split into its parts; None when the reference is not a layout.
@@ -285,7 +292,13 @@ impl ContentSource for LayoutSource {
                 digest,
                 computed,
             }),
-            None => Ok(report),
+            None => report.map_err(|source| LayoutError::LayerRefused {
+                reference: match &self.tag {
+                    Some(tag) => format!("{}:{tag}", self.repository()),
+                    None => self.repository(),
+                },
+                source,
+            }),
         }
     }
 }

@@ -70,14 +70,7 @@ pub(super) async fn error_text(response: reqwest::Response) -> String {
         .unwrap_or_default()
 }
 
-/// `4 MiB`, `16 KiB` or bytes: how messages name a size limit.
-pub(super) fn size(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 20 && b.is_multiple_of(1 << 20) => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b.is_multiple_of(1 << 10) => format!("{} KiB", b >> 10),
-        b => format!("{b} bytes"),
-    }
-}
+pub(super) use crate::base::text::size;
 
 #[cfg(test)]
 mod tests {

@@ -195,6 +195,13 @@ pub enum RegistryError {
         reference: String,
         computed: String,
     },
+    /// `verify --deep` read a layer past one of its limits (names, headers, paths).
+    #[error("--deep refused {reference}: {source}")]
+    LayerRefused {
+        reference: String,
+        #[source]
+        source: crate::base::layer_limits::LayerRefused,
+    },
     #[error("deep inspection of {reference} failed: {source}")]
     Inspection {
         reference: String,

@@ -1,8 +1,8 @@
 //! `verify --deep` against a registry: an image's layers streamed from the registry into
 //! [`entrypoint::inspect`], which reads them on a blocking thread, each hashed as it is read.
 //! Its failures are the registry client's ([`ClientError`]), a layer whose bytes are not
-//! the ones its manifest names among them; `deep` itself cannot fail (what it cannot read
-//! is a [`Finding::Unreadable`]).
+//! the ones its manifest names and a layer past one of `--deep`'s limits among them; what
+//! it cannot read is a [`Finding::Unreadable`].
 
 use crate::base::digest::{first_mismatch, HashingReader};
 use crate::base::platform::Platform;
@@ -70,15 +70,18 @@ pub async fn inspect_remote(
             },
         ));
     }
-    let mut report = inspected.map_err(|source| {
-        ClientError::registry(
-            reference.registry(),
-            RegistryError::Inspection {
-                reference: reference.to_string(),
-                source,
-            },
-        )
-    })?;
+    let kind = match inspected {
+        Ok(Ok(report)) => Ok(report),
+        Ok(Err(source)) => Err(RegistryError::LayerRefused {
+            reference: reference.to_string(),
+            source,
+        }),
+        Err(source) => Err(RegistryError::Inspection {
+            reference: reference.to_string(),
+            source,
+        }),
+    };
+    let mut report = kind.map_err(|kind| ClientError::registry(reference.registry(), kind))?;
     if !skipped.is_empty() {
         report.detail += &format!(
             " (skipped non-distributable layer{} {})",

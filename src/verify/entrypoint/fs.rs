@@ -1,8 +1,10 @@
 //! The merged filesystem of an image's layers, as an in-memory index of paths (never
 //! extracted), and path resolution the way the kernel does it.
 
+use super::meter::Metered;
 use super::*;
 use crate::base::image_path::{self, join, split_parent};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone)]
 pub(super) enum Node {
@@ -20,11 +22,55 @@ pub(super) enum Node {
 static IMPLICIT_DIR: Node = Node::Dir;
 
 pub(super) struct Fs {
-    /// Cap on retained prefixes ([`MAX_RETAINED`] outside tests).
-    pub(super) cap: usize,
+    /// What the index may hold ([`LIMITS`] outside tests).
+    pub(super) limits: Limits,
     /// Normalised paths (`usr/bin/env`, no leading `/`) to nodes; the root is implicit.
-    pub(super) nodes: BTreeMap<String, Node>,
-    pub(super) retained: usize,
+    nodes: BTreeMap<String, Node>,
+    /// Bytes of file heads kept.
+    retained: usize,
+    /// Bytes of the paths and symlink targets in `nodes`.
+    name_bytes: usize,
+}
+
+/// Why reading a layer stopped.
+pub(super) enum Stop {
+    /// A malformed, truncated or unsupported layer: the verdict is [`Finding::Unreadable`].
+    Unreadable(io::Error),
+    /// The layer went past a limit: the image is refused.
+    Refused(LayerLimit),
+}
+
+impl From<io::Error> for Stop {
+    /// The limit [`Metered`] stopped the tar crate's reading at comes back inside its error.
+    fn from(error: io::Error) -> Stop {
+        match error.get_ref().and_then(|e| e.downcast_ref::<LayerLimit>()) {
+            Some(limit) => Stop::Refused(*limit),
+            None => Stop::Unreadable(error),
+        }
+    }
+}
+
+/// The paths (and their bytes) the layer being read adds to the index.
+#[derive(Default)]
+struct Pending {
+    paths: usize,
+    bytes: usize,
+}
+
+/// What a node adds to its path's bytes in the index's name budget: a symlink's target.
+fn target_bytes(node: &Node) -> usize {
+    match node {
+        Node::Symlink(target) => target.len(),
+        _ => 0,
+    }
+}
+
+/// A name or link target read from a layer, refused past PATH_MAX.
+fn capped<'a>(bytes: Cow<'a, [u8]>, limit: LayerLimit) -> Result<Cow<'a, [u8]>, Stop> {
+    if bytes.len() > MAX_NAME {
+        return Err(Stop::Refused(limit));
+    }
+    Ok(bytes)
 }
 
 /// An entry name in a layer, cleaned; `None` for the root itself or a name climbing out.
@@ -61,9 +107,18 @@ impl ResolveError {
 }
 
 impl Fs {
+    pub(super) fn new(limits: Limits) -> Fs {
+        Fs {
+            limits,
+            nodes: BTreeMap::new(),
+            retained: 0,
+            name_bytes: 0,
+        }
+    }
+
     fn take_prefix(&mut self, limit: u64) -> bool {
         let limit = limit as usize;
-        if self.retained.saturating_add(limit) > self.cap {
+        if self.retained.saturating_add(limit) > self.limits.retained {
             return false;
         }
         self.retained += limit;
@@ -78,9 +133,40 @@ impl Fs {
             .is_some_and(|(k, _)| k.starts_with(&prefix))
     }
 
+    /// Counts what the layer being read adds to the index against its budgets.
+    fn admit(&self, pending: &mut Pending, paths: usize, bytes: usize) -> Result<(), Stop> {
+        pending.paths += paths;
+        pending.bytes += bytes;
+        if self.nodes.len() + pending.paths > self.limits.paths {
+            return Err(Stop::Refused(LayerLimit::Paths {
+                limit: self.limits.paths,
+            }));
+        }
+        if self.name_bytes + pending.bytes > self.limits.name_bytes {
+            return Err(Stop::Refused(LayerLimit::NameBytes {
+                limit: self.limits.name_bytes,
+            }));
+        }
+        Ok(())
+    }
+
+    fn insert(&mut self, path: String, node: Node) {
+        let len = path.len();
+        self.name_bytes += len + target_bytes(&node);
+        if let Some(old) = self.nodes.insert(path, node) {
+            self.name_bytes -= len + target_bytes(&old);
+        }
+    }
+
+    fn remove(&mut self, path: &str) {
+        if let Some(old) = self.nodes.remove(path) {
+            self.name_bytes -= path.len() + target_bytes(&old);
+        }
+    }
+
     fn remove_subtree(&mut self, path: &str, include_self: bool) {
         if include_self {
-            self.nodes.remove(path);
+            self.remove(path);
         }
         let prefix = if path.is_empty() {
             String::new()
@@ -94,55 +180,68 @@ impl Fs {
             .map(|(k, _)| k.clone())
             .collect();
         for key in doomed {
-            self.nodes.remove(&key);
+            self.remove(&key);
         }
     }
 
     /// Reads one layer tar, then applies its whiteouts to the lower layers and merges it.
-    pub(super) fn apply_layer(&mut self, reader: impl Read) -> io::Result<()> {
+    pub(super) fn apply_layer(&mut self, reader: impl Read) -> Result<(), Stop> {
+        let reader = Metered::new(reader, self.limits.entry_headers);
+        let headers = reader.counter();
         let mut archive = tar::Archive::new(reader);
         let mut upper: BTreeMap<String, Node> = BTreeMap::new();
         let mut whiteouts = Vec::new();
         let mut opaques = Vec::new();
-        for entry in archive.entries()? {
+        let mut pending = Pending::default();
+        let mut entries = archive.entries_with_seek()?;
+        loop {
+            // Only what the tar crate reads to find the next entry counts.
+            headers.set(0);
+            let Some(entry) = entries.next() else { break };
+            headers.set(0);
             let mut entry = entry?;
-            let raw = entry.path_bytes();
+            let raw = capped(entry.path_bytes(), LayerLimit::Name { limit: MAX_NAME })?;
             let Some(path) = normalize(&String::from_utf8_lossy(&raw)) else {
                 continue;
             };
             let (dir, name) = split_parent(&path);
             if name == ".wh..wh..opq" {
+                self.admit(&mut pending, 1, dir.len())?;
                 opaques.push(dir.to_string());
                 continue;
             }
             if let Some(hidden) = name.strip_prefix(".wh.") {
                 if !hidden.is_empty() {
+                    self.admit(&mut pending, 1, path.len())?;
                     whiteouts.push(join(dir, hidden));
                 }
                 continue;
             }
             use tar::EntryType as T;
             let kind = entry.header().entry_type();
+            let link = LayerLimit::LinkTarget { limit: MAX_NAME };
             let node = match kind {
                 T::Regular | T::Continuous | T::GNUSparse => self.file_node(&mut entry)?,
                 T::Directory => Node::Dir,
                 T::Symlink => {
-                    let target = entry
-                        .link_name_bytes()
-                        .map(|t| String::from_utf8_lossy(&t).into_owned())
-                        .unwrap_or_default();
+                    let target = match entry.link_name_bytes() {
+                        Some(t) => String::from_utf8_lossy(&capped(t, link)?).into_owned(),
+                        None => String::new(),
+                    };
                     Node::Symlink(target)
                 }
                 T::Link => {
                     // A hard link shares the content its target had when it was linked.
-                    let target = entry
-                        .link_name_bytes()
-                        .and_then(|t| normalize(&String::from_utf8_lossy(&t)));
-                    match target
+                    let target = match entry.link_name_bytes() {
+                        Some(t) => normalize(&String::from_utf8_lossy(&capped(t, link)?)),
+                        None => None,
+                    };
+                    let found = target
                         .as_ref()
                         .and_then(|t| upper.get(t).or_else(|| self.nodes.get(t)))
-                    {
-                        Some(node) => node.clone(),
+                        .cloned();
+                    match found {
+                        Some(node) => self.linked(node),
                         None => continue,
                     }
                 }
@@ -151,10 +250,34 @@ impl Fs {
                 T::Fifo => Node::Other("a FIFO"),
                 _ => continue,
             };
-            upper.insert(path, node);
+            // A path the index holds already costs no new path (nor its name) when laid over.
+            let fresh = usize::from(!self.nodes.contains_key(&path));
+            let len = fresh * path.len();
+            self.admit(&mut pending, fresh, len + target_bytes(&node))?;
+            if let Some(old) = upper.insert(path, node) {
+                // A path given twice in one layer is kept once.
+                pending.paths -= fresh;
+                pending.bytes -= len + target_bytes(&old);
+            }
         }
         self.lay_over(upper, whiteouts, opaques);
         Ok(())
+    }
+
+    /// A hard link's node: a file's head is kept once more, so it counts once more.
+    fn linked(&mut self, node: Node) -> Node {
+        match node {
+            Node::File {
+                mode,
+                size,
+                head: Some(head),
+            } if !self.take_prefix(head.len() as u64) => Node::File {
+                mode,
+                size,
+                head: None,
+            },
+            node => node,
+        }
     }
 
     /// A regular file, with as much of its head as the inspection may still keep.
@@ -198,7 +321,7 @@ impl Fs {
             } else if matches!(self.nodes.get(&path), Some(Node::Dir)) {
                 continue;
             }
-            self.nodes.insert(path, node);
+            self.insert(path, node);
         }
     }
 

@@ -8,13 +8,19 @@
 //!
 //! Layers may be given decompressed or gzip-compressed: the gzip magic is detected.
 //! zstd-compressed layers are reported as [`Finding::Unreadable`].
+//!
+//! Memory is bounded whatever the layers hold: file heads are kept up to a cap (past it a
+//! file is kept without its head), and names, tar headers and the index of paths have
+//! limits ([`LIMITS`]) past which the image is refused ([`LayerRefused`]).
 
+use crate::base::layer_limits::{LayerLimit, LayerRefused};
 use crate::base::platform::Platform;
-use crate::base::text::one_line;
+use crate::base::text::{self, one_line};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
 
 mod fs;
+mod meter;
 
 use crate::base::elf::*;
 use fs::*;
@@ -23,8 +29,30 @@ use fs::*;
 const EXEC_PREFIX: u64 = 4096;
 /// Bytes kept of other regular files: enough for a `#!` line (Linux reads 256).
 const OTHER_PREFIX: u64 = 256;
-/// Overall cap on retained prefixes.
-pub const MAX_RETAINED: usize = 64 * 1024 * 1024;
+/// Longest entry name and link target: Linux's PATH_MAX.
+const MAX_NAME: usize = 4096;
+
+/// What one inspection keeps at most: with the index's own overhead (some 100 bytes a
+/// path) and the tar crate's one entry of headers, under about 80 MiB whatever the layers
+/// hold.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Bytes of file heads; past it files are kept without theirs.
+    retained: usize,
+    /// Tar headers read for one entry: GNU long name and long link, PAX header, sparse map.
+    entry_headers: usize,
+    /// Paths in the index (with the whiteouts of the layer being read).
+    paths: usize,
+    /// Bytes of those paths and of symlink targets.
+    name_bytes: usize,
+}
+
+const LIMITS: Limits = Limits {
+    retained: 32 << 20,
+    entry_headers: 1 << 20,
+    paths: 250_000,
+    name_bytes: 16 << 20,
+};
 /// Symlinks followed while resolving one path, as Linux's `MAXSYMLINKS`.
 const MAX_SYMLINKS: usize = 40;
 /// Nested `#!` interpreters followed, as Linux's binfmt recursion limit.
@@ -143,56 +171,68 @@ fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dyn Re
 }
 
 /// Inspects an image: `config` is its config JSON, `layers` its layer tars (decompressed or
-/// gzip) in rootfs order, each read once, sequentially.
+/// gzip) in rootfs order, each read once, sequentially. A layer past one of [`LIMITS`] is
+/// `Err`; reading stops there.
 pub fn inspect(
     config: &[u8],
     layers: Vec<Box<dyn Read + Send>>,
     platform: &Platform,
-) -> DeepReport {
-    inspect_capped(config, layers, platform, MAX_RETAINED)
+) -> Result<DeepReport, LayerRefused> {
+    inspect_within(config, layers, platform, LIMITS)
 }
 
-fn inspect_capped(
+fn inspect_within(
     config: &[u8],
     layers: Vec<Box<dyn Read + Send>>,
     platform: &Platform,
-    cap: usize,
-) -> DeepReport {
+    limits: Limits,
+) -> Result<DeepReport, LayerRefused> {
     let command = match command(config) {
         Ok(c) => c,
-        Err(e) => return unreadable(format!("image config is not JSON: {e}")),
+        Err(e) => return Ok(unreadable(format!("image config is not JSON: {e}"))),
     };
     let Some(argv0) = command.argv.first().cloned() else {
-        return report(
+        return Ok(report(
             None,
             Finding::NoEntrypoint,
             "the image config has neither Entrypoint nor Cmd".into(),
-        );
+        ));
     };
     if argv0.is_empty() {
-        return report(
+        return Ok(report(
             None,
             Finding::NoEntrypoint,
             "the image's command starts with an empty string".into(),
-        );
+        ));
     }
-    let mut fs = Fs {
-        cap,
-        nodes: BTreeMap::new(),
-        retained: 0,
-    };
+    let mut fs = Fs::new(limits);
     for (i, mut layer) in layers.into_iter().enumerate() {
-        let applied = decompressing(&mut *layer).and_then(|l| fs.apply_layer(l));
+        let applied = decompressing(&mut *layer)
+            .map_err(Stop::from)
+            .and_then(|l| fs.apply_layer(l));
         // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
         // trailer) so a streaming source completes (and verifies its digest) before the
         // next layer is read.
-        let applied = applied.and_then(|()| io::copy(&mut layer, &mut io::sink()).map(drop));
-        if let Err(e) = applied {
-            return unreadable(format!(
-                "layer {} of the image cannot be read: {}",
-                i + 1,
-                one_line(&e.to_string())
-            ));
+        let applied = applied.and_then(|()| {
+            io::copy(&mut layer, &mut io::sink())
+                .map(drop)
+                .map_err(Stop::from)
+        });
+        match applied {
+            Ok(()) => {}
+            Err(Stop::Unreadable(e)) => {
+                return Ok(unreadable(format!(
+                    "layer {} of the image cannot be read: {}",
+                    i + 1,
+                    one_line(&e.to_string())
+                )))
+            }
+            Err(Stop::Refused(limit)) => {
+                return Err(LayerRefused {
+                    layer: i + 1,
+                    limit,
+                })
+            }
         }
     }
     let inspector = Inspector {
@@ -200,7 +240,7 @@ fn inspect_capped(
         platform,
         command: &command,
     };
-    inspector.run(&argv0)
+    Ok(inspector.run(&argv0))
 }
 
 struct Inspector<'a> {
@@ -307,11 +347,7 @@ impl Inspector<'_> {
                 finding: Finding::Unreadable,
                 detail: format!(
                     "{shown} was not retained: the image has more than {} of file headers (the --deep cap)",
-                    if self.fs.cap.is_multiple_of(1 << 20) {
-                        format!("{} MiB", self.fs.cap >> 20)
-                    } else {
-                        format!("{} bytes", self.fs.cap)
-                    }
+                    text::size(self.fs.limits.retained)
                 ),
             };
         };

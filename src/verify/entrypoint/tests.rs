@@ -157,7 +157,7 @@ fn config(entrypoint: &[&str], cmd: &[&str]) -> Vec<u8> {
 }
 
 fn run(cfg: &[u8], layers: Vec<Box<dyn Read + Send>>, platform: &str) -> DeepReport {
-    inspect(cfg, layers, &p(platform))
+    inspect(cfg, layers, &p(platform)).expect("within the limits")
 }
 
 #[test]
@@ -421,7 +421,8 @@ fn garbage_never_panics() {
             &config(&["/bin/app"], &[]),
             vec![Box::new(Cursor::new(input))],
             &p("linux/arm64"),
-        );
+        )
+        .expect("garbage is no limit");
         assert!(
             matches!(r.finding, Finding::Unreadable | Finding::MissingEntrypoint),
             "{r:?}"
@@ -619,7 +620,7 @@ fn channel_streaming_does_not_deadlock_on_trailing_padding() {
     }
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let r = inspect(&config(&["/bin/app"], &[]), readers, &p("linux/arm64"));
+        let r = inspect(&config(&["/bin/app"], &[]), readers, &p("linux/arm64")).unwrap();
         let _ = done_tx.send(r);
     });
     for (blob, tx) in blobs.iter().zip(senders) {
@@ -644,13 +645,260 @@ fn retention_cap_is_reported_only_when_it_matters() {
             E::File("b", 0o755, &bin),
         ])]
     };
-    let cap = 4096 + 100;
-    let r = inspect_capped(&config(&["/a"], &[]), layers(), &p("linux/arm64"), cap);
+    let limits = Limits {
+        retained: 4096 + 100,
+        ..LIMITS
+    };
+    let r = within(&["/a"], layers(), limits).unwrap();
     assert_eq!(r.finding, Finding::Match, "{}", r.detail);
-    let r = inspect_capped(&config(&["/b"], &[]), layers(), &p("linux/arm64"), cap);
+    let r = within(&["/b"], layers(), limits).unwrap();
     assert_eq!(r.finding, Finding::Unreadable);
     assert!(r.detail.contains("4196 bytes"), "{}", r.detail);
-    assert!(format!("{} MiB", MAX_RETAINED >> 20) == "64 MiB");
+    assert_eq!(text::size(LIMITS.retained), "32 MiB");
+}
+
+fn within(
+    entrypoint: &[&str],
+    layers: Vec<Box<dyn Read + Send>>,
+    limits: Limits,
+) -> Result<DeepReport, LayerRefused> {
+    inspect_within(&config(entrypoint, &[]), layers, &p("linux/arm64"), limits)
+}
+
+/// A tar written by the tar crate's builder: long names and link targets become GNU
+/// long name (`L`) and long link (`K`) entries.
+fn gnu_tar(add: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    add(&mut builder);
+    builder.into_inner().unwrap()
+}
+
+fn file(builder: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8]) {
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o755);
+    h.set_size(data.len() as u64);
+    builder.append_data(&mut h, path, data).unwrap();
+}
+
+fn link(builder: &mut tar::Builder<Vec<u8>>, kind: tar::EntryType, path: &str, target: &str) {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_size(0);
+    builder.append_link(&mut h, path, target).unwrap();
+}
+
+/// A reader that counts what is read of it: the layer is not read much past a limit.
+struct Counted {
+    inner: Cursor<Vec<u8>>,
+    read: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+fn counted(
+    bytes: Vec<u8>,
+) -> (
+    Box<dyn Read + Send>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let read = std::sync::Arc::default();
+    let reader = Counted {
+        inner: Cursor::new(bytes),
+        read: std::sync::Arc::clone(&read),
+    };
+    (Box::new(reader), read)
+}
+
+fn refused(layer: usize, limit: LayerLimit) -> Result<DeepReport, LayerRefused> {
+    Err(LayerRefused { layer, limit })
+}
+
+#[test]
+fn names_up_to_path_max_are_read_and_longer_ones_refused() {
+    let bin = elf64(EM_AARCH64, true, None);
+    // "/" + name is the path the config names: the name is MAX_NAME bytes, then one more.
+    for len in [MAX_NAME, MAX_NAME + 1] {
+        let name = format!("{}/app", "d".repeat(len - 4));
+        let tar = gnu_tar(|b| file(b, &name, &bin));
+        let r = within(
+            &[&format!("/{name}")],
+            vec![Box::new(Cursor::new(tar))],
+            LIMITS,
+        );
+        if len == MAX_NAME {
+            assert_eq!(r.unwrap().finding, Finding::Match);
+        } else {
+            assert_eq!(r, refused(1, LayerLimit::Name { limit: MAX_NAME }));
+        }
+    }
+    let error = refused(2, LayerLimit::Name { limit: MAX_NAME }).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "layer 2 has an entry name longer than 4096 bytes (PATH_MAX); --deep reads no further"
+    );
+}
+
+#[test]
+fn long_link_targets_are_refused_past_path_max() {
+    let target = format!("/{}", "t".repeat(MAX_NAME));
+    for kind in [tar::EntryType::Symlink, tar::EntryType::Link] {
+        let tar = gnu_tar(|b| link(b, kind, "app", &target));
+        assert_eq!(
+            within(&["/app"], vec![Box::new(Cursor::new(tar))], LIMITS),
+            refused(1, LayerLimit::LinkTarget { limit: MAX_NAME })
+        );
+    }
+    // Up to the limit, a symlink is followed as before.
+    let tar = gnu_tar(|b| link(b, tar::EntryType::Symlink, "app", &target[..MAX_NAME]));
+    let r = within(&["/app"], vec![Box::new(Cursor::new(tar))], LIMITS).unwrap();
+    assert_eq!(r.finding, Finding::MissingEntrypoint, "{}", r.detail);
+}
+
+#[test]
+fn pax_paths_past_path_max_and_headers_past_their_limit_are_refused() {
+    let bin = elf64(EM_AARCH64, true, None);
+    let pax = |records: &[(&str, &[u8])]| {
+        gnu_tar(|b| {
+            b.append_pax_extensions(records.iter().copied()).unwrap();
+            file(b, "app", &bin);
+        })
+    };
+    let long = vec![b'p'; MAX_NAME + 1];
+    assert_eq!(
+        within(
+            &["/app"],
+            vec![Box::new(Cursor::new(pax(&[("path", &long)])))],
+            LIMITS
+        ),
+        refused(1, LayerLimit::Name { limit: MAX_NAME })
+    );
+    // A PAX header past the limit is not read whole: what is read stops near the limit.
+    let limits = Limits {
+        entry_headers: 64 << 10,
+        ..LIMITS
+    };
+    let xattr = vec![b'x'; 1 << 20];
+    let (layer, read) = counted(pax(&[("SCHILY.xattr.user.big", &xattr)]));
+    assert_eq!(
+        within(&["/app"], vec![layer], limits),
+        refused(1, LayerLimit::EntryHeaders { limit: 64 << 10 })
+    );
+    assert!(read.load(std::sync::atomic::Ordering::Relaxed) < 256 << 10);
+    // Under it, the entry is read as before.
+    let small = pax(&[("SCHILY.xattr.user.small", &xattr[..1000])]);
+    let r = within(&["/app"], vec![Box::new(Cursor::new(small))], limits).unwrap();
+    assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+}
+
+#[test]
+fn a_gnu_long_name_past_the_header_limit_is_not_read_whole() {
+    let name = "n".repeat(3 << 20);
+    let (layer, read) = counted(gnu_tar(|b| file(b, &name, b"")));
+    assert_eq!(
+        within(&["/app"], vec![layer], LIMITS),
+        refused(1, LayerLimit::EntryHeaders { limit: 1 << 20 })
+    );
+    assert!(read.load(std::sync::atomic::Ordering::Relaxed) < 2 << 20);
+}
+
+#[test]
+fn file_data_skipped_is_no_header() {
+    let bin = elf64(EM_AARCH64, true, None);
+    let big = vec![7u8; 1 << 20];
+    let tar = gnu_tar(|b| {
+        for name in ["a", "b", "c"] {
+            file(b, name, &big);
+        }
+        file(b, "app", &bin);
+    });
+    let limits = Limits {
+        entry_headers: 8 << 10,
+        ..LIMITS
+    };
+    let r = within(&["/app"], vec![Box::new(Cursor::new(tar))], limits).unwrap();
+    assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+}
+
+#[test]
+fn paths_and_their_bytes_past_the_index_budget_are_refused() {
+    let bin = elf64(EM_AARCH64, true, None);
+    let many = |n: usize| {
+        gnu_tar(|b| {
+            for i in 0..n {
+                file(b, &format!("f{i:03}"), b"");
+            }
+            file(b, "app", &bin);
+        })
+    };
+    let limits = Limits {
+        paths: 101,
+        ..LIMITS
+    };
+    let r = within(&["/app"], vec![Box::new(Cursor::new(many(100)))], limits).unwrap();
+    assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+    assert_eq!(
+        within(&["/app"], vec![Box::new(Cursor::new(many(101)))], limits),
+        refused(1, LayerLimit::Paths { limit: 101 })
+    );
+    // The budget is the whole index's: a second layer adds to the first's paths; what it
+    // replaces or removes is counted once.
+    let second = gnu_tar(|b| file(b, "f000", b""));
+    let layers: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(Cursor::new(many(100))),
+        Box::new(Cursor::new(second)),
+    ];
+    assert!(within(&["/app"], layers, limits).is_ok());
+    let layers: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(Cursor::new(many(100))),
+        Box::new(Cursor::new(many(0))),
+        Box::new(Cursor::new(gnu_tar(|b| file(b, "new", b"")))),
+    ];
+    assert_eq!(
+        within(&["/app"], layers, limits),
+        refused(3, LayerLimit::Paths { limit: 101 })
+    );
+    // Names and symlink targets: 100 × 4 bytes, "app" and its target.
+    let limits = Limits {
+        name_bytes: 100 * 4 + 3,
+        ..LIMITS
+    };
+    let r = within(&["/app"], vec![Box::new(Cursor::new(many(100)))], limits).unwrap();
+    assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+    let with_link = gnu_tar(|b| link(b, tar::EntryType::Symlink, "f000", "x"));
+    let layers: Vec<Box<dyn Read + Send>> = vec![
+        Box::new(Cursor::new(many(100))),
+        Box::new(Cursor::new(with_link)),
+    ];
+    assert_eq!(
+        within(&["/app"], layers, limits),
+        refused(2, LayerLimit::NameBytes { limit: 403 })
+    );
+}
+
+#[test]
+fn hard_links_count_against_the_retention_cap() {
+    let bin = elf64(EM_AARCH64, true, None);
+    let tar = gnu_tar(|b| {
+        file(b, "app", &bin);
+        for i in 0..4 {
+            link(b, tar::EntryType::Link, &format!("l{i}"), "app");
+        }
+    });
+    let limits = Limits {
+        retained: bin.len() * 3,
+        ..LIMITS
+    };
+    let layers = || -> Vec<Box<dyn Read + Send>> { vec![Box::new(Cursor::new(tar.clone()))] };
+    let r = within(&["/l1"], layers(), limits).unwrap();
+    assert_eq!(r.finding, Finding::Match, "{}", r.detail);
+    let r = within(&["/l2"], layers(), limits).unwrap();
+    assert_eq!(r.finding, Finding::Unreadable, "{}", r.detail);
 }
 
 #[test]
