@@ -52,27 +52,18 @@ built() { [[ -x "$bin/buildkitd" && -x "$bin/buildctl" && "$(head -n 1 "$bin/STA
 
 # ------------------------------------------------------------------ private apt for sid
 
-mirror() {
-  if [[ -n "${POLYARCH_BUILDKIT_MIRROR:-}" ]]; then printf '%s\n' "${POLYARCH_BUILDKIT_MIRROR%/}"; return; fi
-  local uri rel comp
-  while read -r uri rel comp; do
-    if [[ ("$rel" == bookworm || "$rel" == stable) && "$comp" == main && "$uri" == http*://* ]]; then
-      printf '%s\n' "${uri%/}"
-      return
-    fi
-  done < <(apt-get indextargets --no-release-info \
-    --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Identifier: Packages' 2>/dev/null || true)
-  printf '%s\n' "http://deb.debian.org/debian"
-}
+# shellcheck source=debian-mirror.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 apt_setup() {
-  local arch keyring signed=""
+  local arch keyring signed="" mirror
+  mirror="$(debian_mirror "${POLYARCH_BUILDKIT_MIRROR:-}")"
   arch="$(dpkg --print-architecture)"
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   [[ -f "$keyring" ]] && signed=" signed-by=$keyring"
   mkdir -p "$cache/apt/lists/partial" "$cache/apt/cache/archives/partial" "$cache/debs" "$cache/src"
   printf 'deb [arch=%s%s] %s %s main\ndeb-src [%s] %s %s main\n' \
-    "$arch" "$signed" "$(mirror)" "$suite" "${signed# }" "$(mirror)" "$suite" >"$cache/apt/sources.list"
+    "$arch" "$signed" "$mirror" "$suite" "${signed# }" "$mirror" "$suite" >"$cache/apt/sources.list"
   : >"$cache/apt/status" # an empty dpkg database: the host's packages play no part
   # apt downloads as the user _apt: let it write there.
   if id _apt >/dev/null 2>&1; then chown -R _apt "$cache/apt" "$cache/debs" "$cache/src"; fi
@@ -83,7 +74,7 @@ apt_setup() {
     -o "APT::Architecture=$arch" -o "APT::Architectures=$arch"
     -o Acquire::Languages=none -o Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false
   )
-  log "apt-get update (Debian $suite from $(mirror), private state in $cache/apt)"
+  log "apt-get update (Debian $suite from $mirror, private state in $cache/apt)"
   apt-get "${apt_opts[@]}" update -qq </dev/null >&2 || die "apt-get update of the private $suite lists failed"
 }
 

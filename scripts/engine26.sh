@@ -145,25 +145,8 @@ apt_install_host() { # apt_install_host PKG... (bookworm packages for the host)
   fi
 }
 
-# The Debian archive the host already uses for bookworm (a local mirror or
-# proxy keeps working), else Debian's CDN.
-debian_mirror() {
-  local m
-  m="$(knob MIRROR "")"
-  if [[ -n "$m" ]]; then
-    printf '%s\n' "${m%/}"
-    return
-  fi
-  local uri rel comp
-  while read -r uri rel comp; do
-    if [[ ("$rel" == bookworm || "$rel" == stable) && "$comp" == main && "$uri" == http*://* ]]; then
-      printf '%s\n' "${uri%/}"
-      return
-    fi
-  done < <(apt-get indextargets --no-release-info \
-    --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Identifier: Packages' 2>/dev/null || true)
-  printf '%s\n' "http://deb.debian.org/debian"
-}
+# shellcheck source=debian-mirror.sh
+source "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 do_install() {
   if installed; then return 0; fi
@@ -188,7 +171,7 @@ do_install() {
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp' '$prefix.new.$$'" EXIT
   arch="$(dpkg --print-architecture)"
-  mirror="$(debian_mirror)"
+  mirror="$(debian_mirror "$(knob MIRROR "")")"
   keyring=/usr/share/keyrings/debian-archive-keyring.gpg
   mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/debs"
   {
