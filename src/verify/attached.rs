@@ -235,18 +235,7 @@ mod tests {
     }
 
     fn entry(arch: &str, c: char) -> PlatformCoverage {
-        PlatformCoverage {
-            platform: Platform::linux(arch, None),
-            digest: Some(digest(c).parse().unwrap()),
-            config_platform: Some(Platform::linux(arch, None)),
-            size: Some(400),
-            status: PlatformStatus::Ok,
-            annotations: BTreeMap::new(),
-            detail: None,
-            deep: None,
-            build: None,
-            attached: Vec::new(),
-        }
+        crate::verify::fake::agreeing_entry(arch, Some(digest(c).parse().unwrap()))
     }
 
     /// A referrer manifest naming `subject`, with an in-toto SLSA layer.

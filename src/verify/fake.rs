@@ -124,6 +124,22 @@ impl ContentSource for Fake {
     }
 }
 
+/// An entry for linux/`arch` whose config agrees, as the checks leave a good one.
+pub(super) fn agreeing_entry(arch: &str, digest: Option<Digest>) -> PlatformCoverage {
+    PlatformCoverage {
+        platform: Platform::linux(arch, None),
+        digest,
+        config_platform: Some(Platform::linux(arch, None)),
+        size: Some(400),
+        status: PlatformStatus::Ok,
+        annotations: BTreeMap::new(),
+        detail: None,
+        deep: None,
+        build: None,
+        attached: Vec::new(),
+    }
+}
+
 /// `r.io/app:v1` declaring linux/`archs`, in that order.
 pub(super) fn target(archs: &[&str]) -> Target {
     Target {

@@ -126,21 +126,9 @@ struct Matched {
 mod tests {
     use super::*;
     use crate::verify::fake::target;
-    use std::collections::BTreeMap;
 
     fn found(arch: &str) -> PlatformCoverage {
-        PlatformCoverage {
-            platform: Platform::linux(arch, None),
-            digest: None,
-            config_platform: Some(Platform::linux(arch, None)),
-            size: Some(400),
-            status: PlatformStatus::Ok,
-            annotations: BTreeMap::new(),
-            detail: None,
-            deep: None,
-            build: None,
-            attached: Vec::new(),
-        }
+        crate::verify::fake::agreeing_entry(arch, None)
     }
 
     /// A declared platform listed twice is kept once, warned about and marked, so the tag
