@@ -70,8 +70,6 @@ pub(super) async fn error_text(response: reqwest::Response) -> String {
         .unwrap_or_default()
 }
 
-pub(super) use crate::base::text::size;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +134,7 @@ mod tests {
 
     #[test]
     fn sizes_are_named_in_their_unit() {
+        use crate::base::text::size;
         assert_eq!(size(MAX_JSON_BLOB), "4 MiB");
         assert_eq!(size(MAX_ERROR_BODY), "16 KiB");
         assert_eq!(size(1000), "1000 bytes");

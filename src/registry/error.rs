@@ -103,7 +103,7 @@ pub enum RegistryError {
     },
     /// An answer (manifest, config, listing, token, …) past its size limit; reading
     /// stopped there.
-    #[error("cannot {what} for {reference}: the answer is larger than {}; refusing to read more", super::body::size(*limit))]
+    #[error("cannot {what} for {reference}: the answer is larger than {}; refusing to read more", crate::base::text::size(*limit))]
     TooLarge {
         what: String,
         reference: String,

@@ -168,7 +168,10 @@ impl Attempt {
         Attempt {
             status: Some(status),
             failure: Failure::TooLarge(limit),
-            detail: format!("the answer is larger than {}", super::body::size(limit)),
+            detail: format!(
+                "the answer is larger than {}",
+                crate::base::text::size(limit)
+            ),
             cause: None,
         }
     }
