@@ -553,7 +553,7 @@ fn a_referrers_listing_of_twenty_thousand_is_refused_unread() {
     assert_clean_failure(
         "20,000 referrers",
         &run,
-        &[&manifest_digest, "20000 referrers", "256"],
+        &[repository, &manifest_digest, "20000 referrers", "256"],
         SLACK,
     );
 }

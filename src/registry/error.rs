@@ -181,8 +181,9 @@ pub enum RegistryError {
         source: std::io::Error,
     },
     /// A referrers listing longer than verify reads (`verify::MAX_REFERRERS`).
-    #[error("{subject} lists {listed} referrers, more than the {limit} verify reads; a registry listing that many for one manifest is refused rather than read one by one")]
+    #[error("entry {subject} of {reference} lists {listed} referrers, more than the {limit} verify reads; a registry listing that many for one manifest is refused rather than read one by one")]
     TooManyReferrers {
+        reference: String,
         subject: String,
         listed: usize,
         limit: usize,

@@ -2,12 +2,12 @@
 //! each referrer read and checked to name the entry as its subject, and whether provenance
 //! the target requires is there.
 
-use super::error::VerifyError;
+use super::error::{target_error, VerifyError};
 use super::source::ContentSource;
 use super::target::Target;
 use crate::base::attachment::{self, Attached, ReferrerError};
 use crate::base::digest::{Digest, DigestError};
-use crate::registry::{ClientError, RegistryError};
+use crate::registry::RegistryError;
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
 use futures_util::StreamExt;
 use std::collections::{BTreeMap, HashSet};
@@ -27,13 +27,14 @@ const READS_IN_FLIGHT: usize = 8;
 /// Lists what is attached to each of `digests`, concurrently.
 pub(super) async fn list<S: ContentSource>(
     source: &S,
+    target: &Target,
     digests: &[&Digest],
 ) -> BTreeMap<Digest, Listing<S::Error>> {
     let listed = source.referrers_of(digests).await;
     let checks = digests
         .iter()
         .zip(listed)
-        .map(|(d, l)| attached_to(source, d, l));
+        .map(|(d, l)| attached_to(source, target, d, l));
     let listings = futures_util::future::join_all(checks).await;
     digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
@@ -91,19 +92,21 @@ where
 /// A referrer listed twice is read once.
 async fn attached_to<S: ContentSource>(
     source: &S,
+    target: &Target,
     digest: &Digest,
     listed: Result<Vec<serde_json::Value>, S::Error>,
 ) -> Listing<S::Error> {
     let listed = listed.map_err(VerifyError::Source)?;
     if listed.len() > MAX_REFERRERS {
-        return Err(VerifyError::Content(ClientError::registry(
-            source.repository(),
+        return Err(target_error(
+            target,
             RegistryError::TooManyReferrers {
+                reference: target.reference.clone(),
                 subject: digest.to_string(),
                 listed: listed.len(),
                 limit: MAX_REFERRERS,
             },
-        )));
+        ));
     }
     let mut seen = HashSet::new();
     let distinct = attachment::attached(&listed)
@@ -171,7 +174,7 @@ mod tests {
         warnings: &mut Vec<String>,
     ) -> Result<(), VerifyError<ClientError>> {
         let digests: Vec<&Digest> = platforms.iter().filter_map(|p| p.digest.as_ref()).collect();
-        let listings = list(source, &digests).await;
+        let listings = list(source, target, &digests).await;
         apply(target, platforms, listings, warnings)
     }
 

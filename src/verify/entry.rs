@@ -69,7 +69,7 @@ pub(super) async fn check_entries<S: ContentSource>(
     .buffered(ENTRIES_IN_FLIGHT)
     .try_collect::<Vec<_>>();
     let (checked, attached) =
-        futures_util::future::join(checks, attached::list(source, &digests)).await;
+        futures_util::future::join(checks, attached::list(source, target, &digests)).await;
     let mut checked = checked?;
     for (_, entry_warnings) in &mut checked {
         warnings.append(entry_warnings);
