@@ -24,7 +24,7 @@
 //! An exhausted input reads as zeros.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use polyarch::docker::buildkit::filesync::{replay, send, Filter, SentEntry};
+use polyarch::docker::buildkit::filesync::{replay, send, Filter, HashFile, SentEntry};
 
 use bollard_buildkit_proto::fsutil::types::{packet::PacketType, Packet};
 use sha2::{Digest, Sha256};
@@ -398,6 +398,25 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Reads every file: a replay with no remembered hashes.
+struct ReadEach;
+
+impl HashFile for ReadEach {
+    fn remembered(&self, _: &Path, _: &fs::Metadata) -> Option<String> {
+        None
+    }
+
+    fn sha256(&self, _: &Path, file: &mut fs::File) -> std::io::Result<String> {
+        let mut hasher = Sha256::new();
+        std::io::copy(file, &mut hasher)?;
+        Ok(hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
+    }
+}
+
 fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)
         .iter()
@@ -739,7 +758,7 @@ fuzz_target!(|data: &[u8]| {
     // No patterns: exactly the tree, in fsutil's order, or the non-UTF-8 name's error.
     let mut all = Vec::new();
     reference_walk(&root, b"", &mut all);
-    let unfiltered = replay(&root, &Filter::default());
+    let unfiltered = replay(&root, &Filter::default(), &ReadEach);
     // Names and link targets go in protobuf strings: one that is not UTF-8 fails the walk.
     let utf8 = all.iter().all(|p| {
         std::str::from_utf8(p).is_ok()
@@ -763,14 +782,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(filter) = Filter::new(&root, &include, &exclude, &follow) else {
         return;
     };
-    let first = replay(&root, &filter);
+    let first = replay(&root, &filter, &ReadEach);
     if debug {
         match &first {
             Ok(entries) => entries.iter().for_each(|e| eprintln!("sent {e:?}")),
             Err(e) => eprintln!("replay error {e}"),
         }
     }
-    let second = replay(&root, &filter);
+    let second = replay(&root, &filter, &ReadEach);
     match (&first, &second) {
         (Ok(a), Ok(b)) => assert!(a == b, "replay is not deterministic"),
         (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "replay errors differ"),
