@@ -355,22 +355,26 @@ fn pump(
         let mut injecting = true;
         let mut i = 0;
         loop {
-            let size = splits[i % splits.len()];
+            let mut size = splits[i % splits.len()];
             i += 1;
-            let data = if size == 0 {
-                Some(Vec::new())
-            } else {
-                tokio::select! {
-                    biased;
-                    raw = inject.recv(), if injecting => {
-                        injecting = raw.is_some();
-                        raw
-                    }
-                    n = read_half.read(&mut buf[..size]) => match n {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => Some(buf[..n].to_vec()),
-                    },
+            // 0: an empty message before the next byte.
+            if size == 0 {
+                let empty = control::BytesMessage { data: Vec::new() };
+                if out.send(Ok(empty)).await.is_err() {
+                    break;
                 }
+                size = 1;
+            }
+            let data = tokio::select! {
+                biased;
+                raw = inject.recv(), if injecting => {
+                    injecting = raw.is_some();
+                    raw
+                }
+                n = read_half.read(&mut buf[..size]) => match n {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => Some(buf[..n].to_vec()),
+                },
             };
             let Some(data) = data else { continue };
             if out.send(Ok(control::BytesMessage { data })).await.is_err() {
