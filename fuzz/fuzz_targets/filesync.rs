@@ -12,7 +12,8 @@
 //! symlink in any component (so neither patterns nor follow paths lead the walk out of the
 //! root); each directory comes before its children and siblings in byte order; modes, sizes
 //! and link targets are those of the lstat; no entry whose lstat is a symlink (nor a
-//! directory or FIFO) has a sha256, and each sha256 is that of the file's bytes; hard links
+//! directory or FIFO) has a sha256, and each sha256 is that of the file's bytes (of no
+//! bytes when `Filter::opens` refuses a listed file, which is then sent empty); hard links
 //! name an earlier path of the same inode; `replay` is deterministic; with no patterns it
 //! lists exactly what an independent walk finds; a filtered walk is a subsequence of the
 //! unfiltered one; literal patterns (no wildcards, no `!`) keep / drop what dockerignore
@@ -24,7 +25,7 @@
 //! An exhausted input reads as zeros.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use polyarch::docker::buildkit::filesync::{replay, send, Filter, SentEntry};
+use polyarch::docker::buildkit::filesync::{replay, send, Filter, HashFile, SentEntry};
 
 use bollard_buildkit_proto::fsutil::types::{packet::PacketType, Packet};
 use sha2::{Digest, Sha256};
@@ -398,6 +399,25 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// Reads every file: a replay with no remembered hashes.
+struct ReadEach;
+
+impl HashFile for ReadEach {
+    fn remembered(&self, _: &Path, _: &fs::Metadata) -> Option<String> {
+        None
+    }
+
+    fn sha256(&self, _: &Path, file: &mut fs::File) -> std::io::Result<String> {
+        let mut hasher = Sha256::new();
+        std::io::copy(file, &mut hasher)?;
+        Ok(hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect())
+    }
+}
+
 fn sha256_hex(data: &[u8]) -> String {
     Sha256::digest(data)
         .iter()
@@ -484,7 +504,9 @@ fn at_or_under(path: &str, pattern: &str) -> bool {
             .is_some_and(|rest| rest.starts_with('/'))
 }
 
-fn check_entries(root: &Path, entries: &[SentEntry], what: &str) {
+/// `filter` refusing to open a listed file (patternmatcher's parent re-check disagreeing
+/// with the walk) means it is sent, and hashed, empty, as by the Docker CLI.
+fn check_entries(root: &Path, entries: &[SentEntry], what: &str, filter: &Filter) {
     let mut seen: HashSet<&str> = HashSet::new();
     let mut inodes: HashMap<(u64, u64), &str> = HashMap::new();
     let mut previous: Option<Vec<&[u8]>> = None;
@@ -579,7 +601,7 @@ fn check_entries(root: &Path, entries: &[SentEntry], what: &str) {
             assert!(e.sha256.is_some(), "{what}: {p:?} was not hashed");
         }
         if let Some(sha) = &e.sha256 {
-            let expected = if ft.is_file() {
+            let expected = if ft.is_file() && filter.opens(p) {
                 sha256_hex(&fs::read(root.join(p)).unwrap_or_default())
             } else {
                 sha256_hex(b"")
@@ -739,7 +761,7 @@ fuzz_target!(|data: &[u8]| {
     // No patterns: exactly the tree, in fsutil's order, or the non-UTF-8 name's error.
     let mut all = Vec::new();
     reference_walk(&root, b"", &mut all);
-    let unfiltered = replay(&root, &Filter::default());
+    let unfiltered = replay(&root, &Filter::default(), &ReadEach);
     // Names and link targets go in protobuf strings: one that is not UTF-8 fails the walk.
     let utf8 = all.iter().all(|p| {
         std::str::from_utf8(p).is_ok()
@@ -752,7 +774,7 @@ fuzz_target!(|data: &[u8]| {
         let listed: Vec<&[u8]> = unfiltered.iter().map(|e| e.path.as_bytes()).collect();
         let expected: Vec<&[u8]> = all.iter().map(Vec::as_slice).collect();
         assert_eq!(listed, expected, "unfiltered replay is not the whole tree");
-        check_entries(&root, unfiltered, "unfiltered");
+        check_entries(&root, unfiltered, "unfiltered", &Filter::default());
     } else {
         assert!(
             unfiltered.is_err(),
@@ -763,14 +785,14 @@ fuzz_target!(|data: &[u8]| {
     let Ok(filter) = Filter::new(&root, &include, &exclude, &follow) else {
         return;
     };
-    let first = replay(&root, &filter);
+    let first = replay(&root, &filter, &ReadEach);
     if debug {
         match &first {
             Ok(entries) => entries.iter().for_each(|e| eprintln!("sent {e:?}")),
             Err(e) => eprintln!("replay error {e}"),
         }
     }
-    let second = replay(&root, &filter);
+    let second = replay(&root, &filter, &ReadEach);
     match (&first, &second) {
         (Ok(a), Ok(b)) => assert!(a == b, "replay is not deterministic"),
         (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "replay errors differ"),
@@ -778,7 +800,7 @@ fuzz_target!(|data: &[u8]| {
     }
 
     if let Ok(entries) = &first {
-        check_entries(&root, entries, "filtered");
+        check_entries(&root, entries, "filtered", &filter);
         // Filtering only removes: the same entries, in the same order.
         if let Ok(unfiltered) = &unfiltered {
             let mut rest = unfiltered.iter();
@@ -819,7 +841,7 @@ fuzz_target!(|data: &[u8]| {
 
     // The protocol: every requestable file asked for, then FIN.
     let sent = runtime().block_on(async {
-        tokio::time::timeout(Duration::from_secs(20), drive(root.clone(), filter))
+        tokio::time::timeout(Duration::from_secs(20), drive(root.clone(), filter.clone()))
             .await
             .expect("send hung")
     });
@@ -844,7 +866,7 @@ fuzz_target!(|data: &[u8]| {
                 );
                 if let Some(bytes) = sent.data.get(&(id as u32)) {
                     let meta = fs::symlink_metadata(root.join(&s.path)).unwrap();
-                    let expected = if meta.is_file() {
+                    let expected = if meta.is_file() && filter.opens(&s.path) {
                         fs::read(root.join(&s.path)).unwrap()
                     } else {
                         Vec::new()

@@ -7,7 +7,7 @@ mod connection;
 pub mod daemon;
 pub mod filesync;
 pub mod secrets;
-mod session;
+pub mod session;
 mod session_stream;
 pub mod ssh;
 
