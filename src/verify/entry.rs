@@ -135,7 +135,6 @@ async fn check_entry<S: ContentSource>(
             deep,
             attached: Vec::new(),
             build: None,
-            test: None,
         },
         warnings,
     ))

@@ -62,7 +62,6 @@ pub async fn verify<S: ContentSource>(
         attestations,
         warnings,
         covered,
-        unpublished: None,
     })
 }
 
@@ -93,7 +92,6 @@ fn match_declared(
                     deep: None,
                     build: None,
                     attached: Vec::new(),
-                    test: None,
                 });
             }
             [one] => platforms.push((*one).clone()),

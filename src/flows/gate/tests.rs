@@ -30,7 +30,6 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         deep: None,
         build: None,
         attached: Vec::new(),
-        test: None,
     }
 }
 

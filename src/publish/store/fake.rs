@@ -185,7 +185,6 @@ impl ImageStore for FakeStore {
                     deep: None,
                     build: None,
                     attached: Vec::new(),
-                    test: None,
                 }
             })
             .collect();
@@ -204,7 +203,6 @@ impl ImageStore for FakeStore {
             attestations: vec![],
             warnings: vec![],
             covered: true,
-            unpublished: None,
         })
     }
 }
