@@ -362,7 +362,7 @@ impl Endpoint {
             answer.truncate(read);
             Ok::<_, io::Error>(answer)
         };
-        let answer = tokio::time::timeout(
+        let exchanged = tokio::time::timeout(
             Duration::from_secs(SSH_CONNECT_TIMEOUT_SECS as u64 + 5),
             exchange,
         )
@@ -370,8 +370,14 @@ impl Endpoint {
         .map_err(|_| EndpointError::NotAnEngine {
             endpoint: self.name.clone(),
             reason: "no answer to GET /_ping".into(),
-        })?
-        .map_err(|e| self.classify(e))?;
+        })?;
+        let answer = match exchanged {
+            Ok(answer) => answer,
+            // An ssh that ended at once (refused, unknown host, auth) breaks the pipe
+            // before the request is written: its stderr, read below, says why.
+            Err(_) if ssh_stderr.is_some() => Vec::new(),
+            Err(e) => return Err(self.classify(e)),
+        };
         let status = String::from_utf8_lossy(&answer);
         let status = status.lines().next().unwrap_or_default().trim().to_string();
         if status.starts_with("HTTP/1.") && status.contains(" 200") {
