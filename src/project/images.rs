@@ -64,6 +64,7 @@ impl Cx {
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
+        let tests = self.platform_tests(&name, raw.test, &platforms)?;
 
         Ok(ImageSpec {
             name,
@@ -90,6 +91,7 @@ impl Cx {
             require_provenance: provenance,
             login: None,
             build_history: false,
+            tests,
         })
     }
 

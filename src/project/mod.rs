@@ -28,6 +28,7 @@ mod error;
 mod images;
 mod names;
 pub mod plan;
+pub mod platform_test;
 mod raw;
 pub mod source_date_epoch;
 mod values;
@@ -198,6 +199,8 @@ pub struct ImageSpec {
     pub login: Option<Credential>,
     /// `--build-history`: the build is recorded in BuildKit's build history.
     pub build_history: bool,
+    /// `test:`: run in each platform's pushed image before any tag moves.
+    pub tests: Vec<platform_test::PlatformTest>,
 }
 
 /// Where a setting came from, so a problem found when building (a secret that cannot be
@@ -400,6 +403,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "no_cache",
     "reproducible",
     "provenance",
+    "test",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.

@@ -100,6 +100,87 @@ pub(super) struct RawImage {
     pub(super) reproducible: Option<String>,
     pub(super) provenance: Option<String>,
     pub(super) annotations: Option<Entries<String>>,
+    pub(super) test: Option<RawTests>,
+}
+
+/// `test:`: one entry or a list of them.
+pub(super) enum RawTests {
+    One(RawTest),
+    List(Vec<RawTest>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTest {
+    pub(super) run: Option<RawRun>,
+    pub(super) timeout: Option<String>,
+    pub(super) env: Option<Entries<String>>,
+    pub(super) network: Option<String>,
+    pub(super) user: Option<String>,
+    pub(super) workdir: Option<String>,
+    pub(super) platforms: Option<Vec<String>>,
+}
+
+/// A test's `run:`: exec form (a list) or shell form (a string).
+pub(super) enum RawRun {
+    Exec(Vec<String>),
+    Shell(String),
+}
+
+impl<'de> Deserialize<'de> for RawTests {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawTests;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a test (a mapping with run, timeout, env, network, user, workdir, platforms) or a list of them")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<RawTests, A::Error> {
+                let mut list = Vec::new();
+                while let Some(one) = seq.next_element::<RawTest>()? {
+                    list.push(one);
+                }
+                Ok(RawTests::List(list))
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<RawTests, A::Error> {
+                RawTest::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawTests::One)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawRun {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawRun;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a command: a list (exec form) or a string (run by /bin/sh -c)")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<RawRun, A::Error> {
+                let mut list = Vec::new();
+                while let Some(one) = seq.next_element::<String>()? {
+                    list.push(one);
+                }
+                Ok(RawRun::Exec(list))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<RawRun, E> {
+                Ok(RawRun::Shell(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 #[derive(Deserialize)]

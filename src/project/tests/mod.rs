@@ -6,6 +6,7 @@ use tempfile::TempDir;
 mod builders;
 mod file;
 mod images;
+mod platform_tests;
 mod values;
 
 /// A project directory with a Dockerfile, a sub-context and a plain file.

@@ -6,7 +6,8 @@
 
 use super::diagnostics::{closest, q};
 use super::raw::{
-    Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTls,
+    Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTest,
+    RawTests, RawTls,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -303,6 +304,7 @@ pub(super) fn each_string<E>(
             reproducible,
             provenance,
             annotations,
+            test,
         } = image;
         one(f, &at("repository"), repository)?;
         list(f, &at("tags"), tags)?;
@@ -329,6 +331,43 @@ pub(super) fn each_string<E>(
         one(f, &at("no_cache"), no_cache)?;
         one(f, &at("reproducible"), reproducible)?;
         one(f, &at("provenance"), provenance)?;
+        test_strings(f, &at("test"), test)?;
+    }
+    Ok(())
+}
+
+/// A `test:`'s values; `run` is kept as written: it is the test's own shell text (`$` is
+/// the shell's there), and values reach it through `env`.
+fn test_strings<E>(
+    f: Visit<E>,
+    at: &str,
+    test: &mut Option<RawTests>,
+) -> std::result::Result<(), E> {
+    let (tests, listed): (Vec<&mut RawTest>, bool) = match test {
+        None => return Ok(()),
+        Some(RawTests::One(one)) => (vec![one], false),
+        Some(RawTests::List(list)) => (list.iter_mut().collect(), true),
+    };
+    for (i, entry) in tests.into_iter().enumerate() {
+        let at = match listed {
+            true => format!("{at}[{i}]"),
+            false => at.to_string(),
+        };
+        let RawTest {
+            run: _,
+            timeout,
+            env,
+            network,
+            user,
+            workdir,
+            platforms,
+        } = entry;
+        one(f, &format!("{at}.timeout"), timeout)?;
+        entries(f, &format!("{at}.env"), env)?;
+        one(f, &format!("{at}.network"), network)?;
+        one(f, &format!("{at}.user"), user)?;
+        one(f, &format!("{at}.workdir"), workdir)?;
+        list(f, &format!("{at}.platforms"), platforms)?;
     }
     Ok(())
 }
