@@ -16,6 +16,8 @@ pub enum Phase {
     Push,
     Publish,
     Verify,
+    /// A platform's pushed image runs its `test:` (before any tag moves).
+    Test,
     Done,
 }
 

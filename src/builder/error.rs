@@ -25,6 +25,14 @@ pub enum BuilderError {
         source: BuildError,
     },
     /// A native builder from `builders:` cannot be reached.
+    /// A platform's `test:` could not be run (no verdict on the image).
+    #[error("test of {image} for {platform}: {source}")]
+    Test {
+        image: String,
+        platform: String,
+        #[source]
+        source: super::platform_test::TestError,
+    },
     #[error("docker engine: builder for {platform}: {source}")]
     Unreachable {
         platform: String,

@@ -35,6 +35,7 @@ pub mod export;
 pub(crate) mod fake;
 pub mod file_hashes;
 mod log;
+pub mod platform_test;
 mod platforms;
 mod seam;
 
@@ -539,11 +540,7 @@ async fn solve_in_session(
     // once, instead of taking the import's failed step for the build's failure.
     const IMPORTING: &str = "importing cache manifest from ";
     let mut not_imported = std::collections::BTreeSet::new();
-    let target = match &engine.daemon {
-        Some(standalone) => buildkit::Target::Daemon(&standalone.daemon),
-        None => buildkit::Target::Engine(&engine.location),
-    };
-    buildkit::solve_on(target, build, session_auth(spec), |mut status| {
+    buildkit::solve_on(solve_target(engine), build, session_auth(spec), |mut status| {
         for vertex in &mut status.vertexes {
             if let Some(reference) = vertex.name.strip_prefix(IMPORTING) {
                 let error = std::mem::take(&mut vertex.error);
@@ -561,6 +558,14 @@ async fn solve_in_session(
         on_status(status)
     })
     .await
+}
+
+/// Where a solve on `engine` runs: its own BuildKit, or the standalone daemon it is.
+fn solve_target(engine: &Engine) -> buildkit::Target<'_> {
+    match &engine.daemon {
+        Some(standalone) => buildkit::Target::Daemon(&standalone.daemon),
+        None => buildkit::Target::Engine(&engine.location),
+    }
 }
 
 /// The socket of each SSH agent the build forwards, by its id.

@@ -52,6 +52,17 @@ pub enum Error {
         source: crate::builder::BuildError,
     },
 
+    /// A platform's `test:` could not be run: no verdict on the image (a failing test is
+    /// a coverage gap in the record, not an error). Refused up front (exit 2) where the
+    /// builder has no BuildKit.
+    #[error("test of {image} for {platform}: {source}")]
+    Test {
+        image: String,
+        platform: String,
+        #[source]
+        source: crate::builder::platform_test::TestError,
+    },
+
     /// Emulation is missing, cannot be registered, or the engine failed to probe it;
     /// `source` says which (a build that hit "exec format error" is `ExecFormat`). Boxed, as
     /// `Registry`'s, so that every `Result` stays small.
@@ -126,6 +137,10 @@ impl Error {
                 | LayoutError::SeveralManifests { .. }
                 | LayoutError::Inspection(_) => 2,
             },
+            Error::Test {
+                source: crate::builder::platform_test::TestError::Unsupported(_),
+                ..
+            } => 2,
             Error::Interrupted => 130,
             _ => 3,
         }
@@ -234,6 +249,15 @@ impl From<crate::builder::BuilderError> for Error {
                 platform,
                 source,
             } => Error::Build {
+                image,
+                platform,
+                source,
+            },
+            BuilderError::Test {
+                image,
+                platform,
+                source,
+            } => Error::Test {
                 image,
                 platform,
                 source,
