@@ -148,6 +148,13 @@ pub struct BuildArgs {
     /// image IDs) match what an earlier run built and pushed.
     #[arg(long)]
     pub rebuild: bool,
+    /// Run each image's `test:` in every platform's pushed image before any tag moves
+    /// (the default when `test:` is set).
+    #[arg(long, overrides_with = "no_test")]
+    pub test: bool,
+    /// Do not run the images' `test:`; the record says skipped.
+    #[arg(long, overrides_with = "test")]
+    pub no_test: bool,
     /// A secret the build may mount (`RUN --mount=type=secret,id=ID`), read from an
     /// environment variable or a file when the build asks; adds to, or replaces by id,
     /// each image's `secrets:`. Repeatable.

@@ -126,6 +126,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         binfmt,
         binfmt_image,
         rebuild,
+        test: _,
+        no_test,
         secret,
         ssh,
         cache_from,
@@ -181,6 +183,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         binfmt: binfmt.map(Into::into),
         binfmt_image,
         rebuild,
+        skip_tests: no_test,
         interrupt: interrupt.clone(),
     };
     run_build(&project, &options, push_by_digest, &output).await

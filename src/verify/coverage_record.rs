@@ -37,6 +37,35 @@ pub enum PlatformStatus {
     BinaryMismatch,
     /// `--require-provenance` (or `provenance: true`): no SLSA provenance is attached.
     ProvenanceMissing,
+    /// Its `test:` failed or timed out: the image was not published.
+    TestFailed,
+}
+
+/// How a platform's `test:` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TestStatus {
+    Passed,
+    Failed,
+    TimedOut,
+    /// `--no-test`.
+    Skipped,
+}
+
+/// A platform's `test:` as it ran: the failing entry, else every entry (commands joined
+/// by `; `, seconds summed).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TestRecord {
+    pub status: TestStatus,
+    pub command: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+    /// The last 20 lines the command wrote (then BuildKit's failure or polyarch's
+    /// cancellation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub output_tail: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,6 +91,10 @@ pub struct ImageCoverage {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
     pub covered: bool,
+    /// Why nothing was published for the image (a platform's test failed): `digest` is
+    /// then the index that was not published, `pinned` empty, and no tag moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpublished: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -84,6 +117,9 @@ pub struct PlatformCoverage {
     /// What the registry lists as attached to the platform manifest (OCI referrers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attached: Vec<Attached>,
+    /// `build` with `test:`: how the platform's test ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<TestRecord>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -137,6 +137,7 @@ pub(super) fn agreeing_entry(arch: &str, digest: Option<Digest>) -> PlatformCove
         deep: None,
         build: None,
         attached: Vec::new(),
+        test: None,
     }
 }
 

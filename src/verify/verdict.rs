@@ -62,6 +62,7 @@ pub async fn verify<S: ContentSource>(
         attestations,
         warnings,
         covered,
+        unpublished: None,
     })
 }
 
@@ -92,6 +93,7 @@ fn match_declared(
                     deep: None,
                     build: None,
                     attached: Vec::new(),
+                    test: None,
                 });
             }
             [one] => platforms.push((*one).clone()),

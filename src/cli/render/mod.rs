@@ -1,7 +1,7 @@
 //! Text for the terminal: the library hands back data, the CLI words it.
 
 use polyarch::base::text::printable;
-use polyarch::verify::coverage_record::{CoverageRecord, PlatformCoverage};
+use polyarch::verify::coverage_record::{CoverageRecord, PlatformCoverage, TestRecord, TestStatus};
 
 pub mod doctor;
 pub mod gate;
@@ -66,6 +66,10 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
                 }
             }
         }
+        if let Some(why) = &image.unpublished {
+            out += &format!("  not published: {why}\n");
+            continue;
+        }
         out += &format!("  pin: {}\n", image.pinned);
         if !image.tags.is_empty() {
             out += "  note: tags are mutable; nodes with imagePullPolicy: IfNotPresent keep a re-pushed tag's old image (possibly a stale architecture): deploy the pinned digest\n";
@@ -115,6 +119,9 @@ fn platform_lines(p: &PlatformCoverage) -> String {
     if let Some(detail) = &p.detail {
         out += &format!("    {detail}\n");
     }
+    if let Some(test) = &p.test {
+        out += &test_lines(test);
+    }
     for attached in &p.attached {
         let kind = match (&attached.predicate_type, &attached.artifact_type) {
             (Some(predicate), _) => predicate.as_str(),
@@ -127,6 +134,33 @@ fn platform_lines(p: &PlatformCoverage) -> String {
         );
     }
     out
+}
+
+/// A platform's test: one line when it passed or was skipped; a failure's command,
+/// status and output tail.
+fn test_lines(test: &TestRecord) -> String {
+    let seconds = test
+        .seconds
+        .map_or(String::new(), |s| format!(" in {s:.1}s"));
+    match test.status {
+        TestStatus::Passed => format!("    test passed{seconds}: {}\n", test.command),
+        TestStatus::Skipped => format!("    test skipped (--no-test): {}\n", test.command),
+        TestStatus::Failed | TestStatus::TimedOut => {
+            let how = match (test.status, test.exit_code) {
+                (TestStatus::TimedOut, _) => "timed out".to_string(),
+                (_, Some(code)) => format!("failed with exit code {code}"),
+                _ => "failed".to_string(),
+            };
+            let mut out = format!("    test {how}{seconds}: {}\n", test.command);
+            if !test.output_tail.is_empty() {
+                out += &format!("    last {} lines of its output:\n", test.output_tail.len());
+                for line in &test.output_tail {
+                    out += &format!("      | {line}\n");
+                }
+            }
+            out
+        }
+    }
 }
 
 #[cfg(test)]
@@ -150,6 +184,7 @@ mod tests {
             deep: None,
             build: Some(build),
             attached: Vec::new(),
+            test: None,
         };
         let image = ImageCoverage {
             name: "x".into(),
@@ -185,7 +220,41 @@ mod tests {
             attestations: vec![],
             warnings: vec![],
             covered: true,
+            unpublished: None,
         };
+        let mut failed = image.clone();
+        failed.covered = false;
+        failed.pinned = String::new();
+        failed.unpublished = Some("a platform's test failed".into());
+        failed.platforms[1].status = polyarch::verify::coverage_record::PlatformStatus::TestFailed;
+        failed.platforms[1].test = Some(TestRecord {
+            status: TestStatus::Failed,
+            command: "[\"/bin/app\"]".into(),
+            exit_code: Some(3),
+            seconds: Some(0.4),
+            output_tail: vec!["app: error while loading shared libraries\u{1b}[0m".into()],
+        });
+        let shown = coverage_text(&CoverageRecord::new(vec![failed.clone()]));
+        assert!(
+            shown.contains("    test failed with exit code 3 in 0.4s: [\"/bin/app\"]"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("      | app: error while loading shared libraries"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("  not published: a platform's test failed"),
+            "{shown}"
+        );
+        assert!(!shown.contains("pin:"), "{shown}");
+        let table = markdown::coverage(&CoverageRecord::new(vec![failed]));
+        assert!(table.contains("❌ test failed"), "{table}");
+        assert!(
+            table.contains("**x linux/arm64**: test failed, exit code 3"),
+            "{table}"
+        );
+        assert!(table.contains("not published"), "{table}");
         let text = coverage_text(&CoverageRecord::new(vec![image]));
         assert!(text.contains("built in 1.0s"), "{text}");
         assert!(text.contains("inputs unchanged, not rebuilt"), "{text}");

@@ -30,6 +30,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         deep: None,
         build: None,
         attached: Vec::new(),
+        test: None,
     }
 }
 

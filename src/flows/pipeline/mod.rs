@@ -4,6 +4,7 @@
 mod dependents;
 mod early;
 mod emulation_plan;
+mod platform_tests;
 mod retry;
 mod together;
 mod unit;
@@ -13,6 +14,7 @@ use crate::base::progress::Reporter;
 use crate::builder::build_inputs;
 use crate::builder::cleanup::Cleanup;
 use crate::builder::file_hashes::FileHashes;
+use crate::builder::platform_test::{self, TestOf};
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
@@ -21,7 +23,7 @@ use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
 use crate::publish::store::{connect_registry, Destination};
-use crate::publish::{publish_all, Pushed};
+use crate::publish::Pushed;
 use crate::registry::{self, Registry, RegistryOptions};
 use crate::verify::coverage_record::{CoverageRecord, PartImage, PartPlatform, PartRecord};
 use crate::{Error, Platform, Result};
@@ -49,6 +51,8 @@ pub struct BuildOptions {
     pub binfmt_image: Option<String>,
     /// `--rebuild`: ask the engine to build even when the inputs match an earlier run's.
     pub rebuild: bool,
+    /// `--no-test`: the images' `test:` is not run; the record says skipped.
+    pub skip_tests: bool,
     /// Cancelled on SIGINT: builds and uploads stop, but a publish that has begun completes,
     /// so tags never end up pointing at different indexes.
     pub interrupt: tokio_util::sync::CancellationToken,
@@ -62,6 +66,8 @@ struct Built<'a> {
     /// The dependents as built, from Dockerfiles naming what they build FROM by digest:
     /// what their provenance names.
     rebased: BTreeMap<String, ImageSpec>,
+    /// The run's builders: a platform's tests run on the one that built it.
+    builders: Builders,
 }
 
 /// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
@@ -70,11 +76,12 @@ async fn build_units<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
+    part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
     tokio::select! {
-        built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
+        built = build_and_push_all(project, engine, options, part, cleanup, reporter) => built,
         _ = options.interrupt.cancelled() => Err(Error::Interrupted),
     }
 }
@@ -83,6 +90,7 @@ async fn build_and_push_all<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
     options: &BuildOptions,
+    part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
@@ -99,6 +107,9 @@ async fn build_and_push_all<'a>(
     let (engine, reached) = join::primary_first(engine, reached).await?;
     let plan = selection.on(&engine.native);
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
+    if !options.skip_tests {
+        platform_tests::check_testable(&plan, &builders, options.layout.is_some(), part)?;
+    }
     let destination = destination(&plan, reached)?;
     let blobs = Arc::new(BlobMemory::open());
     if let Destination::Registry(registry) = &destination {
@@ -139,6 +150,7 @@ async fn build_and_push_all<'a>(
         destination,
         pushed,
         rebased,
+        builders,
     })
 }
 
@@ -292,7 +304,7 @@ pub async fn build(
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
-    let built = build_units(project, engine, options, cleanup, reporter).await?;
+    let built = build_units(project, engine, options, false, cleanup, reporter).await?;
     let images: Vec<(&ImageSpec, Vec<&Pushed>)> = built
         .plan
         .images
@@ -306,11 +318,40 @@ pub async fn build(
             (built.rebased.get(&image.name).unwrap_or(image), mine)
         })
         .collect();
+    // Every platform is pushed by digest and nothing is tagged yet: the tests run now,
+    // and an image with a failing test is not published.
+    let results = match options.skip_tests {
+        true => platform_tests::skipped(&images),
+        false => {
+            let tests = platform_tests::run_tests(
+                &images,
+                job_limits(options.jobs).0,
+                reporter,
+                async |image: &ImageSpec, pushed: &Pushed, test| {
+                    let engine = platform_tests::builder_of(&built.builders, pushed);
+                    let of = TestOf {
+                        spec: image,
+                        platform: &pushed.platform,
+                        digest: &pushed.entry.digest,
+                        test,
+                        reporter,
+                    };
+                    Ok(platform_test::test_on_engine(engine, of).await?)
+                },
+            );
+            tokio::select! {
+                results = tests => results?,
+                // Dropping the tests cancels their solves; no tag has moved.
+                _ = options.interrupt.cancelled() => return Err(Error::Interrupted),
+            }
+        }
+    };
     // What the read-back finds is what a later `verify` or `gate` of the tags will read.
     let memory = VerifyMemory::open();
-    let published = publish_all(
+    let published = platform_tests::publish_tested(
         &built.destination,
         &images,
+        &results,
         &memory,
         &options.interrupt,
         reporter,
@@ -335,7 +376,7 @@ pub async fn build_part(
         ));
     }
     let Built { plan, pushed, .. } =
-        build_units(project, engine, options, cleanup, reporter).await?;
+        build_units(project, engine, options, true, cleanup, reporter).await?;
     let images = plan
         .images
         .iter()

@@ -185,6 +185,7 @@ impl ImageStore for FakeStore {
                     deep: None,
                     build: None,
                     attached: Vec::new(),
+                    test: None,
                 }
             })
             .collect();
@@ -203,6 +204,7 @@ impl ImageStore for FakeStore {
             attestations: vec![],
             warnings: vec![],
             covered: true,
+            unpublished: None,
         })
     }
 }

@@ -5,7 +5,7 @@ pub mod gate;
 
 use polyarch::base::digest::Digest;
 use polyarch::verify::coverage_record::{
-    CoverageRecord, ImageCoverage, PartRecord, PlatformCoverage, PlatformStatus,
+    CoverageRecord, ImageCoverage, PartRecord, PlatformCoverage, PlatformStatus, TestStatus,
 };
 
 /// A table cell: pipes would end the cell and newlines the row.
@@ -41,6 +41,10 @@ fn status(p: &PlatformCoverage) -> String {
         },
         PlatformStatus::BinaryMismatch => "❌ mismatch (binary)".into(),
         PlatformStatus::ProvenanceMissing => "❌ no provenance".into(),
+        PlatformStatus::TestFailed => match p.test.as_ref().map(|t| t.status) {
+            Some(TestStatus::TimedOut) => "❌ test timed out".into(),
+            _ => "❌ test failed".into(),
+        },
     }
 }
 
@@ -97,19 +101,67 @@ pub fn coverage(record: &CoverageRecord) -> String {
     }
     out += "\n";
     for image in &record.images {
-        out += &format!(
-            "- **{}** {}: index {}, deploy {}\n",
-            cell(&image.name),
-            code(&image.reference),
-            code(image.digest.short()),
-            code(&image.pinned)
-        );
+        match &image.unpublished {
+            Some(why) => {
+                out += &format!(
+                    "- **{}** {}: not published ({})\n",
+                    cell(&image.name),
+                    code(&image.reference),
+                    cell(why)
+                )
+            }
+            None => {
+                out += &format!(
+                    "- **{}** {}: index {}, deploy {}\n",
+                    cell(&image.name),
+                    code(&image.reference),
+                    code(image.digest.short()),
+                    code(&image.pinned)
+                )
+            }
+        }
     }
     let notes: Vec<String> = record.images.iter().flat_map(notes).collect();
     if !notes.is_empty() {
         out += "\n**Findings**\n\n";
         for note in notes {
             out += &format!("- {}\n", cell(&note));
+        }
+    }
+    out += &failed_tests(record);
+    out
+}
+
+/// Each failed test's platform, command, status and output tail, in a fenced block.
+fn failed_tests(record: &CoverageRecord) -> String {
+    let mut out = String::new();
+    for image in &record.images {
+        for p in &image.platforms {
+            let Some(test) = &p.test else { continue };
+            let status = match test.status {
+                TestStatus::Failed => match test.exit_code {
+                    Some(code) => format!("failed, exit code {code}"),
+                    None => "failed".to_string(),
+                },
+                TestStatus::TimedOut => "timed out".to_string(),
+                TestStatus::Passed | TestStatus::Skipped => continue,
+            };
+            out += &format!(
+                "\n**{} {}**: test {status}: {}\n\n",
+                cell(&image.name),
+                p.platform,
+                code(&test.command)
+            );
+            let fence = if test.output_tail.iter().any(|l| l.contains("```")) {
+                "~~~~"
+            } else {
+                "```"
+            };
+            out += &format!("{fence}\n");
+            for line in &test.output_tail {
+                out += &format!("{line}\n");
+            }
+            out += &format!("{fence}\n");
         }
     }
     out

@@ -1,0 +1,318 @@
+//! `test:`: each platform's pushed image runs its tests after every platform of the run is
+//! pushed by digest and before any index is published or tag moves. An image with a
+//! failing test is not published: its record says which platform failed and how.
+
+use crate::base::progress::{Event, Phase, Reporter};
+use crate::builder::platform_test::{self, TestError, TestOutcome};
+use crate::builder::Builders;
+use crate::docker::engine::Engine;
+use crate::project::plan::Plan;
+use crate::project::platform_test::PlatformTest;
+use crate::project::ImageSpec;
+use crate::publish::store::ImageStore;
+use crate::publish::{index_of, publish_all, Pushed};
+use crate::verify::coverage_record::{
+    ImageCoverage, PlatformCoverage, PlatformStatus, TestRecord, TestStatus,
+};
+use crate::verify::ReadMemory;
+use crate::{Error, Platform, Result};
+use std::collections::BTreeMap;
+
+/// Each tested platform's record, by image name and platform.
+pub(super) type TestResults = BTreeMap<(String, Platform), TestRecord>;
+
+/// The tests an image runs on `platform`, in the project file's order.
+fn tests_on<'i>(image: &'i ImageSpec, platform: &Platform) -> Vec<&'i PlatformTest> {
+    image
+        .tests
+        .iter()
+        .filter(|test| test.platforms.contains(platform))
+        .collect()
+}
+
+/// Refuses, before anything is built, a run that would test a platform where tests
+/// cannot run: on a builder without BuildKit, into an OCI layout, or by digest only
+/// (`--push-by-digest`). `--no-test` lets it through.
+pub(super) fn check_testable(
+    plan: &Plan<'_>,
+    builders: &Builders,
+    layout: bool,
+    part: bool,
+) -> Result<()> {
+    for unit in &plan.units {
+        if tests_on(unit.image, &unit.platform).is_empty() {
+            continue;
+        }
+        let refuse = |why: String| Error::Test {
+            image: unit.image.name.clone(),
+            platform: unit.platform.to_string(),
+            source: TestError::Unsupported(why),
+        };
+        if layout {
+            return Err(refuse("tests run the image pulled from the registry by digest, and --output oci: pushes nothing: push to a registry, or run with --no-test".into()));
+        }
+        if part {
+            return Err(refuse("tests with --push-by-digest (split runners) come in a later release: run with --no-test and test where the tags are published".into()));
+        }
+        let engine = builders.for_unit(unit);
+        if !engine.buildkit {
+            return Err(refuse(platform_test::unsupported(&engine.endpoint)));
+        }
+    }
+    Ok(())
+}
+
+/// The engine that built `pushed`: the builder its build info names, else the default.
+pub(super) fn builder_of<'b>(builders: &'b Builders, pushed: &Pushed) -> &'b Engine {
+    let named = pushed.build.builder.as_deref();
+    builders
+        .by_platform
+        .values()
+        .flatten()
+        .chain(std::iter::once(&builders.default))
+        .find(|engine| Some(engine.endpoint.as_str()) == named)
+        .unwrap_or(&builders.default)
+}
+
+/// Runs every test of every pushed platform, `jobs` at once; a platform stops at its
+/// first failing entry. A test that cannot run at all (a lost builder) is the run's error.
+pub(super) async fn run_tests(
+    images: &[(&ImageSpec, Vec<&Pushed>)],
+    jobs: usize,
+    reporter: &dyn Reporter,
+    run: impl AsyncFn(&ImageSpec, &Pushed, &PlatformTest) -> Result<TestOutcome>,
+) -> Result<TestResults> {
+    let limit = tokio::sync::Semaphore::new(jobs.max(1));
+    let (limit, run) = (&limit, &run);
+    let platforms = images.iter().flat_map(|(image, pushed)| {
+        pushed
+            .iter()
+            .map(move |p| (*image, *p, tests_on(image, &p.platform)))
+    });
+    let tested =
+        futures_util::future::try_join_all(platforms.filter(|(_, _, t)| !t.is_empty()).map(
+            |(image, pushed, tests)| async move {
+                let mut ran: Vec<(&PlatformTest, TestOutcome)> = Vec::new();
+                for test in tests {
+                    let _job = limit.acquire().await.map_err(|_| Error::Interrupted)?;
+                    let outcome = run(image, pushed, test).await?;
+                    let passed = outcome.status == platform_test::TestStatus::Passed;
+                    ran.push((test, outcome));
+                    if !passed {
+                        break;
+                    }
+                }
+                let record = record_of(&ran);
+                reporter.report(Event::Phase {
+                    image: image.name.clone(),
+                    platform: Some(pushed.platform.clone()),
+                    phase: Phase::Test,
+                    message: match record.status {
+                        TestStatus::Passed => {
+                            format!("test passed ({:.1}s)", record.seconds.unwrap_or(0.0))
+                        }
+                        _ => format!("test {} : {}", status_word(record.status), record.command),
+                    },
+                });
+                Ok::<_, Error>(((image.name.clone(), pushed.platform.clone()), record))
+            },
+        ))
+        .await?;
+    Ok(tested.into_iter().collect())
+}
+
+/// `--no-test`: every platform that has tests is recorded as skipped.
+pub(super) fn skipped(images: &[(&ImageSpec, Vec<&Pushed>)]) -> TestResults {
+    let mut results = TestResults::new();
+    for (image, pushed) in images {
+        for p in pushed {
+            let tests = tests_on(image, &p.platform);
+            if tests.is_empty() {
+                continue;
+            }
+            results.insert(
+                (image.name.clone(), p.platform.clone()),
+                TestRecord {
+                    status: TestStatus::Skipped,
+                    command: commands(&tests),
+                    exit_code: None,
+                    seconds: None,
+                    output_tail: Vec::new(),
+                },
+            );
+        }
+    }
+    results
+}
+
+fn commands(tests: &[&PlatformTest]) -> String {
+    tests
+        .iter()
+        .map(|t| t.run.shown())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+pub(crate) fn status_word(status: TestStatus) -> &'static str {
+    match status {
+        TestStatus::Passed => "passed",
+        TestStatus::Failed => "failed",
+        TestStatus::TimedOut => "timed out",
+        TestStatus::Skipped => "skipped",
+    }
+}
+
+/// One platform's record from its entries as they ran: the last one (the failing one,
+/// when one failed), with every command and the seconds of all.
+fn record_of(ran: &[(&PlatformTest, TestOutcome)]) -> TestRecord {
+    let seconds: f64 = ran.iter().map(|(_, o)| o.seconds).sum();
+    let Some((last, outcome)) = ran.last() else {
+        return TestRecord {
+            status: TestStatus::Skipped,
+            command: String::new(),
+            exit_code: None,
+            seconds: None,
+            output_tail: Vec::new(),
+        };
+    };
+    let status = match outcome.status {
+        platform_test::TestStatus::Passed => TestStatus::Passed,
+        platform_test::TestStatus::Failed => TestStatus::Failed,
+        platform_test::TestStatus::TimedOut => TestStatus::TimedOut,
+    };
+    let command = match status {
+        TestStatus::Passed => ran
+            .iter()
+            .map(|(t, _)| t.run.shown())
+            .collect::<Vec<_>>()
+            .join("; "),
+        _ => last.run.shown(),
+    };
+    TestRecord {
+        status,
+        command,
+        exit_code: outcome.exit_code,
+        seconds: Some((seconds * 100.0).round() / 100.0),
+        output_tail: outcome.output_tail.clone(),
+    }
+}
+
+fn failed(record: &TestRecord) -> bool {
+    matches!(record.status, TestStatus::Failed | TestStatus::TimedOut)
+}
+
+/// Publishes every image none of whose platforms failed a test; an image with a failing
+/// test moves no tag and publishes no index, and is recorded as not covered. Each
+/// platform's record carries its test.
+pub(super) async fn publish_tested(
+    destination: &impl ImageStore,
+    images: &[(&ImageSpec, Vec<&Pushed>)],
+    results: &TestResults,
+    memory: &dyn ReadMemory,
+    interrupt: &tokio_util::sync::CancellationToken,
+    reporter: &dyn Reporter,
+) -> Result<Vec<ImageCoverage>> {
+    let image_failed = |image: &ImageSpec| {
+        results
+            .iter()
+            .any(|((name, _), record)| *name == image.name && failed(record))
+    };
+    let passing: Vec<(&ImageSpec, Vec<&Pushed>)> = images
+        .iter()
+        .filter(|(image, _)| !image_failed(image))
+        .map(|(image, pushed)| (*image, pushed.clone()))
+        .collect();
+    let mut published = publish_all(destination, &passing, memory, interrupt, reporter)
+        .await?
+        .into_iter();
+    let mut coverage = Vec::new();
+    for (image, pushed) in images {
+        let mut one = match image_failed(image) {
+            true => {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "{}: a platform's test failed; nothing was published for it and no tag moved",
+                        image.name
+                    ),
+                });
+                unpublished(image, pushed)?
+            }
+            false => match published.next() {
+                Some(one) => one,
+                None => continue,
+            },
+        };
+        for platform in &mut one.platforms {
+            platform.test = results
+                .get(&(image.name.clone(), platform.platform.clone()))
+                .cloned();
+        }
+        coverage.push(one);
+    }
+    mark_failed(&mut coverage);
+    Ok(coverage)
+}
+
+/// The record of an image not published because a platform's test failed.
+fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
+    let mut mine = pushed.to_vec();
+    let index = index_of(image, &mut mine)?;
+    let platforms = image
+        .platforms
+        .iter()
+        .map(|declared| {
+            let p = mine.iter().find(|p| p.platform == *declared);
+            PlatformCoverage {
+                platform: declared.clone(),
+                digest: p.map(|p| p.entry.digest.clone()),
+                config_platform: None,
+                size: p.map(|p| p.entry.size),
+                status: PlatformStatus::Ok,
+                annotations: BTreeMap::new(),
+                detail: None,
+                deep: None,
+                build: p.map(|p| p.build.clone()),
+                attached: Vec::new(),
+                test: None,
+            }
+        })
+        .collect();
+    Ok(ImageCoverage {
+        name: image.name.clone(),
+        reference: format!("{}:{}", image.repository, image.tags[0]),
+        tags: image.tags.clone(),
+        digest: index.digest.clone(),
+        pinned: String::new(),
+        media_type: index.media_type.to_string(),
+        annotations: BTreeMap::new(),
+        declared: image.platforms.clone(),
+        platforms,
+        missing: Vec::new(),
+        unexpected: Vec::new(),
+        attestations: Vec::new(),
+        warnings: Vec::new(),
+        covered: false,
+        unpublished: Some(
+            "a platform's test failed: the index was not published and no tag moved".into(),
+        ),
+    })
+}
+
+/// Marks the platforms whose test failed as a gap (after their records are attached).
+fn mark_failed(coverage: &mut [ImageCoverage]) {
+    for image in coverage {
+        for platform in &mut image.platforms {
+            if platform.test.as_ref().is_some_and(failed) {
+                platform.status = PlatformStatus::TestFailed;
+                platform.detail = platform
+                    .test
+                    .as_ref()
+                    .map(|t| format!("test {}: {}", status_word(t.status), t.command));
+                image.covered = false;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

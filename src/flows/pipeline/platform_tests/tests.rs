@@ -1,0 +1,200 @@
+//! Tests run between the push by digest and the publish: an image with a failing test
+//! moves no tag; the others publish; every platform's record carries its test.
+
+use super::*;
+use crate::base::oci::{ConfigPlatform, IndexEntry};
+use crate::base::progress::Silent;
+use crate::builder::platform_test::TestStatus as Outcome;
+use crate::project::platform_test::TestCommand;
+use crate::project::test_image;
+use crate::publish::store::fake::FakeStore;
+use crate::verify::coverage_record::BuildInfo;
+use std::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+fn pushed(image: &str, arch: &str, c: char) -> Pushed {
+    Pushed {
+        image: image.into(),
+        platform: Platform::linux(arch, None),
+        entry: IndexEntry {
+            digest: format!("sha256:{}", c.to_string().repeat(64))
+                .parse()
+                .unwrap(),
+            size: 500,
+            platform: ConfigPlatform {
+                os: "linux".into(),
+                architecture: arch.into(),
+                variant: None,
+            },
+        },
+        build: BuildInfo::default(),
+    }
+}
+
+/// Images `api` and `web`, both linux/amd64 and linux/arm64, each with `test:`.
+fn images() -> (ImageSpec, ImageSpec) {
+    let mut api = test_image("v1");
+    api.tests = vec![PlatformTest {
+        run: TestCommand::Exec(vec!["/bin/app".into(), "--version".into()]),
+        timeout: std::time::Duration::from_secs(5),
+        env: BTreeMap::new(),
+        network: crate::project::Network::None,
+        user: None,
+        workdir: None,
+        platforms: api.platforms.clone(),
+    }];
+    let mut web = test_image("w1");
+    web.tests = api.tests.clone();
+    web.name = "web".into();
+    web.repository = "127.0.0.1:5000/web".into();
+    (api, web)
+}
+
+fn outcome(status: Outcome) -> TestOutcome {
+    TestOutcome {
+        status,
+        exit_code: match status {
+            Outcome::Passed => Some(0),
+            Outcome::Failed => Some(3),
+            Outcome::TimedOut => None,
+        },
+        seconds: 0.5,
+        output_tail: vec!["uname: aarch64".into()],
+    }
+}
+
+#[tokio::test]
+async fn a_failing_platform_stops_its_image_and_the_others_publish() {
+    let (api, web) = images();
+    let units = [
+        pushed("api", "amd64", 'a'),
+        pushed("api", "arm64", 'b'),
+        pushed("web", "amd64", 'c'),
+        pushed("web", "arm64", 'd'),
+    ];
+    let of = |name: &str| units.iter().filter(|p| p.image == name).collect::<Vec<_>>();
+    let list = vec![(&api, of("api")), (&web, of("web"))];
+    let store = FakeStore::default();
+    let ran = Mutex::new(Vec::new());
+    let results = run_tests(
+        &list,
+        2,
+        &Silent,
+        async |image: &ImageSpec, p: &Pushed, _: &PlatformTest| {
+            // Nothing is tagged while the tests run.
+            assert!(store.tags.lock().unwrap().is_empty());
+            ran.lock()
+                .unwrap()
+                .push(format!("{} {}", image.name, p.platform));
+            let arm = p.platform.architecture == "arm64";
+            Ok(outcome(match (image.name.as_str(), arm) {
+                ("api", true) => Outcome::Failed,
+                _ => Outcome::Passed,
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(ran.lock().unwrap().len(), 4);
+    let coverage = publish_tested(
+        &store,
+        &list,
+        &results,
+        &(),
+        &CancellationToken::new(),
+        &Silent,
+    )
+    .await
+    .unwrap();
+
+    // api: no tag moved, no index pushed; the record names the failing platform.
+    assert_eq!(store.tag_of("v1"), None);
+    assert!(
+        !store.calls().iter().any(|c| c.contains("api")),
+        "{:?}",
+        store.calls()
+    );
+    let api_record = &coverage[0];
+    assert_eq!(api_record.name, "api");
+    assert!(!api_record.covered);
+    assert!(api_record.unpublished.is_some());
+    assert!(api_record.pinned.is_empty());
+    let arm = &api_record.platforms[1];
+    assert_eq!(arm.status, PlatformStatus::TestFailed);
+    let test = arm.test.as_ref().unwrap();
+    assert_eq!(test.status, TestStatus::Failed);
+    assert_eq!(test.exit_code, Some(3));
+    assert_eq!(test.command, "[\"/bin/app\",\"--version\"]");
+    assert_eq!(test.output_tail, ["uname: aarch64"]);
+    assert_eq!(
+        api_record.platforms[0].test.as_ref().unwrap().status,
+        TestStatus::Passed
+    );
+
+    // web: published and read back, each platform with its passed test.
+    let web_record = &coverage[1];
+    assert!(web_record.covered, "{web_record:?}");
+    assert!(web_record.unpublished.is_none());
+    assert!(web_record
+        .platforms
+        .iter()
+        .all(|p| p.test.as_ref().unwrap().status == TestStatus::Passed));
+    assert!(store.tag_of("w1").is_some(), "{:?}", store.calls());
+}
+
+#[tokio::test]
+async fn a_platform_stops_at_its_first_failing_entry_and_a_timeout_is_a_gap() {
+    let (mut api, _) = images();
+    let mut second = api.tests[0].clone();
+    second.run = TestCommand::Shell("never runs".into());
+    api.tests.push(second);
+    let units = [pushed("api", "amd64", 'a'), pushed("api", "arm64", 'b')];
+    let list = vec![(&api, units.iter().collect::<Vec<_>>())];
+    let ran = Mutex::new(0);
+    let results = run_tests(
+        &list,
+        1,
+        &Silent,
+        async |_: &ImageSpec, p: &Pushed, _: &PlatformTest| {
+            *ran.lock().unwrap() += 1;
+            Ok(outcome(match p.platform.architecture.as_str() {
+                "arm64" => Outcome::TimedOut,
+                _ => Outcome::Passed,
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    // amd64 runs both entries; arm64 stops at the first.
+    assert_eq!(*ran.lock().unwrap(), 3);
+    let amd = &results[&("api".to_string(), Platform::linux("amd64", None))];
+    assert_eq!(amd.command, "[\"/bin/app\",\"--version\"]; never runs");
+    let arm = &results[&("api".to_string(), Platform::linux("arm64", None))];
+    assert_eq!(arm.status, TestStatus::TimedOut);
+    assert_eq!(arm.exit_code, None);
+}
+
+#[tokio::test]
+async fn no_test_records_skipped_and_publishes() {
+    let (api, _) = images();
+    let units = [pushed("api", "amd64", 'a'), pushed("api", "arm64", 'b')];
+    let list = vec![(&api, units.iter().collect::<Vec<_>>())];
+    let results = skipped(&list);
+    let store = FakeStore::default();
+    let coverage = publish_tested(
+        &store,
+        &list,
+        &results,
+        &(),
+        &CancellationToken::new(),
+        &Silent,
+    )
+    .await
+    .unwrap();
+    assert!(coverage[0].covered);
+    assert!(store.tag_of("v1").is_some());
+    assert!(coverage[0]
+        .platforms
+        .iter()
+        .all(|p| p.test.as_ref().unwrap().status == TestStatus::Skipped));
+}
