@@ -148,7 +148,12 @@ impl<'a> EmulationPlan<'a> {
             if foreign.is_empty() {
                 continue;
             }
-            if !image_needs_emulation(image)? {
+            // A test of a foreign platform runs its image under the build's QEMU.
+            let tested = !self.options.skip_tests
+                && foreign
+                    .iter()
+                    .any(|(_, p)| image.tests.iter().any(|t| t.platforms.contains(p)));
+            if !tested && !image_needs_emulation(image)? {
                 reporter.report(Event::Note {
                     message: format!(
                         "{}: no RUN step executes for the target platform, so {} builds need no emulation",

@@ -1,0 +1,155 @@
+//! `test:`: each platform's pushed image runs its test on the builder that built it,
+//! before any index is published or tag moves (issue 37, step 1: BuildKit builders).
+//! Runs on whatever engine the default socket names (Docker 20.10 here; the Makefile
+//! runs it on 26.1/28.5 with the containerd store too).
+
+mod support;
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Instant;
+use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The busybox image on `platforms`, named uniquely, with `test` appended to it.
+fn project(dir: &Path, repo: &str, platforms: &str, test: &str) -> std::path::PathBuf {
+    hello_context(dir, HELLO);
+    let file = write_project(dir, repo, "[v1]", platforms);
+    let name = unique_name("tested");
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("  hello:", &format!("  {name}:")) + test,
+    )
+    .unwrap();
+    file
+}
+
+fn build(file: &Path, record: &Path, extra: &[&str]) -> Output {
+    run(polyarch()
+        .args(["build", "-f"])
+        .arg(file)
+        .arg("--record")
+        .arg(record)
+        .args(extra))
+}
+
+fn read_record(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("the record was written"))
+        .expect("the record is JSON")
+}
+
+fn platform<'r>(record: &'r Value, name: &str) -> &'r Value {
+    record["images"][0]["platforms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["platform"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {record:#}"))
+}
+
+fn tag_exists(reference: &str) -> bool {
+    Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{reference}"))
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn a_failing_arm64_test_publishes_nothing_and_names_the_platform() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    let test = "    test: {run: [/bin/busybox, sh, -c, \"uname -m; [ $(uname -m) != aarch64 ] || exit 3\"]}\n";
+    let file = project(dir.path(), &repo, "[linux/amd64, linux/arm64]", test);
+    let path = dir.path().join("coverage.json");
+
+    let out = build(&file, &path, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert!(!tag_exists(&format!("{repo}:v1")), "the tag moved");
+
+    let record = read_record(&path);
+    assert_eq!(record["covered"], false);
+    let image = &record["images"][0];
+    assert!(image["unpublished"].is_string(), "{image:#}");
+    let arm = platform(&record, "linux/arm64");
+    assert_eq!(arm["status"], "test_failed", "{arm:#}");
+    assert_eq!(arm["test"]["status"], "failed", "{arm:#}");
+    assert_eq!(arm["test"]["exit_code"], 3, "{arm:#}");
+    let tail: Vec<&str> = arm["test"]["output_tail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(tail.contains(&"aarch64"), "{tail:?}");
+    let amd = platform(&record, "linux/amd64");
+    assert_eq!(amd["test"]["status"], "passed", "{amd:#}");
+
+    // What the user sees: the platform, the command, the status and the tail.
+    let text = stdout(&out);
+    assert!(text.contains("test failed with exit code 3"), "{text}");
+    assert!(text.contains("      | aarch64"), "{text}");
+    assert!(text.contains("not published"), "{text}");
+}
+
+#[test]
+fn passing_tests_on_both_platforms_publish_with_a_test_per_platform() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    let test = "    test:\n      - run: [/bin/busybox, echo, ok]\n      - run: [/bin/busybox, sh, -c, \"test \\\"$MODE\\\" = fast\"]\n        env: {MODE: fast}\n        timeout: 30s\n";
+    let file = project(dir.path(), &repo, "[linux/amd64, linux/arm64]", test);
+    let path = dir.path().join("coverage.json");
+
+    let out = build(&file, &path, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert!(tag_exists(&format!("{repo}:v1")));
+    let record = read_record(&path);
+    assert_eq!(record["covered"], true);
+    for name in ["linux/amd64", "linux/arm64"] {
+        let p = platform(&record, name);
+        assert_eq!(p["status"], "ok", "{p:#}");
+        assert_eq!(p["test"]["status"], "passed", "{p:#}");
+        assert_eq!(p["test"]["exit_code"], 0, "{p:#}");
+    }
+
+    // --no-test runs nothing and says so.
+    let out = build(&file, &path, &["--no-test"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record = read_record(&path);
+    assert_eq!(platform(&record, "linux/arm64")["test"]["status"], "skipped");
+}
+
+#[test]
+fn a_test_past_its_timeout_is_cancelled_and_timed_out() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    let test = "    test: {run: [/bin/busybox, sleep, \"60\"], timeout: 2s}\n";
+    let file = project(dir.path(), &repo, "[linux/amd64]", test);
+    let path = dir.path().join("coverage.json");
+
+    let started = Instant::now();
+    let out = build(&file, &path, &[]);
+    let took = started.elapsed().as_secs_f64();
+    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert!(!tag_exists(&format!("{repo}:v1")), "the tag moved");
+    let record = read_record(&path);
+    let amd = platform(&record, "linux/amd64");
+    assert_eq!(amd["test"]["status"], "timed_out", "{amd:#}");
+    let seconds = amd["test"]["seconds"].as_f64().unwrap();
+    assert!(seconds < 7.0, "the test ran {seconds}s past its 2s timeout");
+    assert!(took < 55.0, "the run waited for the sleep: {took}s");
+}
