@@ -76,7 +76,13 @@ fn a_failing_arm64_test_publishes_nothing_and_names_the_platform() {
     let path = dir.path().join("coverage.json");
 
     let out = build(&file, &path, &[]);
-    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     assert!(!tag_exists(&format!("{repo}:v1")), "the tag moved");
 
     let record = read_record(&path);
@@ -114,7 +120,13 @@ fn passing_tests_on_both_platforms_publish_with_a_test_per_platform() {
     let path = dir.path().join("coverage.json");
 
     let out = build(&file, &path, &[]);
-    assert_eq!(out.status.code(), Some(0), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     assert!(tag_exists(&format!("{repo}:v1")));
     let record = read_record(&path);
     assert_eq!(record["covered"], true);
@@ -129,7 +141,10 @@ fn passing_tests_on_both_platforms_publish_with_a_test_per_platform() {
     let out = build(&file, &path, &["--no-test"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let record = read_record(&path);
-    assert_eq!(platform(&record, "linux/arm64")["test"]["status"], "skipped");
+    assert_eq!(
+        platform(&record, "linux/arm64")["test"]["status"],
+        "skipped"
+    );
 }
 
 #[test]
@@ -144,7 +159,13 @@ fn a_test_past_its_timeout_is_cancelled_and_timed_out() {
     let started = Instant::now();
     let out = build(&file, &path, &[]);
     let took = started.elapsed().as_secs_f64();
-    assert_eq!(out.status.code(), Some(1), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     assert!(!tag_exists(&format!("{repo}:v1")), "the tag moved");
     let record = read_record(&path);
     let amd = platform(&record, "linux/amd64");

@@ -111,7 +111,7 @@ pub(super) async fn run_tests(
                         TestStatus::Passed => {
                             format!("test passed ({:.1}s)", record.seconds.unwrap_or(0.0))
                         }
-                        _ => format!("test {} : {}", status_word(record.status), record.command),
+                        _ => format!("test {}: {}", status_word(record.status), record.command),
                     },
                 });
                 Ok::<_, Error>(((image.name.clone(), pushed.platform.clone()), record))
@@ -304,10 +304,6 @@ fn mark_failed(coverage: &mut [ImageCoverage]) {
         for platform in &mut image.platforms {
             if platform.test.as_ref().is_some_and(failed) {
                 platform.status = PlatformStatus::TestFailed;
-                platform.detail = platform
-                    .test
-                    .as_ref()
-                    .map(|t| format!("test {}: {}", status_word(t.status), t.command));
                 image.covered = false;
             }
         }
