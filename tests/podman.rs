@@ -350,3 +350,30 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
         "temporary image left: {images:?}"
     );
 }
+
+/// `test:` needs BuildKit in this release: on Podman the image is refused before anything
+/// is built (exit 2), naming the image and the fix; `--no-test` builds it.
+#[test]
+fn podman_an_image_with_a_test_is_refused_before_any_build() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("podman/tested"));
+    let name = unique_name("tested");
+    let file = project(dir.path(), &name, &repo);
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, text + "    test: {run: [/bin/busybox, \"true\"]}\n").unwrap();
+
+    let out = run(on_podman().args(["build", "-f"]).arg(&file));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let said = stderr(&out);
+    assert!(
+        said.contains(&format!("test of {name} for linux/")),
+        "{said}"
+    );
+    assert!(
+        said.contains("tests on Podman come in a later release"),
+        "{said}"
+    );
+    assert!(said.contains("--no-test"), "{said}");
+    assert!(!said.contains("[build]"), "something was built: {said}");
+}
