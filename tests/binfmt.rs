@@ -25,18 +25,20 @@ use support::binfmt::{entries, unregister, BinfmtGuard};
 const RUNS_ON_TARGET: &str = "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"mkdir\", \"/made-on-target\"]\nENTRYPOINT [\"/bin/busybox\", \"uname\", \"-m\"]\n";
 
 /// `polyarch build` of a one-image project in `dir` (RUN steps without a network: a
-/// hand-started engine may have no bridge).
+/// hand-started engine may have no bridge), with `fields` added to the image.
 fn polyarch_build(
     dir: &Path,
     dockerfile: &str,
     repository: &str,
     mode: &str,
+    fields: &str,
 ) -> std::process::Output {
     fs::create_dir_all(dir).unwrap();
     support::hello_context(dir, dockerfile);
     let file = support::write_project(dir, repository, "[v1]", "[linux/amd64, linux/arm64]");
     let mut text = fs::read_to_string(&file).unwrap();
     text.push_str("    network: none\n");
+    text.push_str(fields);
     fs::write(&file, text).unwrap();
     support::run(
         support::polyarch()
@@ -135,6 +137,7 @@ async fn binfmt_on_the_real_engine() {
         RUNS_ON_TARGET,
         &registry.repo("binfmt/never-run"),
         "never",
+        "",
     );
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(3), "{stderr}");
@@ -147,6 +150,7 @@ async fn binfmt_on_the_real_engine() {
         support::HELLO,
         &registry.repo("binfmt/never-copy"),
         "never",
+        "",
     );
     assert_eq!(
         copy_only.status.code(),
@@ -327,6 +331,7 @@ async fn binfmt_on_the_real_engine() {
         RUNS_ON_TARGET,
         &repository,
         "auto",
+        "",
     );
     assert_eq!(
         built.status.code(),
@@ -377,6 +382,7 @@ async fn binfmt_on_the_real_engine() {
         ),
         &registry.repo("binfmt/auto-rerun"),
         "auto",
+        "",
     );
     let stderr = String::from_utf8_lossy(&rerun.stderr);
     assert_eq!(rerun.status.code(), Some(0), "{stderr}");

@@ -37,6 +37,17 @@ pub struct TestOutcome {
     pub output_tail: Vec<String>,
 }
 
+impl TestOutcome {
+    /// The kernel could not run the command's binary: no emulator for its architecture.
+    pub fn exec_format_error(&self) -> bool {
+        self.status == TestStatus::Failed
+            && self
+                .output_tail
+                .iter()
+                .any(|line| line.contains("exec format error"))
+    }
+}
+
 /// Why a test could not be run at all (no verdict on the image).
 #[derive(Debug, thiserror::Error)]
 pub enum TestError {

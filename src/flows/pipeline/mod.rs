@@ -68,6 +68,9 @@ struct Built<'a> {
     rebased: BTreeMap<String, ImageSpec>,
     /// The run's builders: a platform's tests run on the one that built it.
     builders: Builders,
+    /// A test of a foreign platform runs under its build's QEMU, and re-checks a
+    /// remembered verdict as a build does.
+    emulation: EmulationPlan<'a>,
 }
 
 /// Builds and pushes every unit by digest; nothing is tagged yet. SIGINT stops it here,
@@ -75,7 +78,7 @@ struct Built<'a> {
 async fn build_units<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
-    options: &BuildOptions,
+    options: &'a BuildOptions,
     part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
@@ -89,7 +92,7 @@ async fn build_units<'a>(
 async fn build_and_push_all<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
-    options: &BuildOptions,
+    options: &'a BuildOptions,
     part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
@@ -151,6 +154,7 @@ async fn build_and_push_all<'a>(
         pushed,
         rebased,
         builders,
+        emulation,
     })
 }
 
@@ -336,7 +340,24 @@ pub async fn build(
                         test,
                         reporter,
                     };
-                    Ok(platform_test::test_on_engine(engine, of).await?)
+                    let outcome = platform_test::test_on_engine(engine, of).await?;
+                    // A remembered emulator may be gone (binfmt cleared since): probe again
+                    // and run the test once more, as a build would be.
+                    let unit = built
+                        .plan
+                        .units
+                        .iter()
+                        .find(|u| u.image.name == image.name && u.platform == pushed.platform);
+                    match unit {
+                        Some(unit)
+                            if outcome.exec_format_error()
+                                && built.emulation.was_remembered(unit)
+                                && built.emulation.recheck(engine, unit, reporter).await? =>
+                        {
+                            Ok(platform_test::test_on_engine(engine, of).await?)
+                        }
+                        _ => Ok(outcome),
+                    }
                 },
             );
             tokio::select! {
