@@ -3,6 +3,8 @@
 
 mod support;
 
+use support::running::processes_running;
+
 use polyarch::base::platform::Platform;
 use polyarch::docker::buildkit::daemon::{Daemon, DaemonError};
 use polyarch::docker::endpoint::{Endpoint, EndpointError, TlsFiles};
@@ -442,20 +444,6 @@ fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
     assert!(stderr.contains("exit code: 1"), "{stderr}");
 }
 
-/// Processes on this host whose command line is exactly `args`: buildkitd runs RUN steps
-/// as host processes.
-fn processes_running(args: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
-        .collect()
-}
-
 /// Polls `done` until it holds, failing with `what` after 30 s.
 fn wait_until(what: &str, done: impl Fn() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -577,4 +565,109 @@ fn buildkitd_builders_for_every_platform_need_no_docker_engine() {
         stderr.contains("unix:///nonexistent/docker.sock") && stderr.contains("down"),
         "{stderr}"
     );
+}
+
+#[test]
+fn buildkitd_tests_each_platform_before_any_tag_moves() {
+    let binfmt = support::binfmt::BinfmtGuard::save();
+    support::binfmt::register_qemu_aarch64(&binfmt);
+    let bk = support::buildkitd::Private::start();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/tested"));
+    let file = run_step_project(dir.path(), &repo, "[linux/amd64, linux/arm64]");
+    let project = std::fs::read_to_string(&file).unwrap();
+    let record = dir.path().join("coverage.json");
+    let build = |test: &str| {
+        std::fs::write(&file, format!("{project}{test}")).unwrap();
+        let out = support::run(
+            polyarch_on(&bk.unix)
+                .args(["build", "-f"])
+                .arg(&file)
+                .arg("--record")
+                .arg(&record)
+                .env("POLYARCH_CACHE_DIR", dir.path().join("cache")),
+        );
+        let text: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+        (out, text)
+    };
+    let test_of = |record: &serde_json::Value, platform: &str| {
+        record["images"][0]["platforms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["platform"] == platform)
+            .map(|p| p["test"].clone())
+            .unwrap()
+    };
+
+    // arm64 fails (under the daemon's QEMU): nothing is published.
+    let (out, failed) = build(
+        "    test: {run: [/bin/busybox, sh, -c, \"uname -m; [ $(uname -m) != aarch64 ] || exit 3\"]}\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let arm = test_of(&failed, "linux/arm64");
+    assert_eq!(arm["status"], "failed", "{failed:#}");
+    assert_eq!(arm["exit_code"], 3, "{failed:#}");
+    assert_eq!(arm["output_tail"][0], "aarch64", "{failed:#}");
+    assert_eq!(test_of(&failed, "linux/amd64")["status"], "passed");
+    let tag = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{repo}:v1"))
+        .output()
+        .unwrap();
+    assert!(!tag.status.success(), "the tag moved");
+
+    // Both pass: published, each platform's test in the record.
+    let passing = "    test: {run: [/bin/busybox, cat, /arch]}\n";
+    let (out, passed) = build(passing);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(test_of(&passed, "linux/arm64")["output_tail"][0], "aarch64");
+    assert_eq!(
+        support::skopeo_inspect_raw(&format!("{repo}:v1"))["manifests"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    // A warm rerun does not test again.
+    let (out, warm) = build(passing);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for platform in ["linux/amd64", "linux/arm64"] {
+        assert_eq!(test_of(&warm, platform)["earlier_run"], true, "{warm:#}");
+    }
+
+    // Past its timeout: cancelled on the daemon, timed out.
+    let started = std::time::Instant::now();
+    let (out, timed) = build(
+        "    test: {run: [/bin/busybox, sleep, \"60\"], timeout: 2s, platforms: [linux/amd64]}\n",
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        test_of(&timed, "linux/amd64")["status"],
+        "timed_out",
+        "{timed:#}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(50));
 }

@@ -12,16 +12,13 @@ mod support;
 
 use proxy::{Fault, Proxy, Rule};
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use support::running::{processes_running, Running, WAIT};
 use support::{hello_context, polyarch, run, skopeo_digest, unique_name, Registry, HELLO};
 
 const PLATFORMS: &str = "[linux/amd64, linux/arm64]";
-const WAIT: Duration = Duration::from_secs(30);
 
 /// A 2-platform project whose `v1` already points at an OLD index, pushed through a
 /// fault proxy in front of a real registry. The image name is unique so that the
@@ -156,96 +153,6 @@ impl Fixture {
             "temporary images left after the rerun: {images:?}"
         );
         assert_empty_dir(tmp.path(), "TMPDIR after the rerun");
-    }
-}
-
-/// A running `polyarch build` whose stderr lines are collected as they come.
-struct Running {
-    child: Child,
-    lines: Receiver<String>,
-    seen: Arc<Mutex<Vec<String>>>,
-    readers: Vec<std::thread::JoinHandle<String>>,
-}
-
-impl Running {
-    fn spawn(mut cmd: Command) -> Running {
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn polyarch");
-        let (tx, lines) = mpsc::channel();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let stderr = child.stderr.take().unwrap();
-        let all = seen.clone();
-        let err_reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                all.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-            String::new()
-        });
-        let mut out = child.stdout.take().unwrap();
-        let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
-        });
-        Running {
-            child,
-            lines,
-            seen,
-            readers: vec![stdout, err_reader],
-        }
-    }
-
-    /// Blocks until a stderr line contains `needle`; panics on exit or timeout.
-    fn wait_line(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(_) => {
-                    let status = self.child.try_wait().ok().flatten();
-                    panic!(
-                        "no stderr line with {needle:?} (status {status:?}):\n{}",
-                        self.stderr()
-                    );
-                }
-            }
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.seen.lock().unwrap().join("\n")
-    }
-
-    fn signal(&self, signal: &str) {
-        let out = run(Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string()));
-        assert!(out.status.success(), "kill -{signal}: {out:?}");
-    }
-
-    /// Waits for the exit (at most [`WAIT`]); returns the status, stdout and stderr.
-    fn finish(mut self) -> (ExitStatus, String, String) {
-        let deadline = Instant::now() + WAIT;
-        let status = loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                panic!("polyarch did not exit:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        // Both readers end at EOF, right after the exit.
-        let stdout: String = self.readers.drain(..).map(|r| r.join().unwrap()).collect();
-        (status, stdout, self.stderr())
     }
 }
 
@@ -521,20 +428,6 @@ fn registry_killed_mid_push_exits_3_naming_it_and_keeps_the_old_tag() {
         "the tag moved although the push failed"
     );
     fixture.rerun_moves_the_tag();
-}
-
-/// Processes on this host whose command line is exactly `args` (BuildKit runs RUN steps as
-/// host processes, outside any `docker ps` container).
-fn processes_running(args: &[&str]) -> Vec<u32> {
-    let wanted: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
-        .collect()
 }
 
 #[test]

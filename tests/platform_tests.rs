@@ -8,8 +8,11 @@ mod support;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Instant;
-use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+use std::time::{Duration, Instant};
+use support::running::{processes_running, Running, WAIT};
+use support::{
+    hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
+};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -33,13 +36,22 @@ fn project(dir: &Path, repo: &str, platforms: &str, test: &str) -> std::path::Pa
     file
 }
 
-fn build(file: &Path, record: &Path, extra: &[&str]) -> Output {
-    run(polyarch()
+/// `polyarch build` with what runs remember kept beside the project: a test never
+/// trusts another test's verdicts.
+fn build_command(file: &Path, record: &Path, extra: &[&str]) -> Command {
+    let mut command = polyarch();
+    command
         .args(["build", "-f"])
         .arg(file)
         .arg("--record")
         .arg(record)
-        .args(extra))
+        .args(extra)
+        .env("POLYARCH_CACHE_DIR", file.with_file_name("cache"));
+    command
+}
+
+fn build(file: &Path, record: &Path, extra: &[&str]) -> Output {
+    run(&mut build_command(file, record, extra))
 }
 
 fn read_record(path: &Path) -> Value {
@@ -137,6 +149,28 @@ fn passing_tests_on_both_platforms_publish_with_a_test_per_platform() {
         assert_eq!(p["test"]["exit_code"], 0, "{p:#}");
     }
 
+    // A warm rerun of the same images with the same tests runs none of them again.
+    let out = build(&file, &path, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("test passed (earlier run)"),
+        "{}",
+        stdout(&out)
+    );
+    let record = read_record(&path);
+    for name in ["linux/amd64", "linux/arm64"] {
+        let p = platform(&record, name);
+        assert_eq!(p["test"]["status"], "passed", "{p:#}");
+        assert_eq!(p["test"]["earlier_run"], true, "{p:#}");
+    }
+    // --rebuild tests again.
+    let out = build(&file, &path, &["--rebuild"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record = read_record(&path);
+    let arm = platform(&record, "linux/arm64");
+    assert_eq!(arm["test"]["status"], "passed", "{arm:#}");
+    assert!(arm["test"].get("earlier_run").is_none(), "{arm:#}");
+
     // --no-test runs nothing and says so.
     let out = build(&file, &path, &["--no-test"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -173,4 +207,59 @@ fn a_test_past_its_timeout_is_cancelled_and_timed_out() {
     let seconds = amd["test"]["seconds"].as_f64().unwrap();
     assert!(seconds < 7.0, "the test ran {seconds}s past its 2s timeout");
     assert!(took < 55.0, "the run waited for the sleep: {took}s");
+}
+
+#[test]
+fn sigint_during_a_test_cancels_it_and_keeps_the_earlier_tag() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    // A sleep no other test runs, so its process names this test's command.
+    let name = unique_name("sleep");
+    let seconds = (3000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    let test = format!("    test: {{run: [/bin/busybox, sleep, \"{seconds}\"], timeout: 2h}}\n");
+    let file = project(dir.path(), &repo, "[linux/amd64]", &test);
+    let path = dir.path().join("coverage.json");
+    let out = build(&file, &path, &["--no-test"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let earlier = skopeo_digest(&format!("{repo}:v1"), None);
+
+    let mut command = build_command(&file, &path, &[]);
+    command.env_remove("CI");
+    let running = Running::spawn(command);
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    let deadline = Instant::now() + WAIT;
+    while processes_running(&sleep).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the test never started:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let interrupted = Instant::now();
+    running.signal("INT");
+    let (status, _, stderr) = running.finish();
+    let exited = interrupted.elapsed();
+    eprintln!("exited {exited:?} after SIGINT\n{stderr}");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(
+        exited < Duration::from_secs(5),
+        "exit took {exited:?}:\n{stderr}"
+    );
+    // The solve is cancelled in the builder: the command does not run on.
+    let deadline = Instant::now() + WAIT;
+    while !processes_running(&sleep).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the test's command still runs {WAIT:?} after the interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("test command gone {:?} after SIGINT", interrupted.elapsed());
+    assert_eq!(
+        skopeo_digest(&format!("{repo}:v1"), None),
+        earlier,
+        "the tag moved although the run was interrupted"
+    );
 }

@@ -2,13 +2,15 @@
 //! registry repository and engine image ID (export and upload are skipped; an entry is
 //! used after the registry confirms the manifest exists), which image each set of build
 //! inputs produced (the build is skipped), which platforms each engine ran (the
-//! emulation probe is skipped), and where each blob was pushed (it is mounted, not
-//! uploaded, to another repository of that registry).
+//! emulation probe is skipped), where each blob was pushed (it is mounted, not
+//! uploaded, to another repository of that registry), and which platform images passed
+//! which tests (they are not run again).
 
 use crate::base::digest::Digest;
 use crate::base::memory::Store;
 use crate::base::oci::ConfigPlatform;
 use crate::builder::build_inputs::RememberedBuild;
+use crate::verify::coverage_record::TestRecord;
 use crate::Platform;
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +113,35 @@ impl EmulationMemory {
 
     pub fn forget(&self, engine: &str, platform: &Platform) {
         self.0.remove(&key(engine, &platform.to_string()));
+    }
+
+    pub fn save(&self) {
+        self.0.save()
+    }
+}
+
+/// Platform images whose `test:` passed in an earlier run, by a key naming the image's
+/// digest and the tests (`tests.json`): an unchanged image with unchanged tests is not
+/// tested again.
+pub struct TestMemory(Store<TestRecord>);
+
+impl TestMemory {
+    pub fn open() -> TestMemory {
+        TestMemory(Store::open("tests.json"))
+    }
+
+    /// Kept in memory only: unit tests never read the user's cache.
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> TestMemory {
+        TestMemory(Store::in_memory())
+    }
+
+    pub fn passed(&self, key: &str) -> Option<TestRecord> {
+        self.0.get(key)
+    }
+
+    pub fn remember(&self, key: &str, record: TestRecord) {
+        self.0.put(key.to_string(), record);
     }
 
     pub fn save(&self) {

@@ -66,6 +66,9 @@ pub struct TestRecord {
     /// cancellation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub output_tail: Vec<String>,
+    /// Passed in an earlier run, on this image by digest with these tests: not run again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub earlier_run: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

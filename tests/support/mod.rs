@@ -12,6 +12,7 @@
 pub mod binfmt;
 pub mod buildkitd;
 pub mod engines;
+pub mod running;
 pub mod token;
 
 use std::fs;

@@ -143,6 +143,9 @@ fn test_lines(test: &TestRecord) -> String {
         .seconds
         .map_or(String::new(), |s| format!(" in {s:.1}s"));
     match test.status {
+        TestStatus::Passed if test.earlier_run => {
+            format!("    test passed (earlier run): {}\n", test.command)
+        }
         TestStatus::Passed => format!("    test passed{seconds}: {}\n", test.command),
         TestStatus::Skipped => format!("    test skipped (--no-test): {}\n", test.command),
         TestStatus::Failed | TestStatus::TimedOut => {
@@ -233,6 +236,7 @@ mod tests {
             exit_code: Some(3),
             seconds: Some(0.4),
             output_tail: vec!["app: error while loading shared libraries\u{1b}[0m".into()],
+            earlier_run: false,
         });
         let shown = coverage_text(&CoverageRecord::new(vec![failed.clone()]));
         assert!(

@@ -18,7 +18,9 @@ use crate::builder::platform_test::{self, TestOf};
 use crate::builder::Builder;
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
-use crate::flows::cache::{BlobMemory, BuildMemory, LayerDigests, PushCache, VerifyMemory};
+use crate::flows::cache::{
+    BlobMemory, BuildMemory, LayerDigests, PushCache, TestMemory, VerifyMemory,
+};
 use crate::project::plan::{self, Unit};
 use crate::project::{BinfmtMode, ImageSpec, Project};
 use crate::publish::layout::OciLayout;
@@ -324,12 +326,17 @@ pub async fn build(
         .collect();
     // Every platform is pushed by digest and nothing is tagged yet: the tests run now,
     // and an image with a failing test is not published.
+    let test_memory = TestMemory::open();
     let results = match options.skip_tests {
         true => platform_tests::skipped(&images),
         false => {
             let tests = platform_tests::run_tests(
                 &images,
                 job_limits(options.jobs).0,
+                platform_tests::Earlier {
+                    memory: &test_memory,
+                    trusted: !options.rebuild,
+                },
                 reporter,
                 async |image: &ImageSpec, pushed: &Pushed, test| {
                     let engine = platform_tests::builder_of(&built.builders, pushed);
@@ -360,11 +367,14 @@ pub async fn build(
                     }
                 },
             );
-            tokio::select! {
-                results = tests => results?,
+            let results = tokio::select! {
+                results = tests => results,
                 // Dropping the tests cancels their solves; no tag has moved.
-                _ = options.interrupt.cancelled() => return Err(Error::Interrupted),
-            }
+                _ = options.interrupt.cancelled() => Err(Error::Interrupted),
+            };
+            // What passed is remembered even when another image's test could not run.
+            test_memory.save();
+            results?
         }
     };
     // What the read-back finds is what a later `verify` or `gate` of the tags will read.

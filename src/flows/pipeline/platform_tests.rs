@@ -2,10 +2,12 @@
 //! pushed by digest and before any index is published or tag moves. An image with a
 //! failing test is not published: its record says which platform failed and how.
 
+use crate::base::digest::Digest;
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::builder::platform_test::{self, TestError, TestOutcome};
 use crate::builder::Builders;
 use crate::docker::engine::Engine;
+use crate::flows::cache::TestMemory;
 use crate::project::plan::Plan;
 use crate::project::platform_test::PlatformTest;
 use crate::project::ImageSpec;
@@ -74,16 +76,31 @@ pub(super) fn builder_of<'b>(builders: &'b Builders, pushed: &Pushed) -> &'b Eng
         .unwrap_or(&builders.default)
 }
 
+/// What earlier runs' tests passed, and whether this run may trust them (not with
+/// `--rebuild`; an image with `no_cache` always tests again).
+pub(super) struct Earlier<'m> {
+    pub memory: &'m TestMemory,
+    pub trusted: bool,
+}
+
+/// The key a platform's passing tests are remembered by: the image by digest and every
+/// setting of its tests, so a changed command, env or timeout runs them again.
+fn remembered_as(digest: &Digest, tests: &[&PlatformTest]) -> String {
+    format!("{digest} {}", Digest::of(format!("{tests:?}").as_bytes()))
+}
+
 /// Runs every test of every pushed platform, `jobs` at once; a platform stops at its
-/// first failing entry. A test that cannot run at all (a lost builder) is the run's error.
+/// first failing entry. A platform whose image and tests passed in an earlier run is not
+/// run again. A test that cannot run at all (a lost builder) is the run's error.
 pub(super) async fn run_tests(
     images: &[(&ImageSpec, Vec<&Pushed>)],
     jobs: usize,
+    earlier: Earlier<'_>,
     reporter: &dyn Reporter,
     run: impl AsyncFn(&ImageSpec, &Pushed, &PlatformTest) -> Result<TestOutcome>,
 ) -> Result<TestResults> {
     let limit = tokio::sync::Semaphore::new(jobs.max(1));
-    let (limit, run) = (&limit, &run);
+    let (limit, run, earlier) = (&limit, &run, &earlier);
     let platforms = images.iter().flat_map(|(image, pushed)| {
         pushed
             .iter()
@@ -92,22 +109,41 @@ pub(super) async fn run_tests(
     let tested =
         futures_util::future::try_join_all(platforms.filter(|(_, _, t)| !t.is_empty()).map(
             |(image, pushed, tests)| async move {
-                let mut ran: Vec<(&PlatformTest, TestOutcome)> = Vec::new();
-                for test in tests {
-                    let _job = limit.acquire().await.map_err(|_| Error::Interrupted)?;
-                    let outcome = run(image, pushed, test).await?;
-                    let passed = outcome.status == platform_test::TestStatus::Passed;
-                    ran.push((test, outcome));
-                    if !passed {
-                        break;
+                let key = remembered_as(&pushed.entry.digest, &tests);
+                let passed_before = (earlier.trusted && !image.no_cache)
+                    .then(|| earlier.memory.passed(&key))
+                    .flatten();
+                let record = match passed_before {
+                    Some(record) => TestRecord {
+                        earlier_run: true,
+                        ..record
+                    },
+                    None => {
+                        let mut ran: Vec<(&PlatformTest, TestOutcome)> = Vec::new();
+                        for test in tests {
+                            let _job = limit.acquire().await.map_err(|_| Error::Interrupted)?;
+                            let outcome = run(image, pushed, test).await?;
+                            let passed = outcome.status == platform_test::TestStatus::Passed;
+                            ran.push((test, outcome));
+                            if !passed {
+                                break;
+                            }
+                        }
+                        let record = record_of(&ran);
+                        if record.status == TestStatus::Passed {
+                            earlier.memory.remember(&key, record.clone());
+                        }
+                        record
                     }
-                }
-                let record = record_of(&ran);
+                };
                 reporter.report(Event::Phase {
                     image: image.name.clone(),
                     platform: Some(pushed.platform.clone()),
                     phase: Phase::Test,
                     message: match record.status {
+                        TestStatus::Passed if record.earlier_run => {
+                            "test passed (earlier run)".to_string()
+                        }
                         TestStatus::Passed => {
                             format!("test passed ({:.1}s)", record.seconds.unwrap_or(0.0))
                         }
@@ -138,6 +174,7 @@ pub(super) fn skipped(images: &[(&ImageSpec, Vec<&Pushed>)]) -> TestResults {
                     exit_code: None,
                     seconds: None,
                     output_tail: Vec::new(),
+                    earlier_run: false,
                 },
             );
         }
@@ -173,6 +210,7 @@ fn record_of(ran: &[(&PlatformTest, TestOutcome)]) -> TestRecord {
             exit_code: None,
             seconds: None,
             output_tail: Vec::new(),
+            earlier_run: false,
         };
     };
     let status = match outcome.status {
@@ -194,6 +232,7 @@ fn record_of(ran: &[(&PlatformTest, TestOutcome)]) -> TestRecord {
         exit_code: outcome.exit_code,
         seconds: Some((seconds * 100.0).round() / 100.0),
         output_tail: outcome.output_tail.clone(),
+        earlier_run: false,
     }
 }
 

@@ -76,9 +76,14 @@ async fn a_failing_platform_stops_its_image_and_the_others_publish() {
     let list = vec![(&api, of("api")), (&web, of("web"))];
     let store = FakeStore::default();
     let ran = Mutex::new(Vec::new());
+    let memory = TestMemory::in_memory();
     let results = run_tests(
         &list,
         2,
+        Earlier {
+            memory: &memory,
+            trusted: true,
+        },
         &Silent,
         async |image: &ImageSpec, p: &Pushed, _: &PlatformTest| {
             // Nothing is tagged while the tests run.
@@ -151,9 +156,14 @@ async fn a_platform_stops_at_its_first_failing_entry_and_a_timeout_is_a_gap() {
     let units = [pushed("api", "amd64", 'a'), pushed("api", "arm64", 'b')];
     let list = vec![(&api, units.iter().collect::<Vec<_>>())];
     let ran = Mutex::new(0);
+    let memory = TestMemory::in_memory();
     let results = run_tests(
         &list,
         1,
+        Earlier {
+            memory: &memory,
+            trusted: true,
+        },
         &Silent,
         async |_: &ImageSpec, p: &Pushed, _: &PlatformTest| {
             *ran.lock().unwrap() += 1;
@@ -172,6 +182,68 @@ async fn a_platform_stops_at_its_first_failing_entry_and_a_timeout_is_a_gap() {
     let arm = &results[&("api".to_string(), Platform::linux("arm64", None))];
     assert_eq!(arm.status, TestStatus::TimedOut);
     assert_eq!(arm.exit_code, None);
+}
+
+/// Runs `api`'s tests on both platforms with `memory`, arm64 failing when `arm_fails`;
+/// returns the platforms that ran and the results.
+async fn tested_with(
+    api: &ImageSpec,
+    memory: &TestMemory,
+    trusted: bool,
+    arm_fails: bool,
+) -> (Vec<String>, TestResults) {
+    let units = [pushed("api", "amd64", 'a'), pushed("api", "arm64", 'b')];
+    let list = vec![(api, units.iter().collect::<Vec<_>>())];
+    let ran = Mutex::new(Vec::new());
+    let results = run_tests(
+        &list,
+        2,
+        Earlier { memory, trusted },
+        &Silent,
+        async |_: &ImageSpec, p: &Pushed, _: &PlatformTest| {
+            ran.lock().unwrap().push(p.platform.to_string());
+            let arm = p.platform.architecture == "arm64";
+            Ok(outcome(match arm && arm_fails {
+                true => Outcome::Failed,
+                false => Outcome::Passed,
+            }))
+        },
+    )
+    .await
+    .unwrap();
+    let mut ran = ran.into_inner().unwrap();
+    ran.sort();
+    (ran, results)
+}
+
+#[tokio::test]
+async fn a_rerun_tests_only_what_did_not_pass_on_the_same_image_with_the_same_tests() {
+    let (mut api, _) = images();
+    let memory = TestMemory::in_memory();
+    let arm64 = ("api".to_string(), Platform::linux("arm64", None));
+    let amd64 = ("api".to_string(), Platform::linux("amd64", None));
+
+    let (ran, _) = tested_with(&api, &memory, true, true).await;
+    assert_eq!(ran, ["linux/amd64", "linux/arm64"]);
+    // amd64 passed before; the failed arm64 runs again.
+    let (ran, results) = tested_with(&api, &memory, true, false).await;
+    assert_eq!(ran, ["linux/arm64"]);
+    assert!(results[&amd64].earlier_run);
+    assert_eq!(results[&amd64].status, TestStatus::Passed);
+    assert!(!results[&arm64].earlier_run);
+    // Both passed: nothing runs.
+    let (ran, results) = tested_with(&api, &memory, true, false).await;
+    assert!(ran.is_empty(), "{ran:?}");
+    assert!(results[&arm64].earlier_run);
+    // --rebuild, a changed test, and no_cache each test again.
+    let (ran, _) = tested_with(&api, &memory, false, false).await;
+    assert_eq!(ran.len(), 2);
+    api.tests[0].timeout = std::time::Duration::from_secs(6);
+    let (ran, _) = tested_with(&api, &memory, true, false).await;
+    assert_eq!(ran.len(), 2);
+    api.no_cache = true;
+    let (ran, _) = tested_with(&api, &memory, true, false).await;
+    assert_eq!(ran.len(), 2);
 }
 
 #[tokio::test]
