@@ -263,3 +263,68 @@ fn sigint_during_a_test_cancels_it_and_keeps_the_earlier_tag() {
         "the tag moved although the run was interrupted"
     );
 }
+
+#[test]
+fn split_runners_test_their_platform_and_assemble_refuses_a_failed_part() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    let failing =
+        "    test: {run: [/bin/busybox, sh, -c, \"[ $(uname -m) != aarch64 ] || exit 3\"]}\n";
+    let file = project(dir.path(), &repo, "[linux/amd64, linux/arm64]", failing);
+    let part = |arch: &str| {
+        let path = dir.path().join(format!("part-{arch}.json"));
+        let platform = format!("linux/{arch}");
+        let out = build(&file, &path, &["--platform", &platform, "--push-by-digest"]);
+        let part: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        (out, path, part)
+    };
+    let assemble = |parts: &[&Path]| {
+        run(polyarch()
+            .args(["assemble", "-f"])
+            .arg(&file)
+            .args(parts)
+            .arg("--record")
+            .arg(dir.path().join("assembled.json"))
+            .env("POLYARCH_CACHE_DIR", dir.path().join("cache")))
+    };
+
+    let (out, amd, part_amd) = part("amd64");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        part_amd["images"][0]["platforms"][0]["test"]["status"],
+        "passed"
+    );
+    // The arm64 runner's test fails: its job fails, and its part says why.
+    let (out, arm, part_arm) = part("arm64");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let test = &part_arm["images"][0]["platforms"][0]["test"];
+    assert_eq!(test["status"], "failed", "{part_arm:#}");
+    assert_eq!(test["exit_code"], 3, "{part_arm:#}");
+
+    let out = assemble(&[&amd, &arm]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("linux/arm64: its test failed on the runner that built it"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!tag_exists(&format!("{repo}:v1")), "the tag moved");
+
+    // Fixed: the arm64 part passes and the index is published with each runner's test.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(&file, text.replace("|| exit 3", "|| exit 0")).unwrap();
+    let (out, amd, _) = part("amd64");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (out, arm, _) = part("arm64");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = assemble(&[&amd, &arm]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(tag_exists(&format!("{repo}:v1")));
+    let record = read_record(&dir.path().join("assembled.json"));
+    assert_eq!(
+        platform(&record, "linux/arm64")["test"]["status"],
+        "passed",
+        "{record:#}"
+    );
+}

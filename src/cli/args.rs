@@ -266,6 +266,10 @@ pub struct AssembleArgs {
     /// Only these images (all images found in the parts by default).
     #[arg(long = "image")]
     pub images: Vec<String>,
+    /// Publish parts whose platforms were not tested (built with --no-test or without
+    /// `test:`); a part whose test failed is refused all the same.
+    #[arg(long)]
+    pub no_test: bool,
     /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
     /// dockerfile, platforms, target; lists comma-separated) or
     /// IMAGE.build_args.NAME=VALUE / IMAGE.labels.KEY=VALUE. IMAGE may use `*`. Repeatable.

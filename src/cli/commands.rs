@@ -241,7 +241,28 @@ fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
         OutputFormat::Text if output.record.is_none() => println!("{}", part.to_json()),
         OutputFormat::Text => {}
     }
-    Ok(exit::COVERED)
+    // A platform whose test failed is a gap: `assemble` will refuse this part.
+    let mut test_failed = false;
+    for image in &part.images {
+        for platform in &image.platforms {
+            let Some(test) = platform.test.as_ref().filter(|t| t.failed()) else {
+                continue;
+            };
+            test_failed = true;
+            if output.output_format == OutputFormat::Text {
+                eprint!(
+                    "{} {}: not assembled until fixed\n{}",
+                    image.name,
+                    platform.platform,
+                    super::render::test_lines(test)
+                );
+            }
+        }
+    }
+    Ok(match test_failed {
+        true => exit::GAP,
+        false => exit::COVERED,
+    })
 }
 
 async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
@@ -257,6 +278,7 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
         &project,
         &parts,
         &args.images,
+        args.no_test,
         &options,
         interrupt,
         reporter.as_ref(),

@@ -12,7 +12,7 @@ use crate::publish::store::{connect_registry, Destination};
 use crate::publish::{publish_all, Pushed};
 use crate::registry::RegistryError::{self, Content, PartNotImage};
 use crate::registry::{Registry, RegistryOptions};
-use crate::verify::coverage_record::{CoverageRecord, PartPlatform, PartRecord};
+use crate::verify::coverage_record::{CoverageRecord, PartPlatform, PartRecord, TestStatus};
 use crate::{Error, Result};
 use std::path::{Path, PathBuf};
 
@@ -20,12 +20,14 @@ use std::path::{Path, PathBuf};
 pub type PartFile = (PathBuf, PartRecord);
 
 /// `assemble`: checks every part is in the registry and covers the declared platforms
-/// exactly once, then publishes each image's index to its tags and reads it back.
-/// Nothing is published when any part is missing, doubled or wrong.
+/// exactly once, that no part's test failed and (unless `skip_tests`) that each tested
+/// platform's test passed on its runner, then publishes each image's index to its tags and reads it back.
+/// Nothing is published when any part is missing, doubled, wrong or failed its test.
 pub async fn assemble(
     project: &Project,
     parts: &[PartFile],
     selected: &[String],
+    skip_tests: bool,
     options: &RegistryOptions,
     interrupt: &tokio_util::sync::CancellationToken,
     reporter: &dyn Reporter,
@@ -56,9 +58,14 @@ pub async fn assemble(
         .iter()
         .map(|image| match_parts(project, image, parts))
         .collect::<Result<Vec<_>>>()?;
+    for (image, platforms) in images.iter().zip(&matched) {
+        platforms
+            .iter()
+            .try_for_each(|part| check_tested(image, part, skip_tests))?;
+    }
     let registry = connect_registry(&images, options, true).await?;
     let mut ready = Vec::new();
-    for (image, platforms) in images.iter().zip(matched) {
+    for (image, platforms) in images.iter().zip(matched.iter()) {
         let mut pushed = Vec::new();
         for part in platforms {
             pushed.push(check_part(&registry, image, part).await?);
@@ -73,7 +80,48 @@ pub async fn assemble(
     let memory = VerifyMemory::open();
     let published = publish_all(&destination, &ready, &memory, interrupt, reporter).await;
     memory.save();
-    Ok(CoverageRecord::new(published?))
+    let mut published = published?;
+    // Each platform's record carries the test its runner ran.
+    for (image, parts) in published.iter_mut().zip(&matched) {
+        for platform in &mut image.platforms {
+            platform.test = parts
+                .iter()
+                .find(|part| part.platform == platform.platform)
+                .and_then(|part| part.test.clone());
+        }
+    }
+    Ok(CoverageRecord::new(published))
+}
+
+/// A part's platform: its runner's test must not have failed, and where the image tests
+/// it, must have passed (unless `skip_tests`).
+fn check_tested(image: &ImageSpec, part: &PartPlatform, skip_tests: bool) -> Result<()> {
+    let refuse = |why: String| {
+        Err(Error::Usage(format!(
+            "{} {}: {why}",
+            image.name, part.platform
+        )))
+    };
+    let tested = image
+        .tests
+        .iter()
+        .any(|t| t.platforms.contains(&part.platform));
+    match &part.test {
+        Some(test) if test.failed() => refuse(format!(
+            "its test failed on the runner that built it ({}{}); fix the image and rebuild that part",
+            test.command,
+            test.exit_code
+                .map_or(String::new(), |code| format!(", exit code {code}"))
+        )),
+        _ if skip_tests || !tested => Ok(()),
+        Some(test) if test.status == TestStatus::Skipped => refuse(
+            "its part was built with --no-test while the project file gives it a test:; rebuild the part without --no-test, or assemble with --no-test".into(),
+        ),
+        Some(_) => Ok(()),
+        None => refuse(
+            "its part records no test while the project file gives it a test:; rebuild the part with this project file, or assemble with --no-test".into(),
+        ),
+    }
 }
 
 /// The part platform for each of `image`'s declared platforms, in declared order: each
@@ -195,7 +243,7 @@ async fn check_part(registry: &Registry, image: &ImageSpec, part: &PartPlatform)
 mod tests {
     use super::*;
     use crate::project::{LoadOptions, Purpose};
-    use crate::verify::coverage_record::{BuildInfo, PartImage};
+    use crate::verify::coverage_record::{BuildInfo, PartImage, TestRecord};
     use crate::Platform;
 
     fn project() -> Project {
@@ -220,6 +268,7 @@ mod tests {
                     seconds: 1.0,
                     ..Default::default()
                 },
+                test: None,
             })
             .collect();
         let image = PartImage {
@@ -238,6 +287,61 @@ mod tests {
     }
 
     const REPO: &str = "127.0.0.1:5000/api";
+
+    #[test]
+    fn a_tested_platform_needs_its_runners_test_to_have_passed() {
+        let project = project();
+        let text = "version: 1\nimages:\n  api:\n    context: .\n    repository: 127.0.0.1:5000/api\n    tags: [v1]\n    platforms: [linux/amd64, linux/arm64]\n    test: {run: [/bin/app], platforms: [linux/arm64]}\n";
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            ..LoadOptions::default()
+        };
+        let tested = Project::parse(Path::new("polyarch.yaml"), text, &options).unwrap();
+        let (_, record) = part("p.json", REPO, &["amd64", "arm64"]);
+        let [amd, arm] = [
+            &record.images[0].platforms[0],
+            &record.images[0].platforms[1],
+        ];
+        let with = |status: TestStatus, exit_code: Option<i64>| PartPlatform {
+            test: Some(TestRecord {
+                status,
+                command: "[\"/bin/app\"]".into(),
+                exit_code,
+                seconds: Some(0.2),
+                output_tail: Vec::new(),
+                earlier_run: false,
+            }),
+            ..arm.clone()
+        };
+        let message = |outcome: Result<()>| match outcome {
+            Err(Error::Usage(message)) => message,
+            other => panic!("expected a usage error, got {other:?}"),
+        };
+        let image = &tested.images[0];
+        // Untested amd64 needs nothing; arm64 with no test recorded is refused.
+        check_tested(image, amd, false).unwrap();
+        let no_test = message(check_tested(image, arm, false));
+        assert!(
+            no_test.contains("api linux/arm64: its part records no test")
+                && no_test.contains("assemble with --no-test"),
+            "{no_test}"
+        );
+        check_tested(image, arm, true).unwrap();
+        check_tested(image, &with(TestStatus::Passed, Some(0)), false).unwrap();
+        let skipped = message(check_tested(image, &with(TestStatus::Skipped, None), false));
+        assert!(skipped.contains("built with --no-test"), "{skipped}");
+        // A failed test is refused even with --no-test, and where no test is declared.
+        let failed = with(TestStatus::Failed, Some(3));
+        for (image, skip) in [(image, true), (&project.images[0], false)] {
+            let refused = message(check_tested(image, &failed, skip));
+            assert!(
+                refused.contains(
+                    "its test failed on the runner that built it ([\"/bin/app\"], exit code 3)"
+                ),
+                "{refused}"
+            );
+        }
+    }
 
     #[test]
     fn one_part_per_platform_is_taken_in_declared_order() {

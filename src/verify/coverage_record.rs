@@ -71,6 +71,13 @@ pub struct TestRecord {
     pub earlier_run: bool,
 }
 
+impl TestRecord {
+    /// Failed or timed out: the platform is a gap and its image is not published.
+    pub fn failed(&self) -> bool {
+        matches!(self.status, TestStatus::Failed | TestStatus::TimedOut)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageCoverage {
     pub name: String,
@@ -228,6 +235,9 @@ pub struct PartPlatform {
     pub digest: Digest,
     pub size: u64,
     pub build: BuildInfo,
+    /// The platform's `test:` as this runner ran it; `assemble` refuses a failed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test: Option<TestRecord>,
 }
 
 impl PartRecord {

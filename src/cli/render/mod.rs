@@ -138,7 +138,7 @@ fn platform_lines(p: &PlatformCoverage) -> String {
 
 /// A platform's test: one line when it passed or was skipped; a failure's command,
 /// status and output tail.
-fn test_lines(test: &TestRecord) -> String {
+pub(super) fn test_lines(test: &TestRecord) -> String {
     let seconds = test
         .seconds
         .map_or(String::new(), |s| format!(" in {s:.1}s"));

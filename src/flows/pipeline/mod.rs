@@ -81,12 +81,11 @@ async fn build_units<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
     options: &'a BuildOptions,
-    part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
     tokio::select! {
-        built = build_and_push_all(project, engine, options, part, cleanup, reporter) => built,
+        built = build_and_push_all(project, engine, options, cleanup, reporter) => built,
         _ = options.interrupt.cancelled() => Err(Error::Interrupted),
     }
 }
@@ -95,7 +94,6 @@ async fn build_and_push_all<'a>(
     project: &'a Project,
     engine: impl Future<Output = Result<Engine>>,
     options: &'a BuildOptions,
-    part: bool,
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Built<'a>> {
@@ -113,7 +111,7 @@ async fn build_and_push_all<'a>(
     let plan = selection.on(&engine.native);
     let builders = Builders::connect(engine.clone(), &project.builders, &plan, reporter).await?;
     if !options.skip_tests {
-        platform_tests::check_testable(&plan, &builders, options.layout.is_some(), part)?;
+        platform_tests::check_testable(&plan, &builders, options.layout.is_some())?;
     }
     let destination = destination(&plan, reached)?;
     let blobs = Arc::new(BlobMemory::open());
@@ -310,73 +308,11 @@ pub async fn build(
     cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<CoverageRecord> {
-    let built = build_units(project, engine, options, false, cleanup, reporter).await?;
-    let images: Vec<(&ImageSpec, Vec<&Pushed>)> = built
-        .plan
-        .images
-        .iter()
-        .map(|image| {
-            let mine = built
-                .pushed
-                .iter()
-                .filter(|p| p.image == image.name)
-                .collect();
-            (built.rebased.get(&image.name).unwrap_or(image), mine)
-        })
-        .collect();
+    let built = build_units(project, engine, options, cleanup, reporter).await?;
+    let images = pushed_by_image(&built);
     // Every platform is pushed by digest and nothing is tagged yet: the tests run now,
     // and an image with a failing test is not published.
-    let test_memory = TestMemory::open();
-    let results = match options.skip_tests {
-        true => platform_tests::skipped(&images),
-        false => {
-            let tests = platform_tests::run_tests(
-                &images,
-                job_limits(options.jobs).0,
-                platform_tests::Earlier {
-                    memory: &test_memory,
-                    trusted: !options.rebuild,
-                },
-                reporter,
-                async |image: &ImageSpec, pushed: &Pushed, test| {
-                    let engine = platform_tests::builder_of(&built.builders, pushed);
-                    let of = TestOf {
-                        spec: image,
-                        platform: &pushed.platform,
-                        digest: &pushed.entry.digest,
-                        test,
-                        reporter,
-                    };
-                    let outcome = platform_test::test_on_engine(engine, of).await?;
-                    // A remembered emulator may be gone (binfmt cleared since): probe again
-                    // and run the test once more, as a build would be.
-                    let unit = built
-                        .plan
-                        .units
-                        .iter()
-                        .find(|u| u.image.name == image.name && u.platform == pushed.platform);
-                    match unit {
-                        Some(unit)
-                            if outcome.exec_format_error()
-                                && built.emulation.was_remembered(unit)
-                                && built.emulation.recheck(engine, unit, reporter).await? =>
-                        {
-                            Ok(platform_test::test_on_engine(engine, of).await?)
-                        }
-                        _ => Ok(outcome),
-                    }
-                },
-            );
-            let results = tokio::select! {
-                results = tests => results,
-                // Dropping the tests cancels their solves; no tag has moved.
-                _ = options.interrupt.cancelled() => Err(Error::Interrupted),
-            };
-            // What passed is remembered even when another image's test could not run.
-            test_memory.save();
-            results?
-        }
-    };
+    let results = test_pushed(&built, &images, options, reporter).await?;
     // What the read-back finds is what a later `verify` or `gate` of the tags will read.
     let memory = VerifyMemory::open();
     let published = platform_tests::publish_tested(
@@ -390,6 +326,82 @@ pub async fn build(
     let published = published.await;
     memory.save();
     Ok(CoverageRecord::new(published?))
+}
+
+/// Runs each pushed platform's tests on the builder that built it (`--no-test`: records
+/// them skipped). Nothing is tagged while they run; Ctrl-C cancels them.
+async fn test_pushed(
+    built: &Built<'_>,
+    images: &[(&ImageSpec, Vec<&Pushed>)],
+    options: &BuildOptions,
+    reporter: &dyn Reporter,
+) -> Result<platform_tests::TestResults> {
+    if options.skip_tests {
+        return Ok(platform_tests::skipped(images));
+    }
+    let test_memory = TestMemory::open();
+    let tests = platform_tests::run_tests(
+        images,
+        job_limits(options.jobs).0,
+        platform_tests::Earlier {
+            memory: &test_memory,
+            trusted: !options.rebuild,
+        },
+        reporter,
+        async |image: &ImageSpec, pushed: &Pushed, test| {
+            let engine = platform_tests::builder_of(&built.builders, pushed);
+            let of = TestOf {
+                spec: image,
+                platform: &pushed.platform,
+                digest: &pushed.entry.digest,
+                test,
+                reporter,
+            };
+            let outcome = platform_test::test_on_engine(engine, of).await?;
+            // A remembered emulator may be gone (binfmt cleared since): probe again
+            // and run the test once more, as a build would be.
+            let unit = built
+                .plan
+                .units
+                .iter()
+                .find(|u| u.image.name == image.name && u.platform == pushed.platform);
+            match unit {
+                Some(unit)
+                    if outcome.exec_format_error()
+                        && built.emulation.was_remembered(unit)
+                        && built.emulation.recheck(engine, unit, reporter).await? =>
+                {
+                    Ok(platform_test::test_on_engine(engine, of).await?)
+                }
+                _ => Ok(outcome),
+            }
+        },
+    );
+    let results = tokio::select! {
+        results = tests => results,
+        // Dropping the tests cancels their solves; no tag has moved.
+        _ = options.interrupt.cancelled() => Err(Error::Interrupted),
+    };
+    // What passed is remembered even when another image's test could not run.
+    test_memory.save();
+    results
+}
+
+/// Each image of the plan with its pushed platforms (a dependent as rebuilt FROM digests).
+fn pushed_by_image<'b>(built: &'b Built<'_>) -> Vec<(&'b ImageSpec, Vec<&'b Pushed>)> {
+    built
+        .plan
+        .images
+        .iter()
+        .map(|image| {
+            let mine = built
+                .pushed
+                .iter()
+                .filter(|p| p.image == image.name)
+                .collect();
+            (built.rebased.get(&image.name).unwrap_or(image), mine)
+        })
+        .collect()
 }
 
 /// `build --push-by-digest`: pushes this runner's platforms by digest and records them
@@ -406,22 +418,25 @@ pub async fn build_part(
             "--push-by-digest pushes to the registry; drop --output".into(),
         ));
     }
-    let Built { plan, pushed, .. } =
-        build_units(project, engine, options, true, cleanup, reporter).await?;
-    let images = plan
-        .images
+    let built = build_units(project, engine, options, cleanup, reporter).await?;
+    let images = pushed_by_image(&built);
+    // The runner that built a platform tests it; `assemble` reads the verdict.
+    let results = test_pushed(&built, &images, options, reporter).await?;
+    let images = images
         .iter()
-        .map(|image| PartImage {
+        .map(|(image, pushed)| PartImage {
             name: image.name.clone(),
             repository: image.repository.clone(),
             platforms: pushed
                 .iter()
-                .filter(|p| p.image == image.name)
                 .map(|p| PartPlatform {
                     platform: p.platform.clone(),
                     digest: p.entry.digest.clone(),
                     size: p.entry.size,
                     build: p.build.clone(),
+                    test: results
+                        .get(&(image.name.clone(), p.platform.clone()))
+                        .cloned(),
                 })
                 .collect(),
         })

@@ -33,14 +33,9 @@ fn tests_on<'i>(image: &'i ImageSpec, platform: &Platform) -> Vec<&'i PlatformTe
 }
 
 /// Refuses, before anything is built, a run that would test a platform where tests
-/// cannot run: on a builder without BuildKit, into an OCI layout, or by digest only
-/// (`--push-by-digest`). `--no-test` lets it through.
-pub(super) fn check_testable(
-    plan: &Plan<'_>,
-    builders: &Builders,
-    layout: bool,
-    part: bool,
-) -> Result<()> {
+/// cannot run: on a builder without BuildKit, or into an OCI layout. `--no-test` lets it
+/// through.
+pub(super) fn check_testable(plan: &Plan<'_>, builders: &Builders, layout: bool) -> Result<()> {
     for unit in &plan.units {
         if tests_on(unit.image, &unit.platform).is_empty() {
             continue;
@@ -52,9 +47,6 @@ pub(super) fn check_testable(
         };
         if layout {
             return Err(refuse("tests run the image pulled from the registry by digest, and --output oci: pushes nothing: push to a registry, or run with --no-test".into()));
-        }
-        if part {
-            return Err(refuse("tests with --push-by-digest (split runners) come in a later release: run with --no-test and test where the tags are published".into()));
         }
         let engine = builders.for_unit(unit);
         if !engine.buildkit {
@@ -236,10 +228,6 @@ fn record_of(ran: &[(&PlatformTest, TestOutcome)]) -> TestRecord {
     }
 }
 
-fn failed(record: &TestRecord) -> bool {
-    matches!(record.status, TestStatus::Failed | TestStatus::TimedOut)
-}
-
 /// Publishes every image none of whose platforms failed a test; an image with a failing
 /// test moves no tag and publishes no index, and is recorded as not covered. Each
 /// platform's record carries its test.
@@ -254,7 +242,7 @@ pub(super) async fn publish_tested(
     let image_failed = |image: &ImageSpec| {
         results
             .iter()
-            .any(|((name, _), record)| *name == image.name && failed(record))
+            .any(|((name, _), record)| *name == image.name && record.failed())
     };
     let passing: Vec<(&ImageSpec, Vec<&Pushed>)> = images
         .iter()
@@ -341,7 +329,7 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
 fn mark_failed(coverage: &mut [ImageCoverage]) {
     for image in coverage {
         for platform in &mut image.platforms {
-            if platform.test.as_ref().is_some_and(failed) {
+            if platform.test.as_ref().is_some_and(TestRecord::failed) {
                 platform.status = PlatformStatus::TestFailed;
                 image.covered = false;
             }
