@@ -190,10 +190,13 @@ pub fn schema_page(title: &str, source: &str, intro: &str, schema: &Value) -> St
     }
     let mut walk = Walk {
         root: schema,
-        seen: Vec::new(),
-        out: &mut out,
+        sections: Vec::new(),
+        homes: Vec::new(),
     };
-    walk.object("", schema);
+    walk.collect("", schema);
+    for (path, node) in &walk.sections {
+        walk.section(&mut out, path, node);
+    }
     one_final_newline(out)
 }
 
@@ -205,26 +208,71 @@ fn one_final_newline(mut page: String) -> String {
 
 struct Walk<'a> {
     root: &'a Value,
-    /// Definitions already given a section: a list of builders and a builder share one.
-    seen: Vec<String>,
-    out: &'a mut String,
+    /// Every object with fields, by path, in page order.
+    sections: Vec<(String, &'a Value)>,
+    /// The path of each definition's first use: a list of builders and a builder share
+    /// one section, and a field of that type links there.
+    homes: Vec<(&'a str, String)>,
 }
 
 impl<'a> Walk<'a> {
-    /// A section for an object with `properties`, then one for each object nested in it.
-    fn object(&mut self, path: &str, node: &'a Value) {
+    /// A section for an object with `properties`, then the objects nested in its fields.
+    fn collect(&mut self, path: &str, node: &'a Value) {
         let Some(properties) = node.get("properties").and_then(Value::as_mapping) else {
             return;
         };
+        self.sections.push((path.to_string(), node));
+        for (name, field) in properties {
+            let name = name.as_str().unwrap_or_default();
+            let child = if path.is_empty() {
+                name.to_string()
+            } else {
+                format!("{path}.{name}")
+            };
+            self.nested(&child, field);
+        }
+    }
+
+    /// The objects inside a field: itself, a map's values (`.*`), a list's items (`[]`) and
+    /// each alternative of a `oneOf`/`anyOf`.
+    fn nested(&mut self, path: &str, node: &'a Value) {
+        if let Some(name) = reference(node) {
+            if self.homes.iter().any(|(home, _)| *home == name) {
+                return;
+            }
+            self.homes.push((name, path.to_string()));
+        }
+        let node = self.resolve(node);
+        self.collect(path, node);
+        if let Some(values) = node.get("additionalProperties").filter(|v| v.is_mapping()) {
+            self.nested(&format!("{path}.*"), values);
+        }
+        if let Some(items) = node.get("items") {
+            self.nested(&format!("{path}[]"), items);
+        }
+        for key in ["oneOf", "anyOf"] {
+            for alternative in node
+                .get(key)
+                .and_then(Value::as_sequence)
+                .into_iter()
+                .flatten()
+            {
+                self.nested(path, alternative);
+            }
+        }
+    }
+
+    /// A heading, the object's description and a table of its fields.
+    fn section(&self, out: &mut String, path: &str, node: &'a Value) {
         let heading = if path.is_empty() {
             "Top level".to_string()
         } else {
             format!("`{path}`")
         };
-        writeln!(self.out, "## {heading}\n").unwrap();
+        writeln!(out, "## {heading}\n").unwrap();
         if !path.is_empty() {
             if let Some(description) = text(node, "description") {
-                writeln!(self.out, "{}\n", prose(description)).unwrap();
+                writeln!(out, "{}\n", prose(description)).unwrap();
             }
         }
         let required: Vec<&str> = node
@@ -232,10 +280,11 @@ impl<'a> Walk<'a> {
             .and_then(Value::as_sequence)
             .map(|r| r.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        self.out.push_str(
+        out.push_str(
             "| field | type | required | default | description |\n|---|---|---|---|---|\n",
         );
-        for (name, field) in properties {
+        let properties = node.get("properties").and_then(Value::as_mapping);
+        for (name, field) in properties.into_iter().flatten() {
             let name = name.as_str().unwrap_or_default();
             // What the field says of itself wins over what its definition says.
             let definition = self.resolve(field);
@@ -254,7 +303,7 @@ impl<'a> Walk<'a> {
                 write!(description, " Example: {}.", examples.join(", ")).unwrap();
             }
             writeln!(
-                self.out,
+                out,
                 "| `{name}` | {} | {} | {} | {} |",
                 cell(&self.type_of(field)),
                 if required.contains(&name) { "yes" } else { "" },
@@ -267,45 +316,7 @@ impl<'a> Walk<'a> {
             )
             .unwrap();
         }
-        self.out.push('\n');
-        for (name, field) in properties {
-            let name = name.as_str().unwrap_or_default();
-            let child = if path.is_empty() {
-                name.to_string()
-            } else {
-                format!("{path}.{name}")
-            };
-            self.nested(&child, field);
-        }
-    }
-
-    /// The objects inside a field: itself, a map's values (`.*`), a list's items (`[]`) and
-    /// each alternative of a `oneOf`/`anyOf`.
-    fn nested(&mut self, path: &str, node: &'a Value) {
-        if let Some(name) = reference(node) {
-            if self.seen.iter().any(|s| s == name) {
-                return;
-            }
-            self.seen.push(name.to_string());
-        }
-        let node = self.resolve(node);
-        self.object(path, node);
-        if let Some(values) = node.get("additionalProperties").filter(|v| v.is_mapping()) {
-            self.nested(&format!("{path}.*"), values);
-        }
-        if let Some(items) = node.get("items") {
-            self.nested(&format!("{path}[]"), items);
-        }
-        for key in ["oneOf", "anyOf"] {
-            for alternative in node
-                .get(key)
-                .and_then(Value::as_sequence)
-                .into_iter()
-                .flatten()
-            {
-                self.nested(path, alternative);
-            }
-        }
+        out.push('\n');
     }
 
     fn resolve(&self, node: &'a Value) -> &'a Value {
@@ -328,8 +339,13 @@ impl<'a> Walk<'a> {
                 "variable" => "`${VAR}`".to_string(),
                 "platform" | "digest" => name.to_string(),
                 // Objects and alternatives by their definition's name, as the schema
-                // calls them: `image`, `builder`, `test`.
-                _ if !scalar => name.to_string(),
+                // calls them (`image`, `builder`, `test`), linked to their section.
+                _ if !scalar => match self.homes.iter().find(|(home, _)| *home == name) {
+                    Some((_, path)) if self.sections.iter().any(|(p, _)| p == path) => {
+                        format!("[{name}](#{})", super::markdown::anchor(path))
+                    }
+                    _ => name.to_string(),
+                },
                 _ => self.type_of(definition),
             };
         }
