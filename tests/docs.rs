@@ -289,12 +289,18 @@ fn command_lines(page: &Page) -> Vec<(usize, String)> {
 }
 
 /// The `polyarch` commands of a page's shell examples: line, the line as written, and the
-/// words from `polyarch` on (a pipeline or list may hold several).
+/// words from `polyarch` on (a pipeline or list may hold several). `docker [OPTIONS]
+/// polyarch …`, the Docker CLI plugin, counts from its `polyarch`: the options before it
+/// are the Docker CLI's.
 fn polyarch_commands(page: &Page) -> Vec<(usize, String, Vec<String>)> {
     let mut found = Vec::new();
     for (line, command) in command_lines(page) {
         for words in markdown::shell_commands(&command) {
-            let words: Vec<String> = words.into_iter().skip_while(|w| is_assignment(w)).collect();
+            let mut words: Vec<String> =
+                words.into_iter().skip_while(|w| is_assignment(w)).collect();
+            if words.first().map(String::as_str) == Some("docker") {
+                words = words.into_iter().skip_while(|w| w != "polyarch").collect();
+            }
             if words.first().map(String::as_str) == Some("polyarch") {
                 found.push((line, command.clone(), words));
             }
