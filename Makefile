@@ -1,5 +1,12 @@
 # polyarch developer targets. `make test` is the README's test command and
-# is what .ci/run executes.
+# is what .ci/run executes; `make demo` is its first look.
+#   make demo       build polyarch, push examples/hello for two platforms, print the record
+#   make test       install and start every engine the suite uses, build the book, run every test
+#   make lint       clippy, rustfmt, the fuzz targets compile
+#   make docs       build the book (docs/) into docs/book/ with mdBook (scripts/mdbook.sh)
+#   make docs-gen   rewrite the book's generated reference pages (docs/src/reference/) from the
+#                   clap definition and schema/*.json; tests/docs.rs fails until they match
+#   make install, make dist, make bench: below
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
@@ -13,7 +20,7 @@ ENGINE_TESTS ?= --test binfmt --test build --test builders --test dependencies \
   --test differential --test export --test interrupt --test registry --test reproducible \
   --test platform_tests --test runners --test session --test token_auth
 
-.PHONY: all build demo test lint fmt bench env fixtures
+.PHONY: all build demo test lint fmt bench env fixtures docs docs-gen
 
 all: build
 
@@ -29,6 +36,16 @@ fixtures:
 demo: build
 	bash scripts/demo.sh
 
+# The book. scripts/mdbook.sh builds the pinned mdBook from crates.io the first time
+# (ensure-env.sh test does it for `make test`).
+docs:
+	bash scripts/mdbook.sh build docs
+
+docs-gen:
+	POLYARCH_DOCS_REFRESH=1 $(CARGO) test --test docs reference_pages
+
+# The book is built first, so a page mdBook cannot render fails the run; tests/docs.rs
+# (in the first pass) holds its links, examples and generated pages to the CLI.
 # Every test on the machine's engine (Docker 20.10, classic store), then the integration
 # tests again on Docker 26.1 with the containerd image store (scripts/engine26.sh). The
 # `netns_` tests bring their own Docker 26.1 on a test host (tests/remote_builders.rs)
@@ -37,7 +54,7 @@ demo: build
 # `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
 # The `buildkitd_` tests (tests/buildkitd*.rs) build on daemons (some beside the
 # machine's engine), so they run in the first pass only.
-test: env
+test: env docs
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine26.sh host containerd) \
 	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ --skip buildkitd_ $(TEST_ARGS)

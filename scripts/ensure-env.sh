@@ -8,7 +8,8 @@
 #                        the tools the whole suite runs, and every engine it uses:
 #                        Docker 26.1 and 28.5 (scripts/engine26.sh, engine28.sh),
 #                        Podman 4.3 (scripts/podman.sh) and a standalone BuildKit
-#                        daemon built from Debian's archive (scripts/buildkitd.sh).
+#                        daemon built from Debian's archive (scripts/buildkitd.sh),
+#                        and mdBook for `make docs` (scripts/mdbook.sh, from crates.io).
 # Idempotent and cheap when everything is already there. Nothing outside the
 # clone is needed: what is missing comes from Debian's archive, and a step that
 # cannot be had stops the script with one line naming it.
@@ -19,6 +20,7 @@
 #   POLYARCH_SKIP_FIXTURES=1    do not fetch busybox
 #   POLYARCH_SKIP_DOCKER26=1, POLYARCH_SKIP_DOCKER28=1, POLYARCH_SKIP_PODMAN=1,
 #   POLYARCH_SKIP_BUILDKITD=1   (test) leave that engine out
+#   POLYARCH_SKIP_MDBOOK=1      (test) do not build mdBook (`make docs` then builds it)
 #   POLYARCH_DOCKERD_LOG=FILE   dockerd log (default /tmp/polyarch-dockerd.log)
 #   POLYARCH_DOCKERD_ARGS=...   extra dockerd arguments (word-split)
 #   POLYARCH_DOCKERD_WAIT=SECS  how long to wait for the engine (default 60)
@@ -178,5 +180,9 @@ fi
 # A standalone buildkitd, built from Debian's archive the first time.
 if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
   bash "$root/scripts/buildkitd.sh" start >/dev/null
+fi
+# mdBook for `make docs` (the book under docs/), built from crates.io the first time.
+if [[ "${POLYARCH_SKIP_MDBOOK:-}" != 1 ]]; then
+  bash "$root/scripts/mdbook.sh" install
 fi
 log "ok"

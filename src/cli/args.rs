@@ -52,7 +52,8 @@ impl From<BinfmtArg> for BinfmtMode {
 
 #[derive(clap::Args)]
 pub struct Output {
-    /// Write the coverage record (JSON) to this file.
+    /// Write the record (JSON) to this file: the coverage record, or for `gate` the gate
+    /// record.
     #[arg(long, value_name = "FILE")]
     pub record: Option<PathBuf>,
     /// text: human summary on stdout; json: the record on stdout and JSON-lines events on
@@ -104,7 +105,8 @@ pub enum Command {
     /// Check engine, BuildKit, emulation and registries in one go; exit 0 only when all
     /// declared work can run.
     Doctor(DoctorArgs),
-    /// Print a JSON Schema: of the project file (for editors) or of the coverage record.
+    /// Print a JSON Schema: of the project file (for editors), the coverage record or the
+    /// gate record.
     Schema(SchemaArgs),
     /// Print shell completions.
     Completions(CompletionsArgs),

@@ -318,7 +318,7 @@ impl From<crate::verify::coverage_record::RecordError> for Error {
     }
 }
 
-/// Exit codes as documented in `--help` and the README.
+/// Exit codes as documented in `--help` and the book (docs/src/reference/exit-codes.md).
 pub mod exit {
     pub const COVERED: i32 = 0;
     pub const GAP: i32 = 1;

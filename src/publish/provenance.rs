@@ -18,7 +18,8 @@ use time::format_description::well_known::Rfc3339;
 
 /// The in-toto statement format this writes.
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
-/// What `externalParameters` mean: documented in the README's "Provenance" section.
+/// What `externalParameters` mean: documented in the book's Provenance page
+/// (docs/src/guide/provenance.md).
 pub const BUILD_TYPE: &str = "urn:polyarch:build:dockerfile:v1";
 const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const EMPTY_JSON: &[u8] = b"{}";

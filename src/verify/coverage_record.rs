@@ -1,5 +1,6 @@
 //! The coverage record (`polyarch/coverage/v1`): what was verified, as data.
-//! Field names are a contract documented in the README and `schema/coverage.schema.json`.
+//! Field names are a contract documented in the book (docs/src/reference/records.md) and
+//! `schema/coverage.schema.json`.
 
 use crate::base::attachment::Attached;
 use crate::base::digest::Digest;
