@@ -328,3 +328,61 @@ fn split_runners_test_their_platform_and_assemble_refuses_a_failed_part() {
         "{record:#}"
     );
 }
+
+#[test]
+fn verify_test_runs_the_tests_in_what_the_tags_name_now() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&unique_name("demo/tested"));
+    let failing = "    test: {run: [/bin/busybox, sh, -c, \"uname -m; [ $(uname -m) != aarch64 ] || exit 3\"]}\n";
+    let file = project(dir.path(), &repo, "[linux/amd64, linux/arm64]", failing);
+    let path = dir.path().join("coverage.json");
+    // Published untested, as a release before `test:` was added would be.
+    let out = build(&file, &path, &["--no-test"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let verify = |extra: &[&str]| {
+        run(polyarch()
+            .args(["verify", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&path)
+            .args(extra)
+            .env("POLYARCH_CACHE_DIR", dir.path().join("cache")))
+    };
+
+    let out = verify(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = verify(&["--test"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let record = read_record(&path);
+    let arm = platform(&record, "linux/arm64");
+    assert_eq!(arm["status"], "test_failed", "{arm:#}");
+    assert_eq!(arm["test"]["exit_code"], 3, "{arm:#}");
+    assert_eq!(arm["test"]["output_tail"][0], "aarch64", "{arm:#}");
+    assert_eq!(platform(&record, "linux/amd64")["test"]["status"], "passed");
+    assert!(
+        stdout(&out).contains("test failed with exit code 3"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Without an engine, tests cannot run: exit 3, naming the engine.
+    let out = run(polyarch()
+        .args(["verify", "--test", "-f"])
+        .arg(&file)
+        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .env_remove("DOCKER_CONTEXT")
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/nonexistent/docker.sock"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -249,6 +249,11 @@ pub struct VerifyArgs {
     /// with `provenance: true` require it anyway.
     #[arg(long)]
     pub require_provenance: bool,
+    /// Also run each image's `test:` in the platform images its tags name now, on the
+    /// default engine (a foreign platform under QEMU); a failed test is a gap (exit 1).
+    /// Needs an engine with BuildKit.
+    #[arg(long, requires = "file")]
+    pub test: bool,
     /// Give up (exit 3) when the whole check takes longer: 90s, 5m, 1m30s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,

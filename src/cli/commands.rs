@@ -288,6 +288,9 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
     finish(&outcome?.with_values(&project), &args.output)
 }
 
+/// `verify --test`: the platforms tested at once, as `build`'s default `-j`.
+const TESTS_AT_ONCE: usize = 2;
+
 async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     let options = registry_options(&args.registry)?;
     let checks = polyarch::verify::Checks {
@@ -310,7 +313,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         }
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
-            polyarch::flows::verify_by_name::verify_project(
+            let verified = polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
                 &options,
@@ -318,7 +321,24 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                 &memory,
                 reporter.as_ref(),
             )
-            .await
+            .await;
+            match verified {
+                Ok(record) if args.test => {
+                    let engine = async {
+                        Ok(polyarch::builder::default_engine(&project, images, &[]).await?)
+                    };
+                    polyarch::flows::verify_tests::test_verified(
+                        &project,
+                        record.images,
+                        engine,
+                        TESTS_AT_ONCE,
+                        reporter.as_ref(),
+                    )
+                    .await
+                    .map(CoverageRecord::new)
+                }
+                other => other,
+            }
             .map(|record| record.with_values(&project))
         }
         _ => Err(Error::Usage(

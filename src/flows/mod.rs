@@ -11,3 +11,4 @@ pub mod gate;
 pub mod pipeline;
 pub mod plan_report;
 pub mod verify_by_name;
+pub mod verify_tests;

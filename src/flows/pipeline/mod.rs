@@ -4,7 +4,7 @@
 mod dependents;
 mod early;
 mod emulation_plan;
-mod platform_tests;
+pub(crate) mod platform_tests;
 mod retry;
 mod together;
 mod unit;

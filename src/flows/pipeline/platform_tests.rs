@@ -21,10 +21,10 @@ use crate::{Error, Platform, Result};
 use std::collections::BTreeMap;
 
 /// Each tested platform's record, by image name and platform.
-pub(super) type TestResults = BTreeMap<(String, Platform), TestRecord>;
+pub(crate) type TestResults = BTreeMap<(String, Platform), TestRecord>;
 
 /// The tests an image runs on `platform`, in the project file's order.
-fn tests_on<'i>(image: &'i ImageSpec, platform: &Platform) -> Vec<&'i PlatformTest> {
+pub(crate) fn tests_on<'i>(image: &'i ImageSpec, platform: &Platform) -> Vec<&'i PlatformTest> {
     image
         .tests
         .iter()
@@ -70,7 +70,7 @@ pub(super) fn builder_of<'b>(builders: &'b Builders, pushed: &Pushed) -> &'b Eng
 
 /// What earlier runs' tests passed, and whether this run may trust them (not with
 /// `--rebuild`; an image with `no_cache` always tests again).
-pub(super) struct Earlier<'m> {
+pub(crate) struct Earlier<'m> {
     pub memory: &'m TestMemory,
     pub trusted: bool,
 }
@@ -84,7 +84,7 @@ fn remembered_as(digest: &Digest, tests: &[&PlatformTest]) -> String {
 /// Runs every test of every pushed platform, `jobs` at once; a platform stops at its
 /// first failing entry. A platform whose image and tests passed in an earlier run is not
 /// run again. A test that cannot run at all (a lost builder) is the run's error.
-pub(super) async fn run_tests(
+pub(crate) async fn run_tests(
     images: &[(&ImageSpec, Vec<&Pushed>)],
     jobs: usize,
     earlier: Earlier<'_>,
@@ -254,7 +254,7 @@ pub(super) async fn publish_tested(
         .into_iter();
     let mut coverage = Vec::new();
     for (image, pushed) in images {
-        let mut one = match image_failed(image) {
+        let one = match image_failed(image) {
             true => {
                 reporter.report(Event::Warning {
                     message: format!(
@@ -269,14 +269,9 @@ pub(super) async fn publish_tested(
                 None => continue,
             },
         };
-        for platform in &mut one.platforms {
-            platform.test = results
-                .get(&(image.name.clone(), platform.platform.clone()))
-                .cloned();
-        }
         coverage.push(one);
     }
-    mark_failed(&mut coverage);
+    attach_results(&mut coverage, results);
     Ok(coverage)
 }
 
@@ -325,10 +320,13 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
     })
 }
 
-/// Marks the platforms whose test failed as a gap (after their records are attached).
-fn mark_failed(coverage: &mut [ImageCoverage]) {
+/// Gives each platform's record its test, and marks a failed one as a gap.
+pub(crate) fn attach_results(coverage: &mut [ImageCoverage], results: &TestResults) {
     for image in coverage {
         for platform in &mut image.platforms {
+            platform.test = results
+                .get(&(image.name.clone(), platform.platform.clone()))
+                .cloned();
             if platform.test.as_ref().is_some_and(TestRecord::failed) {
                 platform.status = PlatformStatus::TestFailed;
                 image.covered = false;
