@@ -295,6 +295,12 @@ run_polyarch() { # DIR REPO "amd64 arm64"
   write_project "$1" "$2" "$(plats_of "$3")"
   run_pa "$1.polyarch.yaml"
 }
+# run_tested DIR REPO "amd64 arm64": polyarch with `test:` (issue 37) on every platform
+run_tested() {
+  write_project "$1" "$2" "$(plats_of "$3")"
+  printf '    test: {run: [/bin/busybox, "true"]}\n' >>"$1.polyarch.yaml"
+  run_pa "$1.polyarch.yaml"
+}
 run_classic() { # DIR REPO "amd64 arm64"
   local dir="$1" repo="$2" a t0 refs=()
   t0=$(now)
@@ -610,10 +616,10 @@ if [[ $on26 == 1 ]]; then
   qemu_ok || ensure_qemu
   run_buildx "$tmp/warmup-bx" "$host/warmup/buildx" "amd64 arm64" >/dev/null
 
-  # cold + warm, 2 platforms
+  # cold + warm, 2 platforms (polyarch also with a test: on both, issue 37)
   use_cache c26
   for ((i = 1; i <= RUNS; i++)); do
-    for c in polyarch buildx; do
+    for c in polyarch buildx tested; do
       key="c26-$c-2p"
       cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
       warm "$c" "c26-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
@@ -874,6 +880,18 @@ table() {
   echo "## Results"
   echo
   table
+  if [[ $on26 == 1 ]]; then
+    echo
+    echo "Tests before the tag moves (issue 37), Docker $engine26_version: \`test: {run: [/bin/busybox, \"true\"]}\` on both platforms against the same cold and warm figures without it, in the same loop:"
+    echo
+    echo "| figure | with test: | without | added | target | |"
+    echo "| --- | ---: | ---: | ---: | --- | --- |"
+    for f in 2p:cold:0.5 warm:warm:0.05; do
+      IFS=: read -r k name tgt <<<"$f"
+      added=$(awk -v a="${M[c26-tested-$k]:-}" -v b="${M[c26-polyarch-$k]:-}" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.2f", a - b }')
+      echo "| $name, 2 platforms | $(fmt "${M[c26-tested-$k]:-}")s | $(fmt "${M[c26-polyarch-$k]:-}")s | ${added}s | ≤ ${tgt}s | $(passfail "$added" "$tgt") |"
+    done
+  fi
   if [[ $on20 == 1 ]]; then
     echo
     echo "Docker $engine_version, not targeted:"

@@ -351,29 +351,149 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
     );
 }
 
-/// `test:` needs BuildKit in this release: on Podman the image is refused before anything
-/// is built (exit 2), naming the image and the fix; `--no-test` builds it.
+/// Containers polyarch's tests left on Podman (`podman ps -a`).
+fn test_containers() -> Vec<String> {
+    let out = run(podman_cli().args(["ps", "-a", "--format", "{{.Names}}"]));
+    assert!(out.status.success(), "podman ps: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|name| name.starts_with("polyarch-test-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `test:` on Podman: each platform's image is pulled by digest (over plain HTTP from the
+/// loopback registry) and run as a container for its platform, arm64 under QEMU, before
+/// any tag moves; a failure, a pass, a warm rerun, a timeout and Ctrl-C, with no container
+/// left behind.
 #[test]
-fn podman_an_image_with_a_test_is_refused_before_any_build() {
+fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
+    // Keeps the other Podman tests' containers out of the before/after lists.
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let before = test_containers();
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let repo = registry.repo(&unique_name("podman/tested"));
     let name = unique_name("tested");
     let file = project(dir.path(), &name, &repo);
-    let text = fs::read_to_string(&file).unwrap();
-    fs::write(&file, text + "    test: {run: [/bin/busybox, \"true\"]}\n").unwrap();
+    let project_text = fs::read_to_string(&file).unwrap();
+    let record = dir.path().join("coverage.json");
+    let build = |test: &str| -> (Output, Value) {
+        fs::write(&file, format!("{project_text}{test}")).unwrap();
+        let out = run(on_podman()
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--record")
+            .arg(&record)
+            .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+        let text = fs::read_to_string(&record)
+            .unwrap_or_else(|e| panic!("no record ({e}): {}", stderr(&out)));
+        (out, serde_json::from_str(&text).unwrap())
+    };
+    let test_of = |record: &Value, platform: &str| -> Value {
+        record["images"][0]["platforms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["platform"] == platform)
+            .map(|p| p["test"].clone())
+            .unwrap()
+    };
 
-    let out = run(on_podman().args(["build", "-f"]).arg(&file));
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    let said = stderr(&out);
-    assert!(
-        said.contains(&format!("test of {name} for linux/")),
-        "{said}"
+    let (out, failed) = build(
+        "    test: {run: [/bin/busybox, sh, -c, \"cat /arch; [ $(cat /arch) != aarch64 ] || exit 3\"]}\n",
     );
-    assert!(
-        said.contains("tests on Podman come in a later release"),
-        "{said}"
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let arm = test_of(&failed, "linux/arm64");
+    assert_eq!(arm["status"], "failed", "{failed:#}");
+    assert_eq!(arm["exit_code"], 3, "{failed:#}");
+    assert_eq!(arm["output_tail"][0], "aarch64", "{failed:#}");
+    assert_eq!(
+        test_of(&failed, "linux/amd64")["status"],
+        "passed",
+        "{failed:#}"
     );
-    assert!(said.contains("--no-test"), "{said}");
-    assert!(!said.contains("[build]"), "something was built: {said}");
+    let tag = run(Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{repo}:v1")));
+    assert!(!tag.status.success(), "the tag moved");
+
+    let passing = "    test: {run: [/bin/busybox, cat, /arch]}\n";
+    let (out, passed) = build(passing);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(test_of(&passed, "linux/amd64")["output_tail"][0], "x86_64");
+    assert_eq!(test_of(&passed, "linux/arm64")["output_tail"][0], "aarch64");
+    assert_eq!(
+        skopeo_inspect_raw(&format!("{repo}:v1"))["manifests"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    let (out, warm) = build(passing);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        test_of(&warm, "linux/arm64")["earlier_run"],
+        true,
+        "{warm:#}"
+    );
+
+    let started = std::time::Instant::now();
+    let (out, timed) = build(
+        "    test: {run: [/bin/busybox, sleep, \"60\"], timeout: 2s, platforms: [linux/amd64]}\n",
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(
+        test_of(&timed, "linux/amd64")["status"],
+        "timed_out",
+        "{timed:#}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+
+    // Ctrl-C during a test: exit 130 at once, the container removed.
+    let seconds = (3000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    fs::write(
+        &file,
+        format!("{project_text}    test: {{run: [/bin/busybox, sleep, \"{seconds}\"], timeout: 2h, platforms: [linux/amd64]}}\n"),
+    )
+    .unwrap();
+    let mut command = on_podman();
+    command
+        .args(["build", "-f"])
+        .arg(&file)
+        .env_remove("CI")
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
+    let running = support::running::Running::spawn(command);
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    let deadline = std::time::Instant::now() + support::running::WAIT;
+    while !processes_running(&sleep) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the test never started:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let interrupted = std::time::Instant::now();
+    running.signal("INT");
+    let (status, _, log) = running.finish();
+    eprintln!("exited {:?} after SIGINT", interrupted.elapsed());
+    assert_eq!(status.code(), Some(130), "{log}");
+    let deadline = std::time::Instant::now() + support::running::WAIT;
+    let left = || -> Vec<String> {
+        let now = test_containers();
+        now.into_iter().filter(|c| !before.contains(c)).collect()
+    };
+    while processes_running(&sleep) || !left().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a test container is left: {:?}",
+            left()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    eprintln!(
+        "test container gone {:?} after SIGINT",
+        interrupted.elapsed()
+    );
 }

@@ -1,5 +1,5 @@
-//! What a run created in the engines (temporary images), removed when it ends, fails or
-//! is interrupted.
+//! What a run created in the engines (temporary images, test containers), removed when it
+//! ends, fails or is interrupted.
 
 use crate::base::progress::{Event, Reporter};
 use crate::docker::engine::{Engine, Product};
@@ -47,6 +47,8 @@ impl BuildStage {
 #[derive(Default, Clone)]
 pub struct Cleanup {
     images: Arc<Mutex<Vec<Temporary>>>,
+    /// Containers a test runs, by engine: removed here when the run was cut off.
+    containers: Arc<Mutex<Vec<(Engine, String)>>>,
 }
 
 /// A temporary image a build writes.
@@ -97,12 +99,29 @@ impl Cleanup {
         removed
     }
 
-    /// Removes every temporary image still recorded; safe to call more than once.
+    /// Records a container `name` on `engine`, until [`Cleanup::container_removed`].
+    pub fn add_container(&self, engine: &Engine, name: &str) {
+        let mut containers = self.containers.lock().expect("cleanup lock");
+        containers.push((engine.clone(), name.to_string()));
+    }
+
+    /// The container's own run removed it.
+    pub fn container_removed(&self, name: &str) {
+        let mut containers = self.containers.lock().expect("cleanup lock");
+        containers.retain(|(_, n)| n != name);
+    }
+
+    /// Removes every container and temporary image still recorded; safe to call more than
+    /// once.
     ///
     /// A build whose client went away (an interrupted run) can still finish in the engine
     /// and tag its image after the first attempt: what is left is retried every 100 ms
     /// for up to `grace` (see [`BuildStage`]), which the reporter is told about.
     pub async fn run(&self, grace: Duration, reporter: &dyn Reporter) {
+        let containers = std::mem::take(&mut *self.containers.lock().expect("cleanup lock"));
+        for (engine, name) in containers {
+            crate::docker::container::remove(&engine.docker, &name).await;
+        }
         let started = tokio::time::Instant::now();
         let mut images: Vec<Temporary> = self.images.lock().expect("cleanup lock").clone();
         let mut first = true;

@@ -327,15 +327,19 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                     let engine = async {
                         Ok(polyarch::builder::default_engine(&project, images, &[]).await?)
                     };
-                    polyarch::flows::verify_tests::test_verified(
+                    let cleanup = Cleanup::default();
+                    let tested = polyarch::flows::verify_tests::test_verified(
                         &project,
                         record.images,
                         engine,
+                        &options,
                         TESTS_AT_ONCE,
+                        &cleanup,
                         reporter.as_ref(),
                     )
-                    .await
-                    .map(CoverageRecord::new)
+                    .await;
+                    cleanup.run(Duration::ZERO, reporter.as_ref()).await;
+                    tested.map(CoverageRecord::new)
                 }
                 other => other,
             }

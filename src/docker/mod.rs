@@ -3,5 +3,7 @@
 //! secrets, SSH). Imports only `registry` (credentials for the session) and `base`.
 
 pub mod buildkit;
+pub mod container;
 pub mod endpoint;
 pub mod engine;
+pub mod libpod;

@@ -614,9 +614,9 @@ mod tests {
         );
         for error in [
             never,
-            EmulationError::NoStatus {
+            EmulationError::Container(crate::docker::container::ContainerError::NoStatus {
                 container: "polyarch-probe-1".into(),
-            },
+            }),
         ] {
             assert_eq!(exit_of(error), exit::FAILURE);
         }

@@ -5,12 +5,14 @@
 use crate::base::oci::{ConfigPlatform, IndexEntry};
 use crate::base::progress::Reporter;
 use crate::builder::binfmt::Emulation;
+use crate::builder::cleanup::Cleanup;
 use crate::builder::platform_test::{test_on_engine, TestOf};
 use crate::docker::engine::Engine;
 use crate::flows::cache::TestMemory;
 use crate::flows::pipeline::platform_tests::{attach_results, run_tests, tests_on, Earlier};
 use crate::project::{ImageSpec, Project};
 use crate::publish::Pushed;
+use crate::registry::RegistryOptions;
 use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
 use crate::{Error, Result};
 use std::future::Future;
@@ -21,7 +23,9 @@ pub async fn test_verified(
     project: &Project,
     mut verified: Vec<ImageCoverage>,
     engine: impl Future<Output = Result<Engine>>,
+    registry: &RegistryOptions,
     jobs: usize,
+    cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<Vec<ImageCoverage>> {
     let tested = tested_platforms(project, &verified);
@@ -49,6 +53,8 @@ pub async fn test_verified(
                 platform: &pushed.platform,
                 digest: &pushed.entry.digest,
                 test,
+                registry,
+                cleanup,
                 reporter,
             };
             Ok(test_on_engine(&engine, of).await?)

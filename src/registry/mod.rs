@@ -65,6 +65,14 @@ pub struct RegistryOptions {
     pub deadline: Option<Duration>,
 }
 
+impl RegistryOptions {
+    /// Whether `registry` (`host[:port]`) may be reached over plain HTTP: loopback, or
+    /// listed as insecure.
+    pub fn allows_plain_http(&self, registry: &str) -> bool {
+        is_loopback(registry) || self.insecure.iter().any(|r| r == registry)
+    }
+}
+
 /// Bounded retries with exponential backoff and jitter for 5xx, 429 and transport errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -200,7 +208,7 @@ impl Registry {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let plain_capable: HashSet<String> = registries
             .iter()
-            .filter(|r| is_loopback(r) || options.insecure.contains(r))
+            .filter(|r| options.allows_plain_http(r))
             .cloned()
             .collect();
         let insecure: HashSet<String> = options.insecure.iter().cloned().collect();

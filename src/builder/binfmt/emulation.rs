@@ -2,7 +2,7 @@
 //! as containers, and the run's clean-up.
 
 use super::*;
-use bollard::models::ResourcesUlimits;
+use crate::docker::container::{run_to_end, ContainerRun, Ended};
 
 pub(super) struct RunOutcome {
     pub(super) exit: Option<i64>,
@@ -160,108 +160,35 @@ impl Emulation {
         host_config: HostConfig,
         timeout: Duration,
     ) -> Result<RunOutcome> {
-        let docker = &self.engine.docker;
         let name = self.container_name(what);
-        let mut options = CreateContainerOptionsBuilder::default().name(&name);
-        if let Some(p) = platform {
-            options = options.platform(&p.to_string());
-        }
-        let body = ContainerCreateBody {
-            image: Some(image.to_string()),
+        let run = ContainerRun {
+            name: &name,
+            image,
+            platform,
+            entrypoint: None,
             cmd,
-            network_disabled: Some(true),
-            host_config: Some(HostConfig {
-                network_mode: Some("none".into()),
-                // Rootful Podman passes on the Docker API's default limits (1048576 open
-                // files) which runc may not raise to; these containers need few of either.
-                ulimits: Some(
-                    ["nofile", "nproc"]
-                        .into_iter()
-                        .map(|name| ResourcesUlimits {
-                            name: Some(name.into()),
-                            soft: Some(1024),
-                            hard: Some(1024),
-                        })
-                        .collect(),
-                ),
-                ..host_config
-            }),
-            ..Default::default()
+            env: Vec::new(),
+            user: None,
+            workdir: None,
+            network: Some("none"),
+            host_config,
         };
-        if let Err(e) = docker.create_container(Some(options.build()), body).await {
-            return Ok(RunOutcome {
-                exit: None,
-                refused: Some(e.to_string()),
-                logs: String::new(),
-            });
-        }
-        let result = self.start_and_wait(&name, timeout).await;
-        let logs = self.logs(&name).await;
-        let _ = docker
-            .remove_container(
-                &name,
-                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
-            )
-            .await;
-        let (exit, refused) = result?;
+        let outcome = run_to_end(&self.engine.docker, run, timeout).await?;
+        let (exit, refused) = match outcome.ended {
+            Ended::Exited(code) => (Some(code), None),
+            Ended::NotCreated(refusal) | Ended::NotStarted(refusal) => (None, Some(refusal)),
+            Ended::TimedOut => {
+                return Err(EmulationError::Timeout {
+                    container: name,
+                    timeout,
+                })
+            }
+        };
         Ok(RunOutcome {
             exit,
             refused,
-            logs,
+            logs: outcome.logs,
         })
-    }
-
-    async fn start_and_wait(
-        &self,
-        name: &str,
-        timeout: Duration,
-    ) -> Result<(Option<i64>, Option<String>)> {
-        let docker = &self.engine.docker;
-        if let Err(e) = docker.start_container(name, None).await {
-            return Ok((None, Some(e.to_string())));
-        }
-        let mut wait = docker.wait_container(
-            name,
-            Some(
-                WaitContainerOptionsBuilder::default()
-                    .condition("not-running")
-                    .build(),
-            ),
-        );
-        let waited = tokio::time::timeout(timeout, wait.next())
-            .await
-            .map_err(|_| {
-                let container = name.to_string();
-                EmulationError::Timeout { container, timeout }
-            })?;
-        match waited {
-            Some(Ok(r)) => Ok((Some(r.status_code), None)),
-            Some(Err(DockerError::DockerContainerWaitError { code, .. })) => Ok((Some(code), None)),
-            Some(Err(source)) => Err(EmulationError::Wait {
-                container: name.to_string(),
-                source,
-            }),
-            None => Err(EmulationError::NoStatus {
-                container: name.to_string(),
-            }),
-        }
-    }
-
-    pub(super) async fn logs(&self, name: &str) -> String {
-        let mut out = String::new();
-        let mut stream = self.engine.docker.logs(
-            name,
-            Some(
-                LogsOptionsBuilder::default()
-                    .stdout(true)
-                    .stderr(true)
-                    .build(),
-            ),
-        );
-        while let Some(Ok(chunk)) = stream.next().await {
-            out.push_str(&chunk.to_string());
-        }
-        out
     }
 
     /// Whether the engine's kernel runs `platform` binaries: the engine's own platform

@@ -90,14 +90,8 @@ pub enum EmulationError {
         container: String,
         timeout: Duration,
     },
-    #[error("waiting for {container}: {source}")]
-    Wait {
-        container: String,
-        #[source]
-        source: DockerError,
-    },
-    #[error("waiting for {container}: no status")]
-    NoStatus { container: String },
+    #[error(transparent)]
+    Container(#[from] crate::docker::container::ContainerError),
     /// The engine refused to run the probe container (not an exec format error).
     #[error("running the {platform} probe container: {refusal}")]
     ProbeRefused { platform: Platform, refusal: String },
@@ -120,8 +114,7 @@ impl EmulationError {
             self,
             EmulationError::Load { .. }
                 | EmulationError::Timeout { .. }
-                | EmulationError::Wait { .. }
-                | EmulationError::NoStatus { .. }
+                | EmulationError::Container(_)
                 | EmulationError::ProbeRefused { .. }
                 | EmulationError::Cleanup { .. }
         )

@@ -13,12 +13,9 @@ use crate::base::platform::Platform;
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::docker::engine::Engine;
 use crate::project::BinfmtMode;
-use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::HostConfig;
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ImportImageOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, RemoveImageOptionsBuilder,
-    WaitContainerOptionsBuilder,
+    CreateImageOptionsBuilder, ImportImageOptionsBuilder, RemoveImageOptionsBuilder,
 };
 use futures_util::StreamExt;
 use sha2::Digest;

@@ -312,7 +312,7 @@ pub async fn build(
     let images = pushed_by_image(&built);
     // Every platform is pushed by digest and nothing is tagged yet: the tests run now,
     // and an image with a failing test is not published.
-    let results = test_pushed(&built, &images, options, reporter).await?;
+    let results = test_pushed(&built, &images, options, cleanup, reporter).await?;
     // What the read-back finds is what a later `verify` or `gate` of the tags will read.
     let memory = VerifyMemory::open();
     let published = platform_tests::publish_tested(
@@ -334,6 +334,7 @@ async fn test_pushed(
     built: &Built<'_>,
     images: &[(&ImageSpec, Vec<&Pushed>)],
     options: &BuildOptions,
+    cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<platform_tests::TestResults> {
     if options.skip_tests {
@@ -355,6 +356,8 @@ async fn test_pushed(
                 platform: &pushed.platform,
                 digest: &pushed.entry.digest,
                 test,
+                registry: &options.registry,
+                cleanup,
                 reporter,
             };
             let outcome = platform_test::test_on_engine(engine, of).await?;
@@ -421,7 +424,7 @@ pub async fn build_part(
     let built = build_units(project, engine, options, cleanup, reporter).await?;
     let images = pushed_by_image(&built);
     // The runner that built a platform tests it; `assemble` reads the verdict.
-    let results = test_pushed(&built, &images, options, reporter).await?;
+    let results = test_pushed(&built, &images, options, cleanup, reporter).await?;
     let images = images
         .iter()
         .map(|(image, pushed)| PartImage {

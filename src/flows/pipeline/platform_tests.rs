@@ -6,7 +6,7 @@ use crate::base::digest::Digest;
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::builder::platform_test::{self, TestError, TestOutcome};
 use crate::builder::Builders;
-use crate::docker::engine::Engine;
+use crate::docker::engine::{Engine, Product};
 use crate::flows::cache::TestMemory;
 use crate::project::plan::Plan;
 use crate::project::platform_test::PlatformTest;
@@ -33,7 +33,7 @@ pub(crate) fn tests_on<'i>(image: &'i ImageSpec, platform: &Platform) -> Vec<&'i
 }
 
 /// Refuses, before anything is built, a run that would test a platform where tests
-/// cannot run: on a builder without BuildKit, or into an OCI layout. `--no-test` lets it
+/// cannot run: on a Docker engine without BuildKit, or into an OCI layout. `--no-test` lets it
 /// through.
 pub(super) fn check_testable(plan: &Plan<'_>, builders: &Builders, layout: bool) -> Result<()> {
     for unit in &plan.units {
@@ -49,7 +49,8 @@ pub(super) fn check_testable(plan: &Plan<'_>, builders: &Builders, layout: bool)
             return Err(refuse("tests run the image pulled from the registry by digest, and --output oci: pushes nothing: push to a registry, or run with --no-test".into()));
         }
         let engine = builders.for_unit(unit);
-        if !engine.buildkit {
+        // Podman runs tests as containers; only a classic-builder engine cannot.
+        if !engine.buildkit && engine.product != Product::Podman {
             return Err(refuse(platform_test::unsupported(&engine.endpoint)));
         }
     }

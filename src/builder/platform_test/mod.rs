@@ -2,13 +2,15 @@
 //! BuildKit solve of `FROM <repository>@<digest>` plus the command as a `RUN`, exported
 //! nowhere. BuildKit runs a foreign platform under the same QEMU as its build.
 
+use super::cleanup::Cleanup;
 use super::error::BuilderError;
 use crate::base::digest::Digest;
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::docker::buildkit;
-use crate::docker::engine::Engine;
+use crate::docker::engine::{Engine, Product};
 use crate::project::platform_test::PlatformTest;
 use crate::project::{ImageSpec, Network};
+use crate::registry::RegistryOptions;
 use crate::Platform;
 use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
 use std::collections::{HashMap, VecDeque};
@@ -16,6 +18,8 @@ use std::time::Instant;
 
 /// Lines of a test's output kept for the record.
 pub const OUTPUT_TAIL: usize = 20;
+
+mod container;
 
 /// How a test ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +76,10 @@ pub struct TestOf<'a> {
     /// The platform manifest pushed by digest.
     pub digest: &'a Digest,
     pub test: &'a PlatformTest,
+    /// How polyarch reaches registries: a builder without BuildKit pulls the image itself.
+    pub registry: &'a RegistryOptions,
+    /// Where a test's container is recorded, so an interrupted run removes it.
+    pub cleanup: &'a Cleanup,
     pub reporter: &'a dyn Reporter,
 }
 
@@ -94,8 +102,8 @@ pub fn test_dockerfile(repository: &str, digest: &Digest, test: &PlatformTest) -
     lines.join("\n") + "\n"
 }
 
-/// Runs `of` on `engine`; its timeout cancels the solve (dropping it cancels the build
-/// in BuildKit).
+/// Runs `of` on `engine`: in a BuildKit solve, whose timeout cancels it (dropping it
+/// cancels the build in BuildKit), or on Podman in a container.
 pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutcome, BuilderError> {
     let TestOf {
         spec,
@@ -103,14 +111,26 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
         digest,
         test,
         reporter,
+        ..
     } = of;
     let error = |source: TestError| BuilderError::Test {
         image: spec.name.clone(),
         platform: platform.to_string(),
         source,
     };
+    reporter.report(Event::Phase {
+        image: spec.name.clone(),
+        platform: Some(platform.clone()),
+        phase: Phase::Test,
+        message: format!("testing {}", test.run.shown()),
+    });
     if !engine.buildkit {
-        return Err(error(TestError::Unsupported(unsupported(&engine.endpoint))));
+        return match engine.product {
+            Product::Podman => container::test_in_container(engine, &of)
+                .await
+                .map_err(error),
+            _ => Err(error(TestError::Unsupported(unsupported(&engine.endpoint)))),
+        };
     }
     let dir = tempfile::Builder::new()
         .prefix("polyarch-test-")
@@ -157,12 +177,6 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
         cache_to: None,
         history: false,
     };
-    reporter.report(Event::Phase {
-        image: spec.name.clone(),
-        platform: Some(platform.clone()),
-        phase: Phase::Test,
-        message: format!("testing {}", test.run.shown()),
-    });
     let mut output = Output::default();
     let started = Instant::now();
     let solve = buildkit::solve_on(
@@ -202,9 +216,10 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
     })
 }
 
-/// Why `endpoint` cannot run a test, with the fix.
+/// Why `endpoint` (a Docker engine with the classic builder only) cannot run a test, with
+/// the fix.
 pub fn unsupported(endpoint: &str) -> String {
-    format!("the engine at {endpoint} has no BuildKit (Podman's API or the classic builder): tests on Podman come in a later release: build this image on a Docker engine or a buildkitd, or run with --no-test")
+    format!("the engine at {endpoint} has no BuildKit (the classic builder): enable BuildKit there (Docker 18.09+), build this image on a BuildKit-capable engine or a buildkitd, or run with --no-test")
 }
 
 /// The exit code in BuildKit's failure: "… did not complete successfully: exit code: 3"
