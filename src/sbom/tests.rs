@@ -194,3 +194,20 @@ fn a_zstd_layer_is_unreadable() {
         "{outcome:?}"
     );
 }
+
+#[test]
+fn files_larger_than_the_header_limit_are_read_whole() {
+    // Contents are no tar headers: a 3 MiB binary and a 2 MiB database pass.
+    let big = binary::tests::elf(&[
+        (".text", vec![0x90; 3 << 20]),
+        (".dep-v0", binary::tests::dep_v0(binary::tests::AUDITABLE)),
+    ]);
+    let mut status = STATUS.to_vec();
+    status.resize(2 << 20, b'\n');
+    let top = gzip(&layer(&[
+        ("usr/bin/rg", 0o755, Some(&big)),
+        ("var/lib/dpkg/status", 0o644, Some(&status)),
+    ]));
+    let found = read(vec![top]).unwrap();
+    assert_eq!(found.packages.len(), 4, "{:?}", found.packages);
+}
