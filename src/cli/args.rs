@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
-const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --sbom)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
 #[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
