@@ -81,31 +81,19 @@ enum Wanted {
 
 fn wanted(path: &str, mode: u32) -> Option<Wanted> {
     let (dir, name) = split_parent(path);
-    match path {
-        "var/lib/dpkg/status"
-        | "lib/apk/db/installed"
-        | "etc/os-release"
-        | "usr/lib/os-release" => {}
+    Some(match path {
+        "var/lib/dpkg/status" => Wanted::Dpkg,
+        _ if dir == "var/lib/dpkg/status.d" && !name.ends_with(".md5sums") => Wanted::Dpkg,
+        "lib/apk/db/installed" | "usr/lib/apk/db/installed" => Wanted::Apk,
+        "etc/os-release" | "usr/lib/os-release" => Wanted::OsRelease,
         "var/lib/rpm/rpmdb.sqlite" | "usr/lib/sysimage/rpm/rpmdb.sqlite" => {
-            return Some(Wanted::Rpm(
-                "an RPM sqlite database, which this version does not read yet",
-            ))
+            Wanted::Rpm("an RPM sqlite database, which this version does not read yet")
         }
         "var/lib/rpm/Packages" | "usr/lib/sysimage/rpm/Packages" => {
-            return Some(Wanted::Rpm(
-                "an RPM Berkeley DB database, which is not read",
-            ))
+            Wanted::Rpm("an RPM Berkeley DB database, which is not read")
         }
-        _ if dir == "var/lib/dpkg/status.d" && !name.ends_with(".md5sums") => {
-            return Some(Wanted::Dpkg)
-        }
-        _ if mode & 0o111 != 0 => return Some(Wanted::Binary),
+        _ if mode & 0o111 != 0 => Wanted::Binary,
         _ => return None,
-    }
-    Some(match path {
-        "lib/apk/db/installed" => Wanted::Apk,
-        "var/lib/dpkg/status" => Wanted::Dpkg,
-        _ => Wanted::OsRelease,
     })
 }
 

@@ -71,13 +71,13 @@ pub struct Catalog {
 pub enum SbomError {
     #[error(transparent)]
     Registry(#[from] ClientError),
-    #[error("{reference}: layer {layer} cannot be read for its SBOM: {reason}")]
+    #[error("{reference}: layer {layer} cannot be read for its SBOM ({reason}); push its layers gzip-compressed or uncompressed, or build it without `sbom: true`")]
     Layer {
         reference: String,
         layer: usize,
         reason: String,
     },
-    #[error("{reference}: layer {layer} has {limit}; no SBOM is made of it")]
+    #[error("{reference}: layer {layer} has {limit}; no SBOM is made of it: build it without `sbom: true`")]
     Refused {
         reference: String,
         layer: usize,

@@ -1,7 +1,7 @@
 //! An image's SBOM against a registry: made from its layers, streamed from the registry by
 //! digest (whichever engine built it), or read back from what is attached to it.
 
-use super::{catalog, spdx, Catalog, LayersError, SbomError};
+use super::{catalog, Catalog, LayersError, SbomError};
 use crate::base::attachment::{self, IN_TOTO, SPDX_DOCUMENT};
 use crate::base::digest::Digest;
 use crate::base::text::one_line;
@@ -131,22 +131,4 @@ pub async fn attached_document(
         }
     }
     Ok(None)
-}
-
-/// The SPDX document of a platform image, made from its layers (see [`catalog_of`]).
-pub async fn make_document(
-    registry: &Registry,
-    reference: &Reference,
-    repository: &str,
-    subject: &Digest,
-    platform: &crate::Platform,
-) -> Result<(Value, Vec<String>)> {
-    let (catalog, created) = catalog_of(registry, reference, subject).await?;
-    let about = spdx::Subject {
-        repository,
-        digest: subject,
-        platform,
-        created: created.as_deref(),
-    };
-    Ok((spdx::document(&about, &catalog), catalog.warnings))
 }

@@ -90,6 +90,7 @@ pub fn document(subject: &Subject<'_>, catalog: &Catalog) -> Value {
         "relatedSpdxElement": IMAGE_ID,
     })];
     let mut extracted = BTreeMap::new();
+    let mut ids = std::collections::HashSet::new();
     for package in &catalog.packages {
         let purl = purl(package, catalog);
         let id = format!(
@@ -98,6 +99,11 @@ pub fn document(subject: &Subject<'_>, catalog: &Catalog) -> Value {
             id_safe(&package.name),
             &Digest::of(format!("{purl}\0{}", package.source).as_bytes()).hex()[..12]
         );
+        // The same purl read twice from one file (a crate from two sources, a package
+        // listed twice) is one package: SPDX ids must be unique.
+        if !ids.insert(id.clone()) {
+            continue;
+        }
         let declared = match &package.license {
             Some(text) => license(text, &mut extracted),
             None => "NOASSERTION".into(),
@@ -283,24 +289,52 @@ fn id_safe(text: &str) -> String {
         .collect()
 }
 
-/// A licence as written when it is an expression of known ids; otherwise a `LicenseRef-`
-/// carrying the text, added to `extracted`.
+/// A licence as written when it is an expression of known ids joined by `AND`/`OR`, with
+/// balanced parentheses; otherwise a `LicenseRef-` carrying the text, added to `extracted`.
 fn license(text: &str, extracted: &mut BTreeMap<String, String>) -> String {
     let spaced = text.replace('(', " ( ").replace(')', " ) ");
-    let known = spaced.split_whitespace().all(|token| {
-        matches!(token, "AND" | "OR" | "WITH" | "(" | ")") || KNOWN_LICENSES.contains(&token)
-    });
-    if known && !spaced.trim().is_empty() {
-        return spaced
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-            .replace("( ", "(")
-            .replace(" )", ")");
+    let tokens: Vec<&str> = spaced.split_whitespace().collect();
+    let mut at = 0;
+    if expression(&tokens, &mut at) && at == tokens.len() {
+        return tokens.join(" ").replace("( ", "(").replace(" )", ")");
+    }
+    if text.trim().is_empty() {
+        return "NOASSERTION".into();
     }
     let id = format!("LicenseRef-{}", id_safe(text.trim()));
     extracted.insert(id.clone(), text.to_string());
     id
+}
+
+/// `term ((AND | OR) term)*` from `tokens[*at..]`, advancing `at` past it.
+fn expression(tokens: &[&str], at: &mut usize) -> bool {
+    if !term(tokens, at) {
+        return false;
+    }
+    while matches!(tokens.get(*at), Some(&"AND" | &"OR")) {
+        *at += 1;
+        if !term(tokens, at) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A known licence id, or a parenthesised expression.
+fn term(tokens: &[&str], at: &mut usize) -> bool {
+    match tokens.get(*at) {
+        Some(&"(") => {
+            *at += 1;
+            let inner = expression(tokens, at) && tokens.get(*at) == Some(&")");
+            *at += 1;
+            inner
+        }
+        Some(id) if KNOWN_LICENSES.contains(id) => {
+            *at += 1;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// SPDX's `created`: UTC to the second, `YYYY-MM-DDThh:mm:ssZ`.
@@ -350,6 +384,10 @@ mod tests {
                 package(Ecosystem::Golang, "github.com/a/b", "v1.2.3", None),
                 package(Ecosystem::Golang, "stdlib", "go1.22.2", None),
                 package(Ecosystem::Cargo, "regex", "1.10.4", None),
+                Package {
+                    license: Some("MIT".into()),
+                    ..package(Ecosystem::Cargo, "regex", "1.10.4", None)
+                },
             ],
             distro: Distro {
                 id: Some("debian".into()),
@@ -382,6 +420,7 @@ mod tests {
                 "pkg:apk/debian/odd@1?distro=debian-12",
                 "pkg:golang/github.com/a/b@v1.2.3",
                 "pkg:golang/stdlib@1.22.2",
+                "pkg:cargo/regex@1.10.4",
                 "pkg:cargo/regex@1.10.4",
             ]
         );
@@ -437,6 +476,30 @@ mod tests {
         );
         // The same image gives the same document.
         assert_eq!(doc, document(&subject(&digest, &platform), &catalog()));
+    }
+
+    #[test]
+    fn only_well_formed_expressions_of_known_ids_are_kept_as_written() {
+        let mut extracted = BTreeMap::new();
+        for kept in ["MIT", "MIT AND (GPL-2.0-only OR BSD-2-Clause)", "((MIT))"] {
+            assert_eq!(license(kept, &mut extracted), kept);
+        }
+        for other in [
+            "(MIT",
+            "MIT)",
+            "MIT AND",
+            "AND MIT",
+            "MIT MIT",
+            "()",
+            "GPL-2.0 WITH x",
+            "Public-Domain",
+        ] {
+            assert!(
+                license(other, &mut extracted).starts_with("LicenseRef-"),
+                "{other}"
+            );
+        }
+        assert_eq!(license(" ", &mut extracted), "NOASSERTION");
     }
 
     #[test]
