@@ -1,8 +1,8 @@
 //! Publishing one image: with `provenance: true` each platform manifest gets its SLSA
-//! provenance attached first, with `sbom: true` its SBOM, then its index of exactly the pushed platform manifests goes
-//! in by digest, then every tag moves, then the image is read back through its tags. Tags
-//! move only after every platform (and its provenance and SBOM) is in, and once the first moves the
-//! rest follow.
+//! provenance attached first, and with `sbom: true` its SBOM; then its index of exactly the
+//! pushed platform manifests goes in by digest, then every tag moves, then the image is read
+//! back through its tags. Tags move only after every platform (and its provenance and SBOM)
+//! is in, and once the first moves the rest follow.
 
 pub mod layout;
 pub mod provenance;
@@ -226,6 +226,12 @@ async fn attach_sbom(
         });
         return Ok(());
     }
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: Some(p.platform.clone()),
+        phase: Phase::Publish,
+        message: format!("reading the layers of {subject} for its SBOM"),
+    });
     let (catalog, created) = destination.catalog(image, subject).await?;
     for why in &catalog.warnings {
         reporter.report(Event::Warning {
