@@ -164,6 +164,14 @@ if ! python3 -c 'import cryptography' 2>/dev/null; then
   apt_update
   apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends python3-cryptography </dev/null
 fi
+# tests/sbom.rs validates the SBOMs polyarch writes with the SPDX project's own tools.
+if ! command -v pyspdxtools >/dev/null 2>&1; then
+  [[ "${POLYARCH_SKIP_INSTALL:-}" == 1 ]] && die "missing pyspdxtools (POLYARCH_SKIP_INSTALL=1)"
+  log "pip install spdx-tools"
+  python3 -m pip install -q spdx-tools==0.8.5 </dev/null 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages spdx-tools==0.8.5 </dev/null \
+    || die "cannot install spdx-tools (pyspdxtools) from PyPI"
+fi
 # Docker 26.1 and 28.5 with the containerd image store beside the machine's engine.
 if [[ "${POLYARCH_SKIP_DOCKER26:-}" != 1 ]]; then
   bash "$root/scripts/engine26.sh" install

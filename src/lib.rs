@@ -15,6 +15,7 @@ pub mod k8s;
 pub mod project;
 pub mod publish;
 pub mod registry;
+pub mod sbom;
 pub mod verify;
 
 pub use base::platform::Platform;

@@ -12,11 +12,17 @@ const AREAS: &[(&str, &[&str])] = &[
     (
         "flows",
         &[
-            "publish", "verify", "builder", "project", "docker", "registry", "k8s", "base",
+            "publish", "sbom", "verify", "builder", "project", "docker", "registry", "k8s", "base",
         ],
     ),
     (
         "publish",
+        &[
+            "sbom", "verify", "builder", "project", "docker", "registry", "base",
+        ],
+    ),
+    (
+        "sbom",
         &["verify", "builder", "project", "docker", "registry", "base"],
     ),
     (

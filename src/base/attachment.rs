@@ -5,12 +5,19 @@
 
 use crate::base::digest::Digest;
 use crate::base::oci::{self, ManifestBlob};
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// The artifact type (and layer media type) of an in-toto statement.
 pub const IN_TOTO: &str = "application/vnd.in-toto+json";
 pub const SLSA_PROVENANCE: &str = "https://slsa.dev/provenance/v1";
+/// The predicate type of an SPDX document, as BuildKit's SBOM attestations name it.
+pub const SPDX_DOCUMENT: &str = "https://spdx.dev/Document";
+/// The in-toto statement format polyarch writes.
+pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
+const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+const EMPTY_JSON: &[u8] = b"{}";
 /// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
 pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
 /// A referrer ready to push: its blobs, then its manifest by digest, then listed for its
@@ -39,9 +46,65 @@ impl Attached {
     pub fn is_provenance(&self) -> bool {
         self.predicate_type.as_deref() == Some(SLSA_PROVENANCE)
     }
+
+    pub fn is_sbom(&self) -> bool {
+        self.predicate_type.as_deref() == Some(SPDX_DOCUMENT)
+    }
 }
 
 impl Referrer {
+    /// The referrer manifest carrying an in-toto `statement` of `predicate_type` for the
+    /// platform manifest `subject` (`subject_size` bytes): an OCI image manifest with
+    /// artifact type in-toto, the empty config, the statement as its one layer, and
+    /// `subject` set.
+    pub fn in_toto(
+        subject: &Digest,
+        subject_size: u64,
+        statement: &Value,
+        predicate_type: &str,
+    ) -> Referrer {
+        let layer = serde_json::to_vec(statement).expect("a statement serialises");
+        let layer_digest = Digest::of(&layer);
+        let empty_digest = Digest::of(EMPTY_JSON);
+        let annotations = json!({ PREDICATE_TYPE: predicate_type });
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": oci::OCI_MANIFEST,
+            "artifactType": IN_TOTO,
+            "config": {
+                "mediaType": EMPTY_MEDIA_TYPE,
+                "digest": empty_digest,
+                "size": EMPTY_JSON.len(),
+                "data": base64::engine::general_purpose::STANDARD.encode(EMPTY_JSON),
+            },
+            "layers": [{
+                "mediaType": IN_TOTO,
+                "digest": layer_digest,
+                "size": layer.len(),
+                "annotations": annotations,
+            }],
+            "subject": {
+                "mediaType": oci::OCI_MANIFEST,
+                "digest": subject,
+                "size": subject_size,
+            },
+            // Registries copy the manifest's annotations into referrer listings, so a reader
+            // learns the predicate type without fetching the statement.
+            "annotations": annotations,
+        });
+        let bytes = serde_json::to_vec(&manifest).expect("a manifest serialises");
+        Referrer {
+            subject: subject.clone(),
+            manifest: ManifestBlob {
+                digest: Digest::of(&bytes),
+                bytes,
+                media_type: oci::OCI_MANIFEST,
+            },
+            blobs: vec![(EMPTY_JSON.to_vec(), empty_digest), (layer, layer_digest)],
+            predicate_type: predicate_type.to_string(),
+        }
+    }
+
     /// The descriptor a referrers listing holds for it.
     pub fn descriptor(&self) -> Value {
         json!({

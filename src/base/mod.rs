@@ -1,7 +1,7 @@
 //! The vocabulary every other area speaks: digests, platforms, references, image paths,
 //! OCI documents and annotations, the referrers vocabulary, ELF headers, Dockerfile
-//! reading, reporter events, durations, text helpers, YAML's nesting depth and the limits
-//! `--deep` reads layers within. Imports no other area.
+//! reading, reporter events, durations, text helpers, YAML's nesting depth, the limits
+//! `--deep` reads layers within and the streamed reading of a layer. Imports no other area.
 
 pub mod annotations;
 pub mod attachment;
@@ -13,6 +13,7 @@ pub mod files;
 pub mod image_path;
 pub mod join;
 pub mod layer_limits;
+pub mod layer_stream;
 pub mod memory;
 pub mod oci;
 pub mod platform;

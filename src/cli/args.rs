@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
-const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --sbom)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
 #[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
@@ -115,6 +115,9 @@ pub enum Command {
     /// Print polyarch's version and the engine it would use (for `docker polyarch
     /// version`: the one the Docker CLI's --context, --host or DOCKER_CONFIG selected).
     Version,
+    /// Write the SPDX SBOM attached to one platform of an image to standard output
+    /// (exit 1 when none is attached).
+    Sbom(SbomArgs),
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
     #[command(after_help = GATE_EXIT_CODES)]
     Gate(GateArgs),
@@ -200,6 +203,10 @@ pub struct BuildArgs {
     /// A platform image without SLSA provenance attached is a coverage gap (exit 1).
     #[arg(long)]
     pub require_provenance: bool,
+    /// Attach an SPDX SBOM to every platform image built (as each image's `sbom: true`),
+    /// made by polyarch from the image's layers: an OCI referrer beside provenance.
+    #[arg(long)]
+    pub sbom: bool,
     /// Record each build in the BuildKit's build history (`docker buildx history`,
     /// Docker Desktop's Builds view), as `docker buildx build` does. Off by default: the
     /// engine spends ~50 ms after every push writing the record and its provenance.
@@ -254,11 +261,27 @@ pub struct VerifyArgs {
     /// Needs an engine with BuildKit.
     #[arg(long, requires = "file")]
     pub test: bool,
+    /// Read the SBOM attached to each platform entry and print its package counts; an
+    /// entry without one is a coverage gap (exit 1).
+    #[arg(long)]
+    pub sbom: bool,
     /// Give up (exit 3) when the whole check takes longer: 90s, 5m, 1m30s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
     #[command(flatten)]
     pub output: Output,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args)]
+pub struct SbomArgs {
+    /// A tag or digest reference (`host/repo:tag`, `host/repo@sha256:…`).
+    #[arg(value_name = "REFERENCE")]
+    pub reference: String,
+    /// The platform whose SBOM to write, e.g. linux/arm64.
+    #[arg(long)]
+    pub platform: Platform,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }

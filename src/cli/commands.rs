@@ -38,6 +38,7 @@ pub async fn run(command: Command) -> Result<i32, Error> {
             until_interrupted(&interrupt, within(limit, "gate".into(), gate(args))).await
         }
         Command::Plan(args) => plan(args).await,
+        Command::Sbom(args) => sbom(args).await,
         Command::Doctor(args) => doctor(args).await,
         Command::Schema(SchemaArgs { which }) => {
             print!(
@@ -138,6 +139,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         source_date_epoch,
         provenance,
         require_provenance,
+        sbom,
         build_history,
         push_by_digest,
         output: destination,
@@ -162,6 +164,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         source_date_epoch: source_date_epoch.map(|seconds| (seconds, epoch_source(seconds))),
         provenance,
         require_provenance,
+        sbom,
         build_history,
     };
     // Selecting an image builds the images of the project it builds FROM too, with the
@@ -351,7 +354,48 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     };
     memory.save();
     drop(reporter);
-    finish(&outcome?, &args.output)
+    let mut record = outcome?;
+    if args.sbom {
+        polyarch::flows::sbom::count_packages(&mut record, &options).await?;
+    }
+    finish(&record, &args.output)
+}
+
+/// `polyarch sbom REF --platform P`: the attached SPDX document, or why there is none
+/// (exit 1).
+async fn sbom(args: SbomArgs) -> Result<i32, Error> {
+    use polyarch::flows::sbom::{attached, Found};
+    let options = registry_options(&args.registry)?;
+    match attached(&args.reference, &args.platform, &options).await? {
+        Found::Document(document) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&document).expect("a document serialises")
+            );
+            Ok(exit::COVERED)
+        }
+        Found::NoSbom(subject) => {
+            eprintln!(
+                "error: {} {} ({subject}) has no SBOM attached; build it with `sbom: true` in polyarch.yaml (or `polyarch build --sbom`)",
+                args.reference, args.platform
+            );
+            Ok(exit::GAP)
+        }
+        Found::NoPlatform(platforms) => {
+            let had: Vec<String> = platforms.iter().map(ToString::to_string).collect();
+            eprintln!(
+                "error: {} has no {} image (it has: {}); ask for one of those",
+                args.reference,
+                args.platform,
+                if had.is_empty() {
+                    "none".into()
+                } else {
+                    had.join(", ")
+                }
+            );
+            Ok(exit::GAP)
+        }
+    }
 }
 
 async fn gate(args: GateArgs) -> Result<i32, Error> {

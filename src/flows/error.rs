@@ -105,6 +105,10 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// An image's SBOM cannot be made: a layer that cannot be read or is past a limit.
+    #[error("sbom: {0}")]
+    Sbom(#[source] Box<crate::sbom::SbomError>),
+
     #[error("interrupted")]
     Interrupted,
 
@@ -223,6 +227,17 @@ impl From<crate::publish::store::StoreError> for Error {
             StoreError::Layout(error) => Error::Layout(error),
             StoreError::Reference(error) => Error::Reference(error),
             StoreError::AttachInLayout { .. } => Error::Usage(error.to_string()),
+            StoreError::Sbom(error) => error.into(),
+        }
+    }
+}
+
+/// An SBOM's registry failures keep their kinds; a layer it cannot read is a failure.
+impl From<crate::sbom::SbomError> for Error {
+    fn from(error: crate::sbom::SbomError) -> Self {
+        match error {
+            crate::sbom::SbomError::Registry(error) => error.into(),
+            other => Error::Sbom(Box::new(other)),
         }
     }
 }
@@ -526,7 +541,7 @@ mod tests {
         });
         assert_eq!(
             attach.to_string(),
-            "--output oci:out: provenance is attached in a registry only; push to the registry, or build api without provenance"
+            "--output oci:out: provenance and SBOMs are attached in a registry only; push to the registry, or build api without them"
         );
         assert_eq!(attach.exit_code(), exit::USAGE);
         let corrupt = StoreError::from(crate::verify::VerifyError::Source(

@@ -128,6 +128,7 @@ fn hint(segs: &[Seg]) -> String {
         "no_cache" => "no_cache: true",
         "reproducible" => "reproducible: true",
         "provenance" => "provenance: true",
+        "sbom" => "sbom: true",
         "binfmt_image" => "binfmt_image: tonistiigi/binfmt",
         "builders" => "builders: {linux/arm64: unix:///run/arm-docker.sock}",
         "version" => "version: 1",

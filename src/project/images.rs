@@ -61,6 +61,7 @@ impl Cx {
         let no_cache = flag(raw.no_cache, "no_cache")?;
         let reproducible = flag(raw.reproducible, "reproducible")?;
         let provenance = flag(raw.provenance, "provenance")?;
+        let sbom = flag(raw.sbom, "sbom")?;
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
@@ -89,6 +90,7 @@ impl Cx {
             no_cache,
             provenance,
             require_provenance: provenance,
+            sbom,
             login: None,
             build_history: false,
             tests,

@@ -194,6 +194,9 @@ pub struct ImageSpec {
     /// A platform image without SLSA provenance attached is a coverage gap
     /// (`--require-provenance`; `provenance: true` implies it for the read-back).
     pub require_provenance: bool,
+    /// Attach an SPDX SBOM, made from the image's layers, to each platform image (an OCI
+    /// referrer beside provenance).
+    pub sbom: bool,
     /// `--username/--password-stdin`: offered to BuildKit for the image's own registry
     /// (its pulls from and cache exports to that registry).
     pub login: Option<Credential>,
@@ -302,6 +305,8 @@ pub struct BuildFlags {
     pub provenance: bool,
     /// `--require-provenance`: an image without provenance is a gap.
     pub require_provenance: bool,
+    /// `--sbom`: every image built attaches an SBOM.
+    pub sbom: bool,
     /// `--build-history`: every build is recorded in BuildKit's build history.
     pub build_history: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
@@ -404,6 +409,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "reproducible",
     "provenance",
     "test",
+    "sbom",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -555,7 +561,8 @@ impl Project {
 
 impl BuildFlags {
     /// The flags laid over one image's settings: secrets and agents by id, annotations,
-    /// caches, and the switches that only add (`--pull`, `--no-cache`, `--provenance`).
+    /// caches, and the switches that only add (`--pull`, `--no-cache`, `--provenance`,
+    /// `--sbom`).
     fn apply_to(&self, image: &mut ImageSpec, login: Option<Credential>) -> Result<()> {
         for flag in &self.secrets {
             image.secrets.insert(
@@ -598,6 +605,7 @@ impl BuildFlags {
         image.no_cache |= self.no_cache;
         image.provenance |= self.provenance;
         image.require_provenance |= self.require_provenance || image.provenance;
+        image.sbom |= self.sbom;
         image.build_history |= self.build_history;
         image.login = login;
         Ok(())

@@ -99,6 +99,7 @@ pub(super) struct RawImage {
     pub(super) no_cache: Option<String>,
     pub(super) reproducible: Option<String>,
     pub(super) provenance: Option<String>,
+    pub(super) sbom: Option<String>,
     pub(super) annotations: Option<Entries<String>>,
     pub(super) test: Option<RawTests>,
 }

@@ -1,18 +1,20 @@
 //! Publishing one image: with `provenance: true` each platform manifest gets its SLSA
-//! provenance attached first, then its index of exactly the pushed platform manifests goes
-//! in by digest, then every tag moves, then the image is read back through its tags. Tags
-//! move only after every platform (and its provenance) is in, and once the first moves the
-//! rest follow.
+//! provenance attached first, and with `sbom: true` its SBOM; then its index of exactly the
+//! pushed platform manifests goes in by digest, then every tag moves, then the image is read
+//! back through its tags. Tags move only after every platform (and its provenance and SBOM)
+//! is in, and once the first moves the rest follow.
 
 pub mod layout;
 pub mod provenance;
 pub mod store;
 
+use crate::base::attachment::{Referrer, SPDX_DOCUMENT};
 use crate::base::oci::{self, IndexEntry};
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::base::reference::ReferenceError;
 use crate::project::ImageSpec;
 use crate::registry::{ClientError, RegistryError};
+use crate::sbom::spdx;
 use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
 use crate::verify::ReadMemory;
 use crate::Platform;
@@ -75,6 +77,9 @@ pub async fn publish(
     let index = index_of(image, &mut mine)?;
     if image.provenance {
         attach_provenance(destination, image, &mine, reporter).await?;
+    }
+    if image.sbom {
+        attach_sboms(destination, image, &mine, reporter).await?;
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -151,27 +156,99 @@ async fn attach_provenance(
     for p in pushed {
         let statement = provenance::statement(image, p, &invocation);
         let referrer = provenance::referrer(p, &statement);
-        let how = match destination.attach(image, &referrer).await? {
-            Attachment::Kept => format!(
-                "{} already has SLSA provenance attached; kept",
-                p.entry.digest
-            ),
-            Attachment::Registry => format!(
-                "attached SLSA provenance {} (listed by the registry's referrers API)",
-                referrer.manifest.digest
-            ),
-            Attachment::TagSchema(tag) => format!(
-                "attached SLSA provenance {} (listed in the referrers tag {tag})",
-                referrer.manifest.digest
-            ),
-        };
+        let how = destination.attach(image, &referrer).await?;
+        report_attached(image, p, "SLSA provenance", &referrer, &how, reporter);
+    }
+    Ok(())
+}
+
+/// Says how a referrer came to be attached to a platform manifest.
+fn report_attached(
+    image: &ImageSpec,
+    p: &Pushed,
+    what: &str,
+    referrer: &Referrer,
+    how: &Attachment,
+    reporter: &dyn Reporter,
+) {
+    let message = match how {
+        Attachment::Kept => format!("{} already has {what} attached; kept", p.entry.digest),
+        Attachment::Registry => format!(
+            "attached {what} {} (listed by the registry's referrers API)",
+            referrer.manifest.digest
+        ),
+        Attachment::TagSchema(tag) => format!(
+            "attached {what} {} (listed in the referrers tag {tag})",
+            referrer.manifest.digest
+        ),
+    };
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: Some(p.platform.clone()),
+        phase: Phase::Publish,
+        message,
+    });
+}
+
+/// Attaches an SPDX SBOM, made from its layers, to every platform manifest of the image
+/// before any tag moves. A manifest that has one keeps it: its layers are not read again.
+/// The platforms' layers are read at once.
+async fn attach_sboms(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    pushed: &[&Pushed],
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let attached = join_all(
+        pushed
+            .iter()
+            .map(|p| attach_sbom(destination, image, p, reporter)),
+    );
+    attached.await.into_iter().collect()
+}
+
+async fn attach_sbom(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    p: &Pushed,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let subject = &p.entry.digest;
+    if destination
+        .has_attached(image, subject, SPDX_DOCUMENT)
+        .await?
+    {
         reporter.report(Event::Phase {
             image: image.name.clone(),
             platform: Some(p.platform.clone()),
             phase: Phase::Publish,
-            message: how,
+            message: format!("{subject} already has an SBOM attached; kept"),
+        });
+        return Ok(());
+    }
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: Some(p.platform.clone()),
+        phase: Phase::Publish,
+        message: format!("reading the layers of {subject} for its SBOM"),
+    });
+    let (catalog, created) = destination.catalog(image, subject).await?;
+    for why in &catalog.warnings {
+        reporter.report(Event::Warning {
+            message: format!("{} {}: SBOM: {why}", image.name, p.platform),
         });
     }
+    let about = spdx::Subject {
+        repository: &image.repository,
+        digest: subject,
+        platform: &p.platform,
+        created: created.as_deref(),
+    };
+    let statement = spdx::statement(&about, spdx::document(&about, &catalog));
+    let referrer = Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT);
+    let how = destination.attach(image, &referrer).await?;
+    let what = format!("an SBOM of {} packages", catalog.packages.len());
+    report_attached(image, p, &what, &referrer, &how, reporter);
     Ok(())
 }
 
@@ -397,6 +474,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_sbom_is_made_and_attached_to_every_platform_before_any_tag_and_kept_on_a_rerun() {
+        let image = ImageSpec {
+            sbom: true,
+            ..with_provenance("v1")
+        };
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let store = FakeStore::default();
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let calls = store.calls();
+        let tagged = calls.iter().position(|c| c == "tag v1").unwrap();
+        for unit in &units {
+            let attached = store.attached.lock().unwrap().clone();
+            assert!(attached.contains(&(unit.entry.digest.to_string(), SPDX_DOCUMENT.into())));
+            let catalog = format!("catalog {}", unit.entry.digest);
+            assert!(calls.iter().position(|c| *c == catalog).unwrap() < tagged);
+        }
+        assert_eq!(store.attached.lock().unwrap().len(), 4, "{calls:?}");
+        // A rerun reads no layer and attaches nothing new.
+        store.calls.lock().unwrap().clear();
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(
+            store.calls().iter().all(|c| !c.starts_with("catalog")),
+            "{:?}",
+            store.calls()
+        );
+        assert_eq!(store.attached.lock().unwrap().len(), 4);
+    }
+
+    #[tokio::test]
     async fn without_provenance_nothing_is_attached() {
         let (store, image) = (FakeStore::default(), image("v1"));
         let units = [pushed("amd64", 'a')];
@@ -481,6 +591,23 @@ mod tests {
             referrer: &crate::base::attachment::Referrer,
         ) -> std::result::Result<Attachment, StoreError> {
             self.store.attach(image, referrer).await
+        }
+        async fn has_attached(
+            &self,
+            image: &ImageSpec,
+            subject: &crate::base::digest::Digest,
+            predicate_type: &str,
+        ) -> std::result::Result<bool, StoreError> {
+            self.store
+                .has_attached(image, subject, predicate_type)
+                .await
+        }
+        async fn catalog(
+            &self,
+            image: &ImageSpec,
+            subject: &crate::base::digest::Digest,
+        ) -> std::result::Result<(crate::sbom::Catalog, Option<String>), StoreError> {
+            self.store.catalog(image, subject).await
         }
         async fn read_back(
             &self,

@@ -3,26 +3,20 @@
 //! attached as an OCI referrer of the platform manifest (`subject` set) rather than as an
 //! index entry: the index keeps exactly the platform manifests, which every runtime reads.
 
-use crate::base::attachment::{Referrer, IN_TOTO, PREDICATE_TYPE, SLSA_PROVENANCE};
+use crate::base::attachment::{Referrer, SLSA_PROVENANCE, STATEMENT_TYPE};
 use crate::base::digest::Digest;
 use crate::base::dockerfile;
-use crate::base::oci::{self, ManifestBlob};
 use crate::base::platform::Platform;
 use crate::builder;
 use crate::project::ImageSpec;
 use crate::publish::Pushed;
-use base64::Engine as _;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use time::format_description::well_known::Rfc3339;
 
-/// The in-toto statement format this writes.
-pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// What `externalParameters` mean: documented in the book's Provenance page
 /// (docs/src/guide/provenance.md).
 pub const BUILD_TYPE: &str = "urn:polyarch:build:dockerfile:v1";
-const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
-const EMPTY_JSON: &[u8] = b"{}";
 
 /// The in-toto statement (SLSA provenance v1) for one pushed platform image. It names
 /// build-arg and secret ids, never their values.
@@ -126,50 +120,14 @@ fn rfc3339(at: time::OffsetDateTime) -> String {
     at.format(&Rfc3339).unwrap_or_default()
 }
 
-/// The referrer manifest carrying `statement` for the platform manifest `pushed`: an OCI
-/// image manifest with artifact type in-toto, the empty config, the statement as its one
-/// layer, and `subject` set.
+/// The referrer manifest carrying `statement` for the platform manifest `pushed`.
 pub fn referrer(pushed: &Pushed, statement: &Value) -> Referrer {
-    let layer = serde_json::to_vec(statement).expect("a statement serialises");
-    let layer_digest = Digest::of(&layer);
-    let empty_digest = Digest::of(EMPTY_JSON);
-    let annotations = json!({ PREDICATE_TYPE: SLSA_PROVENANCE });
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": oci::OCI_MANIFEST,
-        "artifactType": IN_TOTO,
-        "config": {
-            "mediaType": EMPTY_MEDIA_TYPE,
-            "digest": empty_digest,
-            "size": EMPTY_JSON.len(),
-            "data": base64::engine::general_purpose::STANDARD.encode(EMPTY_JSON),
-        },
-        "layers": [{
-            "mediaType": IN_TOTO,
-            "digest": layer_digest,
-            "size": layer.len(),
-            "annotations": annotations,
-        }],
-        "subject": {
-            "mediaType": oci::OCI_MANIFEST,
-            "digest": pushed.entry.digest,
-            "size": pushed.entry.size,
-        },
-        // Registries copy the manifest's annotations into referrer listings, so a reader
-        // learns the predicate type without fetching the statement.
-        "annotations": annotations,
-    });
-    let bytes = serde_json::to_vec(&manifest).expect("a manifest serialises");
-    Referrer {
-        subject: pushed.entry.digest.clone(),
-        manifest: ManifestBlob {
-            digest: Digest::of(&bytes),
-            bytes,
-            media_type: oci::OCI_MANIFEST,
-        },
-        blobs: vec![(EMPTY_JSON.to_vec(), empty_digest), (layer, layer_digest)],
-        predicate_type: SLSA_PROVENANCE.to_string(),
-    }
+    Referrer::in_toto(
+        &pushed.entry.digest,
+        pushed.entry.size,
+        statement,
+        SLSA_PROVENANCE,
+    )
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub enum PlatformStatus {
     BinaryMismatch,
     /// `--require-provenance` (or `provenance: true`): no SLSA provenance is attached.
     ProvenanceMissing,
+    /// `verify --sbom`: no SBOM is attached.
+    SbomMissing,
     /// Its `test:` failed or timed out: the image was not published.
     TestFailed,
 }
@@ -131,6 +133,9 @@ pub struct PlatformCoverage {
     /// `build` with `test:`: how the platform's test ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test: Option<TestRecord>,
+    /// `verify --sbom`: the attached SBOM's packages by purl type (`deb`, `apk`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sbom: Option<BTreeMap<String, usize>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

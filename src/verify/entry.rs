@@ -134,6 +134,7 @@ async fn check_entry<S: ContentSource>(
             detail,
             deep,
             attached: Vec::new(),
+            sbom: None,
             build: None,
             test: None,
         },

@@ -138,6 +138,7 @@ pub(super) fn agreeing_entry(arch: &str, digest: Option<Digest>) -> PlatformCove
         build: None,
         attached: Vec::new(),
         test: None,
+        sbom: None,
     }
 }
 

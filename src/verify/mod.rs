@@ -14,7 +14,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod image;
-mod remote_layers;
+pub mod remote_layers;
 mod source;
 mod target;
 mod verdict;

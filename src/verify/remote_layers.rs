@@ -4,7 +4,7 @@
 //! the ones its manifest names and a layer past one of `--deep`'s limits among them; what
 //! it cannot read is a [`Finding::Unreadable`].
 
-use crate::base::digest::{first_mismatch, HashingReader};
+use crate::base::digest::{first_mismatch, Digest, HashingReader};
 use crate::base::platform::Platform;
 use crate::builder::export::ChannelReader;
 use crate::registry::{ClientError, RegistryError};
@@ -41,35 +41,12 @@ pub async fn inspect_remote(
         }
         wanted.push(digest.clone());
     }
-    let mut senders = Vec::new();
-    let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
-    let mut hashed = Vec::new();
-    for digest in &wanted {
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        senders.push(tx);
-        let (reader, seen) = HashingReader::new(ChannelReader::new(rx), digest);
-        readers.push(Box::new(reader));
-        hashed.push(seen);
-    }
     let config_bytes = config.to_vec();
     let owned_platform = platform.clone();
-    let inspector = tokio::task::spawn_blocking(move || {
+    let inspected = read_layers(registry, reference, &wanted, move |readers| {
         entrypoint::inspect(&config_bytes, readers, &owned_platform)
-    });
-    let pump = pump_layers(registry, reference, &wanted, senders);
-    let (pumped, inspected) = tokio::join!(pump, inspector);
-    pumped?;
-    if let Some((digest, computed)) = first_mismatch(wanted.iter().zip(hashed.iter().map(|s| &**s)))
-    {
-        return Err(ClientError::registry(
-            reference.registry(),
-            RegistryError::LayerDigest {
-                digest: digest.to_string(),
-                reference: reference.to_string(),
-                computed: computed.to_string(),
-            },
-        ));
-    }
+    })
+    .await?;
     let kind = match inspected {
         Ok(Ok(report)) => Ok(report),
         Ok(Err(source)) => Err(RegistryError::LayerRefused {
@@ -92,12 +69,51 @@ pub async fn inspect_remote(
     Ok(report)
 }
 
+/// Streams the `wanted` layers from the registry, one after another (bounded memory), to
+/// `consume` on a blocking thread, each hashed as it is read: `verify --deep` and the
+/// SBOM catalogers read an image's layers this way. A registry failure, or a layer read
+/// to its end whose bytes are not the ones its digest names, is `Err`; the consumer's
+/// panic is the inner `Err`.
+pub async fn read_layers<T: Send + 'static>(
+    registry: &crate::registry::Registry,
+    reference: &oci_client::Reference,
+    wanted: &[Digest],
+    consume: impl FnOnce(Vec<Box<dyn Read + Send>>) -> T + Send + 'static,
+) -> Result<Result<T, tokio::task::JoinError>, ClientError> {
+    let mut senders = Vec::new();
+    let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
+    let mut hashed = Vec::new();
+    for digest in wanted {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        senders.push(tx);
+        let (reader, seen) = HashingReader::new(ChannelReader::new(rx), digest);
+        readers.push(Box::new(reader));
+        hashed.push(seen);
+    }
+    let consumer = tokio::task::spawn_blocking(move || consume(readers));
+    let pump = pump_layers(registry, reference, wanted, senders);
+    let (pumped, consumed) = tokio::join!(pump, consumer);
+    pumped?;
+    if let Some((digest, computed)) = first_mismatch(wanted.iter().zip(hashed.iter().map(|s| &**s)))
+    {
+        return Err(ClientError::registry(
+            reference.registry(),
+            RegistryError::LayerDigest {
+                digest: digest.to_string(),
+                reference: reference.to_string(),
+                computed: computed.to_string(),
+            },
+        ));
+    }
+    Ok(consumed)
+}
+
 /// Streams each wanted layer from the registry to the inspector's reader, until the
 /// inspector stops reading; a failed read is handed to the inspector too.
 async fn pump_layers(
     registry: &crate::registry::Registry,
     reference: &oci_client::Reference,
-    wanted: &[crate::base::digest::Digest],
+    wanted: &[Digest],
     senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
 ) -> Result<(), ClientError> {
     use futures_util::StreamExt;

@@ -94,6 +94,7 @@ fn match_declared(
                     build: None,
                     attached: Vec::new(),
                     test: None,
+                    sbom: None,
                 });
             }
             [one] => platforms.push((*one).clone()),

@@ -133,6 +133,15 @@ fn platform_lines(p: &PlatformCoverage) -> String {
             polyarch::base::oci::short_digest(&attached.digest)
         );
     }
+    if let Some(counts) = &p.sbom {
+        let total: usize = counts.values().sum();
+        let kinds: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let kinds = match kinds.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", kinds.join(", ")),
+        };
+        out += &format!("    sbom: {total} packages{kinds}\n");
+    }
     out
 }
 
@@ -188,6 +197,7 @@ mod tests {
             build: Some(build),
             attached: Vec::new(),
             test: None,
+            sbom: None,
         };
         let image = ImageCoverage {
             name: "x".into(),

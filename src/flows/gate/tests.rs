@@ -31,6 +31,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         build: None,
         attached: Vec::new(),
         test: None,
+        sbom: None,
     }
 }
 

@@ -217,6 +217,13 @@ fn destination(plan: &plan::Plan<'_>, reached: Reached<'_>) -> Result<Destinatio
                     image.name
                 )));
             }
+            if let Some(image) = plan.images.iter().find(|i| i.sbom) {
+                return Err(Error::Usage(format!(
+                    "--output oci:{}: image {} asks for an SBOM, which polyarch attaches in a registry only; push to a registry, or drop sbom: true / --sbom",
+                    dir.display(),
+                    image.name
+                )));
+            }
             Destination::Layout(OciLayout::create(dir)?)
         }
         Reached::Registry(registry) => Destination::Registry(registry),

@@ -297,6 +297,7 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
                 build: p.map(|p| p.build.clone()),
                 attached: Vec::new(),
                 test: None,
+                sbom: None,
             }
         })
         .collect();

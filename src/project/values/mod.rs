@@ -303,6 +303,7 @@ pub(super) fn each_string<E>(
             no_cache,
             reproducible,
             provenance,
+            sbom,
             annotations,
             test,
         } = image;
@@ -331,6 +332,7 @@ pub(super) fn each_string<E>(
         one(f, &at("no_cache"), no_cache)?;
         one(f, &at("reproducible"), reproducible)?;
         one(f, &at("provenance"), provenance)?;
+        one(f, &at("sbom"), sbom)?;
         test_strings(f, &at("test"), test)?;
     }
     Ok(())

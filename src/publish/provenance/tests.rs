@@ -1,6 +1,6 @@
 use super::*;
 use crate::base::attachment::*;
-use crate::base::oci::{ConfigPlatform, IndexEntry};
+use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::project::{LoadOptions, Project, Purpose};
 use crate::verify::coverage_record::BuildInfo;
 use crate::verify::coverage_record::BuildWindow;
@@ -90,7 +90,10 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
     );
     assert_eq!(manifest["mediaType"], oci::OCI_MANIFEST);
     assert_eq!(manifest["artifactType"], IN_TOTO);
-    assert_eq!(manifest["config"]["mediaType"], EMPTY_MEDIA_TYPE);
+    assert_eq!(
+        manifest["config"]["mediaType"],
+        "application/vnd.oci.empty.v1+json"
+    );
     assert_eq!(
         manifest["config"]["digest"],
         "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"

@@ -26,6 +26,8 @@ pub(crate) struct FakeStore {
     pub(crate) refuse_tag: Option<String>,
     /// `attach` fails.
     pub(crate) refuse_attach: bool,
+    /// `(subject, predicate type)` of every referrer attached.
+    pub(crate) attached: Mutex<Vec<(String, String)>>,
 }
 
 impl FakeStore {
@@ -147,13 +149,64 @@ impl ImageStore for FakeStore {
         if self.refuse_attach {
             return Err(refused(image, "attach a referrer"));
         }
+        let kept = (
+            referrer.subject.to_string(),
+            referrer.predicate_type.clone(),
+        );
+        // As a registry: a subject keeps the statement of a predicate type it has.
+        if self.attached.lock().unwrap().contains(&kept) {
+            return Ok(Attachment::Kept);
+        }
         self.calls
             .lock()
             .unwrap()
             .push(format!("attach {}", referrer.subject));
+        self.attached.lock().unwrap().push((
+            referrer.subject.to_string(),
+            referrer.predicate_type.clone(),
+        ));
         Ok(Attachment::TagSchema(attachment::referrers_tag(
             &referrer.subject,
         )))
+    }
+
+    async fn has_attached(
+        &self,
+        _: &ImageSpec,
+        subject: &Digest,
+        predicate_type: &str,
+    ) -> Result<bool> {
+        Ok(self
+            .attached
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(s, p)| s == subject.as_str() && p == predicate_type))
+    }
+
+    /// Every platform image holds one Debian package.
+    async fn catalog(
+        &self,
+        _: &ImageSpec,
+        subject: &Digest,
+    ) -> Result<(crate::sbom::Catalog, Option<String>)> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("catalog {subject}"));
+        let package = crate::sbom::Package {
+            ecosystem: crate::sbom::Ecosystem::Deb,
+            name: "libc6".into(),
+            version: "2.36-9".into(),
+            arch: None,
+            license: None,
+            source: "/var/lib/dpkg/status".into(),
+        };
+        let catalog = crate::sbom::Catalog {
+            packages: vec![package],
+            ..Default::default()
+        };
+        Ok((catalog, None))
     }
 
     async fn read_back(
@@ -186,6 +239,7 @@ impl ImageStore for FakeStore {
                     build: None,
                     attached: Vec::new(),
                     test: None,
+                    sbom: None,
                 }
             })
             .collect();

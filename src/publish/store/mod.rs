@@ -16,6 +16,7 @@ use crate::builder::export::{ExportedImage, ExportedLayer};
 use crate::project::ImageSpec;
 use crate::publish::layout::{LayoutSource, OciLayout};
 use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
+use crate::sbom::{self, Catalog};
 use crate::verify::coverage_record::ImageCoverage;
 use crate::verify::{self, ReadMemory, Target};
 use oci_client::Reference;
@@ -77,6 +78,21 @@ pub trait ImageStore {
         image: &ImageSpec,
         referrer: &Referrer,
     ) -> impl Future<Output = Result<Attachment>>;
+    /// Whether a statement of `predicate_type` is attached to the platform manifest
+    /// `subject` already: a rerun keeps it, and need not make it again.
+    fn has_attached(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+        predicate_type: &str,
+    ) -> impl Future<Output = Result<bool>>;
+    /// What the platform manifest `subject` installs, read from its layers as the store
+    /// holds them (whichever engine pushed them), and its config's creation time.
+    fn catalog(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+    ) -> impl Future<Output = Result<(Catalog, Option<String>)>>;
     /// Reads the image back through its tags and checks it against its declared platforms
     /// and `pushed`, the index just published.
     fn read_back(
@@ -219,6 +235,42 @@ impl ImageStore for Destination {
         match self {
             Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
             // Layout readers (skopeo, containerd) have no referrers convention to follow.
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
+        }
+    }
+
+    async fn has_attached(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+        predicate_type: &str,
+    ) -> Result<bool> {
+        match self {
+            Destination::Registry(r) => {
+                let listed = r.referrers(&image.first_tag()?, subject).await?;
+                Ok(attachment::attached(&listed)
+                    .iter()
+                    .any(|a| a.predicate_type.as_deref() == Some(predicate_type)))
+            }
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
+        }
+    }
+
+    async fn catalog(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+    ) -> Result<(Catalog, Option<String>)> {
+        match self {
+            Destination::Registry(r) => {
+                Ok(sbom::remote::catalog_of(r, &image.first_tag()?, subject).await?)
+            }
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
                 image: image.name.clone(),

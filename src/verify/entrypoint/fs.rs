@@ -1,9 +1,9 @@
 //! The merged filesystem of an image's layers, as an in-memory index of paths (never
 //! extracted), and path resolution the way the kernel does it.
 
-use super::meter::Metered;
 use super::*;
 use crate::base::image_path::{self, join, split_parent};
+use crate::base::layer_stream::Metered;
 use std::borrow::Cow;
 
 #[derive(Debug, Clone)]

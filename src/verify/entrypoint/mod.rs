@@ -14,13 +14,13 @@
 //! limits ([`LIMITS`]) past which the image is refused ([`LayerRefused`]).
 
 use crate::base::layer_limits::{LayerLimit, LayerRefused};
+use crate::base::layer_stream::decompressing;
 use crate::base::platform::Platform;
 use crate::base::text::{self, one_line};
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{self, Read};
 
 mod fs;
-mod meter;
 
 use crate::base::elf::*;
 use fs::*;
@@ -145,29 +145,6 @@ fn report(executable: Option<String>, finding: Finding, detail: String) -> DeepR
 
 fn unreadable(detail: String) -> DeepReport {
     report(None, Finding::Unreadable, detail)
-}
-
-/// Wraps a layer so that gzip-compressed layers are decompressed; zstd ones fail to read.
-fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dyn Read + 'a>> {
-    let mut magic = [0u8; 4];
-    let mut n = 0;
-    while n < magic.len() {
-        match reader.read(&mut magic[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    let chained: Box<dyn Read + Send> =
-        Box::new(io::Cursor::new(magic[..n].to_vec()).chain(reader));
-    if magic[..n].starts_with(&[0x1f, 0x8b]) {
-        Ok(Box::new(flate2::read::MultiGzDecoder::new(chained)))
-    } else if magic[..n] == [0x28, 0xb5, 0x2f, 0xfd] {
-        Err(io::Error::other("zstd layers not supported"))
-    } else {
-        Ok(chained)
-    }
 }
 
 /// Inspects an image: `config` is its config JSON, `layers` its layer tars (decompressed or

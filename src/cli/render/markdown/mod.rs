@@ -45,6 +45,7 @@ fn status(p: &PlatformCoverage) -> String {
             Some(TestStatus::TimedOut) => "❌ test timed out".into(),
             _ => "❌ test failed".into(),
         },
+        PlatformStatus::SbomMissing => "❌ no SBOM".into(),
     }
 }
 

@@ -1,3 +1,6 @@
+//! Reading a layer as a stream, within [`LayerLimit`]s: gzip detected by its magic and
+//! decompressed on the fly, tar headers metered.
+//!
 //! The tar crate reads an entry's GNU long name (`L`), long link (`K`) and PAX header (`x`)
 //! whole into memory, and a GNU sparse map block by block, before it hands the entry over;
 //! it skips entry data it is not asked for by seeking. So what it *reads* (rather than
@@ -10,7 +13,7 @@ use std::rc::Rc;
 
 /// A layer's tar stream whose skips are reads thrown away, and whose reads since the last
 /// [`Metered::counter`] reset are capped at `limit` bytes.
-pub(super) struct Metered<R> {
+pub struct Metered<R> {
     inner: R,
     pos: u64,
     read: Rc<Cell<usize>>,
@@ -18,7 +21,7 @@ pub(super) struct Metered<R> {
 }
 
 impl<R: Read> Metered<R> {
-    pub(super) fn new(inner: R, limit: usize) -> Metered<R> {
+    pub fn new(inner: R, limit: usize) -> Metered<R> {
         Metered {
             inner,
             pos: 0,
@@ -28,7 +31,7 @@ impl<R: Read> Metered<R> {
     }
 
     /// The count of bytes read; the reader of the archive sets it to 0 before each entry.
-    pub(super) fn counter(&self) -> Rc<Cell<usize>> {
+    pub fn counter(&self) -> Rc<Cell<usize>> {
         Rc::clone(&self.read)
     }
 }
@@ -64,5 +67,28 @@ impl<R: Read> Seek for Metered<R> {
             ));
         }
         Ok(self.pos)
+    }
+}
+
+/// Wraps a layer so that gzip-compressed layers are decompressed; zstd ones fail to read.
+pub fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dyn Read + 'a>> {
+    let mut magic = [0u8; 4];
+    let mut n = 0;
+    while n < magic.len() {
+        match reader.read(&mut magic[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let chained: Box<dyn Read + Send> =
+        Box::new(io::Cursor::new(magic[..n].to_vec()).chain(reader));
+    if magic[..n].starts_with(&[0x1f, 0x8b]) {
+        Ok(Box::new(flate2::read::MultiGzDecoder::new(chained)))
+    } else if magic[..n] == [0x28, 0xb5, 0x2f, 0xfd] {
+        Err(io::Error::other("zstd layers not supported"))
+    } else {
+        Ok(chained)
     }
 }

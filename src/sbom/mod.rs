@@ -1,0 +1,158 @@
+//! SBOMs (`sbom: true`): polyarch reads each platform image's layers itself, as streams,
+//! and catalogs what they install: Debian and Alpine package databases, the build info
+//! Go embeds in its binaries and `cargo auditable`'s dependency lists. The catalog is
+//! written as an SPDX 2.3 document inside an in-toto statement and attached as an OCI
+//! referrer of the platform manifest, beside provenance. No scanner image runs, so it is
+//! the same on every engine.
+
+mod apk;
+mod binary;
+mod dpkg;
+mod golang;
+mod layers;
+mod os_release;
+pub mod remote;
+pub mod spdx;
+
+pub use os_release::Distro;
+
+use crate::base::layer_limits::LayerLimit;
+use crate::base::layer_stream::decompressing;
+use crate::base::text::one_line;
+use crate::registry::ClientError;
+use layers::{Found, Stop, Tree};
+use std::io::{self, Read};
+
+/// Where a package comes from, which names its purl type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Ecosystem {
+    Deb,
+    Apk,
+    Golang,
+    Cargo,
+}
+
+impl Ecosystem {
+    /// The purl type.
+    pub fn purl_type(self) -> &'static str {
+        match self {
+            Ecosystem::Deb => "deb",
+            Ecosystem::Apk => "apk",
+            Ecosystem::Golang => "golang",
+            Ecosystem::Cargo => "cargo",
+        }
+    }
+}
+
+/// One package found in an image.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Package {
+    pub ecosystem: Ecosystem,
+    pub name: String,
+    pub version: String,
+    pub arch: Option<String>,
+    /// The licence as the database gives it (apk's `L:`); None where it gives none.
+    pub license: Option<String>,
+    /// The file in the image it was read from, e.g. `/var/lib/dpkg/status`.
+    pub source: String,
+}
+
+/// What one image's layers hold, sorted, each package once per file it was read from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Catalog {
+    pub packages: Vec<Package>,
+    pub distro: Distro,
+    /// Databases and binaries seen but not read, one line each.
+    pub warnings: Vec<String>,
+}
+
+/// Why an image's SBOM could not be made or read.
+#[derive(Debug, thiserror::Error)]
+pub enum SbomError {
+    #[error(transparent)]
+    Registry(#[from] ClientError),
+    #[error("{reference}: layer {layer} cannot be read for its SBOM ({reason}); push its layers gzip-compressed or uncompressed, or build it without `sbom: true`")]
+    Layer {
+        reference: String,
+        layer: usize,
+        reason: String,
+    },
+    #[error("{reference}: layer {layer} has {limit}; no SBOM is made of it: build it without `sbom: true`")]
+    Refused {
+        reference: String,
+        layer: usize,
+        #[source]
+        limit: LayerLimit,
+    },
+    #[error("{reference}: reading the layers for the SBOM failed: {source}")]
+    Reader {
+        reference: String,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    #[error("{reference}: {what} is not what it should be: {reason}")]
+    Content {
+        reference: String,
+        what: String,
+        reason: String,
+    },
+}
+
+/// Why the layers could not be cataloged: layer `n` (1-based) unreadable or past a limit.
+#[derive(Debug)]
+pub enum LayersError {
+    Unreadable { layer: usize, error: io::Error },
+    Refused { layer: usize, limit: LayerLimit },
+}
+
+/// Catalogs an image from its layer tars (decompressed or gzip) in rootfs order, each
+/// read once, to its end.
+pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError> {
+    let mut tree = Tree::default();
+    for (i, mut layer) in layers.into_iter().enumerate() {
+        let applied = decompressing(&mut *layer)
+            .map_err(Stop::from)
+            .and_then(|l| tree.apply_layer(l));
+        // tar stops at its end-of-archive marker: read the rest so a streamed layer is
+        // hashed whole before the next is read.
+        let applied = applied.and_then(|()| {
+            io::copy(&mut layer, &mut io::sink())
+                .map(drop)
+                .map_err(Stop::from)
+        });
+        match applied {
+            Ok(()) => {}
+            Err(Stop::Unreadable(error)) => {
+                return Err(LayersError::Unreadable {
+                    layer: i + 1,
+                    error,
+                })
+            }
+            Err(Stop::Refused(limit)) => {
+                return Err(LayersError::Refused {
+                    layer: i + 1,
+                    limit,
+                })
+            }
+        }
+    }
+    let mut catalog = Catalog::default();
+    // /etc/os-release wins over /usr/lib/os-release, which it usually links to.
+    for (path, found) in tree.found.into_iter().rev() {
+        match found {
+            Found::Packages(mut packages) => catalog.packages.append(&mut packages),
+            Found::OsRelease(distro) if path == "etc/os-release" || catalog.distro.id.is_none() => {
+                catalog.distro = distro;
+            }
+            Found::OsRelease(_) => {}
+            Found::NotRead(why) => catalog.warnings.push(one_line(&why)),
+        }
+    }
+    catalog.packages.sort();
+    catalog.packages.dedup();
+    catalog.warnings.sort();
+    Ok(catalog)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! An image's SBOM against a registry: made from its layers, streamed from the registry by
+//! digest (whichever engine built it), or read back from what is attached to it.
+
+use super::{catalog, Catalog, LayersError, SbomError};
+use crate::base::attachment::{self, IN_TOTO, SPDX_DOCUMENT};
+use crate::base::digest::Digest;
+use crate::base::text::one_line;
+use crate::registry::Registry;
+use crate::verify::remote_layers::read_layers;
+use oci_client::Reference;
+use serde_json::Value;
+
+type Result<T, E = SbomError> = std::result::Result<T, E>;
+
+/// The catalog of the platform manifest `subject` in `reference`'s repository, and its
+/// config's `created`.
+pub async fn catalog_of(
+    registry: &Registry,
+    reference: &Reference,
+    subject: &Digest,
+) -> Result<(Catalog, Option<String>)> {
+    let at = reference.clone_with_digest(subject.to_string());
+    let content = |what: &str, reason: String| SbomError::Content {
+        reference: at.to_string(),
+        what: what.to_string(),
+        reason,
+    };
+    let (bytes, _) = registry.get_manifest(&at).await?;
+    let manifest: Value =
+        serde_json::from_slice(&bytes).map_err(|e| content("its manifest", e.to_string()))?;
+    let digest_of =
+        |v: &Value| -> Result<Digest> {
+            v["digest"].as_str().unwrap_or_default().parse().map_err(
+                |e: crate::base::digest::DigestError| content("its manifest", e.to_string()),
+            )
+        };
+    let config = registry
+        .get_json_blob(&at, &digest_of(&manifest["config"])?)
+        .await?;
+    let created = serde_json::from_slice::<Value>(&config)
+        .ok()
+        .and_then(|c| c["created"].as_str().map(str::to_string));
+    let mut layers = Vec::new();
+    let mut skipped = Vec::new();
+    for layer in manifest["layers"].as_array().into_iter().flatten() {
+        let digest = digest_of(layer)?;
+        let media_type = layer["mediaType"].as_str().unwrap_or_default();
+        // Foreign layers live elsewhere and are not pushed; they are named, not read.
+        if media_type.contains("nondistributable") || media_type.contains("foreign") {
+            skipped.push(format!("non-distributable layer {digest} was not read"));
+            continue;
+        }
+        layers.push(digest);
+    }
+    let read = read_layers(registry, &at, &layers, catalog).await?;
+    let mut catalog = match read {
+        Ok(Ok(catalog)) => catalog,
+        Ok(Err(LayersError::Unreadable { layer, error })) => {
+            return Err(SbomError::Layer {
+                reference: at.to_string(),
+                layer,
+                reason: one_line(&error.to_string()),
+            })
+        }
+        Ok(Err(LayersError::Refused { layer, limit })) => {
+            return Err(SbomError::Refused {
+                reference: at.to_string(),
+                layer,
+                limit,
+            })
+        }
+        Err(source) => {
+            return Err(SbomError::Reader {
+                reference: at.to_string(),
+                source,
+            })
+        }
+    };
+    catalog.warnings.extend(skipped);
+    Ok((catalog, created))
+}
+
+/// The SPDX document attached to the platform manifest `subject`; None when none is.
+/// A referrer naming another subject, or a statement about another digest, is not it.
+pub async fn attached_document(
+    registry: &Registry,
+    reference: &Reference,
+    subject: &Digest,
+) -> Result<Option<Value>> {
+    let listed = registry.referrers(reference, subject).await?;
+    for found in attachment::attached(&listed)
+        .into_iter()
+        .filter(|a| a.is_sbom())
+    {
+        let Ok(digest) = found.digest.parse::<Digest>() else {
+            continue;
+        };
+        let (bytes, _) = registry
+            .get_manifest(&reference.clone_with_digest(digest.to_string()))
+            .await?;
+        if attachment::check_referrer(&bytes, subject)
+            .ok()
+            .flatten()
+            .as_deref()
+            != Some(SPDX_DOCUMENT)
+        {
+            continue;
+        }
+        let manifest: Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        let Some(layer) = manifest["layers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["mediaType"] == IN_TOTO)
+            .and_then(|l| l["digest"].as_str()?.parse::<Digest>().ok())
+        else {
+            continue;
+        };
+        let statement: Value =
+            match serde_json::from_slice(&registry.get_json_blob(reference, &layer).await?) {
+                Ok(statement) => statement,
+                Err(_) => continue,
+            };
+        let names_subject = statement["subject"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["digest"][subject.algorithm()] == subject.hex());
+        if statement["predicateType"] == SPDX_DOCUMENT && names_subject {
+            return Ok(Some(statement["predicate"].clone()));
+        }
+    }
+    Ok(None)
+}

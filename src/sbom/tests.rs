@@ -1,0 +1,213 @@
+use super::*;
+use std::io::Write;
+
+const STATUS: &[u8] = b"Package: libc6\nStatus: install ok installed\nArchitecture: arm64\nVersion: 2.36-9\n\nPackage: bash\nStatus: install ok installed\nArchitecture: arm64\nVersion: 5.2.15-2\n";
+const INSTALLED: &[u8] = b"P:musl\nV:1.2.4-r2\nA:aarch64\nL:MIT\n";
+const OS_RELEASE: &[u8] = b"ID=debian\nVERSION_ID=\"12\"\n";
+
+/// A layer tar of `(path, mode, contents)`; a `None` contents is a directory.
+fn layer(entries: &[(&str, u32, Option<&[u8]>)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, mode, contents) in entries {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(*mode);
+        match contents {
+            Some(bytes) => {
+                header.set_entry_type(tar::EntryType::Regular);
+                header.set_size(bytes.len() as u64);
+                builder.append_data(&mut header, path, *bytes).unwrap();
+            }
+            None => {
+                header.set_entry_type(tar::EntryType::Directory);
+                header.set_size(0);
+                builder.append_data(&mut header, path, &[][..]).unwrap();
+            }
+        }
+    }
+    builder.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(bytes).unwrap();
+    z.finish().unwrap()
+}
+
+fn read(layers: Vec<Vec<u8>>) -> Result<Catalog, LayersError> {
+    catalog(
+        layers
+            .into_iter()
+            .map(|l| Box::new(io::Cursor::new(l)) as Box<dyn Read + Send>)
+            .collect(),
+    )
+}
+
+fn names(catalog: &Catalog) -> Vec<String> {
+    catalog
+        .packages
+        .iter()
+        .map(|p| format!("{}:{}", p.ecosystem.purl_type(), p.name))
+        .collect()
+}
+
+fn base() -> Vec<u8> {
+    gzip(&layer(&[
+        ("etc/", 0o755, None),
+        ("etc/os-release", 0o644, Some(OS_RELEASE)),
+        ("var/lib/dpkg/status", 0o644, Some(STATUS)),
+        (
+            "var/lib/dpkg/status.d/tzdata",
+            0o644,
+            Some(b"Package: tzdata\nVersion: 2024a\nArchitecture: all\n"),
+        ),
+        (
+            "var/lib/dpkg/status.d/tzdata.md5sums",
+            0o644,
+            Some(b"abc  usr/share/zoneinfo/UTC\n"),
+        ),
+        ("lib/apk/db/installed", 0o644, Some(INSTALLED)),
+        ("bin/sh", 0o755, Some(b"#!/bin/busybox\n")),
+    ]))
+}
+
+#[test]
+fn every_database_of_a_layer_is_read() {
+    let found = read(vec![base()]).unwrap();
+    assert_eq!(
+        names(&found),
+        ["deb:bash", "deb:libc6", "deb:tzdata", "apk:musl"]
+    );
+    assert_eq!(found.distro.qualifier().as_deref(), Some("debian-12"));
+    let tzdata = found.packages.iter().find(|p| p.name == "tzdata").unwrap();
+    assert_eq!(tzdata.source, "/var/lib/dpkg/status.d/tzdata");
+}
+
+#[test]
+fn whiteouts_and_opaque_directories_hide_lower_databases() {
+    let upper = layer(&[
+        ("lib/apk/db/.wh.installed", 0o644, Some(b"")),
+        ("var/lib/dpkg/status.d/", 0o755, None),
+        ("var/lib/dpkg/status.d/.wh..wh..opq", 0o644, Some(b"")),
+        (
+            "var/lib/dpkg/status.d/zlib",
+            0o644,
+            Some(b"Package: zlib1g\nVersion: 1:1.2.13\nArchitecture: arm64\n"),
+        ),
+    ]);
+    let found = read(vec![base(), upper]).unwrap();
+    assert_eq!(names(&found), ["deb:bash", "deb:libc6", "deb:zlib1g"]);
+    // A whole directory whited out, and a database replaced by something else.
+    let upper = layer(&[
+        ("var/lib/.wh.dpkg", 0o644, Some(b"")),
+        ("lib/apk/db/installed", 0o644, Some(b"P:busybox\nV:1.36\n")),
+    ]);
+    let found = read(vec![base(), upper]).unwrap();
+    assert_eq!(names(&found), ["apk:busybox"]);
+    // A database re-added above its whiteout's layer is there again.
+    let deleted = layer(&[("var/lib/dpkg/.wh.status", 0o644, Some(b""))]);
+    let readded = layer(&[("var/lib/dpkg/status", 0o644, Some(STATUS))]);
+    let found = read(vec![base(), deleted, readded]).unwrap();
+    assert!(names(&found).contains(&"deb:libc6".to_string()));
+}
+
+#[test]
+fn binaries_with_embedded_packages_are_read_wherever_they_are() {
+    let go = binary::tests::elf(&[(
+        ".go.buildinfo",
+        golang::tests::section("go1.22.2", golang::tests::MODINFO),
+    )]);
+    let rust = binary::tests::elf(&[(".dep-v0", binary::tests::dep_v0(binary::tests::AUDITABLE))]);
+    let top = layer(&[
+        ("usr/local/bin/tool", 0o755, Some(&go)),
+        ("usr/bin/rg", 0o755, Some(&rust)),
+        // Not executable: not looked at.
+        ("usr/share/doc/rg", 0o644, Some(&rust)),
+    ]);
+    let found = read(vec![top]).unwrap();
+    let sources: std::collections::BTreeSet<&str> =
+        found.packages.iter().map(|p| p.source.as_str()).collect();
+    assert_eq!(
+        sources.into_iter().collect::<Vec<_>>(),
+        ["/usr/bin/rg", "/usr/local/bin/tool"]
+    );
+    assert_eq!(found.packages.len(), 6);
+}
+
+#[test]
+fn rpm_databases_are_listed_as_not_read() {
+    let top = layer(&[("var/lib/rpm/Packages", 0o644, Some(b"\0\0"))]);
+    let found = read(vec![top]).unwrap();
+    assert!(found.packages.is_empty());
+    assert_eq!(found.warnings.len(), 1);
+    assert!(
+        found.warnings[0].contains("Berkeley DB"),
+        "{:?}",
+        found.warnings
+    );
+}
+
+#[test]
+fn a_name_past_path_max_is_refused_and_garbage_is_unreadable() {
+    let long = format!("{}/status", "d".repeat(5000));
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    builder.append_data(&mut header, &long, &b"x"[..]).unwrap();
+    let outcome = read(vec![base(), builder.into_inner().unwrap()]);
+    assert!(
+        matches!(
+            outcome,
+            Err(LayersError::Refused {
+                layer: 2,
+                limit: LayerLimit::Name { .. }
+            })
+        ),
+        "{outcome:?}"
+    );
+    let mut garbage = gzip(&layer(&[("var/lib/dpkg/status", 0o644, Some(STATUS))]));
+    garbage.truncate(garbage.len() / 2);
+    let outcome = read(vec![garbage]);
+    assert!(
+        matches!(outcome, Err(LayersError::Unreadable { layer: 1, .. })),
+        "{outcome:?}"
+    );
+    // Noise, gzip'd or not, never panics.
+    let mut x: u32 = 11;
+    for round in 0..50 {
+        let mut bytes = layer(&[("var/lib/dpkg/status", 0o644, Some(STATUS))]);
+        for _ in 0..(1 + round % 5) {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+            let at = (x >> 8) as usize % bytes.len();
+            bytes[at] = (x >> 16) as u8;
+        }
+        let _ = read(vec![bytes.clone()]);
+        let _ = read(vec![gzip(&bytes)]);
+    }
+}
+
+#[test]
+fn a_zstd_layer_is_unreadable() {
+    let outcome = read(vec![vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0]]);
+    assert!(
+        matches!(outcome, Err(LayersError::Unreadable { .. })),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn files_larger_than_the_header_limit_are_read_whole() {
+    // Contents are no tar headers: a 3 MiB binary and a 2 MiB database pass.
+    let big = binary::tests::elf(&[
+        (".text", vec![0x90; 3 << 20]),
+        (".dep-v0", binary::tests::dep_v0(binary::tests::AUDITABLE)),
+    ]);
+    let mut status = STATUS.to_vec();
+    status.resize(2 << 20, b'\n');
+    let top = gzip(&layer(&[
+        ("usr/bin/rg", 0o755, Some(&big)),
+        ("var/lib/dpkg/status", 0o644, Some(&status)),
+    ]));
+    let found = read(vec![top]).unwrap();
+    assert_eq!(found.packages.len(), 4, "{:?}", found.packages);
+}

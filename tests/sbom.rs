@@ -1,0 +1,316 @@
+//! `sbom: true`: an SPDX SBOM made by polyarch from each platform image's layers (a
+//! FROM-scratch image holding a dpkg status file, a distroless status.d entry that an
+//! upper layer deletes, an apk database and os-release), attached as an OCI referrer of
+//! each platform manifest beside provenance (the distribution registry has no referrers
+//! API: the tag schema), read back by `polyarch sbom` and `verify --sbom`, and validated
+//! by the SPDX project's own `pyspdxtools`; on whichever engine `DOCKER_HOST` names.
+
+mod support;
+
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use support::{busybox, curl, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+
+const SPDX: &str = "https://spdx.dev/Document";
+const SLSA: &str = "https://slsa.dev/provenance/v1";
+
+/// The upper layer's RUN deletes the distroless tzdata entry (a whiteout) with the build
+/// machine's busybox, which runs natively for either target platform and deletes itself.
+const DOCKERFILE: &str = "FROM scratch
+ARG TARGETARCH
+ARG BUILDARCH
+COPY rootfs/${TARGETARCH}/ /
+COPY bin/${TARGETARCH}/busybox /bin/busybox
+COPY bin/${BUILDARCH}/busybox /tmp/busybox
+RUN [\"/tmp/busybox\", \"rm\", \"/var/lib/dpkg/status.d/tzdata\", \"/tmp/busybox\"]
+ENTRYPOINT [\"/bin/busybox\", \"echo\", \"hello\"]
+";
+
+/// The packages each platform's SBOM must list: `(purl, licence declared)`.
+fn expected(arch: &str) -> Vec<(String, String)> {
+    let apk_arch = if arch == "amd64" { "x86_64" } else { "aarch64" };
+    let mut out = vec![
+        (
+            format!("pkg:deb/debian/base-files@12.4%2Bdeb12u5?arch={arch}&distro=debian-12"),
+            "NOASSERTION".to_string(),
+        ),
+        (
+            format!("pkg:deb/debian/libc6@2.36-9%2Bdeb12u7?arch={arch}&distro=debian-12"),
+            "NOASSERTION".to_string(),
+        ),
+        (
+            format!("pkg:apk/debian/musl@1.2.4-r2?arch={apk_arch}&distro=debian-12"),
+            "MIT".to_string(),
+        ),
+        (
+            format!("pkg:apk/debian/busybox@1.36.1-r15?arch={apk_arch}&distro=debian-12"),
+            "GPL-2.0-only".to_string(),
+        ),
+    ];
+    out.sort();
+    out
+}
+
+fn context(dir: &Path) {
+    fs::write(dir.join("Dockerfile"), DOCKERFILE).unwrap();
+    for arch in ["amd64", "arm64"] {
+        let bin = dir.join("bin").join(arch);
+        fs::create_dir_all(&bin).unwrap();
+        fs::copy(busybox(arch), bin.join("busybox")).unwrap();
+        let root = dir.join("rootfs").join(arch);
+        let apk_arch = if arch == "amd64" { "x86_64" } else { "aarch64" };
+        let files = [
+            (
+                "etc/os-release",
+                "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nID=debian\nVERSION_ID=\"12\"\n"
+                    .to_string(),
+            ),
+            (
+                "var/lib/dpkg/status",
+                format!("Package: base-files\nStatus: install ok installed\nArchitecture: {arch}\nVersion: 12.4+deb12u5\nDescription: Debian base system\n miscellaneous files\n\nPackage: libc6\nStatus: install ok installed\nArchitecture: {arch}\nSource: glibc\nVersion: 2.36-9+deb12u7\n"),
+            ),
+            (
+                "var/lib/dpkg/status.d/tzdata",
+                "Package: tzdata\nVersion: 2024a-0+deb12u1\nArchitecture: all\n".to_string(),
+            ),
+            (
+                "lib/apk/db/installed",
+                format!("C:Q1abc=\nP:musl\nV:1.2.4-r2\nA:{apk_arch}\nL:MIT\n\nC:Q1def=\nP:busybox\nV:1.36.1-r15\nA:{apk_arch}\nL:GPL-2.0-only\n"),
+            ),
+        ];
+        for (path, text) in files {
+            let path = root.join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+    }
+}
+
+fn project(dir: &Path, repository: &str, sbom: bool) -> PathBuf {
+    let file = dir.join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    provenance: true\n    sbom: {sbom}\n"
+        ),
+    )
+    .unwrap();
+    file
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn build(file: &Path, extra: &[&str]) -> Output {
+    run(polyarch()
+        .args(["build", "--output-format", "json", "-f"])
+        .arg(file)
+        .args(extra))
+}
+
+fn sbom(reference: &str, platform: &str) -> Output {
+    run(polyarch().args(["sbom", reference, "--platform", platform]))
+}
+
+/// The platform manifests the index lists: exactly two, nothing attached as an entry.
+fn platform_entries(reference: &str) -> Vec<(String, String)> {
+    let index = skopeo_inspect_raw(reference);
+    let entries = index["manifests"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{index}");
+    entries
+        .iter()
+        .map(|e| {
+            assert!(e.get("artifactType").is_none(), "{index}");
+            (
+                e["platform"]["architecture"].as_str().unwrap().to_string(),
+                e["digest"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// The SBOM referrer of `subject` as the referrers tag schema lists it (beside the
+/// provenance), its statement checked; returns the referrer's digest.
+fn check_referrer(registry: &Registry, repo: &str, subject: &str) -> String {
+    let tag = subject.replacen(':', "-", 1);
+    let listing = skopeo_inspect_raw(&format!("{}:{tag}", registry.repo(repo)));
+    let listed = listing["manifests"].as_array().unwrap();
+    let types: Vec<&str> = listed
+        .iter()
+        .map(|d| {
+            d["annotations"]["in-toto.io/predicate-type"]
+                .as_str()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(types.len(), 2, "{listing}");
+    assert!(types.contains(&SLSA) && types.contains(&SPDX), "{listing}");
+    let entry = listed
+        .iter()
+        .find(|d| d["annotations"]["in-toto.io/predicate-type"] == SPDX)
+        .unwrap();
+    assert_eq!(entry["artifactType"], "application/vnd.in-toto+json");
+    let digest = entry["digest"].as_str().unwrap().to_string();
+    let manifest = skopeo_inspect_raw(&format!("{}@{digest}", registry.repo(repo)));
+    assert_eq!(manifest["subject"]["digest"], subject, "{manifest}");
+    let blob = manifest["layers"][0]["digest"].as_str().unwrap();
+    let bytes = curl(&[&format!("{}/v2/{repo}/blobs/{blob}", registry.url())]);
+    let statement: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(statement["_type"], "https://in-toto.io/Statement/v1");
+    assert_eq!(statement["predicateType"], SPDX);
+    assert_eq!(
+        statement["subject"][0]["digest"]["sha256"],
+        subject.trim_start_matches("sha256:")
+    );
+    assert_eq!(statement["predicate"]["spdxVersion"], "SPDX-2.3");
+    digest
+}
+
+/// `(purl, licenseDeclared)` of every package but the image itself, sorted.
+fn packages(document: &Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = document["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["SPDXID"] != "SPDXRef-Image")
+        .map(|p| {
+            (
+                p["externalRefs"][0]["referenceLocator"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+                p["licenseDeclared"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn each_platform_gets_an_sbom_of_its_layers_that_spdx_tools_accept() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    context(dir.path());
+    let repo = unique_name("demo/sbom");
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let file = project(dir.path(), &registry.repo(&repo), true);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let mut referrers = Vec::new();
+    for (arch, subject) in platform_entries(&reference) {
+        referrers.push(check_referrer(&registry, &repo, &subject));
+        let out = sbom(&reference, &format!("linux/{arch}"));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let document: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // The deleted status.d entry is not there; everything else is, with its purl.
+        assert_eq!(packages(&document), expected(&arch), "{document}");
+        assert!(document["name"].as_str().unwrap().contains(&subject));
+        assert!(document["documentNamespace"]
+            .as_str()
+            .unwrap()
+            .contains(subject.trim_start_matches("sha256:")));
+        let sources: Vec<&str> = document["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["sourceInfo"].as_str())
+            .collect();
+        assert!(
+            sources.contains(&"acquired package info from /var/lib/dpkg/status")
+                && sources.contains(&"acquired package info from /lib/apk/db/installed"),
+            "{sources:?}"
+        );
+        let spdx = dir.path().join(format!("{arch}.spdx.json"));
+        fs::write(&spdx, &out.stdout).unwrap();
+        let checked = Command::new("pyspdxtools")
+            .arg("-i")
+            .arg(&spdx)
+            .output()
+            .expect("pyspdxtools (scripts/ensure-env.sh test installs it)");
+        assert!(
+            checked.status.success(),
+            "pyspdxtools refused the {arch} SBOM: {}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            stderr(&checked)
+        );
+    }
+
+    // verify --sbom reads them back and counts their packages.
+    let out = run(polyarch().args([
+        "verify",
+        &reference,
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "--sbom",
+    ]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", stderr(&out));
+    assert_eq!(
+        text.matches("sbom: 4 packages (apk 2, deb 2)").count(),
+        2,
+        "{text}"
+    );
+
+    // A rerun keeps the SBOM each manifest has: no second referrer, no new document.
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for ((_, subject), referrer) in platform_entries(&reference).iter().zip(&referrers) {
+        assert_eq!(&check_referrer(&registry, &repo, subject), referrer);
+    }
+}
+
+#[test]
+fn an_image_without_an_sbom_is_a_gap_for_verify_sbom_and_polyarch_sbom_says_so() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    context(dir.path());
+    let repo = unique_name("demo/nosbom");
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let file = project(dir.path(), &registry.repo(&repo), false);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let out = sbom(&reference, "linux/arm64");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    let err = stderr(&out);
+    assert!(
+        err.contains("has no SBOM attached") && err.contains("sbom: true"),
+        "{err}"
+    );
+    let out = sbom(&reference, "linux/s390x");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("linux/amd64, linux/arm64"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = run(polyarch().args([
+        "verify",
+        "--output-format",
+        "json",
+        &reference,
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "--sbom",
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for platform in record["images"][0]["platforms"].as_array().unwrap() {
+        assert_eq!(platform["status"], "sbom_missing", "{platform}");
+    }
+
+    // --sbom attaches it to the images already pushed; then the gap is closed.
+    let out = build(&file, &["--sbom"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = sbom(&reference, "linux/arm64");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let document: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(packages(&document), expected("arm64"));
+}
