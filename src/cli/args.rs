@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 use polyarch::base::annotations::AnnotationFlag;
 use polyarch::base::duration::parse_duration;
+pub use polyarch::flows::buildx::BuildxBuildArgs;
 use polyarch::project::{BinfmtMode, CacheRef, Override, SecretFlag, SshFlag};
 use polyarch::Platform;
 use std::path::PathBuf;
@@ -121,6 +122,26 @@ pub enum Command {
     /// Refuse a deploy whose images do not cover every node pool its pods may land on.
     #[command(after_help = GATE_EXIT_CODES)]
     Gate(GateArgs),
+    /// Run a `docker buildx build` line as it is: prefix it with `polyarch` and the one
+    /// image it names is built, pushed and verified as `build` does.
+    Buildx(BuildxArgs),
+}
+
+#[derive(clap::Args)]
+pub struct BuildxArgs {
+    #[command(subcommand)]
+    pub command: BuildxCommand,
+}
+
+#[derive(Subcommand)]
+pub enum BuildxCommand {
+    /// `docker buildx build`'s flags and context, unchanged; a flag polyarch has no
+    /// equivalent for is refused (exit 2) naming what to use instead. Without --push or
+    /// --output the image is built and verified in a temporary OCI layout, and nothing
+    /// is shipped.
+    // A repeated single-valued flag takes its last value, as buildx's do.
+    #[command(after_help = EXIT_CODES, args_override_self = true)]
+    Build(BuildxBuildArgs),
 }
 
 #[derive(clap::Args)]

@@ -23,6 +23,9 @@ pub async fn run(command: Command) -> Result<i32, Error> {
     let interrupt = interrupt_on_sigint();
     match command {
         Command::Build(args) => build(args, &interrupt).await,
+        Command::Buildx(BuildxArgs {
+            command: BuildxCommand::Build(args),
+        }) => buildx(args, &interrupt).await,
         Command::Assemble(args) => assemble(args, &interrupt).await,
         Command::Verify(args) => {
             let what = match (args.targets.as_slice(), &args.file) {
@@ -201,12 +204,15 @@ async fn run_build(
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
-    // Reached by the pipeline beside the registry.
-    let engine = async {
-        Ok(polyarch::builder::default_engine(project, &options.images, &options.platforms).await?)
-    };
-    let cleanup = Cleanup::default();
     if push_by_digest {
+        // Reached by the pipeline beside the registry.
+        let engine = async {
+            Ok(
+                polyarch::builder::default_engine(project, &options.images, &options.platforms)
+                    .await?,
+            )
+        };
+        let cleanup = Cleanup::default();
         let outcome =
             pipeline::build_part(project, engine, options, &cleanup, reporter.as_ref()).await;
         cleanup
@@ -215,12 +221,139 @@ async fn run_build(
         drop(reporter);
         return write_part(&outcome?, output);
     }
-    let outcome = pipeline::build(project, engine, options, &cleanup, reporter.as_ref()).await;
-    cleanup
-        .run(cleanup_grace(&outcome), reporter.as_ref())
-        .await;
+    let outcome = build_and_verify(project, options, reporter.as_ref()).await;
     drop(reporter);
     finish(&outcome?.with_values(project), output)
+}
+
+/// The whole job up to the record read back, then removes what the run left in the
+/// engines, whether or not it succeeded.
+async fn build_and_verify(
+    project: &Project,
+    options: &BuildOptions,
+    reporter: &dyn Reporter,
+) -> Result<CoverageRecord, Error> {
+    // Reached by the pipeline beside the registry.
+    let engine = async {
+        Ok(polyarch::builder::default_engine(project, &options.images, &options.platforms).await?)
+    };
+    let cleanup = Cleanup::default();
+    let outcome = pipeline::build(project, engine, options, &cleanup, reporter).await;
+    cleanup.run(cleanup_grace(&outcome), reporter).await;
+    outcome
+}
+
+/// `polyarch buildx build …`: the line read into a one-image project, built, pushed (or
+/// laid out) and verified as `build` does; then what buildx writes after a build.
+async fn buildx(args: BuildxBuildArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
+    use polyarch::flows::buildx::{self, Destination, Surroundings};
+    let cwd = std::env::current_dir().map_err(|e| Error::io(".", e))?;
+    let env = |name: &str| std::env::var(name).ok();
+    let mut job = buildx::translate(
+        args,
+        Surroundings {
+            cwd: &cwd,
+            env: &env,
+            stdin: &mut std::io::stdin(),
+        },
+    )?;
+    if job.platform_from_engine {
+        // buildx builds for its builder's own platform; polyarch's builder is the engine.
+        let engine = polyarch::docker::engine::Engine::connect_builder().await?;
+        job.project.images[0].platforms = vec![engine.native];
+    }
+    job.project.prepare_build(&[], &job.flags, None)?;
+    let reporter = progress_reporter(job.progress);
+    // A tar file or no destination at all: the layout lives in a temporary directory.
+    let scratch = match job.destination {
+        Destination::Registry | Destination::Layout { tar: false, .. } => None,
+        _ => Some(
+            tempfile::Builder::new()
+                .prefix("polyarch-buildx-")
+                .tempdir()
+                .map_err(|e| Error::io(std::env::temp_dir(), e))?,
+        ),
+    };
+    let layout = match (&job.destination, &scratch) {
+        (Destination::Layout { dest, tar: false }, _) => Some(dest.clone()),
+        (_, Some(dir)) => Some(dir.path().join("layout")),
+        _ => None,
+    };
+    if job.destination == Destination::Nowhere {
+        let message = "no --push or --output: the image is built and verified in a temporary OCI layout, then removed, so nothing is shipped; add --push, or --output type=oci,dest=PATH".to_string();
+        match job.progress {
+            // Said even when quiet, as buildx does.
+            buildx::Progress::Quiet => eprintln!("warning: {message}"),
+            _ => reporter.report(polyarch::base::progress::Event::Warning { message }),
+        }
+    }
+    let options = BuildOptions {
+        registry: registry_options(&RegistryArgs {
+            insecure_registry: Vec::new(),
+            username: None,
+            password_stdin: false,
+            ca_cert: std::env::var_os("SSL_CERT_FILE").map(Into::into),
+        })?,
+        layout: layout.clone(),
+        interrupt: interrupt.clone(),
+        ..Default::default()
+    };
+    let outcome = build_and_verify(&job.project, &options, reporter.as_ref()).await;
+    drop(reporter);
+    let record = outcome?.with_values(&job.project);
+    if let (Destination::Layout { dest, tar: true }, Some(dir)) = (&job.destination, &layout) {
+        buildx::pack_layout(dir, dest).map_err(|e| Error::io(dest, e))?;
+    }
+    let image = record
+        .images
+        .first()
+        .filter(|image| image.unpublished.is_none());
+    if let Some(image) = image {
+        if let Some(path) = &job.metadata_file {
+            let json = serde_json::to_string_pretty(&buildx::metadata(image, &job.image_names))
+                .expect("serialises");
+            std::fs::write(path, json + "\n").map_err(|e| Error::io(path, e))?;
+        }
+        if let Some(path) = &job.iidfile {
+            std::fs::write(path, image.digest.as_str()).map_err(|e| Error::io(path, e))?;
+        }
+    }
+    let output = Output {
+        record: job.record.clone(),
+        output_format: OutputFormat::Text,
+        quiet: job.quiet,
+        verbose: false,
+    };
+    if !job.quiet {
+        return finish(&record, &output);
+    }
+    if let Some(path) = &output.record {
+        record.write(path)?;
+    }
+    if let Some(image) = image {
+        println!("{}", image.digest);
+    }
+    Ok(match record.covered {
+        true => exit::COVERED,
+        false => exit::GAP,
+    })
+}
+
+/// `--progress` (or `-q`) as one of polyarch's reporters.
+fn progress_reporter(progress: polyarch::flows::buildx::Progress) -> Box<dyn Reporter> {
+    use polyarch::flows::buildx::Progress;
+    match progress {
+        Progress::Auto => reporter(&Output {
+            record: None,
+            output_format: OutputFormat::Text,
+            quiet: false,
+            verbose: false,
+        }),
+        Progress::Plain => Box::new(PlainReporter::new(true)),
+        Progress::Tty => Box::new(TerminalReporter::new()),
+        Progress::Rawjson => Box::new(JsonReporter),
+        Progress::Quiet => Box::new(polyarch::base::progress::Silent),
+    }
 }
 
 /// `--output oci:DIR`: the layout directory (tags come from polyarch.yaml).

@@ -183,6 +183,21 @@ impl From<crate::project::ProjectError> for Error {
     }
 }
 
+/// A buildx line polyarch refuses, or a value it cannot take, is a usage error (exit 2);
+/// the Dockerfile on standard input that cannot be read, a failure.
+impl From<crate::flows::buildx::BuildxError> for Error {
+    fn from(error: crate::flows::buildx::BuildxError) -> Self {
+        use crate::flows::buildx::BuildxError;
+        match error {
+            BuildxError::Io { what, source } => Error::Io {
+                path: PathBuf::from(what),
+                source,
+            },
+            usage => Error::Usage(crate::base::text::one_line(&usage.to_string())),
+        }
+    }
+}
+
 /// A registry's failure keeps its registry and kind; credentials and a CA file that cannot
 /// be read keep theirs.
 impl From<crate::registry::ClientError> for Error {

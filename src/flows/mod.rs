@@ -4,6 +4,7 @@
 //! point down).
 
 pub mod assemble;
+pub mod buildx;
 pub mod cache;
 pub mod doctor;
 pub mod error;

@@ -491,6 +491,19 @@ impl Project {
         cx.project(raw)
     }
 
+    /// A project of one image that no file declares (`buildx build`'s command line):
+    /// `file` names where its settings came from in messages.
+    pub fn single(file: PathBuf, image: ImageSpec) -> Project {
+        Project {
+            file,
+            images: vec![image],
+            binfmt: BinfmtMode::default(),
+            binfmt_image: None,
+            builders: BTreeMap::new(),
+            values: Vec::new(),
+        }
+    }
+
     /// Where the values of these images (all when none are named), and the file's
     /// top-level ones, came from when not from the file.
     pub fn values_for(&self, names: &[String]) -> Vec<ValueSource> {

@@ -29,6 +29,8 @@ pub struct Contents<E = ClientError> {
     /// Digest of the index (or single manifest) the reference resolves to.
     pub digest: Digest,
     pub media_type: String,
+    /// Size in bytes of what the reference resolves to, as read back.
+    pub size: u64,
     /// The index's annotations.
     pub annotations: BTreeMap<String, String>,
     /// Every platform entry in index order, its config (and with `deep` its binary) checked
@@ -97,6 +99,7 @@ async fn contents_of<S: ContentSource>(
     bytes: Vec<u8>,
     digest: Digest,
 ) -> Result<Contents<S::Error>, VerifyError<S::Error>> {
+    let size = bytes.len() as u64;
     let mut warnings = Vec::new();
     let mut attestations = Vec::new();
     let mut entries = Vec::new();
@@ -136,6 +139,7 @@ async fn contents_of<S: ContentSource>(
     Ok(Contents {
         digest,
         media_type,
+        size,
         annotations,
         entries: found,
         attestations,

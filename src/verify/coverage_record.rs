@@ -92,6 +92,10 @@ pub struct ImageCoverage {
     /// `repo@sha256:…` to pin in deployments instead of a mutable tag.
     pub pinned: String,
     pub media_type: String,
+    /// Size in bytes of the index (or single manifest) as the registry or layout holds it:
+    /// with `digest` and `media_type`, its descriptor (`buildx build --metadata-file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
     /// The annotations of what the reference resolves to (the index).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub annotations: BTreeMap<String, String>,

@@ -19,6 +19,7 @@ pub async fn verify<S: ContentSource>(
     let Contents {
         digest,
         media_type,
+        size,
         annotations,
         entries: found,
         attestations,
@@ -54,6 +55,7 @@ pub async fn verify<S: ContentSource>(
         pinned: format!("{}@{}", source.repository(), digest),
         digest,
         media_type,
+        size: Some(size),
         annotations,
         declared: target.declared.clone(),
         platforms,

@@ -47,13 +47,15 @@ pub fn commands_page(mut cli: clap::Command) -> String {
         writeln!(out, "\n```text\n{after}\n```\n").unwrap();
     }
     for command in commands {
-        command_section(&mut out, command);
+        command_section(&mut out, "polyarch", command);
     }
     one_final_newline(out)
 }
 
-fn command_section(out: &mut String, command: &clap::Command) {
-    writeln!(out, "## polyarch {}\n", command.get_name()).unwrap();
+/// One command's section, then one per subcommand (`polyarch buildx build`).
+fn command_section(out: &mut String, parent: &str, command: &clap::Command) {
+    let name = format!("{parent} {}", command.get_name());
+    writeln!(out, "## {name}\n").unwrap();
     if let Some(about) = command.get_long_about().or(command.get_about()) {
         writeln!(out, "{about}\n").unwrap();
     }
@@ -90,6 +92,12 @@ fn command_section(out: &mut String, command: &clap::Command) {
     }
     if let Some(after) = command.get_after_help() {
         writeln!(out, "```text\n{after}\n```\n").unwrap();
+    }
+    for sub in command
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set() && c.get_name() != "help")
+    {
+        command_section(out, &name, sub);
     }
 }
 

@@ -206,6 +206,7 @@ mod tests {
             digest: format!("sha256:{}", "b".repeat(64)).parse().unwrap(),
             pinned: "r.io/x@sha256:…".into(),
             media_type: "application/vnd.oci.image.index.v1+json".into(),
+            size: None,
             annotations: BTreeMap::new(),
             declared: vec![
                 "linux/amd64".parse().unwrap(),

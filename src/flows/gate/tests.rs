@@ -39,6 +39,7 @@ fn contents(entries: Vec<PlatformCoverage>, attestations: &[char]) -> Result<Con
     Ok(Contents {
         digest: digest('f').parse().unwrap(),
         media_type: "application/vnd.oci.image.index.v1+json".into(),
+        size: 0,
         annotations: Default::default(),
         entries,
         attestations: attestations.iter().map(|c| digest(*c)).collect(),

@@ -308,6 +308,7 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
         digest: index.digest.clone(),
         pinned: String::new(),
         media_type: index.media_type.to_string(),
+        size: Some(index.bytes.len() as u64),
         annotations: BTreeMap::new(),
         declared: image.platforms.clone(),
         platforms,

@@ -250,6 +250,7 @@ impl ImageStore for FakeStore {
             digest: pushed.digest.clone(),
             pinned: format!("{}@{}", image.repository, pushed.digest),
             media_type: oci_spec::image::MediaType::ImageIndex.to_string(),
+            size: None,
             annotations: BTreeMap::new(),
             declared: image.platforms.clone(),
             platforms,
