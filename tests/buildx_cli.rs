@@ -107,7 +107,7 @@ fn flags_polyarch_cannot_honour_exit_2_naming_the_flag_and_what_to_use() {
         ("--builder=mybuilder", "DOCKER_CONTEXT"),
         ("--output=type=docker", "--output type=oci,dest=PATH"),
         ("--build-context=base=../base", "not supported yet"),
-        ("--sbom=true", "drop --sbom"),
+        ("--sbom=generator=docker/scanner", "no scanner image"),
         ("--frobnicate", ""),
     ] {
         let out = run(polyarch().current_dir(dir.path()).args([

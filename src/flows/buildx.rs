@@ -128,7 +128,7 @@ pub struct BuildxBuildArgs {
     /// Refused: polyarch builds (`--call=check`).
     #[arg(long)]
     pub check: bool,
-    /// Refused unless `false`: SBOM attestations are not supported yet.
+    /// Attach an SPDX SBOM per platform, made by polyarch from the image's layers.
     #[arg(long, value_name = "VALUE", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub sbom: Option<String>,
     /// Refused: named contexts are not supported yet.
@@ -306,6 +306,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         login: None,
         build_history: false,
         tests: Vec::new(),
+        sbom: false,
     };
     let flags = BuildFlags {
         secrets: parsed("--secret", &args.secrets)?,
@@ -320,6 +321,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         provenance: provenance(&args)?,
         require_provenance: false,
         build_history: false,
+        sbom: sbom(&args)?,
     };
     let platform_from_engine = image.platforms.is_empty();
     let image_names = match args.tags.is_empty() && !args.output.iter().any(|o| o.contains("name="))
@@ -377,15 +379,6 @@ fn refuse_unsupported(args: &BuildxBuildArgs) -> Result<()> {
             "--check",
             "polyarch builds and runs no Dockerfile checks; run `docker buildx build --check` for those",
         ));
-    }
-    match args.sbom.as_deref() {
-        None | Some("false") => {}
-        Some(value) => {
-            return Err(refused(
-                format!("--sbom={value}"),
-                "SBOM attestations are not supported yet; drop --sbom",
-            ))
-        }
     }
     let not_yet = [
         (
@@ -868,8 +861,8 @@ fn cache_to(values: &[String]) -> Result<Option<CacheRef>> {
     }
 }
 
-/// `--provenance` and `--attest type=provenance`; SBOMs are refused. A later value wins,
-/// as in buildx.
+/// `--provenance` and `--attest type=provenance` (SBOMs are [`sbom`]'s). A later value
+/// wins, as in buildx.
 fn provenance(args: &BuildxBuildArgs) -> Result<bool> {
     let mut on = false;
     if let Some(value) = &args.provenance {
@@ -879,17 +872,12 @@ fn provenance(args: &BuildxBuildArgs) -> Result<bool> {
         let pairs = pairs("--attest", text)?;
         match pairs.iter().find(|(k, _)| *k == "type").map(|(_, v)| *v) {
             Some("provenance") => {}
-            Some("sbom") => {
-                return Err(refused(
-                    format!("--attest {text}"),
-                    "SBOM attestations are not supported yet; drop it",
-                ))
-            }
+            Some("sbom") => continue,
             _ => {
                 return Err(invalid(
                     "--attest",
                     text,
-                    "polyarch attaches type=provenance only; write --attest type=provenance",
+                    "polyarch attaches type=provenance and type=sbom only",
                 ))
             }
         }
@@ -906,6 +894,46 @@ fn provenance(args: &BuildxBuildArgs) -> Result<bool> {
 
 /// One provenance request: `true`/`false`, or `mode=min|max` and `disabled=BOOL` pairs.
 /// polyarch writes one statement shape whatever the mode.
+/// `--sbom` and `--attest type=sbom`: polyarch's own SPDX document per platform, read from
+/// the image's layers; there is no scanner image to pick. A later value wins.
+fn sbom(args: &BuildxBuildArgs) -> Result<bool> {
+    let mut on = false;
+    let mut settings: Vec<(String, Vec<String>)> = Vec::new();
+    if let Some(value) = &args.sbom {
+        settings.push((
+            format!("--sbom={value}"),
+            value.split(',').map(str::to_string).collect(),
+        ));
+    }
+    for text in &args.attest {
+        let pairs = pairs("--attest", text)?;
+        if pairs.iter().any(|(k, v)| *k == "type" && *v == "sbom") {
+            let rest = pairs
+                .iter()
+                .filter(|(k, _)| *k != "type")
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            settings.push((format!("--attest {text}"), rest));
+        }
+    }
+    for (flag, parts) in settings {
+        on = true;
+        for part in &parts {
+            match part.as_str() {
+                "" | "true" | "1" | "disabled=false" => {}
+                "false" | "0" | "disabled=true" => on = false,
+                other => {
+                    return Err(refused(
+                        flag,
+                        format!("polyarch makes each platform's SPDX SBOM from its layers itself and has no `{other}` (no scanner image); use true or false"),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(on)
+}
+
 fn provenance_value(flag: &str, text: &str, parts: &[&str]) -> Result<bool> {
     let mut on = true;
     for part in parts {

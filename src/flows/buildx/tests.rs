@@ -152,7 +152,14 @@ fn flags_map_onto_the_image_and_build_flags() {
             "--provenance=true --attest type=provenance,disabled=true .",
             |j| !j.flags.provenance,
         ),
-        ("--sbom=false .", |j| !j.flags.provenance),
+        ("--sbom=false .", |j| !j.flags.sbom && !j.flags.provenance),
+        ("--sbom .", |j| j.flags.sbom),
+        ("--sbom=true --attest type=sbom,disabled=true .", |j| {
+            !j.flags.sbom
+        }),
+        ("--attest type=sbom .", |j| {
+            j.flags.sbom && !j.flags.provenance
+        }),
         ("--call=build .", |j| j.destination == Destination::Nowhere),
         ("--metadata-file m.json --iidfile id .", |j| {
             j.metadata_file.as_deref() == Some(Path::new("m.json"))
@@ -200,12 +207,15 @@ fn every_refusal_names_its_flag_and_a_fix() {
             "docker buildx build --call",
         ),
         ("--check .", "--check", "docker buildx build --check"),
-        ("--sbom=true .", "--sbom=true", "drop --sbom"),
-        ("--sbom .", "--sbom=true", "drop --sbom"),
         (
-            "--attest type=sbom .",
-            "--attest type=sbom",
-            "not supported yet",
+            "--sbom=generator=img .",
+            "--sbom=generator=img",
+            "no scanner image",
+        ),
+        (
+            "--attest type=sbom,generator=img .",
+            "--attest type=sbom,generator=img",
+            "no scanner image",
         ),
         (
             "--build-context base=../x .",
