@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::running::processes_running;
+use support::running::{processes_running, wait_until};
 
 use polyarch::base::platform::Platform;
 use polyarch::docker::buildkit::daemon::{Daemon, DaemonError};
@@ -444,15 +444,6 @@ fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
     assert!(stderr.contains("exit code: 1"), "{stderr}");
 }
 
-/// Polls `done` until it holds, failing with `what` after 30 s.
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
     let bk = support::buildkitd::shared();
@@ -483,9 +474,10 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
         .spawn()
         .unwrap();
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until("the RUN step never started", || {
-        !processes_running(&sleep).is_empty()
-    });
+    wait_until(
+        || !processes_running(&sleep).is_empty(),
+        || "the RUN step never started".into(),
+    );
     let kill = support::run(Command::new("kill").args(["-INT", &child.id().to_string()]));
     assert!(kill.status.success(), "{kill:?}");
     let out = child.wait_with_output().unwrap();
@@ -494,8 +486,8 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
     assert!(out.stdout.is_empty(), "a record was printed");
     // The daemon cancels the solve when its client goes: the step does not run on.
     wait_until(
-        "the daemon still runs the RUN step after the interrupt",
         || processes_running(&sleep).is_empty(),
+        || "the daemon still runs the RUN step after the interrupt".into(),
     );
 }
 

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::running::{processes_running, Running, WAIT};
+use support::running::{processes_running, wait_until, Running, WAIT};
 use support::{hello_context, polyarch, run, skopeo_digest, unique_name, Registry, HELLO};
 
 const PLATFORMS: &str = "[linux/amd64, linux/arm64]";
@@ -455,15 +455,10 @@ fn sigint_mid_run_step_cancels_the_build_in_the_engine() {
     cmd.args(["build", "-f"]).arg(&file).env_remove("CI");
     let running = Running::spawn(cmd);
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    let deadline = Instant::now() + WAIT;
-    while processes_running(&sleep).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the RUN step never started:\n{}",
-            running.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        || !processes_running(&sleep).is_empty(),
+        || format!("the RUN step never started:\n{}", running.stderr()),
+    );
 
     let interrupted = Instant::now();
     running.signal("INT");
@@ -477,14 +472,10 @@ fn sigint_mid_run_step_cancels_the_build_in_the_engine() {
         exited < Duration::from_secs(5),
         "exit took {exited:?}:\n{stderr}"
     );
-    let deadline = Instant::now() + WAIT;
-    while !processes_running(&sleep).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the engine still runs the RUN step {WAIT:?} after the interrupt"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        || processes_running(&sleep).is_empty(),
+        || format!("the engine still runs the RUN step {WAIT:?} after the interrupt"),
+    );
     eprintln!("RUN step gone {:?} after SIGINT", interrupted.elapsed());
     let left = run(Command::new("docker").args([
         "images",

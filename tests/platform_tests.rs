@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::running::{processes_running, Running, WAIT};
+use support::running::{processes_running, wait_until, Running, WAIT};
 use support::{
     hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
 };
@@ -228,15 +228,10 @@ fn sigint_during_a_test_cancels_it_and_keeps_the_earlier_tag() {
     command.env_remove("CI");
     let running = Running::spawn(command);
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    let deadline = Instant::now() + WAIT;
-    while processes_running(&sleep).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the test never started:\n{}",
-            running.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        || !processes_running(&sleep).is_empty(),
+        || format!("the test never started:\n{}", running.stderr()),
+    );
     let interrupted = Instant::now();
     running.signal("INT");
     let (status, _, stderr) = running.finish();
@@ -248,14 +243,10 @@ fn sigint_during_a_test_cancels_it_and_keeps_the_earlier_tag() {
         "exit took {exited:?}:\n{stderr}"
     );
     // The solve is cancelled in the builder: the command does not run on.
-    let deadline = Instant::now() + WAIT;
-    while !processes_running(&sleep).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the test's command still runs {WAIT:?} after the interrupt"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        || processes_running(&sleep).is_empty(),
+        || format!("the test's command still runs {WAIT:?} after the interrupt"),
+    );
     eprintln!("test command gone {:?} after SIGINT", interrupted.elapsed());
     assert_eq!(
         skopeo_digest(&format!("{repo}:v1"), None),

@@ -9,6 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 use support::engines::{podman_cli, podman_host};
+use support::running::wait_until;
 use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
 
 /// busybox per platform, a nonce so no other build made these layers, and a RUN step that
@@ -465,33 +466,23 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
     let running = support::running::Running::spawn(command);
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    let deadline = std::time::Instant::now() + support::running::WAIT;
-    while !processes_running(&sleep) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the test never started:\n{}",
-            running.stderr()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    wait_until(
+        || processes_running(&sleep),
+        || format!("the test never started:\n{}", running.stderr()),
+    );
     let interrupted = std::time::Instant::now();
     running.signal("INT");
     let (status, _, log) = running.finish();
     eprintln!("exited {:?} after SIGINT", interrupted.elapsed());
     assert_eq!(status.code(), Some(130), "{log}");
-    let deadline = std::time::Instant::now() + support::running::WAIT;
     let left = || -> Vec<String> {
         let now = test_containers();
         now.into_iter().filter(|c| !before.contains(c)).collect()
     };
-    while processes_running(&sleep) || !left().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a test container is left: {:?}",
-            left()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until(
+        || !processes_running(&sleep) && left().is_empty(),
+        || format!("a test container is left: {:?}", left()),
+    );
     eprintln!(
         "test container gone {:?} after SIGINT",
         interrupted.elapsed()

@@ -595,6 +595,21 @@ fn session_auth(spec: &ImageSpec) -> buildkit::SessionAuth {
     }
 }
 
+/// The frontend attribute for a RUN step's `network`, and the entitlements it needs.
+fn network_attrs(network: Network, attrs: &mut HashMap<String, String>) -> Vec<String> {
+    match network {
+        Network::Default => Vec::new(),
+        Network::Host => {
+            attrs.insert("force-network-mode".into(), "host".into());
+            vec!["network.host".to_string()]
+        }
+        Network::None => {
+            attrs.insert("force-network-mode".into(), "none".into());
+            Vec::new()
+        }
+    }
+}
+
 /// The Dockerfile frontend's attributes for `spec` and the entitlements they need.
 fn frontend_attrs(
     spec: &ImageSpec,
@@ -615,17 +630,7 @@ fn frontend_attrs(
     for (key, value) in &spec.labels {
         attrs.insert(format!("label:{key}"), value.clone());
     }
-    let mut entitlements = Vec::new();
-    match spec.network {
-        Network::Default => {}
-        Network::Host => {
-            attrs.insert("force-network-mode".into(), "host".into());
-            entitlements.push("network.host".to_string());
-        }
-        Network::None => {
-            attrs.insert("force-network-mode".into(), "none".into());
-        }
-    }
+    let entitlements = network_attrs(spec.network, &mut attrs);
     if spec.pull {
         attrs.insert("image-resolve-mode".into(), "pull".into());
     }

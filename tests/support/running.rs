@@ -114,3 +114,12 @@ pub fn processes_running(args: &[&str]) -> Vec<u32> {
         .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
         .collect()
 }
+
+/// Polls `done` every 20 ms until it holds; fails with `what()` after [`WAIT`].
+pub fn wait_until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "{}", what());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

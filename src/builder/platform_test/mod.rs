@@ -9,7 +9,7 @@ use crate::base::progress::{Event, Phase, Reporter};
 use crate::docker::buildkit;
 use crate::docker::engine::{Engine, Product};
 use crate::project::platform_test::PlatformTest;
-use crate::project::{ImageSpec, Network};
+use crate::project::ImageSpec;
 use crate::registry::RegistryOptions;
 use crate::Platform;
 use bollard_buildkit_proto::moby::buildkit::v1::StatusResponse;
@@ -149,17 +149,7 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
     for (key, value) in &test.env {
         attrs.insert(format!("build-arg:{key}"), value.clone());
     }
-    let mut entitlements = Vec::new();
-    match test.network {
-        Network::Default => {}
-        Network::Host => {
-            attrs.insert("force-network-mode".into(), "host".into());
-            entitlements.push("network.host".to_string());
-        }
-        Network::None => {
-            attrs.insert("force-network-mode".into(), "none".into());
-        }
-    }
+    let entitlements = super::network_attrs(test.network, &mut attrs);
     let build = buildkit::DockerfileBuild {
         context: dir.path(),
         dockerfile: std::path::Path::new("Dockerfile"),
@@ -283,6 +273,7 @@ impl Output {
 mod tests {
     use super::*;
     use crate::project::platform_test::TestCommand;
+    use crate::project::Network;
 
     fn test(run: TestCommand) -> PlatformTest {
         PlatformTest {
