@@ -92,3 +92,45 @@ pub fn decompressing<'a>(reader: &'a mut (dyn Read + Send)) -> io::Result<Box<dy
         Ok(chained)
     }
 }
+
+/// Why reading a layer stopped.
+#[derive(Debug)]
+pub enum Stop {
+    /// A malformed, truncated or unsupported layer, or a spool failing.
+    Unreadable(io::Error),
+    /// The layer went past a limit.
+    Refused(LayerLimit),
+}
+
+impl From<io::Error> for Stop {
+    /// The limit [`Metered`] stopped the tar crate's reading at comes back inside its error.
+    fn from(error: io::Error) -> Stop {
+        match error.get_ref().and_then(|e| e.downcast_ref::<LayerLimit>()) {
+            Some(limit) => Stop::Refused(*limit),
+            None => Stop::Unreadable(error),
+        }
+    }
+}
+
+/// Applies each layer (a tar, gzip or not) in rootfs order with `apply`, each read to its
+/// end; the first that stops is returned with its 1-based number.
+pub fn apply_layers(
+    layers: Vec<Box<dyn Read + Send>>,
+    mut apply: impl FnMut(Box<dyn Read + '_>) -> Result<(), Stop>,
+) -> Result<(), (usize, Stop)> {
+    for (i, mut layer) in layers.into_iter().enumerate() {
+        let applied = decompressing(&mut *layer)
+            .map_err(Stop::from)
+            .and_then(&mut apply);
+        // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
+        // trailer) so a streaming source completes (and verifies its digest) before the
+        // next layer is read.
+        let applied = applied.and_then(|()| {
+            io::copy(&mut layer, &mut io::sink())
+                .map(drop)
+                .map_err(Stop::from)
+        });
+        applied.map_err(|stop| (i + 1, stop))?;
+    }
+    Ok(())
+}

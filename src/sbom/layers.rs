@@ -7,7 +7,7 @@
 use super::{apk, binary, dpkg, os_release, Distro, Package};
 use crate::base::image_path::{join, normalize, split_parent};
 use crate::base::layer_limits::LayerLimit;
-use crate::base::layer_stream::Metered;
+use crate::base::layer_stream::{Metered, Stop};
 use std::collections::BTreeMap;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
@@ -27,24 +27,6 @@ pub(super) enum Found {
     OsRelease(Distro),
     /// A database or binary that was not read, and why (a warning in the catalog).
     NotRead(String),
-}
-
-/// Why reading the layers stopped.
-#[derive(Debug)]
-pub(super) enum Stop {
-    /// A malformed or truncated layer, or the spool failing.
-    Unreadable(io::Error),
-    /// The layer went past a limit.
-    Refused(LayerLimit),
-}
-
-impl From<io::Error> for Stop {
-    fn from(error: io::Error) -> Stop {
-        match error.get_ref().and_then(|e| e.downcast_ref::<LayerLimit>()) {
-            Some(limit) => Stop::Refused(*limit),
-            None => Stop::Unreadable(error),
-        }
-    }
 }
 
 /// An entry's contents as the catalogers read them: not tar headers, so not counted

@@ -17,10 +17,10 @@ pub mod spdx;
 pub use os_release::Distro;
 
 use crate::base::layer_limits::LayerLimit;
-use crate::base::layer_stream::decompressing;
+use crate::base::layer_stream::{apply_layers, Stop};
 use crate::base::text::one_line;
 use crate::registry::ClientError;
-use layers::{Found, Stop, Tree};
+use layers::{Found, Tree};
 use std::io::{self, Read};
 
 /// Where a package comes from, which names its purl type.
@@ -109,32 +109,12 @@ pub enum LayersError {
 /// read once, to its end.
 pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError> {
     let mut tree = Tree::default();
-    for (i, mut layer) in layers.into_iter().enumerate() {
-        let applied = decompressing(&mut *layer)
-            .map_err(Stop::from)
-            .and_then(|l| tree.apply_layer(l));
-        // tar stops at its end-of-archive marker: read the rest so a streamed layer is
-        // hashed whole before the next is read.
-        let applied = applied.and_then(|()| {
-            io::copy(&mut layer, &mut io::sink())
-                .map(drop)
-                .map_err(Stop::from)
-        });
-        match applied {
-            Ok(()) => {}
-            Err(Stop::Unreadable(error)) => {
-                return Err(LayersError::Unreadable {
-                    layer: i + 1,
-                    error,
-                })
-            }
-            Err(Stop::Refused(limit)) => {
-                return Err(LayersError::Refused {
-                    layer: i + 1,
-                    limit,
-                })
-            }
+    match apply_layers(layers, |layer| tree.apply_layer(layer)) {
+        Ok(()) => {}
+        Err((layer, Stop::Unreadable(error))) => {
+            return Err(LayersError::Unreadable { layer, error })
         }
+        Err((layer, Stop::Refused(limit))) => return Err(LayersError::Refused { layer, limit }),
     }
     let mut catalog = Catalog::default();
     // /etc/os-release wins over /usr/lib/os-release, which it usually links to.

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::base::image_path::{self, join, split_parent};
-use crate::base::layer_stream::Metered;
+use crate::base::layer_stream::{Metered, Stop};
 use std::borrow::Cow;
 
 #[derive(Debug, Clone)]
@@ -30,24 +30,6 @@ pub(super) struct Fs {
     retained: usize,
     /// Bytes of the paths and symlink targets in `nodes`.
     name_bytes: usize,
-}
-
-/// Why reading a layer stopped.
-pub(super) enum Stop {
-    /// A malformed, truncated or unsupported layer: the verdict is [`Finding::Unreadable`].
-    Unreadable(io::Error),
-    /// The layer went past a limit: the image is refused.
-    Refused(LayerLimit),
-}
-
-impl From<io::Error> for Stop {
-    /// The limit [`Metered`] stopped the tar crate's reading at comes back inside its error.
-    fn from(error: io::Error) -> Stop {
-        match error.get_ref().and_then(|e| e.downcast_ref::<LayerLimit>()) {
-            Some(limit) => Stop::Refused(*limit),
-            None => Stop::Unreadable(error),
-        }
-    }
 }
 
 /// The paths (and their bytes) the layer being read adds to the index.

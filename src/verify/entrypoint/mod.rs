@@ -14,7 +14,7 @@
 //! limits ([`LIMITS`]) past which the image is refused ([`LayerRefused`]).
 
 use crate::base::layer_limits::{LayerLimit, LayerRefused};
-use crate::base::layer_stream::decompressing;
+use crate::base::layer_stream::{apply_layers, Stop};
 use crate::base::platform::Platform;
 use crate::base::text::{self, one_line};
 use std::collections::{BTreeMap, VecDeque};
@@ -183,34 +183,15 @@ fn inspect_within(
         ));
     }
     let mut fs = Fs::new(limits);
-    for (i, mut layer) in layers.into_iter().enumerate() {
-        let applied = decompressing(&mut *layer)
-            .map_err(Stop::from)
-            .and_then(|l| fs.apply_layer(l));
-        // tar stops at its end-of-archive marker: read the rest (record padding, the gzip
-        // trailer) so a streaming source completes (and verifies its digest) before the
-        // next layer is read.
-        let applied = applied.and_then(|()| {
-            io::copy(&mut layer, &mut io::sink())
-                .map(drop)
-                .map_err(Stop::from)
-        });
-        match applied {
-            Ok(()) => {}
-            Err(Stop::Unreadable(e)) => {
-                return Ok(unreadable(format!(
-                    "layer {} of the image cannot be read: {}",
-                    i + 1,
-                    one_line(&e.to_string())
-                )))
-            }
-            Err(Stop::Refused(limit)) => {
-                return Err(LayerRefused {
-                    layer: i + 1,
-                    limit,
-                })
-            }
+    match apply_layers(layers, |layer| fs.apply_layer(layer)) {
+        Ok(()) => {}
+        Err((layer, Stop::Unreadable(e))) => {
+            return Ok(unreadable(format!(
+                "layer {layer} of the image cannot be read: {}",
+                one_line(&e.to_string())
+            )))
         }
+        Err((layer, Stop::Refused(limit))) => return Err(LayerRefused { layer, limit }),
     }
     let inspector = Inspector {
         fs: &fs,
