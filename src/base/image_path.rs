@@ -43,6 +43,20 @@ pub fn link_target(entry: &str, target: &str) -> Option<String> {
     normalize(&join(split_parent(entry).0, target))
 }
 
+/// The keys of `tree` (normalized image paths) below directory `path` (`""`: the root),
+/// for a whiteout or an opaque directory to remove.
+pub fn below<V>(tree: &std::collections::BTreeMap<String, V>, path: &str) -> Vec<String> {
+    let prefix = if path.is_empty() {
+        String::new()
+    } else {
+        format!("{path}/")
+    };
+    tree.range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

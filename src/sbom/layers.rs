@@ -5,7 +5,7 @@
 //! at a time, since their section headers come last). No layer is ever held in memory.
 
 use super::{apk, binary, dpkg, os_release, Distro, Package};
-use crate::base::image_path::{join, normalize, split_parent};
+use crate::base::image_path::{below, join, normalize, split_parent};
 use crate::base::layer_limits::LayerLimit;
 use crate::base::layer_stream::{Metered, Stop};
 use std::collections::BTreeMap;
@@ -179,18 +179,7 @@ impl Tree {
         if include_self {
             self.found.remove(path);
         }
-        let prefix = if path.is_empty() {
-            String::new()
-        } else {
-            format!("{path}/")
-        };
-        let doomed: Vec<String> = self
-            .found
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in doomed {
+        for key in below(&self.found, path) {
             self.found.remove(&key);
         }
     }

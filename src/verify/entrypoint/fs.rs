@@ -150,18 +150,7 @@ impl Fs {
         if include_self {
             self.remove(path);
         }
-        let prefix = if path.is_empty() {
-            String::new()
-        } else {
-            format!("{path}/")
-        };
-        let doomed: Vec<String> = self
-            .nodes
-            .range(prefix.clone()..)
-            .take_while(|(k, _)| k.starts_with(&prefix))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in doomed {
+        for key in image_path::below(&self.nodes, path) {
             self.remove(&key);
         }
     }
