@@ -20,7 +20,7 @@ ENGINE_TESTS ?= --test binfmt --test build --test builders --test dependencies \
   --test differential --test export --test interrupt --test registry --test reproducible \
   --test platform_tests --test runners --test sbom --test session --test token_auth
 
-.PHONY: all build demo test lint fmt bench env fixtures docs docs-gen
+.PHONY: all build demo test lint fuzz-check fmt bench env fixtures docs docs-gen
 
 all: build
 
@@ -54,7 +54,7 @@ docs-gen:
 # `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
 # The `buildkitd_` tests (tests/buildkitd*.rs) build on daemons (some beside the
 # machine's engine), so they run in the first pass only.
-test: env docs
+test: env docs fuzz-check
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine26.sh host containerd) \
 	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ --skip buildkitd_ $(TEST_ARGS)
@@ -63,11 +63,13 @@ test: env docs
 	DOCKER_HOST=$$(bash scripts/podman.sh host) \
 	  $(CARGO) test --test podman --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
 
-# The fuzz targets (fuzz/, nightly only to run) are checked to compile on stable: they call
-# the library by path and went stale unnoticed once.
-lint:
+# The fuzz targets (fuzz/, nightly only to run) are checked to compile on stable, by `make
+# test` too: they call the library by path and went stale unnoticed twice.
+lint: fuzz-check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) fmt --check
+
+fuzz-check:
 	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins
 
 fmt:
