@@ -1,7 +1,8 @@
 # polyarch developer targets. `make test` is the README's test command and
 # is what .ci/run executes; `make demo` is its first look.
 #   make demo       build polyarch, push examples/hello for two platforms, print the record
-#   make test       install and start every engine the suite uses, build the book, run every test
+#   make test       install and start every engine the suite uses, build the book, check the
+#                   fuzz targets compile, run every test
 #   make lint       clippy, rustfmt, the fuzz targets compile
 #   make docs       build the book (docs/) into docs/book/ with mdBook (scripts/mdbook.sh)
 #   make docs-gen   rewrite the book's generated reference pages (docs/src/reference/) from the
