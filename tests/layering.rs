@@ -34,8 +34,11 @@ const AREAS: &[(&str, &[&str])] = &[
     ),
     // Keys and signatures: pure, below every area that signs or checks.
     ("sign", &["base"]),
-    ("builder", &["project", "docker", "registry", "base"]),
-    ("project", &["docker", "registry", "base"]),
+    (
+        "builder",
+        &["project", "sign", "docker", "registry", "base"],
+    ),
+    ("project", &["sign", "docker", "registry", "base"]),
     ("docker", &["registry", "base"]),
     ("registry", &["base"]),
     ("k8s", &["base"]),
