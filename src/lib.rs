@@ -16,6 +16,7 @@ pub mod project;
 pub mod publish;
 pub mod registry;
 pub mod sbom;
+pub mod sign;
 pub mod verify;
 
 pub use base::platform::Platform;

@@ -12,25 +12,33 @@ const AREAS: &[(&str, &[&str])] = &[
     (
         "flows",
         &[
-            "publish", "sbom", "verify", "builder", "project", "docker", "registry", "k8s", "base",
+            "publish", "sbom", "verify", "sign", "builder", "project", "docker", "registry", "k8s",
+            "base",
         ],
     ),
     (
         "publish",
         &[
-            "sbom", "verify", "builder", "project", "docker", "registry", "base",
+            "sbom", "verify", "sign", "builder", "project", "docker", "registry", "base",
         ],
     ),
     (
         "sbom",
-        &["verify", "builder", "project", "docker", "registry", "base"],
+        &[
+            "verify", "sign", "builder", "project", "docker", "registry", "base",
+        ],
     ),
     (
         "verify",
-        &["builder", "project", "docker", "registry", "base"],
+        &["sign", "builder", "project", "docker", "registry", "base"],
     ),
-    ("builder", &["project", "docker", "registry", "base"]),
-    ("project", &["docker", "registry", "base"]),
+    // Keys and signatures: pure, below every area that signs or checks.
+    ("sign", &["base"]),
+    (
+        "builder",
+        &["project", "sign", "docker", "registry", "base"],
+    ),
+    ("project", &["sign", "docker", "registry", "base"]),
     ("docker", &["registry", "base"]),
     ("registry", &["base"]),
     ("k8s", &["base"]),

@@ -20,6 +20,11 @@ const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const EMPTY_JSON: &[u8] = b"{}";
 /// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
 pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
+/// The artifact type (and layer media type) of a Sigstore bundle: a signature as cosign 3
+/// writes it by default.
+pub const SIGSTORE_BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
+/// The predicate type of the statement cosign signs for an image.
+pub const COSIGN_SIGN: &str = "https://sigstore.dev/cosign/sign/v1";
 /// A referrer ready to push: its blobs, then its manifest by digest, then listed for its
 /// subject.
 #[derive(Debug, Clone)]
@@ -30,6 +35,9 @@ pub struct Referrer {
     /// `(bytes, digest)` of the config and layer.
     pub blobs: Vec<(Vec<u8>, Digest)>,
     pub predicate_type: String,
+    pub artifact_type: &'static str,
+    /// The manifest's annotations, which a referrers listing repeats.
+    annotations: Value,
 }
 
 /// One referrer of a platform manifest: a provenance statement, a signature, an SBOM, …
@@ -50,6 +58,10 @@ impl Attached {
     pub fn is_sbom(&self) -> bool {
         self.predicate_type.as_deref() == Some(SPDX_DOCUMENT)
     }
+
+    pub fn is_signature(&self) -> bool {
+        self.artifact_type.as_deref() == Some(SIGSTORE_BUNDLE)
+    }
 }
 
 impl Referrer {
@@ -64,13 +76,43 @@ impl Referrer {
         predicate_type: &str,
     ) -> Referrer {
         let layer = serde_json::to_vec(statement).expect("a statement serialises");
+        let subject =
+            json!({ "mediaType": oci::OCI_MANIFEST, "digest": subject, "size": subject_size });
+        let mut referrer = Referrer::artifact(
+            subject,
+            IN_TOTO,
+            layer,
+            json!({ PREDICATE_TYPE: predicate_type }),
+        );
+        referrer.predicate_type = predicate_type.to_string();
+        referrer
+    }
+
+    /// The referrer manifest carrying a Sigstore bundle that signs `subject` (a descriptor:
+    /// a platform manifest or the index), shaped as `cosign sign` writes it, so cosign,
+    /// policy-controller and Kyverno find it.
+    pub fn sigstore_bundle(subject: Value, bundle: Vec<u8>) -> Referrer {
+        let annotations = json!({
+            "dev.sigstore.bundle.content": "dsse-envelope",
+            "dev.sigstore.bundle.predicateType": COSIGN_SIGN,
+        });
+        Referrer::artifact(subject, SIGSTORE_BUNDLE, bundle, annotations)
+    }
+
+    /// An OCI image manifest of `artifact_type` with the empty config, `layer` as its one
+    /// layer (of media type `artifact_type`) and `subject` (a descriptor) set.
+    fn artifact(
+        subject: Value,
+        artifact_type: &'static str,
+        layer: Vec<u8>,
+        annotations: Value,
+    ) -> Referrer {
         let layer_digest = Digest::of(&layer);
         let empty_digest = Digest::of(EMPTY_JSON);
-        let annotations = json!({ PREDICATE_TYPE: predicate_type });
         let manifest = json!({
             "schemaVersion": 2,
             "mediaType": oci::OCI_MANIFEST,
-            "artifactType": IN_TOTO,
+            "artifactType": artifact_type,
             "config": {
                 "mediaType": EMPTY_MEDIA_TYPE,
                 "digest": empty_digest,
@@ -78,30 +120,32 @@ impl Referrer {
                 "data": base64::engine::general_purpose::STANDARD.encode(EMPTY_JSON),
             },
             "layers": [{
-                "mediaType": IN_TOTO,
+                "mediaType": artifact_type,
                 "digest": layer_digest,
                 "size": layer.len(),
                 "annotations": annotations,
             }],
-            "subject": {
-                "mediaType": oci::OCI_MANIFEST,
-                "digest": subject,
-                "size": subject_size,
-            },
+            "subject": subject,
             // Registries copy the manifest's annotations into referrer listings, so a reader
-            // learns the predicate type without fetching the statement.
+            // learns what it is without fetching the layer.
             "annotations": annotations,
         });
         let bytes = serde_json::to_vec(&manifest).expect("a manifest serialises");
+        let subject = subject["digest"]
+            .as_str()
+            .and_then(|d| d.parse().ok())
+            .expect("a subject descriptor names a digest");
         Referrer {
-            subject: subject.clone(),
+            subject,
             manifest: ManifestBlob {
                 digest: Digest::of(&bytes),
                 bytes,
                 media_type: oci::OCI_MANIFEST,
             },
             blobs: vec![(EMPTY_JSON.to_vec(), empty_digest), (layer, layer_digest)],
-            predicate_type: predicate_type.to_string(),
+            predicate_type: String::new(),
+            artifact_type,
+            annotations,
         }
     }
 
@@ -111,15 +155,22 @@ impl Referrer {
             "mediaType": self.manifest.media_type,
             "digest": self.manifest.digest,
             "size": self.manifest.bytes.len(),
-            "artifactType": IN_TOTO,
-            "annotations": { PREDICATE_TYPE: self.predicate_type },
+            "artifactType": self.artifact_type,
+            "annotations": self.annotations,
         })
     }
 
-    /// Whether `listed` (a referrers listing of the subject) already holds a statement of
-    /// this predicate type: a platform image keeps the provenance it has, so a rebuild to
-    /// the same digest or a rerun adds no second one.
+    /// Whether `listed` (a referrers listing of the subject) already holds it: a statement
+    /// of this predicate type (a platform image keeps the provenance it has, so a rebuild
+    /// to the same digest or a rerun adds no second one), or this very signature (ECDSA
+    /// signing is deterministic here, so the same key signs a digest alike every time,
+    /// while another key's signature is added beside it).
     pub fn already_in(&self, listed: &[Value]) -> bool {
+        if self.artifact_type != IN_TOTO {
+            return listed
+                .iter()
+                .any(|d| d["digest"] == self.manifest.digest.as_str());
+        }
         attached(listed)
             .iter()
             .any(|a| a.predicate_type.as_deref() == Some(self.predicate_type.as_str()))

@@ -228,6 +228,16 @@ pub struct BuildArgs {
     /// made by polyarch from the image's layers: an OCI referrer beside provenance.
     #[arg(long)]
     pub sbom: bool,
+    /// Sign the index and every platform manifest with this private key before any tag
+    /// moves (as each image's `sign: {key: PATH}`): a key from `cosign generate-key-pair`
+    /// (its password from COSIGN_PASSWORD or --sign-password-stdin) or a PKCS#8 ECDSA
+    /// P-256 PEM. The signatures are Sigstore bundles attached as OCI referrers, as
+    /// `cosign sign --key` writes them.
+    #[arg(long, value_name = "PATH")]
+    pub sign_key: Option<std::path::PathBuf>,
+    /// Read the signing key's password from stdin (instead of COSIGN_PASSWORD).
+    #[arg(long, conflicts_with = "password_stdin")]
+    pub sign_password_stdin: bool,
     /// Record each build in the BuildKit's build history (`docker buildx history`,
     /// Docker Desktop's Builds view), as `docker buildx build` does. Off by default: the
     /// engine spends ~50 ms after every push writing the record and its provenance.

@@ -143,6 +143,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         provenance,
         require_provenance,
         sbom,
+        sign_key,
+        sign_password_stdin,
         build_history,
         push_by_digest,
         output: destination,
@@ -168,6 +170,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         provenance,
         require_provenance,
         sbom,
+        sign_key,
+        sign_password: sign_password(sign_password_stdin)?,
         build_history,
     };
     // Selecting an image builds the images of the project it builds FROM too, with the
@@ -624,6 +628,23 @@ fn reporter(output: &Output) -> Box<dyn Reporter> {
     } else {
         Box::new(PlainReporter::new(output.verbose))
     }
+}
+
+/// A cosign key's password: `--sign-password-stdin`, else `COSIGN_PASSWORD` (as cosign
+/// reads it); none when neither is given, which only a cosign key refuses.
+fn sign_password(from_stdin: bool) -> Result<Option<String>, Error> {
+    if !from_stdin {
+        return Ok(std::env::var("COSIGN_PASSWORD").ok());
+    }
+    let mut password = String::new();
+    std::io::stdin()
+        .read_to_string(&mut password)
+        .map_err(|e| {
+            Error::Usage(format!(
+                "--sign-password-stdin: cannot read standard input: {e}"
+            ))
+        })?;
+    Ok(Some(password.trim_end_matches(['\r', '\n']).to_string()))
 }
 
 fn registry_options(args: &RegistryArgs) -> Result<RegistryOptions, Error> {

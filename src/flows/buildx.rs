@@ -307,6 +307,8 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         build_history: false,
         tests: Vec::new(),
         sbom: false,
+        sign_key: None,
+        signer: None,
     };
     let flags = BuildFlags {
         secrets: parsed("--secret", &args.secrets)?,
@@ -322,6 +324,8 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         require_provenance: false,
         build_history: false,
         sbom: sbom(&args)?,
+        sign_key: None,
+        sign_password: None,
     };
     let platform_from_engine = image.platforms.is_empty();
     let image_names = match args.tags.is_empty() && !args.output.iter().any(|o| o.contains("name="))

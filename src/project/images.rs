@@ -62,6 +62,16 @@ impl Cx {
         let reproducible = flag(raw.reproducible, "reproducible")?;
         let provenance = flag(raw.provenance, "provenance")?;
         let sbom = flag(raw.sbom, "sbom")?;
+        let sign_key = match raw.sign {
+            Some(sign) if sign.key.trim().is_empty() => {
+                return Err(self.err(
+                    at("sign.key"),
+                    "is empty; give the private key's file, e.g. `sign: {key: cosign.key}`",
+                ))
+            }
+            Some(sign) => Some(self.base.join(sign.key)),
+            None => None,
+        };
         let secrets = self.secrets(&name, raw.secrets)?;
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
@@ -91,6 +101,8 @@ impl Cx {
             provenance,
             require_provenance: provenance,
             sbom,
+            sign_key,
+            signer: None,
             login: None,
             build_history: false,
             tests,

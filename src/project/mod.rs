@@ -197,6 +197,12 @@ pub struct ImageSpec {
     /// Attach an SPDX SBOM, made from the image's layers, to each platform image (an OCI
     /// referrer beside provenance).
     pub sbom: bool,
+    /// `sign: {key: PATH}` (or `--sign-key`): the key's file, relative paths resolved
+    /// against the project file's directory.
+    pub sign_key: Option<PathBuf>,
+    /// That key, opened when the image is readied for a build: the index and every
+    /// platform manifest are signed with it before any tag moves.
+    pub signer: Option<std::sync::Arc<crate::sign::SigningKey>>,
     /// `--username/--password-stdin`: offered to BuildKit for the image's own registry
     /// (its pulls from and cache exports to that registry).
     pub login: Option<Credential>,
@@ -307,6 +313,10 @@ pub struct BuildFlags {
     pub require_provenance: bool,
     /// `--sbom`: every image built attaches an SBOM.
     pub sbom: bool,
+    /// `--sign-key`: every image built is signed with this key (it wins over `sign:`).
+    pub sign_key: Option<PathBuf>,
+    /// The password of a cosign key (`COSIGN_PASSWORD` or `--sign-password-stdin`).
+    pub sign_password: Option<String>,
     /// `--build-history`: every build is recorded in BuildKit's build history.
     pub build_history: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
@@ -410,6 +420,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "provenance",
     "test",
     "sbom",
+    "sign",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -555,11 +566,28 @@ impl Project {
             )));
         }
         let file = self.file.clone();
+        // One key is opened once (cosign's scrypt costs 64 MiB and tens of milliseconds),
+        // however many images it signs.
+        let mut keys: BTreeMap<PathBuf, std::sync::Arc<crate::sign::SigningKey>> = BTreeMap::new();
         for image in &mut self.images {
             if !(names.is_empty() || names.contains(&image.name)) {
                 continue;
             }
             flags.apply_to(image, login.clone())?;
+            if let Some(path) = &image.sign_key {
+                let key = match keys.get(path) {
+                    Some(key) => key.clone(),
+                    None => {
+                        let key =
+                            crate::sign::SigningKey::load(path, flags.sign_password.as_deref())
+                                .map_err(|e| ProjectError::Usage(one_line(&e.to_string())))?;
+                        let key = std::sync::Arc::new(key);
+                        keys.insert(path.clone(), key.clone());
+                        key
+                    }
+                };
+                image.signer = Some(key);
+            }
             self.values
                 .extend(epoch_for(image, flags).map_err(|m| ProjectError::File {
                     file: file.clone(),
@@ -619,6 +647,9 @@ impl BuildFlags {
         image.provenance |= self.provenance;
         image.require_provenance |= self.require_provenance || image.provenance;
         image.sbom |= self.sbom;
+        if let Some(key) = &self.sign_key {
+            image.sign_key = Some(key.clone());
+        }
         image.build_history |= self.build_history;
         image.login = login;
         Ok(())

@@ -100,6 +100,7 @@ pub(super) struct RawImage {
     pub(super) reproducible: Option<String>,
     pub(super) provenance: Option<String>,
     pub(super) sbom: Option<String>,
+    pub(super) sign: Option<RawSign>,
     pub(super) annotations: Option<Entries<String>>,
     pub(super) test: Option<RawTests>,
 }
@@ -189,6 +190,13 @@ impl<'de> Deserialize<'de> for RawRun {
 pub(super) struct RawSecret {
     pub(super) file: Option<String>,
     pub(super) env: Option<String>,
+}
+
+/// `sign:`: the private key that signs the image's index and platform manifests.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSign {
+    pub(super) key: String,
 }
 
 #[derive(Deserialize)]

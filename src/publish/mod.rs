@@ -15,6 +15,7 @@ use crate::base::reference::ReferenceError;
 use crate::project::ImageSpec;
 use crate::registry::{ClientError, RegistryError};
 use crate::sbom::spdx;
+use crate::sign;
 use crate::verify::coverage_record::{BuildInfo, ImageCoverage};
 use crate::verify::ReadMemory;
 use crate::Platform;
@@ -80,6 +81,9 @@ pub async fn publish(
     }
     if image.sbom {
         attach_sboms(destination, image, &mine, reporter).await?;
+    }
+    if let Some(key) = &image.signer {
+        attach_signatures(destination, image, key, &mine, &index, reporter).await?;
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -157,22 +161,57 @@ async fn attach_provenance(
         let statement = provenance::statement(image, p, &invocation);
         let referrer = provenance::referrer(p, &statement);
         let how = destination.attach(image, &referrer).await?;
-        report_attached(image, p, "SLSA provenance", &referrer, &how, reporter);
+        report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
     }
     Ok(())
 }
 
-/// Says how a referrer came to be attached to a platform manifest.
+/// Signs every platform manifest and the index, before any tag moves: a tag never points
+/// at an index whose signature is missing. The platforms first, so an index signature
+/// vouches for manifests that are signed themselves.
+async fn attach_signatures(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    key: &sign::SigningKey,
+    pushed: &[&Pushed],
+    index: &oci::ManifestBlob,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let what = format!("a signature by key {}", key.fingerprint);
+    for p in pushed {
+        let subject = serde_json::json!({
+            "mediaType": oci::OCI_MANIFEST,
+            "digest": p.entry.digest,
+            "size": p.entry.size,
+        });
+        let referrer = sign::sign(key, subject);
+        let how = destination.attach(image, &referrer).await?;
+        report_attached(image, Some(p), &what, &referrer, &how, reporter);
+    }
+    let subject = serde_json::json!({
+        "mediaType": index.media_type,
+        "digest": index.digest,
+        "size": index.bytes.len(),
+    });
+    let referrer = sign::sign(key, subject);
+    let how = destination.attach(image, &referrer).await?;
+    report_attached(image, None, &what, &referrer, &how, reporter);
+    Ok(())
+}
+
+/// Says how a referrer came to be attached to a platform manifest (or, with no `p`, to
+/// the index).
 fn report_attached(
     image: &ImageSpec,
-    p: &Pushed,
+    p: Option<&Pushed>,
     what: &str,
     referrer: &Referrer,
     how: &Attachment,
     reporter: &dyn Reporter,
 ) {
+    let subject = &referrer.subject;
     let message = match how {
-        Attachment::Kept => format!("{} already has {what} attached; kept", p.entry.digest),
+        Attachment::Kept => format!("{subject} already has {what} attached; kept"),
         Attachment::Registry => format!(
             "attached {what} {} (listed by the registry's referrers API)",
             referrer.manifest.digest
@@ -184,7 +223,7 @@ fn report_attached(
     };
     reporter.report(Event::Phase {
         image: image.name.clone(),
-        platform: Some(p.platform.clone()),
+        platform: p.map(|p| p.platform.clone()),
         phase: Phase::Publish,
         message,
     });
@@ -248,7 +287,7 @@ async fn attach_sbom(
     let referrer = Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT);
     let how = destination.attach(image, &referrer).await?;
     let what = format!("an SBOM of {} packages", catalog.packages.len());
-    report_attached(image, p, &what, &referrer, &how, reporter);
+    report_attached(image, Some(p), &what, &referrer, &how, reporter);
     Ok(())
 }
 

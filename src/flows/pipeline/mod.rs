@@ -224,6 +224,13 @@ fn destination(plan: &plan::Plan<'_>, reached: Reached<'_>) -> Result<Destinatio
                     image.name
                 )));
             }
+            if let Some(image) = plan.images.iter().find(|i| i.signer.is_some()) {
+                return Err(Error::Usage(format!(
+                    "--output oci:{}: image {} asks to be signed, which polyarch attaches in a registry only; push to a registry, or drop sign: / --sign-key",
+                    dir.display(),
+                    image.name
+                )));
+            }
             Destination::Layout(OciLayout::create(dir)?)
         }
         Reached::Registry(registry) => Destination::Registry(registry),

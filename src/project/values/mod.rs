@@ -6,8 +6,8 @@
 
 use super::diagnostics::{closest, q};
 use super::raw::{
-    Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawTest,
-    RawTests, RawTls,
+    Entries, RawBuilder, RawBuilderMap, RawCache, RawImage, RawProject, RawSecret, RawSign,
+    RawTest, RawTests, RawTls,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -304,6 +304,7 @@ pub(super) fn each_string<E>(
             reproducible,
             provenance,
             sbom,
+            sign,
             annotations,
             test,
         } = image;
@@ -333,6 +334,9 @@ pub(super) fn each_string<E>(
         one(f, &at("reproducible"), reproducible)?;
         one(f, &at("provenance"), provenance)?;
         one(f, &at("sbom"), sbom)?;
+        if let Some(RawSign { key }) = sign {
+            f(&at("sign.key"), key)?;
+        }
         test_strings(f, &at("test"), test)?;
     }
     Ok(())

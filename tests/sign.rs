@@ -1,0 +1,205 @@
+//! `sign: {key: PATH}` and `--sign-key`: the index and both platform manifests of a
+//! FROM-scratch build signed before any tag moves, as Sigstore bundles attached as OCI
+//! referrers (the distribution registry has no referrers API: the tag schema), beside
+//! provenance. Checked by polyarch's own code and by cosign 3 (scripts/cosign.sh fetches
+//! Debian sid's), with a key generated here and one made by `cosign generate-key-pair`.
+
+mod support;
+
+use polyarch::sign::{self, PublicKey};
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use support::{
+    curl, hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry, HELLO,
+};
+
+const BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A P-256 key pair made by openssl: `(private PKCS#8 PEM, public PEM)`.
+fn openssl_key(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let private = dir.join(format!("{name}.pem"));
+    let public = dir.join(format!("{name}.pub"));
+    let out = run(Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
+        .arg(&private));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(Command::new("openssl")
+        .args(["pkey", "-pubout", "-in"])
+        .arg(&private)
+        .arg("-out")
+        .arg(&public));
+    assert!(out.status.success(), "{}", stderr(&out));
+    (private, public)
+}
+
+/// The bundles the referrers tag lists for `subject`.
+fn bundles(registry: &Registry, repo: &str, subject: &str) -> Vec<Vec<u8>> {
+    let tag = subject.replacen(':', "-", 1);
+    let listing = skopeo_inspect_raw(&format!("{}:{tag}", registry.repo(repo)));
+    listing["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["artifactType"] == BUNDLE)
+        .map(|d| {
+            let digest = d["digest"].as_str().unwrap();
+            let manifest = skopeo_inspect_raw(&format!("{}@{digest}", registry.repo(repo)));
+            assert_eq!(manifest["subject"]["digest"], subject, "{manifest}");
+            assert_eq!(manifest["artifactType"], BUNDLE, "{manifest}");
+            let blob = manifest["layers"][0]["digest"].as_str().unwrap();
+            curl(&[&format!("{}/v2/{repo}/blobs/{blob}", registry.url())])
+        })
+        .collect()
+}
+
+/// cosign 3 from scripts/cosign.sh; None (said on stderr) where it cannot be had.
+fn cosign() -> Option<PathBuf> {
+    let out = run(Command::new("bash").arg(support::repo_root().join("scripts/cosign.sh")));
+    if !out.status.success() {
+        eprintln!("cosign cannot be had, so no cross-check: {}", stderr(&out));
+        return None;
+    }
+    Some(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn cosign_verify(cosign: &Path, public: &Path, reference: &str) -> Output {
+    run(Command::new(cosign)
+        .args([
+            "verify",
+            "--insecure-ignore-tlog=true",
+            "--allow-http-registry",
+            "--key",
+        ])
+        .arg(public)
+        .arg(reference)
+        // Offline: no TUF root to fetch for a keyed, log-less check.
+        .env("TUF_ROOT", tempfile::tempdir().unwrap().path()))
+}
+
+#[test]
+fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let (_, public) = openssl_key(dir.path(), "signer");
+    let (_, other) = openssl_key(dir.path(), "other");
+    let repo = unique_name("demo/sign");
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  hello:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    provenance: true\n    sign: {{key: signer.pem}}\n",
+            registry.repo(&repo)
+        ),
+    )
+    .unwrap();
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let index = skopeo_inspect_raw(&reference);
+    let index_digest = support::skopeo_digest(&reference, None);
+    let mut subjects = vec![index_digest.clone()];
+    subjects.extend(
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["digest"].as_str().unwrap().to_string()),
+    );
+    assert_eq!(subjects.len(), 3, "{index}");
+    let keys = [PublicKey::load(&public).unwrap()];
+    let others = [PublicKey::load(&other).unwrap()];
+    for subject in &subjects {
+        let found = bundles(&registry, &repo, subject);
+        assert_eq!(found.len(), 1, "{subject}");
+        let digest = subject.parse().unwrap();
+        sign::check(&found[0], &digest, &keys).unwrap();
+        assert_eq!(
+            sign::check(&found[0], &digest, &others).unwrap_err(),
+            sign::SignatureGap::OtherKey
+        );
+    }
+
+    // A rerun signs alike (RFC 6979): no second bundle.
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(bundles(&registry, &repo, &index_digest).len(), 1);
+
+    let Some(cosign) = cosign() else { return };
+    let by_digest = subjects
+        .iter()
+        .map(|s| format!("{}@{s}", registry.repo(&repo)));
+    for target in std::iter::once(reference.clone()).chain(by_digest) {
+        let out = cosign_verify(&cosign, &public, &target);
+        assert!(
+            out.status.success(),
+            "cosign verify {target}: {}",
+            stderr(&out)
+        );
+        let claims: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(claims.as_array().is_some_and(|c| !c.is_empty()), "{claims}");
+        let out = cosign_verify(&cosign, &other, &target);
+        assert!(
+            !out.status.success(),
+            "cosign accepted another key for {target}"
+        );
+    }
+}
+
+#[test]
+fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let fixtures = support::repo_root().join("fixtures/sign");
+    let repo = unique_name("demo/sign-cosign");
+    let file = support::write_project(
+        dir.path(),
+        &registry.repo(&repo),
+        "[v1]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let key = fixtures.join("cosign.key");
+    let build = |password: &str| {
+        run(polyarch()
+            .args(["build", "-f"])
+            .arg(&file)
+            .arg("--sign-key")
+            .arg(&key)
+            .env("COSIGN_PASSWORD", password))
+    };
+    let out = build("wrong");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stderr(&out);
+    assert!(
+        text.contains("cosign.key") && text.contains("COSIGN_PASSWORD"),
+        "{text}"
+    );
+    assert_eq!(text.trim().lines().count(), 1, "{text}");
+
+    let out = build("polyarch-fixture");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let digest = support::skopeo_digest(&reference, None);
+    let keys = [PublicKey::load(&fixtures.join("cosign.pub")).unwrap()];
+    let found = bundles(&registry, &repo, &digest);
+    sign::check(&found[0], &digest.parse().unwrap(), &keys).unwrap();
+    if let Some(cosign) = cosign() {
+        let out = cosign_verify(&cosign, &fixtures.join("cosign.pub"), &reference);
+        assert!(out.status.success(), "cosign verify: {}", stderr(&out));
+    }
+}
