@@ -2,6 +2,7 @@
 //! its first tag, and `x-bake` adds bake's own fields.
 
 use super::{Definition, Fields, Problem};
+use crate::project::values::{interpolate, Lookup};
 use serde_json::{Map, Value};
 
 type Result<T> = std::result::Result<T, Problem>;
@@ -39,9 +40,11 @@ pub(super) fn key_of(field: &str) -> &str {
         .map_or(field, |(compose, _)| compose)
 }
 
-pub(super) fn read(text: &str) -> Result<Definition> {
-    let file: Value = serde_norway::from_str(text)
+pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
+    let mut file: Value = serde_norway::from_str(text)
         .map_err(|e| Problem::at("", format!("is not valid YAML ({e}); fix the syntax")))?;
+    // compose interpolates `${VAR}` before it reads anything, as polyarch.yaml does.
+    expand(&mut file, String::new(), env)?;
     let services = match file.get("services") {
         Some(Value::Object(services)) => services.clone(),
         Some(_) => return Err(Problem::at("services", "is not a mapping of services")),
@@ -115,6 +118,31 @@ pub(super) fn read(text: &str) -> Result<Definition> {
         groups: Vec::new(),
         targets,
     })
+}
+
+fn expand(value: &mut Value, field: String, env: Lookup) -> Result<()> {
+    match value {
+        Value::String(s) if s.contains('$') => {
+            *s = interpolate(s, env, &mut Vec::new())
+                .map_err(|why| Problem::at(field, why.to_string()))?;
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                expand(item, format!("{field}[{i}]"), env)?;
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                let at = match field.is_empty() {
+                    true => key.clone(),
+                    false => format!("{field}.{key}"),
+                };
+                expand(item, at, env)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn list(value: &Value) -> Vec<Value> {

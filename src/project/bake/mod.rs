@@ -102,7 +102,7 @@ pub(super) fn load(cx: &mut Cx, kind: Kind, text: &str, options: &LoadOptions) -
     let definition = match kind {
         Kind::Hcl => hcl::read(text, options.env),
         Kind::Json => hcl::read_json(text, options.env),
-        Kind::Compose => compose::read(text),
+        Kind::Compose => compose::read(text, options.env),
     }
     .map_err(problem)?;
     let groups = flatten_groups(&definition).map_err(problem)?;
@@ -125,15 +125,16 @@ pub(super) fn load(cx: &mut Cx, kind: Kind, text: &str, options: &LoadOptions) -
         builders: None,
         images: Some(Entries(images)),
     };
-    // Compose interpolates `${VAR}` as polyarch.yaml does; HCL already has.
-    let resolved = match kind {
-        Kind::Compose => values::resolve(&mut raw, &file, options.overrides, options.env),
-        Kind::Hcl | Kind::Json => values::apply_overrides(&mut raw, &file, options.overrides),
-    };
-    cx.values = resolved.map_err(|problem| match problem {
-        values::Problem::Set(message) => ProjectError::Usage(one_line(&message)),
-        values::Problem::Variable(field, why) => cx.err(own_field(kind, &field), why.to_string()),
-    })?;
+    // Each reader has interpolated its strings: a `$` left over is meant literally.
+    cx.values =
+        values::apply_overrides(&mut raw, &file, options.overrides).map_err(
+            |problem| match problem {
+                values::Problem::Set(message) => ProjectError::Usage(one_line(&message)),
+                values::Problem::Variable(field, why) => {
+                    cx.err(own_field(kind, &field), why.to_string())
+                }
+            },
+        )?;
     let mut project = cx.project(raw).map_err(|e| match e {
         ProjectError::File {
             file,
