@@ -385,6 +385,7 @@ fn project_example_problems(file: &str, page: &Page) -> Vec<String> {
         purpose: Purpose::Verify,
         overrides: &[],
         env: &lookup,
+        targets: &[],
     };
     let mut problems = Vec::new();
     for (line, text) in project_examples(page) {

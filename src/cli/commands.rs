@@ -16,6 +16,7 @@ use polyarch::verify::coverage_record::{CoverageRecord, PartRecord};
 use polyarch::Error;
 use std::future::Future;
 use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -151,7 +152,9 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         output_args: output,
         registry,
     } = args;
-    let mut project = Project::load(&file, &loading(Purpose::Build, &set))?;
+    let file = project_file(&file);
+    let mut project = Project::load(&file, &loading(Purpose::Build, &set, &images))?;
+    let images = project.expand(&images);
     let layout = destination.as_deref().map(layout_dir).transpose()?;
     let registry = registry_options(&registry)?;
     let login = registry
@@ -406,7 +409,9 @@ fn write_part(part: &PartRecord, output: &Output) -> Result<i32, Error> {
 }
 
 async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i32, Error> {
-    let project = Project::load(&args.file, &loading(Purpose::Verify, &args.set))?;
+    let file = project_file(&args.file);
+    let project = Project::load(&file, &loading(Purpose::Verify, &args.set, &args.images))?;
+    let images = project.expand(&args.images);
     let parts = args
         .parts
         .into_iter()
@@ -417,7 +422,7 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
     let outcome = polyarch::flows::assemble::assemble(
         &project,
         &parts,
-        &args.images,
+        &images,
         args.no_test,
         &options,
         interrupt,
@@ -452,7 +457,8 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
             .await
         }
         (images, Some(file)) => {
-            let project = Project::load(file, &loading(Purpose::Verify, &args.set))?;
+            let project = Project::load(file, &loading(Purpose::Verify, &args.set, images))?;
+            let images = &project.expand(images);
             let verified = polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
@@ -565,9 +571,10 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
 
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
     tables_not_offered("plan", args.output_format)?;
-    let project = Project::load(&args.file, &loading(Purpose::Build, &args.set))?;
+    let file = project_file(&args.file);
+    let project = Project::load(&file, &loading(Purpose::Build, &args.set, &args.images))?;
     let options = BuildOptions {
-        images: args.images,
+        images: project.expand(&args.images),
         binfmt: args.binfmt.map(Into::into),
         ..Default::default()
     };
@@ -586,8 +593,9 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
 
 async fn doctor(args: DoctorArgs) -> Result<i32, Error> {
     tables_not_offered("doctor", args.output_format)?;
-    let project = if args.file.exists() {
-        Some(Project::load(&args.file, &LoadOptions::default())?)
+    let file = project_file(&args.file);
+    let project = if file.exists() {
+        Some(Project::load(&file, &LoadOptions::default())?)
     } else {
         None
     };
@@ -702,12 +710,31 @@ fn finish(record: &CoverageRecord, output: &Output) -> Result<i32, Error> {
 }
 
 /// How a command reads the project file: for what, with its `--set` values.
-fn loading(purpose: Purpose, overrides: &[Override]) -> LoadOptions<'_> {
+fn loading<'a>(
+    purpose: Purpose,
+    overrides: &'a [Override],
+    targets: &'a [String],
+) -> LoadOptions<'a> {
     LoadOptions {
         purpose,
         overrides,
+        targets,
         ..Default::default()
     }
+}
+
+/// `-f`'s default, `polyarch.yaml`, when it is absent: the first of bake's own files found
+/// here, in bake's order, so a project with only a bake or compose file needs no `-f`.
+fn project_file(given: &Path) -> PathBuf {
+    let default = Path::new(polyarch::project::DEFAULT_FILES[0]);
+    if given != default || given.exists() {
+        return given.to_path_buf();
+    }
+    polyarch::project::DEFAULT_FILES
+        .iter()
+        .map(PathBuf::from)
+        .find(|f| f.is_file())
+        .unwrap_or_else(|| given.to_path_buf())
 }
 
 /// After an interrupt or failure, builds cut off mid-way may still tag their image in

@@ -359,6 +359,7 @@ impl Cx {
             binfmt_image,
             builders,
             values: self.values.clone(),
+            groups: BTreeMap::new(),
         })
     }
 

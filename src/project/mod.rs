@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+mod bake;
 mod checks;
 pub mod dependencies;
 mod diagnostics;
@@ -33,6 +34,7 @@ mod raw;
 pub mod source_date_epoch;
 mod values;
 
+pub use bake::DEFAULT_FILES;
 use checks::Cx;
 use diagnostics::q;
 pub use error::ProjectError;
@@ -77,6 +79,8 @@ pub struct Project {
     pub builders: BTreeMap<Platform, Vec<BuilderSpec>>,
     /// Where values that did not come from the file itself came from.
     values: Vec<values::Provenance>,
+    /// A bake file's groups: name → its targets (nested groups expanded).
+    groups: BTreeMap<String, Vec<String>>,
 }
 
 /// A `builders:` entry: where the engine is, as written, and its TLS files.
@@ -141,6 +145,9 @@ pub struct LoadOptions<'a> {
     pub overrides: &'a [Override],
     /// Where `${VAR}` is looked up: the process environment, or a test's own.
     pub env: values::Lookup<'a>,
+    /// The images the command line names: a bake file reads only these targets (groups
+    /// expanded), or its `default` group when none are named.
+    pub targets: &'a [String],
 }
 
 impl Default for LoadOptions<'_> {
@@ -149,6 +156,7 @@ impl Default for LoadOptions<'_> {
             purpose: Purpose::Build,
             overrides: &[],
             env: &values::process_env,
+            targets: &[],
         }
     }
 }
@@ -486,6 +494,9 @@ impl Project {
             purpose: options.purpose,
             values: Vec::new(),
         };
+        if let Some(kind) = bake::Kind::of(file) {
+            return bake::load(&mut cx, kind, text, options);
+        }
         cx.precheck(text)?;
         // The typed pass reads the text itself, not a YAML value, so its errors keep their
         // line and column and scalars stay as written (`1.10`, not 1.1).
@@ -512,7 +523,21 @@ impl Project {
             binfmt_image: None,
             builders: BTreeMap::new(),
             values: Vec::new(),
+            groups: BTreeMap::new(),
         }
+    }
+
+    /// The image names a command line gives, a bake group's name replaced by its targets.
+    pub fn expand(&self, names: &[String]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for name in names {
+            for one in self.groups.get(name).unwrap_or(&vec![name.clone()]) {
+                if !out.contains(one) {
+                    out.push(one.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Where the values of these images (all when none are named), and the file's

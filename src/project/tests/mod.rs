@@ -153,6 +153,7 @@ fn parse_job(dir: &TempDir, text: &str, sets: &[&str], purpose: Purpose) -> Resu
         purpose,
         overrides: &overrides,
         env: &job_env,
+        targets: &[],
     };
     Project::parse(&dir.path().join("polyarch.yaml"), text, &options)
 }

@@ -207,6 +207,7 @@ fn ci_example(file: &str) -> (PathBuf, LoadOptions<'static>) {
         purpose: Purpose::Verify,
         overrides: &[],
         env: &ci_job,
+        targets: &[],
     };
     (file, options)
 }

@@ -684,18 +684,8 @@ pub(super) fn resolve(
     overrides: &[Override],
     env: Lookup,
 ) -> std::result::Result<Vec<Provenance>, Problem> {
-    let mut found = Vec::new();
-    let mut set_fields = BTreeSet::new();
-    for o in overrides {
-        for field in o.apply(raw, file).map_err(Problem::Set)? {
-            found.retain(|p: &Provenance| p.field != field);
-            set_fields.insert(field.clone());
-            found.push(Provenance {
-                field,
-                source: Source::Set(o.text().to_string()),
-            });
-        }
-    }
+    let mut found = apply_overrides(raw, file, overrides)?;
+    let set_fields: BTreeSet<String> = found.iter().map(|p| p.field.clone()).collect();
     each_string(raw, &mut |field, value| {
         // A value given with --set is taken as it is: the shell has already expanded it.
         if set_fields.iter().any(|outer| within(outer, field)) || !value.contains('$') {
@@ -715,6 +705,26 @@ pub(super) fn resolve(
         }
         Ok(())
     })?;
+    Ok(found)
+}
+
+/// Applies the overrides alone, for a file whose own language has already interpolated
+/// its strings (a bake file's HCL), where a `$` left over is meant literally.
+pub(super) fn apply_overrides(
+    raw: &mut RawProject,
+    file: &std::path::Path,
+    overrides: &[Override],
+) -> std::result::Result<Vec<Provenance>, Problem> {
+    let mut found = Vec::new();
+    for o in overrides {
+        for field in o.apply(raw, file).map_err(Problem::Set)? {
+            found.retain(|p: &Provenance| p.field != field);
+            found.push(Provenance {
+                field,
+                source: Source::Set(o.text().to_string()),
+            });
+        }
+    }
     Ok(found)
 }
 

@@ -1,0 +1,199 @@
+//! Compose files: each service with `build:` is a target, as bake reads them; `image:` is
+//! its first tag, and `x-bake` adds bake's own fields.
+
+use super::{Definition, Fields, Problem};
+use crate::project::values::{interpolate, Lookup};
+use serde_json::{Map, Value};
+
+type Result<T> = std::result::Result<T, Problem>;
+
+/// compose's build keys and bake's names for them.
+const KEYS: &[(&str, &str)] = &[
+    ("context", "context"),
+    ("dockerfile", "dockerfile"),
+    ("args", "args"),
+    ("target", "target"),
+    ("platforms", "platforms"),
+    ("tags", "tags"),
+    ("labels", "labels"),
+    ("secrets", "secret"),
+    ("ssh", "ssh"),
+    ("network", "network"),
+    ("no_cache", "no-cache"),
+    ("pull", "pull"),
+    ("cache_from", "cache-from"),
+    ("cache_to", "cache-to"),
+    ("x-bake", "x-bake"),
+    // Read so that the refusal names them.
+    ("dockerfile_inline", "dockerfile-inline"),
+    ("additional_contexts", "contexts"),
+    ("shm_size", "shm-size"),
+    ("extra_hosts", "extra-hosts"),
+    ("ulimits", "ulimits"),
+    ("entitlements", "entitlements"),
+];
+
+/// compose's key for a bake field, for messages.
+pub(super) fn key_of(field: &str) -> &str {
+    KEYS.iter()
+        .find(|(_, bake)| *bake == field)
+        .map_or(field, |(compose, _)| compose)
+}
+
+pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
+    let mut file: Value = serde_norway::from_str(text)
+        .map_err(|e| Problem::at("", format!("is not valid YAML ({e}); fix the syntax")))?;
+    // compose interpolates `${VAR}` before it reads anything, as polyarch.yaml does.
+    expand(&mut file, String::new(), env)?;
+    let services = match file.get("services") {
+        Some(Value::Object(services)) => services.clone(),
+        Some(_) => return Err(Problem::at("services", "is not a mapping of services")),
+        None => Map::new(),
+    };
+    let secrets = file.get("secrets").cloned().unwrap_or(Value::Null);
+    let mut targets = Vec::new();
+    for (name, service) in services {
+        let at = |key: &str| format!("services.{name}.build.{key}");
+        let build = match service.get("build") {
+            None | Some(Value::Null) => continue,
+            Some(Value::String(context)) => {
+                Map::from_iter([("context".to_string(), Value::String(context.clone()))])
+            }
+            Some(Value::Object(build)) => build.clone(),
+            Some(_) => {
+                return Err(Problem::at(
+                    format!("services.{name}.build"),
+                    "is not a context path or a mapping; write build: . or build: {context: .}",
+                ))
+            }
+        };
+        let mut fields = Fields::new();
+        for (key, value) in build {
+            let Some((_, bake)) = KEYS.iter().find(|(k, _)| *k == key) else {
+                return Err(Problem::at(
+                    at(&key),
+                    format!(
+                        "polyarch cannot honour it; remove it (it reads {})",
+                        KEYS[..15]
+                            .iter()
+                            .map(|(k, _)| *k)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            };
+            let value = match *bake {
+                "args" | "labels" => pairs_map(value).map_err(|m| Problem::at(at(&key), m))?,
+                "secret" => Value::Array(
+                    list(&value)
+                        .iter()
+                        .map(|s| secret(s, &secrets).map(Value::String))
+                        .collect::<Result<_>>()
+                        .map_err(|p| Problem::at(at(&key), p.message))?,
+                ),
+                _ => value,
+            };
+            fields.insert(bake.to_string(), value);
+        }
+        if let Some(Value::Object(extra)) = fields.remove("x-bake") {
+            for (key, value) in extra {
+                match (key.as_str(), fields.get_mut(&key), value) {
+                    ("tags", Some(Value::Array(tags)), Value::Array(more)) => tags.extend(more),
+                    (_, _, value) => {
+                        fields.insert(key, value);
+                    }
+                }
+            }
+        }
+        if let Some(Value::String(image)) = service.get("image") {
+            let mut tags = vec![Value::String(image.clone())];
+            if let Some(Value::Array(more)) = fields.get("tags") {
+                tags.extend(more.iter().filter(|t| t.as_str() != Some(image)).cloned());
+            }
+            fields.insert("tags".into(), Value::Array(tags));
+        }
+        targets.push((name, fields));
+    }
+    Ok(Definition {
+        groups: Vec::new(),
+        targets,
+    })
+}
+
+fn expand(value: &mut Value, field: String, env: Lookup) -> Result<()> {
+    match value {
+        Value::String(s) if s.contains('$') => {
+            *s = interpolate(s, env, &mut Vec::new())
+                .map_err(|why| Problem::at(field, why.to_string()))?;
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                expand(item, format!("{field}[{i}]"), env)?;
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map.iter_mut() {
+                let at = match field.is_empty() {
+                    true => key.clone(),
+                    false => format!("{field}.{key}"),
+                };
+                expand(item, at, env)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn list(value: &Value) -> Vec<Value> {
+    match value {
+        Value::Array(items) => items.clone(),
+        Value::Null => Vec::new(),
+        other => vec![other.clone()],
+    }
+}
+
+/// compose's `KEY: value` mapping or `["KEY=value"]` list, as a mapping; a list entry
+/// without `=` (a value from compose's environment) is left out, as bake does.
+fn pairs_map(value: Value) -> std::result::Result<Value, String> {
+    match value {
+        Value::Object(_) | Value::Null => Ok(value),
+        Value::Array(items) => Ok(Value::Object(
+            items
+                .iter()
+                .filter_map(|i| i.as_str()?.split_once('='))
+                .map(|(k, v)| (k.to_string(), Value::String(v.to_string())))
+                .collect(),
+        )),
+        _ => Err("is not a mapping or a list of KEY=VALUE".into()),
+    }
+}
+
+/// A build secret by name (or `{source: NAME}`), read from the top-level `secrets:`
+/// entry's `file` or `environment`, in bake's `id=…,src=…|env=…` form.
+fn secret(entry: &Value, secrets: &Value) -> Result<String> {
+    let name = match entry {
+        Value::String(name) => name.as_str(),
+        Value::Object(long) => long
+            .get("source")
+            .and_then(Value::as_str)
+            .unwrap_or_default(),
+        _ => "",
+    };
+    let declared = secrets.get(name).ok_or_else(|| {
+        Problem::at(
+            "",
+            format!("names the secret `{name}`, which the top-level secrets: does not declare; add secrets: {{{name}: {{file: PATH}}}}"),
+        )
+    })?;
+    if let Some(file) = declared.get("file").and_then(Value::as_str) {
+        Ok(format!("id={name},src={file}"))
+    } else if let Some(env) = declared.get("environment").and_then(Value::as_str) {
+        Ok(format!("id={name},env={env}"))
+    } else {
+        Err(Problem::at(
+            "",
+            format!("the secret `{name}` has neither file nor environment in the top-level secrets:; give one"),
+        ))
+    }
+}

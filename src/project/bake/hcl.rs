@@ -1,0 +1,619 @@
+//! bake's HCL (and its JSON form) resolved as bake does: `variable` blocks (default,
+//! `validation`, the environment's value by the variable's name), `${}` interpolation,
+//! a part of bake's standard library, `target.NAME.attr` references, then `inherits`.
+
+use super::{Definition, Fields, Problem};
+use crate::project::values::Lookup;
+use hcl::eval::{Context, ErrorKind, Evaluate, FuncArgs, FuncDef, ParamType};
+use hcl::{Body, Expression, Value};
+use serde_json::Value as Json;
+
+type Result<T> = std::result::Result<T, Problem>;
+
+/// A file's top level, by kind: variables, targets and groups with their unevaluated
+/// attributes (a name declared twice merges, the later attribute winning, as bake does).
+#[derive(Default)]
+struct Blocks {
+    variables: Vec<Variable>,
+    targets: Vec<(String, Vec<(String, Expression)>)>,
+    groups: Vec<(String, Vec<(String, Expression)>)>,
+}
+
+struct Variable {
+    name: String,
+    default: Option<Expression>,
+    /// `validation { condition, error_message }` blocks.
+    validations: Vec<(Expression, Option<Expression>)>,
+}
+
+pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
+    let body = hcl::parse(text).map_err(|e| {
+        Problem::at(
+            "",
+            format!(
+                "is not valid HCL ({}); fix the syntax",
+                e.to_string().trim()
+            ),
+        )
+    })?;
+    resolve(blocks(&body)?, env)
+}
+
+/// bake's JSON form: the same blocks as objects (`{"target": {"app": {…}}}`), its
+/// strings templates as in HCL.
+pub(super) fn read_json(text: &str, env: Lookup) -> Result<Definition> {
+    let json: Json = serde_json::from_str(text)
+        .map_err(|e| Problem::at("", format!("is not valid JSON ({e}); fix the syntax")))?;
+    let Json::Object(top) = json else {
+        return Err(Problem::at(
+            "",
+            "is not a JSON object; write {\"target\": {…}}",
+        ));
+    };
+    let mut found = Blocks::default();
+    for (kind, entries) in top {
+        let Json::Object(entries) = entries else {
+            return Err(Problem::at(
+                kind,
+                "is not an object of named blocks; write {\"NAME\": {…}}",
+            ));
+        };
+        for (name, fields) in entries {
+            let Json::Object(fields) = fields else {
+                return Err(Problem::at(
+                    format!("{kind}.{name}"),
+                    "is not an object; write {…}",
+                ));
+            };
+            let attributes: Vec<(String, Expression)> =
+                fields.into_iter().map(|(k, v)| (k, template(v))).collect();
+            match kind.as_str() {
+                "variable" => found.variables.push(Variable {
+                    name,
+                    default: attributes
+                        .into_iter()
+                        .find(|(k, _)| k == "default")
+                        .map(|(_, e)| e),
+                    validations: Vec::new(),
+                }),
+                "target" => found.targets.push((name, attributes)),
+                "group" => found.groups.push((name, attributes)),
+                other => return Err(unknown_block(other)),
+            }
+        }
+    }
+    resolve(found, env)
+}
+
+/// A JSON value as an HCL expression, its strings read as templates (`"${TAG}"`).
+fn template(value: Json) -> Expression {
+    match value {
+        Json::String(s) if s.contains("${") || s.contains("%{") => {
+            Expression::TemplateExpr(Box::new(hcl::TemplateExpr::QuotedString(s)))
+        }
+        Json::Array(items) => Expression::Array(items.into_iter().map(template).collect()),
+        Json::Object(map) => Expression::Object(
+            map.into_iter()
+                .map(|(k, v)| (hcl::ObjectKey::from(k), template(v)))
+                .collect(),
+        ),
+        other => hcl::to_expression(&other).unwrap_or(Expression::Null),
+    }
+}
+
+fn unknown_block(kind: &str) -> Problem {
+    let fix = match kind {
+        "function" => "user functions are not evaluated by polyarch yet; compute the value in a variable's default",
+        _ => "bake files hold variable, target and group blocks; remove it",
+    };
+    Problem::at(
+        kind,
+        format!("polyarch cannot honour `{kind}` blocks: {fix}"),
+    )
+}
+
+fn blocks(body: &Body) -> Result<Blocks> {
+    let mut found = Blocks::default();
+    // Top-level attributes are variables too, in older bake files.
+    for attribute in body.attributes() {
+        found.variables.push(Variable {
+            name: attribute.key().to_string(),
+            default: Some(attribute.expr().clone()),
+            validations: Vec::new(),
+        });
+    }
+    for block in body.blocks() {
+        let kind = block.identifier();
+        let name = match block.labels() {
+            [one] => one.as_str().to_string(),
+            _ => {
+                return Err(Problem::at(
+                    kind,
+                    format!("a {kind} block takes one name, e.g. {kind} \"app\" {{ … }}"),
+                ))
+            }
+        };
+        let attributes = || -> Vec<(String, Expression)> {
+            block
+                .body()
+                .attributes()
+                .map(|a| (a.key().to_string(), a.expr().clone()))
+                .collect()
+        };
+        match kind {
+            "variable" => {
+                let mut validations = Vec::new();
+                for inner in block.body().blocks() {
+                    if inner.identifier() != "validation" {
+                        return Err(Problem::at(
+                            format!("variable.{name}.{}", inner.identifier()),
+                            "is not a block a variable holds; remove it (bake knows validation)",
+                        ));
+                    }
+                    let get = |key: &str| {
+                        inner
+                            .body()
+                            .attributes()
+                            .find(|a| a.key() == key)
+                            .map(|a| a.expr().clone())
+                    };
+                    let condition = get("condition").ok_or_else(|| {
+                        Problem::at(
+                            format!("variable.{name}.validation"),
+                            "has no condition; add one",
+                        )
+                    })?;
+                    validations.push((condition, get("error_message")));
+                }
+                let default = attributes()
+                    .into_iter()
+                    .find(|(k, _)| k == "default")
+                    .map(|(_, e)| e);
+                found.variables.push(Variable {
+                    name,
+                    default,
+                    validations,
+                });
+            }
+            "target" | "group" => {
+                if let Some(inner) = block.body().blocks().next() {
+                    return Err(Problem::at(
+                        format!("{kind}.{name}.{}", inner.identifier()),
+                        "is a block; a target's fields are attributes, write KEY = VALUE",
+                    ));
+                }
+                let list = match kind {
+                    "target" => &mut found.targets,
+                    _ => &mut found.groups,
+                };
+                match list.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, existing)) => existing.extend(attributes()),
+                    None => list.push((name, attributes())),
+                }
+            }
+            other => return Err(unknown_block(other)),
+        }
+    }
+    Ok(found)
+}
+
+/// Evaluates the blocks: variables first (each may use those before it is resolved),
+/// then groups, then targets attribute by attribute (an attribute may name another
+/// target's, `target.NAME.attr`), then inheritance.
+fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
+    let mut context = functions();
+    let mut pending: Vec<&Variable> = blocks.variables.iter().collect();
+    while !pending.is_empty() {
+        let mut stuck = None;
+        let before = pending.len();
+        pending.retain(|variable| {
+            let default = match &variable.default {
+                Some(expression) => match expression.evaluate(&context) {
+                    Ok(value) => value,
+                    Err(e) => {
+                        stuck.get_or_insert((variable.name.clone(), e));
+                        return true;
+                    }
+                },
+                None => Value::String(String::new()),
+            };
+            let value = match env(&variable.name) {
+                Some(text) => typed_like(&default, text),
+                None => default,
+            };
+            context.declare_var(variable.name.clone(), value);
+            false
+        });
+        if pending.len() == before {
+            let (name, e) = stuck.expect("a stuck variable kept its error");
+            return Err(evaluation(format!("variable.{name}.default"), &e));
+        }
+    }
+    for variable in &blocks.variables {
+        for (condition, message) in &variable.validations {
+            let field = format!("variable.{}.validation", variable.name);
+            match condition.evaluate(&context) {
+                Ok(Value::Bool(true)) => {}
+                Ok(Value::Bool(false)) => {
+                    let said = message
+                        .as_ref()
+                        .and_then(|m| m.evaluate(&context).ok())
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_else(|| "the value is refused by its validation".into());
+                    return Err(Problem::at(
+                        field,
+                        format!("{said}; set {} to a value it accepts", variable.name),
+                    ));
+                }
+                Ok(_) => {
+                    return Err(Problem::at(
+                        field,
+                        "condition is not true or false; write a comparison",
+                    ))
+                }
+                Err(e) => return Err(evaluation(field, &e)),
+            }
+        }
+    }
+
+    let mut groups = Vec::new();
+    for (name, attributes) in &blocks.groups {
+        let mut targets = Vec::new();
+        for (key, expression) in attributes {
+            let field = format!("group.{name}.{key}");
+            match key.as_str() {
+                "targets" => {
+                    let value = expression
+                        .evaluate(&context)
+                        .map_err(|e| evaluation(field.clone(), &e))?;
+                    let Value::Array(items) = value else {
+                        return Err(Problem::at(
+                            field,
+                            "is not a list; write targets = [\"app\"]",
+                        ));
+                    };
+                    for item in items {
+                        let Value::String(s) = item else {
+                            return Err(Problem::at(
+                                field,
+                                "holds a value that is not a name; write targets = [\"app\"]",
+                            ));
+                        };
+                        targets.push(s);
+                    }
+                }
+                "description" => {}
+                _ => {
+                    return Err(Problem::at(
+                        field,
+                        "is not a group field; a group holds targets (and description)",
+                    ))
+                }
+            }
+        }
+        groups.push((name.clone(), targets));
+    }
+
+    // Attributes evaluated so far, per target: what `target.NAME.attr` reads.
+    let mut own: Vec<(String, hcl::Map<String, Value>)> = blocks
+        .targets
+        .iter()
+        .map(|(name, _)| (name.clone(), hcl::Map::new()))
+        .collect();
+    let mut pending: Vec<(usize, &String, &Expression)> = blocks
+        .targets
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, attributes))| attributes.iter().map(move |(k, e)| (i, k, e)))
+        .collect();
+    while !pending.is_empty() {
+        let mut scope = context.clone();
+        scope.declare_var(
+            "target",
+            Value::Object(
+                own.iter()
+                    .map(|(name, fields)| (name.clone(), Value::Object(fields.clone())))
+                    .collect(),
+            ),
+        );
+        let before = pending.len();
+        let mut stuck = None;
+        pending.retain(|(i, key, expression)| match expression.evaluate(&scope) {
+            Ok(value) => {
+                own[*i].1.insert((*key).clone(), value);
+                false
+            }
+            Err(e) => {
+                stuck.get_or_insert((format!("target.{}.{key}", own[*i].0), e));
+                true
+            }
+        });
+        if pending.len() == before {
+            let (field, e) = stuck.expect("a stuck attribute kept its error");
+            return Err(evaluation(field, &e));
+        }
+    }
+    let own: Vec<(String, Fields)> = own
+        .into_iter()
+        .map(|(name, fields)| {
+            let json = serde_json::to_value(Value::Object(fields)).expect("HCL values are JSON");
+            match json {
+                Json::Object(map) => (name, map),
+                _ => unreachable!("an object stays an object"),
+            }
+        })
+        .collect();
+    let mut targets = Vec::new();
+    for (name, _) in &own {
+        targets.push((name.clone(), inherited(&own, name, &mut Vec::new())?));
+    }
+    Ok(Definition { groups, targets })
+}
+
+/// A target's fields with its `inherits` applied in order, later winning, as bake merges
+/// them: `args` and `labels` key by key, the lists that add up (`annotations`, `attest`,
+/// `cache-from`, `secret`, `ssh`) appended, every other field replaced.
+fn inherited(own: &[(String, Fields)], name: &str, trail: &mut Vec<String>) -> Result<Fields> {
+    let field = format!("target.{name}.inherits");
+    if trail.iter().any(|t| t == name) {
+        return Err(Problem::at(
+            field,
+            format!(
+                "inherits from itself ({} → {name}); remove one of them",
+                trail.join(" → ")
+            ),
+        ));
+    }
+    let Some((_, fields)) = own.iter().find(|(n, _)| n == name) else {
+        return Err(Problem::at(
+            format!(
+                "target.{}.inherits",
+                trail.last().map_or(name, String::as_str)
+            ),
+            format!("names `{name}`, which is no target of the file; define it or remove it"),
+        ));
+    };
+    let parents: Vec<String> = match fields.get("inherits") {
+        None | Some(Json::Null) => Vec::new(),
+        Some(Json::Array(items)) => items
+            .iter()
+            .map(|i| {
+                i.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| Problem::at(&field, "holds a value that is not a target name"))
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => {
+            return Err(Problem::at(
+                field,
+                "is not a list; write inherits = [\"base\"]",
+            ))
+        }
+    };
+    trail.push(name.to_string());
+    let mut merged = Fields::new();
+    for parent in &parents {
+        merge(&mut merged, inherited(own, parent, trail)?);
+    }
+    trail.pop();
+    merge(&mut merged, fields.clone());
+    merged.remove("inherits");
+    Ok(merged)
+}
+
+fn merge(into: &mut Fields, from: Fields) {
+    for (key, value) in from {
+        match (key.as_str(), into.get_mut(&key), value) {
+            (_, _, Json::Null) => {}
+            ("args" | "labels", Some(Json::Object(old)), Json::Object(new)) => {
+                old.extend(new.into_iter().filter(|(_, v)| !v.is_null()))
+            }
+            (
+                "annotations" | "attest" | "cache-from" | "secret" | "ssh",
+                Some(Json::Array(old)),
+                Json::Array(new),
+            ) => old.extend(new),
+            (_, _, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+}
+
+/// The environment's text as the default's type, as bake reads an override.
+fn typed_like(default: &Value, text: String) -> Value {
+    match default {
+        Value::Bool(_) => match text.as_str() {
+            "true" | "1" => Value::Bool(true),
+            "false" | "0" => Value::Bool(false),
+            _ => Value::String(text),
+        },
+        Value::Number(_) => text
+            .parse::<i64>()
+            .map(Value::from)
+            .or_else(|_| text.parse::<f64>().map(Value::from))
+            .unwrap_or(Value::String(text)),
+        _ => Value::String(text),
+    }
+}
+
+/// An evaluation error at `field`, worded with the fix.
+fn evaluation(field: String, e: &hcl::eval::Error) -> Problem {
+    let message = match e.kind() {
+        ErrorKind::UndefinedVar(name) => format!(
+            "uses `{name}`, which is no variable of the file; declare variable \"{name}\" {{ default = … }}"
+        ),
+        ErrorKind::UndefinedFunc(name) => format!(
+            "calls {name}(), a function polyarch does not provide (it has {}); compute the value in a variable, or set it from the environment",
+            FUNCTIONS.join(", ")
+        ),
+        _ => format!("cannot be evaluated ({e}); fix the expression"),
+    };
+    Problem::at(field, message)
+}
+
+/// bake's standard library functions polyarch provides.
+const FUNCTIONS: &[&str] = &[
+    "upper",
+    "lower",
+    "trimspace",
+    "trimprefix",
+    "trimsuffix",
+    "replace",
+    "join",
+    "split",
+    "equal",
+    "notequal",
+    "and",
+    "or",
+    "not",
+    "length",
+    "concat",
+    "coalesce",
+];
+
+fn functions<'a>() -> Context<'a> {
+    let mut context = Context::new();
+    context.declare_func(
+        "upper",
+        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_uppercase().into())),
+    );
+    context.declare_func(
+        "lower",
+        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_lowercase().into())),
+    );
+    context.declare_func(
+        "trimspace",
+        one_string(|args| Ok(args[0].as_str().unwrap_or_default().trim().into())),
+    );
+    context.declare_func(
+        "trimprefix",
+        strings(2, |args| {
+            let (s, p) = (text(&args, 0), text(&args, 1));
+            Ok(s.strip_prefix(p).unwrap_or(s).into())
+        }),
+    );
+    context.declare_func(
+        "trimsuffix",
+        strings(2, |args| {
+            let (s, p) = (text(&args, 0), text(&args, 1));
+            Ok(s.strip_suffix(p).unwrap_or(s).into())
+        }),
+    );
+    context.declare_func(
+        "replace",
+        strings(3, |args| {
+            Ok(text(&args, 0)
+                .replace(text(&args, 1), text(&args, 2))
+                .into())
+        }),
+    );
+    context.declare_func(
+        "split",
+        strings(2, |args| {
+            Ok(Value::Array(
+                text(&args, 1)
+                    .split(text(&args, 0))
+                    .map(Value::from)
+                    .collect(),
+            ))
+        }),
+    );
+    context.declare_func(
+        "join",
+        FuncDef::builder()
+            .param(ParamType::String)
+            .variadic_param(ParamType::array_of(ParamType::String))
+            .build(|args| {
+                let items: Vec<String> = args
+                    .variadic_args()
+                    .flat_map(|list| list.as_array().cloned().unwrap_or_default())
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect();
+                Ok(items.join(args[0].as_str().unwrap_or_default()).into())
+            }),
+    );
+    context.declare_func(
+        "equal",
+        FuncDef::builder()
+            .params([ParamType::Any, ParamType::Any])
+            .build(|args| Ok((args[0] == args[1]).into())),
+    );
+    context.declare_func(
+        "notequal",
+        FuncDef::builder()
+            .params([ParamType::Any, ParamType::Any])
+            .build(|args| Ok((args[0] != args[1]).into())),
+    );
+    context.declare_func(
+        "and",
+        FuncDef::builder()
+            .params([ParamType::Bool, ParamType::Bool])
+            .build(|args| {
+                Ok((args[0].as_bool() == Some(true) && args[1].as_bool() == Some(true)).into())
+            }),
+    );
+    context.declare_func(
+        "or",
+        FuncDef::builder()
+            .params([ParamType::Bool, ParamType::Bool])
+            .build(|args| {
+                Ok((args[0].as_bool() == Some(true) || args[1].as_bool() == Some(true)).into())
+            }),
+    );
+    context.declare_func(
+        "not",
+        FuncDef::builder()
+            .param(ParamType::Bool)
+            .build(|args| Ok((args[0].as_bool() != Some(true)).into())),
+    );
+    context.declare_func(
+        "length",
+        FuncDef::builder()
+            .param(ParamType::Any)
+            .build(|args| match &args[0] {
+                Value::String(s) => Ok(s.chars().count().into()),
+                Value::Array(a) => Ok(a.len().into()),
+                Value::Object(o) => Ok(o.len().into()),
+                other => Err(format!("length of {other} is undefined")),
+            }),
+    );
+    context.declare_func(
+        "concat",
+        FuncDef::builder()
+            .variadic_param(ParamType::array_of(ParamType::Any))
+            .build(|args| {
+                Ok(Value::Array(
+                    args.variadic_args()
+                        .flat_map(|l| l.as_array().cloned().unwrap_or_default())
+                        .collect(),
+                ))
+            }),
+    );
+    context.declare_func(
+        "coalesce",
+        FuncDef::builder()
+            .variadic_param(ParamType::Any)
+            .build(|args| {
+                args.variadic_args()
+                    .find(|v| !v.is_null() && v.as_str() != Some(""))
+                    .cloned()
+                    .ok_or_else(|| "no non-null, non-empty argument".to_string())
+            }),
+    );
+    context
+}
+
+fn one_string(f: hcl::eval::Func) -> FuncDef {
+    FuncDef::builder().param(ParamType::String).build(f)
+}
+
+fn strings(count: usize, f: hcl::eval::Func) -> FuncDef {
+    FuncDef::builder()
+        .params(std::iter::repeat_n(ParamType::String, count))
+        .build(f)
+}
+
+fn text(args: &FuncArgs, i: usize) -> &str {
+    args[i].as_str().unwrap_or_default()
+}
