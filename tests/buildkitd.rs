@@ -444,30 +444,36 @@ fn buildkitd_gets_secrets_and_honours_dockerignore_as_engines_do() {
     assert!(stderr.contains("exit code: 1"), "{stderr}");
 }
 
-#[test]
-fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
+/// SIGINT while a `sleep` no other test runs is running on the daemon, as the build's RUN
+/// step (`in_test` false) or as the image's `test:`: exit 130, and the daemon cancels
+/// the solve when its client goes, so the command does not run on.
+fn sigint_cancels_on_the_daemon(in_test: bool) {
     let bk = support::buildkitd::shared();
     let registry = support::Registry::start();
     let dir = tempfile::tempdir().unwrap();
     let name = support::unique_name("bkdint");
-    // A sleep no other test runs, so its process names this build's RUN step.
     let seconds = (3000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
-    support::hello_context(
-        dir.path(),
-        &format!(
-            "{}RUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n",
-            support::HELLO
-        ),
-    );
+    let sleep_step = format!("RUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n");
+    let dockerfile = match in_test {
+        true => support::HELLO.to_string(),
+        false => format!("{}{sleep_step}", support::HELLO),
+    };
+    support::hello_context(dir.path(), &dockerfile);
     let repo = registry.repo(&support::unique_name("bkd/int"));
     let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64]");
-    let text = std::fs::read_to_string(&file).unwrap();
-    std::fs::write(&file, text.replace("  hello:", &format!("  {name}:"))).unwrap();
+    let mut text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("  hello:", &format!("  {name}:"));
+    if in_test {
+        text += &format!("    test: {{run: [/bin/busybox, sleep, \"{seconds}\"], timeout: 2h}}\n");
+    }
+    std::fs::write(&file, text).unwrap();
 
     let child = polyarch_on(&bk.unix)
         .args(["build", "-f"])
         .arg(&file)
         .env_remove("CI")
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -476,7 +482,7 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
     wait_until(
         || !processes_running(&sleep).is_empty(),
-        || "the RUN step never started".into(),
+        || "the sleep never started".into(),
     );
     let kill = support::run(Command::new("kill").args(["-INT", &child.id().to_string()]));
     assert!(kill.status.success(), "{kill:?}");
@@ -484,11 +490,26 @@ fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "{stderr}");
     assert!(out.stdout.is_empty(), "a record was printed");
-    // The daemon cancels the solve when its client goes: the step does not run on.
     wait_until(
         || processes_running(&sleep).is_empty(),
-        || "the daemon still runs the RUN step after the interrupt".into(),
+        || "the daemon still runs the sleep after the interrupt".into(),
     );
+    let tag = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{repo}:v1"))
+        .output()
+        .unwrap();
+    assert!(!tag.status.success(), "the tag moved");
+}
+
+#[test]
+fn buildkitd_sigint_mid_run_step_cancels_the_solve_on_the_daemon() {
+    sigint_cancels_on_the_daemon(false);
+}
+
+#[test]
+fn buildkitd_sigint_during_a_test_cancels_it_on_the_daemon() {
+    sigint_cancels_on_the_daemon(true);
 }
 
 /// A CI job with no Docker engine: every platform has a daemon under `builders:`, so
