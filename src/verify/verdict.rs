@@ -65,6 +65,7 @@ pub async fn verify<S: ContentSource>(
         warnings,
         covered,
         unpublished: None,
+        signed: None,
     })
 }
 
@@ -97,6 +98,7 @@ fn match_declared(
                     attached: Vec::new(),
                     test: None,
                     sbom: None,
+                    signed: None,
                 });
             }
             [one] => platforms.push((*one).clone()),

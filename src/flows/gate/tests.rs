@@ -32,6 +32,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         attached: Vec::new(),
         test: None,
         sbom: None,
+        signed: None,
     }
 }
 
