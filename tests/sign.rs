@@ -252,6 +252,15 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
     assert!(text.contains("has no signature attached"), "{text}");
 
     // cosign signs the index and each platform manifest by digest, as polyarch does.
+    // Offline and log-less: cosign 3 refuses `--tlog-upload=false` beside its TUF signing
+    // config, and without one (`--use-signing-config=false`) writes its older format, so
+    // it is given a signing config with no services.
+    let no_services = dir.path().join("signing-config.json");
+    fs::write(
+        &no_services,
+        r#"{"mediaType":"application/vnd.dev.sigstore.signingconfig.v0.2+json","rekorTlogConfig":{},"tsaConfig":{}}"#,
+    )
+    .unwrap();
     let cosign = cosign();
     let index = skopeo_inspect_raw(&reference);
     let digests = std::iter::once(support::skopeo_digest(&reference, None)).chain(
@@ -266,12 +275,13 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
             .args([
                 "sign",
                 "--yes",
-                "--tlog-upload=false",
                 "--allow-insecure-registry",
                 "--allow-http-registry",
                 "--key",
             ])
             .arg(fixtures.join("cosign.key"))
+            .arg("--signing-config")
+            .arg(&no_services)
             .arg(format!("{}@{digest}", registry.repo(&repo)))
             .env("COSIGN_PASSWORD", "polyarch-fixture")
             .env("TUF_ROOT", tempfile::tempdir().unwrap().path()));

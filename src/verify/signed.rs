@@ -32,12 +32,12 @@ pub async fn signature<S: ContentSource>(
     let mut seen = HashSet::new();
     let bundles = attachment::attached(&listed)
         .into_iter()
-        .filter(|a| a.is_signature() && seen.insert(a.digest.clone()))
-        .filter_map(|a| a.digest.parse::<Digest>().ok())
+        .filter(|a| is_bundle_or_unnamed(a) && seen.insert(a.digest.clone()))
+        .filter_map(|a| Some((a.digest.parse::<Digest>().ok()?, a.is_signature())))
         // Each costs two reads; a listing longer than verify reads at all is cut.
         .take(MAX_REFERRERS);
     let mut first_gap = None;
-    for bundle in bundles {
+    for (bundle, listed_as_bundle) in bundles {
         let bytes = source.manifest(&bundle).await?;
         if attachment::check_referrer(&bytes, subject).is_err() {
             continue;
@@ -51,7 +51,9 @@ pub async fn signature<S: ContentSource>(
             .and_then(|l| l["digest"].as_str()?.parse::<Digest>().ok());
         let checked = match layer {
             Some(layer) => sign::check(&source.json_blob(&layer).await?, subject, keys),
-            None => Err(SignatureGap::NotABundle("no bundle layer".into())),
+            None if listed_as_bundle => Err(SignatureGap::NotABundle("no bundle layer".into())),
+            // Another kind of artifact, listed without saying so.
+            None => continue,
         };
         match checked {
             Ok(key) => return Ok(Ok(key.fingerprint.clone())),
@@ -61,6 +63,16 @@ pub async fn signature<S: ContentSource>(
         }
     }
     Ok(Err(first_gap.unwrap_or(Unsigned::Missing)))
+}
+
+/// Whether a listed referrer may be a signature: listed as a bundle, or listed with no
+/// artifact type of its own. cosign 3 on a registry without the referrers API lists its
+/// bundle under the empty config's media type, so the manifest says what it is.
+fn is_bundle_or_unnamed(listed: &attachment::Attached) -> bool {
+    match listed.artifact_type.as_deref() {
+        None | Some(attachment::EMPTY_MEDIA_TYPE) => true,
+        Some(_) => listed.is_signature(),
+    }
 }
 
 /// Checks the signatures of `image`'s index and platform manifests, read at once: each
@@ -296,6 +308,21 @@ mod tests {
         assert!(
             detail.contains("linux/arm64") && detail.contains("has no signature attached"),
             "{detail}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bundle_listed_under_the_empty_config_type_is_read_as_cosign_lists_it() {
+        let signer = SigningKey::random();
+        let keys = [signer.public("signer.pub".as_ref())];
+        let (mut fake, _) = image();
+        let a = fake.put(b"a".to_vec());
+        attach(&mut fake, &signer, &a, &a);
+        let listed = fake.listings.get_mut(&a).unwrap();
+        listed[0]["artifactType"] = json!(attachment::EMPTY_MEDIA_TYPE);
+        assert_eq!(
+            signature(&fake, &a, &keys).await.unwrap(),
+            Ok(signer.fingerprint.clone())
         );
     }
 }
