@@ -161,6 +161,17 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
         "{text}"
     );
 
+    // With -f, an image with `sign:` is checked anyway, with its own key's public half.
+    let out = run(polyarch().args(["verify", "-f"]).arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.matches(&format!("signed by {}", keys[0].fingerprint))
+            .count(),
+        3,
+        "{text}"
+    );
+
     let cosign = cosign();
     let by_digest = subjects
         .iter()
