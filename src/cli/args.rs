@@ -407,6 +407,14 @@ pub struct GateArgs {
     /// Refuse images whose index has attestation entries (unknown/unknown) instead of warning.
     #[arg(long)]
     pub strict: bool,
+    /// Refuse images whose index or platform manifests lack a signature (a Sigstore bundle
+    /// attached as an OCI referrer, by polyarch or `cosign sign --key`) by one of the --key
+    /// keys over their digest.
+    #[arg(long, requires = "keys")]
+    pub require_signature: bool,
+    /// A PEM public key (`cosign.pub`) signatures may be made by; repeatable, any one suffices.
+    #[arg(long = "key", value_name = "PUB.pem", requires = "require_signature")]
+    pub keys: Vec<PathBuf>,
     /// Write the manifests into this new or empty directory with every image checked
     /// pinned to the digest checked (repo:tag@sha256:…), ready for `kubectl apply -f DIR`.
     #[arg(long, value_name = "DIR")]

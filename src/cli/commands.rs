@@ -571,6 +571,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
         deep: args.deep,
         strict: args.strict,
         pin: args.pin,
+        keys: public_keys(&args.keys)?,
     };
     let registry = registry_options(&args.registry)?;
     let reporter = reporter(&args.output);

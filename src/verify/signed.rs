@@ -122,7 +122,8 @@ pub async fn check_image<S: ContentSource>(
     Ok(())
 }
 
-fn signed(outcome: &Result<String, Unsigned>) -> Signed {
+/// What the record says of a manifest's signature.
+pub fn signed(outcome: &Result<String, Unsigned>) -> Signed {
     match outcome {
         Ok(key) => Signed {
             verified: true,

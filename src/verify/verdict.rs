@@ -25,6 +25,7 @@ pub async fn verify<S: ContentSource>(
         attestations,
         mut warnings,
         attached,
+        ..
     } = read_contents(source, target, reporter).await?;
 
     let Matched {
