@@ -172,6 +172,43 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
         "{text}"
     );
 
+    // gate applies the same policy to the images a deploy runs.
+    let manifests = dir.path().join("deploy.yaml");
+    fs::write(
+        &manifests,
+        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app}}\nspec:\n  template:\n    spec:\n      containers:\n      - name: app\n        image: {reference}\n"),
+    )
+    .unwrap();
+    let nodes = dir.path().join("pools.yaml");
+    fs::write(
+        &nodes,
+        "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
+    )
+    .unwrap();
+    let gate = |key: &Path| {
+        run(polyarch()
+            .args(["gate", "--require-signature", "--key"])
+            .arg(key)
+            .arg("--manifests")
+            .arg(&manifests)
+            .arg("--nodes")
+            .arg(&nodes))
+    };
+    let out = gate(&public);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    let out = gate(&other);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("REFUSED") && text.contains("signed by none of the keys given"),
+        "{text}"
+    );
+
     let cosign = cosign();
     let by_digest = subjects
         .iter()
