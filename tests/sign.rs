@@ -137,6 +137,78 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(bundles(&registry, &repo, &index_digest).len(), 1);
 
+    // polyarch's own read-back: any one key given suffices; another key's is a gap.
+    let verify = |keys: &[&Path]| {
+        let mut command = polyarch();
+        command.args(["verify", "--require-signature"]);
+        for key in keys {
+            command.arg("--key").arg(key);
+        }
+        run(command.args([&reference, "--platform", "linux/amd64,linux/arm64"]))
+    };
+    let out = verify(&[&other, &public]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("signed by {}", keys[0].fingerprint)),
+        "{text}"
+    );
+    let out = verify(&[&other]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("linux/arm64") && text.contains("signed by none of the keys given"),
+        "{text}"
+    );
+
+    // With -f, an image with `sign:` is checked anyway, with its own key's public half.
+    let out = run(polyarch().args(["verify", "-f"]).arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.matches(&format!("signed by {}", keys[0].fingerprint))
+            .count(),
+        3,
+        "{text}"
+    );
+
+    // gate applies the same policy to the images a deploy runs.
+    let manifests = dir.path().join("deploy.yaml");
+    fs::write(
+        &manifests,
+        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app}}\nspec:\n  template:\n    spec:\n      containers:\n      - name: app\n        image: {reference}\n"),
+    )
+    .unwrap();
+    let nodes = dir.path().join("pools.yaml");
+    fs::write(
+        &nodes,
+        "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
+    )
+    .unwrap();
+    let gate = |key: &Path| {
+        run(polyarch()
+            .args(["gate", "--require-signature", "--key"])
+            .arg(key)
+            .arg("--manifests")
+            .arg(&manifests)
+            .arg("--nodes")
+            .arg(&nodes))
+    };
+    let out = gate(&public);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    let out = gate(&other);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("REFUSED") && text.contains("signed by none of the keys given"),
+        "{text}"
+    );
+
     let cosign = cosign();
     let by_digest = subjects
         .iter()
@@ -198,4 +270,80 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     sign::check(&found[0], &digest.parse().unwrap(), &keys).unwrap();
     let out = cosign_verify(&cosign(), &fixtures.join("cosign.pub"), &reference);
     assert!(out.status.success(), "cosign verify: {}", stderr(&out));
+}
+
+#[test]
+fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let fixtures = support::repo_root().join("fixtures/sign");
+    let repo = unique_name("demo/unsigned");
+    let file = support::write_project(
+        dir.path(),
+        &registry.repo(&repo),
+        "[v1]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let verify = || {
+        run(polyarch()
+            .args(["verify", "--require-signature", "--key"])
+            .arg(fixtures.join("cosign.pub"))
+            .args([&reference, "--platform", "linux/amd64,linux/arm64"]))
+    };
+    let out = verify();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("has no signature attached"), "{text}");
+
+    // cosign signs the index and each platform manifest by digest, as polyarch does.
+    // Offline and log-less: cosign 3 refuses `--tlog-upload=false` beside its TUF signing
+    // config, and without one (`--use-signing-config=false`) writes its older format, so
+    // it is given a signing config with no services.
+    let no_services = dir.path().join("signing-config.json");
+    fs::write(
+        &no_services,
+        r#"{"mediaType":"application/vnd.dev.sigstore.signingconfig.v0.2+json","rekorTlogConfig":{},"tsaConfig":{}}"#,
+    )
+    .unwrap();
+    let cosign = cosign();
+    let index = skopeo_inspect_raw(&reference);
+    let digests = std::iter::once(support::skopeo_digest(&reference, None)).chain(
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["digest"].as_str().unwrap().to_string()),
+    );
+    for digest in digests {
+        let out = run(Command::new(&cosign)
+            .args([
+                "sign",
+                "--yes",
+                "--allow-insecure-registry",
+                "--allow-http-registry",
+                "--key",
+            ])
+            .arg(fixtures.join("cosign.key"))
+            .arg("--signing-config")
+            .arg(&no_services)
+            .arg(format!("{}@{digest}", registry.repo(&repo)))
+            .env("COSIGN_PASSWORD", "polyarch-fixture")
+            .env("TUF_ROOT", tempfile::tempdir().unwrap().path()));
+        assert!(
+            out.status.success(),
+            "cosign sign {digest}: {}",
+            stderr(&out)
+        );
+    }
+    let out = verify();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
 }

@@ -16,7 +16,8 @@ pub const SLSA_PROVENANCE: &str = "https://slsa.dev/provenance/v1";
 pub const SPDX_DOCUMENT: &str = "https://spdx.dev/Document";
 /// The in-toto statement format polyarch writes.
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
-const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
+/// The empty config's media type, which artifacts without a config of their own name.
+pub const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 const EMPTY_JSON: &[u8] = b"{}";
 /// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
 pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
-const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --sbom)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --sbom, no signature by a --key with --require-signature)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
 #[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
@@ -296,6 +296,16 @@ pub struct VerifyArgs {
     /// entry without one is a coverage gap (exit 1).
     #[arg(long)]
     pub sbom: bool,
+    /// The index and each platform manifest must carry a signature (a Sigstore bundle
+    /// attached as an OCI referrer, by polyarch or `cosign sign --key`) by one of the
+    /// --key keys over its digest; a missing or bad one is a coverage gap (exit 1). With
+    /// -f, images with `sign:` require it anyway.
+    #[arg(long)]
+    pub require_signature: bool,
+    /// A PEM public key (`cosign.pub`) that signatures may be made by; repeatable, any one
+    /// suffices. With -f and none given, each `sign:` image's own key's public half.
+    #[arg(long = "key", value_name = "PUB.pem")]
+    pub keys: Vec<PathBuf>,
     /// Give up (exit 3) when the whole check takes longer: 90s, 5m, 1m30s.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
@@ -397,6 +407,14 @@ pub struct GateArgs {
     /// Refuse images whose index has attestation entries (unknown/unknown) instead of warning.
     #[arg(long)]
     pub strict: bool,
+    /// Refuse images whose index or platform manifests lack a signature (a Sigstore bundle
+    /// attached as an OCI referrer, by polyarch or `cosign sign --key`) by one of the --key
+    /// keys over their digest.
+    #[arg(long, requires = "keys")]
+    pub require_signature: bool,
+    /// A PEM public key (`cosign.pub`) signatures may be made by; repeatable, any one suffices.
+    #[arg(long = "key", value_name = "PUB.pem", requires = "require_signature")]
+    pub keys: Vec<PathBuf>,
     /// Write the manifests into this new or empty directory with every image checked
     /// pinned to the digest checked (repo:tag@sha256:…), ready for `kubectl apply -f DIR`.
     #[arg(long, value_name = "DIR")]

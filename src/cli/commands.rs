@@ -12,8 +12,10 @@ use polyarch::project::source_date_epoch::EpochSource;
 use polyarch::project::{BuildFlags, LoadOptions, Override, Project, Purpose};
 use polyarch::registry::credentials::Credential;
 use polyarch::registry::RegistryOptions;
+use polyarch::sign::PublicKey;
 use polyarch::verify::coverage_record::{CoverageRecord, PartRecord};
 use polyarch::Error;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -444,6 +446,15 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     };
     let reporter = reporter(&args.output);
     let memory = polyarch::flows::cache::VerifyMemory::open();
+    let public = public_keys(&args.keys)?;
+    if args.require_signature && public.is_empty() && args.file.is_none() {
+        return Err(Error::Usage(
+            "--require-signature needs --key PUB.pem (the public key of the signer; repeatable)"
+                .into(),
+        ));
+    }
+    // Image name → the keys its signatures are checked with; an image not named is not.
+    let mut signing = BTreeMap::new();
     let outcome = match (args.targets.as_slice(), &args.file) {
         ([reference], None) => {
             polyarch::flows::verify_by_name::verify_reference(
@@ -459,6 +470,7 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set, images))?;
             let images = &project.expand(images);
+            signing = signing_keys(&project, images, args.require_signature, &public)?;
             let verified = polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
@@ -500,6 +512,17 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
     let mut record = outcome?;
     if args.sbom {
         polyarch::flows::sbom::count_packages(&mut record, &options).await?;
+    }
+    if args.file.is_none() && args.require_signature {
+        signing.extend(
+            record
+                .images
+                .iter()
+                .map(|i| (i.name.clone(), public.clone())),
+        );
+    }
+    if !signing.is_empty() {
+        polyarch::flows::signatures::require(&mut record, &signing, &options).await?;
     }
     finish(&record, &args.output)
 }
@@ -548,6 +571,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
         deep: args.deep,
         strict: args.strict,
         pin: args.pin,
+        keys: public_keys(&args.keys)?,
     };
     let registry = registry_options(&args.registry)?;
     let reporter = reporter(&args.output);
@@ -636,6 +660,50 @@ fn reporter(output: &Output) -> Box<dyn Reporter> {
     } else {
         Box::new(PlainReporter::new(output.verbose))
     }
+}
+
+/// `--key`: the public keys signatures are checked with.
+fn public_keys(paths: &[PathBuf]) -> Result<Vec<PublicKey>, Error> {
+    paths
+        .iter()
+        .map(|p| PublicKey::load(p).map_err(|e| Error::Usage(e.to_string())))
+        .collect()
+}
+
+/// With -f, which images' signatures are checked and with which keys: every image with
+/// `--require-signature`, and an image with `sign:` anyway; `--key` when given, else the
+/// public half of the image's own signing key (a cosign key opened with COSIGN_PASSWORD).
+fn signing_keys(
+    project: &Project,
+    selected: &[String],
+    required: bool,
+    public: &[PublicKey],
+) -> Result<BTreeMap<String, Vec<PublicKey>>, Error> {
+    let mut out = BTreeMap::new();
+    let images = project
+        .images
+        .iter()
+        .filter(|i| selected.is_empty() || selected.contains(&i.name));
+    for image in images {
+        let keys = match &image.sign_key {
+            _ if !public.is_empty() && (required || image.sign_key.is_some()) => public.to_vec(),
+            Some(path) => {
+                let password = std::env::var("COSIGN_PASSWORD").ok();
+                let key = polyarch::sign::SigningKey::load(path, password.as_deref())
+                    .map_err(|e| Error::Usage(e.to_string()))?;
+                vec![key.public(path)]
+            }
+            None if required => {
+                return Err(Error::Usage(format!(
+                    "--require-signature: image {} has no `sign:` key to check its signatures with; pass --key PUB.pem",
+                    image.name
+                )))
+            }
+            None => continue,
+        };
+        out.insert(image.name.clone(), keys);
+    }
+    Ok(out)
 }
 
 /// A cosign key's password: `--sign-password-stdin`, else `COSIGN_PASSWORD` (as cosign

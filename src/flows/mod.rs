@@ -12,5 +12,6 @@ pub mod gate;
 pub mod pipeline;
 pub mod plan_report;
 pub mod sbom;
+pub mod signatures;
 pub mod verify_by_name;
 pub mod verify_tests;

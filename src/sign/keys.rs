@@ -107,6 +107,23 @@ impl SigningKey {
     pub fn public_key(&self) -> ecdsa::VerifyingKey {
         *self.key.verifying_key()
     }
+
+    /// Its public key to check signatures with, named after the private key's `path`.
+    pub fn public(&self, path: &Path) -> PublicKey {
+        PublicKey {
+            key: self.public_key(),
+            path: path.to_path_buf(),
+            fingerprint: self.fingerprint.clone(),
+        }
+    }
+
+    /// A new key, for tests.
+    #[cfg(test)]
+    pub(crate) fn random() -> SigningKey {
+        let key = ecdsa::SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+        let fingerprint = fingerprint(key.verifying_key());
+        SigningKey { key, fingerprint }
+    }
 }
 
 impl PublicKey {

@@ -1,17 +1,10 @@
 use super::*;
 use crate::base::oci;
-use p256::ecdsa;
-use p256::elliptic_curve::rand_core::OsRng;
 
 fn new_key() -> (SigningKey, PublicKey) {
-    let key = ecdsa::SigningKey::random(&mut OsRng);
-    let public = PublicKey {
-        key: *key.verifying_key(),
-        path: "pub.pem".into(),
-        fingerprint: keys::fingerprint(key.verifying_key()),
-    };
-    let fingerprint = public.fingerprint.clone();
-    (SigningKey { key, fingerprint }, public)
+    let key = SigningKey::random();
+    let public = key.public("pub.pem".as_ref());
+    (key, public)
 }
 
 fn subject(c: char) -> (Digest, Value) {

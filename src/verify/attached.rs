@@ -19,7 +19,7 @@ pub(crate) type Listing<E> = Result<(Vec<Attached>, Vec<String>), VerifyError<E>
 /// The referrers read for one entry. Signatures, SBOMs, provenance and VEX documents of a
 /// few builds and signers stay far below it; a longer listing would cost a request each
 /// (a hostile registry's 20,000 took 13,500 requests over 300 s), so it is refused.
-const MAX_REFERRERS: usize = 256;
+pub(super) const MAX_REFERRERS: usize = 256;
 
 /// Referrer manifests read at once for one entry.
 const READS_IN_FLIGHT: usize = 8;

@@ -39,6 +39,8 @@ pub struct Contents<E = ClientError> {
     /// Digests of attestation entries (`unknown/unknown`).
     pub attestations: Vec<String>,
     pub warnings: Vec<String>,
+    /// `gate --require-signature`: the index's signature (each entry's is its `signed`).
+    pub signed: Option<crate::verify::coverage_record::Signed>,
     /// What is attached to each entry, by the entry's digest.
     pub(crate) attached: BTreeMap<Digest, attached::Listing<E>>,
 }
@@ -144,6 +146,7 @@ async fn contents_of<S: ContentSource>(
         entries: found,
         attestations,
         warnings,
+        signed: None,
         attached,
     })
 }

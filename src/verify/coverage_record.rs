@@ -40,6 +40,8 @@ pub enum PlatformStatus {
     ProvenanceMissing,
     /// `verify --sbom`: no SBOM is attached.
     SbomMissing,
+    /// `--require-signature`: no signature by one of the keys given is attached.
+    SignatureMissing,
     /// Its `test:` failed or timed out: the image was not published.
     TestFailed,
 }
@@ -112,6 +114,9 @@ pub struct ImageCoverage {
     /// then the index that was not published, `pinned` empty, and no tag moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpublished: Option<String>,
+    /// `--require-signature`: the index's (or single manifest's) signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<Signed>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -140,6 +145,22 @@ pub struct PlatformCoverage {
     /// `verify --sbom`: the attached SBOM's packages by purl type (`deb`, `apk`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sbom: Option<BTreeMap<String, usize>>,
+    /// `--require-signature`: whether a signature by one of the keys given is attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<Signed>,
+}
+
+/// A manifest's signature as `--require-signature` found it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signed {
+    /// A Sigstore bundle attached checks out with one of the keys given.
+    pub verified: bool,
+    /// That key's fingerprint: base64 of the SHA-256 of its DER, the `hint` cosign writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// Why none counts: no signature, another key's, one naming another digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gap: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -135,6 +135,7 @@ async fn check_entry<S: ContentSource>(
             deep,
             attached: Vec::new(),
             sbom: None,
+            signed: None,
             build: None,
             test: None,
         },

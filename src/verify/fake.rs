@@ -23,6 +23,8 @@ pub(super) struct Fake {
     pub(super) known: BTreeMap<Digest, Digest>,
     /// What the reference resolved to last time; with it, resolving is a read too.
     pub(super) last: Option<(Vec<u8>, Digest)>,
+    /// Referrer listings by subject; a subject not here has none.
+    pub(super) listings: BTreeMap<Digest, Vec<serde_json::Value>>,
     finished: AtomicUsize,
     pub(super) asked: Mutex<Vec<(String, usize)>>,
 }
@@ -103,7 +105,9 @@ impl ContentSource for Fake {
         self.read("config", digest).await
     }
     async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>, ClientError> {
-        self.read("referrers", digest).await.map(|_| Vec::new())
+        self.read("referrers", digest)
+            .await
+            .map(|_| self.listings.get(digest).cloned().unwrap_or_default())
     }
     fn repository(&self) -> String {
         "fake".into()
@@ -139,6 +143,7 @@ pub(super) fn agreeing_entry(arch: &str, digest: Option<Digest>) -> PlatformCove
         attached: Vec::new(),
         test: None,
         sbom: None,
+        signed: None,
     }
 }
 

@@ -15,6 +15,7 @@ mod error;
 mod fake;
 mod image;
 pub mod remote_layers;
+pub mod signed;
 mod source;
 mod target;
 mod verdict;

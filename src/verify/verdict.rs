@@ -25,6 +25,7 @@ pub async fn verify<S: ContentSource>(
         attestations,
         mut warnings,
         attached,
+        ..
     } = read_contents(source, target, reporter).await?;
 
     let Matched {
@@ -65,6 +66,7 @@ pub async fn verify<S: ContentSource>(
         warnings,
         covered,
         unpublished: None,
+        signed: None,
     })
 }
 
@@ -97,6 +99,7 @@ fn match_declared(
                     attached: Vec::new(),
                     test: None,
                     sbom: None,
+                    signed: None,
                 });
             }
             [one] => platforms.push((*one).clone()),

@@ -1,7 +1,9 @@
 //! Text for the terminal: the library hands back data, the CLI words it.
 
 use polyarch::base::text::printable;
-use polyarch::verify::coverage_record::{CoverageRecord, PlatformCoverage, TestRecord, TestStatus};
+use polyarch::verify::coverage_record::{
+    CoverageRecord, PlatformCoverage, Signed, TestRecord, TestStatus,
+};
 
 pub mod doctor;
 pub mod gate;
@@ -39,6 +41,9 @@ pub fn coverage_text(record: &CoverageRecord) -> String {
             image.digest.short(),
             verdict
         );
+        if let Some(signed) = &image.signed {
+            out += &format!("  index {}\n", signature(signed));
+        }
         for p in &image.platforms {
             out += &platform_lines(p);
         }
@@ -142,7 +147,19 @@ fn platform_lines(p: &PlatformCoverage) -> String {
         };
         out += &format!("    sbom: {total} packages{kinds}\n");
     }
+    if let Some(signed) = p.signed.as_ref().filter(|s| s.verified) {
+        out += &format!("    {}\n", signature(signed));
+    }
     out
+}
+
+/// `signed by KEY`, or the gap (a platform's is its detail too, so it is said once).
+fn signature(signed: &Signed) -> String {
+    match (&signed.key, &signed.gap) {
+        (Some(key), _) if signed.verified => format!("signed by {key}"),
+        (_, Some(gap)) => format!("not signed: {gap}"),
+        _ => "not signed".into(),
+    }
 }
 
 /// A platform's test: one line when it passed or was skipped; a failure's command,
@@ -198,6 +215,7 @@ mod tests {
             attached: Vec::new(),
             test: None,
             sbom: None,
+            signed: None,
         };
         let image = ImageCoverage {
             name: "x".into(),
@@ -235,6 +253,7 @@ mod tests {
             warnings: vec![],
             covered: true,
             unpublished: None,
+            signed: None,
         };
         let mut failed = image.clone();
         failed.covered = false;

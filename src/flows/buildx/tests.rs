@@ -446,6 +446,7 @@ fn metadata_has_buildx_keys_for_the_index_read_back() {
         warnings: Vec::new(),
         covered: true,
         unpublished: None,
+        signed: None,
     };
     let names = ["r.io/a:1".to_string(), "r.io/a:latest".to_string()];
     let digest = format!("sha256:{}", "a".repeat(64));

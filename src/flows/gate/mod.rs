@@ -22,7 +22,7 @@ use crate::k8s::{
 };
 use crate::registry::{self, Registry, RegistryOptions};
 use crate::verify::coverage_record::{PlatformCoverage, PlatformStatus};
-use crate::verify::{self, Contents, ReadMemory, RegistrySource, Target};
+use crate::verify::{self, signed, Contents, ReadMemory, RegistrySource, Target};
 use futures_util::StreamExt;
 use oci_client::Reference;
 use serde::{Deserialize, Serialize};
@@ -54,6 +54,8 @@ pub struct GateOptions {
     pub strict: bool,
     /// Write the manifests, pinned, into this new or empty directory.
     pub pin: Option<PathBuf>,
+    /// `--require-signature --key`: the index and each entry must be signed by one of these.
+    pub keys: Vec<crate::sign::PublicKey>,
 }
 
 /// The gate's record (`polyarch/gate/v1`): the scheduling verdict per container, what each
@@ -87,6 +89,9 @@ pub struct ImageCheck {
     /// Why the image could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `--require-signature`: the index's signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed: Option<crate::verify::coverage_record::Signed>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +105,8 @@ pub enum FindingKind {
     PullPolicy,
     /// The image could not be read.
     Unreadable,
+    /// `--require-signature`: the index or an entry has no signature by one of the keys.
+    Unsigned,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -212,7 +219,7 @@ pub async fn run(
     }
     let pools = k8s::load_nodes(&options.nodes)?;
     let images = image_references(&files)?;
-    let read = read_images(&images, registry, options.deep, memory, reporter).await?;
+    let read = read_images(&images, registry, options, memory, reporter).await?;
     let mut report = judge(&files, &pools, &read, options.strict);
     if let Some(dir) = &options.pin {
         report.pinned = pin(&files, &report.images, dir)?;
@@ -248,8 +255,8 @@ fn image_field(w: &Workload, c: &Container) -> String {
 /// Reads each image as `verify` does; an image's failure is its own result.
 async fn read_images(
     images: &[(String, Reference)],
-    options: &RegistryOptions,
-    deep: bool,
+    registry_options: &RegistryOptions,
+    options: &GateOptions,
     memory: &dyn ReadMemory,
     reporter: &dyn Reporter,
 ) -> Result<BTreeMap<String, Result<Contents>>> {
@@ -260,7 +267,8 @@ async fn read_images(
         .iter()
         .map(|(_, r)| r.registry().to_string())
         .collect();
-    let registry = Registry::new(&hosts.into_iter().collect::<Vec<_>>(), options)?;
+    let registry = Registry::new(&hosts.into_iter().collect::<Vec<_>>(), registry_options)?;
+    let (deep, keys) = (options.deep, options.keys.as_slice());
     for (_, reference) in images {
         registry.declare(reference, false).await;
     }
@@ -280,15 +288,69 @@ async fn read_images(
             memory,
             pushed: None,
         };
-        let contents = verify::read_contents(&source, &target, reporter)
-            .await
-            .map_err(Error::from);
-        (text.clone(), contents)
+        let contents = async {
+            let mut contents = verify::read_contents(&source, &target, reporter).await?;
+            if !keys.is_empty() {
+                check_signatures(&source, &mut contents, keys).await?;
+            }
+            Ok(contents)
+        };
+        (text.clone(), contents.await)
     });
     Ok(futures_util::stream::iter(reads)
         .buffer_unordered(CONCURRENT_READS)
         .collect()
         .await)
+}
+
+/// `--require-signature`: the signature of the index and of each entry, recorded on them.
+async fn check_signatures(
+    source: &RegistrySource<'_>,
+    contents: &mut Contents,
+    keys: &[crate::sign::PublicKey],
+) -> Result<()> {
+    let index = signed::signature(source, &contents.digest, keys).await?;
+    contents.signed = Some(signed::signed(&index));
+    for entry in &mut contents.entries {
+        if let Some(digest) = &entry.digest {
+            entry.signed = Some(signed::signed(
+                &signed::signature(source, digest, keys).await?,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A gap for the index and each entry of an image whose signature does not count.
+fn unsigned(at: &Subject, contents: &Contents) -> Vec<Finding> {
+    let index = (
+        contents.signed.as_ref(),
+        "index".to_string(),
+        &contents.digest,
+    );
+    let entries = contents.entries.iter().filter_map(|e| {
+        Some((
+            e.signed.as_ref(),
+            e.platform.to_string(),
+            e.digest.as_ref()?,
+        ))
+    });
+    std::iter::once(index)
+        .chain(entries)
+        .filter_map(|(signed, what, digest)| {
+            let gap = signed?.gap.as_ref()?;
+            let mut finding = at.finding(
+                FindingKind::Unsigned,
+                Severity::Gap,
+                format!(
+                    "image {}: {what} ({digest}) {gap}; deploy an image signed by one of the --key keys (polyarch build --sign-key, or cosign sign --key)",
+                    at.c.image
+                ),
+            );
+            finding.entry = Some(digest.clone());
+            Some(finding)
+        })
+        .collect()
 }
 
 /// What pools can run from an image: its entries' platforms, except any os/arch one of whose
@@ -348,6 +410,11 @@ pub fn judge(
             match read.get(&c.image) {
                 Some(Ok(contents)) => {
                     findings.extend(entry_mismatches(&at, contents, &reachable));
+                    let unsigned = unsigned(&at, contents);
+                    if !unsigned.is_empty() {
+                        verdict.covered = false;
+                        findings.extend(unsigned);
+                    }
                     if !contents.attestations.is_empty() {
                         findings.push(attestation(&at, contents, &reachable, strict));
                         if strict {
@@ -399,6 +466,7 @@ fn image_checks(read: &BTreeMap<String, Result<Contents>>) -> Vec<ImageCheck> {
                 attestations: c.attestations.clone(),
                 warnings: c.warnings.clone(),
                 error: None,
+                signed: c.signed.clone(),
             },
             Err(e) => ImageCheck {
                 image: image.clone(),
@@ -408,6 +476,7 @@ fn image_checks(read: &BTreeMap<String, Result<Contents>>) -> Vec<ImageCheck> {
                 attestations: Vec::new(),
                 warnings: Vec::new(),
                 error: Some(e.to_string()),
+                signed: None,
             },
         })
         .collect()

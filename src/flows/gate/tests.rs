@@ -32,6 +32,7 @@ fn entry(claims: &str, config: &str, d: char) -> PlatformCoverage {
         attached: Vec::new(),
         test: None,
         sbom: None,
+        signed: None,
     }
 }
 
@@ -44,6 +45,7 @@ fn contents(entries: Vec<PlatformCoverage>, attestations: &[char]) -> Result<Con
         entries,
         attestations: attestations.iter().map(|c| digest(*c)).collect(),
         warnings: Vec::new(),
+        signed: None,
         attached: Default::default(),
     })
 }
@@ -549,5 +551,63 @@ fn a_malformed_image_reference_is_a_usage_error_naming_its_field() {
     assert!(
         err.starts_with("deploy.yaml#1: spec.template.spec.initContainers[0].image: `R.io/Bad:v1`"),
         "{err}"
+    );
+}
+
+#[test]
+fn an_image_whose_index_or_entry_is_not_signed_by_a_key_given_is_refused() {
+    use crate::verify::coverage_record::Signed;
+    let by = |key: &str| Signed {
+        verified: true,
+        key: Some(key.into()),
+        gap: None,
+    };
+    let gap = Signed {
+        verified: false,
+        key: None,
+        gap: Some("has a signature (sha256:…) that is signed by none of the keys given".into()),
+    };
+    let signed_by = |arm64: Signed| {
+        let mut contents = both().unwrap();
+        contents.signed = Some(by("fp"));
+        contents.entries[0].signed = Some(by("fp"));
+        contents.entries[1].signed = Some(arm64);
+        contents
+    };
+    let report = judge(
+        &[deployment(WEB)],
+        &nodes(),
+        &read(vec![("r.io/web:v1", Ok(signed_by(by("fp"))))]),
+        false,
+    );
+    assert_eq!(report.exit_code(), exit::COVERED, "{:?}", report.findings);
+
+    let signed = signed_by(gap);
+    let report = judge(
+        &[deployment(WEB)],
+        &nodes(),
+        &read(vec![("r.io/web:v1", Ok(signed))]),
+        false,
+    );
+    assert_eq!(report.exit_code(), exit::GAP);
+    assert!(!report.record.workloads[0].containers[0].covered);
+    let unsigned: Vec<&Finding> = report
+        .findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::Unsigned)
+        .collect();
+    assert_eq!(unsigned.len(), 1, "{:?}", report.findings);
+    assert_eq!(unsigned[0].severity, Severity::Gap);
+    assert_eq!(
+        unsigned[0].entry.as_ref().map(|d| d.as_str()),
+        Some(digest('b').as_str())
+    );
+    assert!(
+        unsigned[0].message.contains("r.io/web:v1: linux/arm64")
+            && unsigned[0]
+                .message
+                .contains("signed by none of the keys given"),
+        "{}",
+        unsigned[0].message
     );
 }

@@ -298,6 +298,7 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
                 attached: Vec::new(),
                 test: None,
                 sbom: None,
+                signed: None,
             }
         })
         .collect();
@@ -320,6 +321,7 @@ fn unpublished(image: &ImageSpec, pushed: &[&Pushed]) -> Result<ImageCoverage> {
         unpublished: Some(
             "a platform's test failed: the index was not published and no tag moved".into(),
         ),
+        signed: None,
     })
 }
 

@@ -240,6 +240,7 @@ impl ImageStore for FakeStore {
                     attached: Vec::new(),
                     test: None,
                     sbom: None,
+                    signed: None,
                 }
             })
             .collect();
@@ -260,6 +261,7 @@ impl ImageStore for FakeStore {
             warnings: vec![],
             covered: true,
             unpublished: None,
+            signed: None,
         })
     }
 }

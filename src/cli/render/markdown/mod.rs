@@ -46,6 +46,7 @@ fn status(p: &PlatformCoverage) -> String {
             _ => "❌ test failed".into(),
         },
         PlatformStatus::SbomMissing => "❌ no SBOM".into(),
+        PlatformStatus::SignatureMissing => "❌ not signed".into(),
     }
 }
 
@@ -179,6 +180,9 @@ fn notes(image: &ImageCoverage) -> Vec<String> {
                 .map(|d| format!("{} {}: {d}", image.name, p.platform))
         })
         .collect();
+    if let Some(gap) = image.signed.as_ref().and_then(|s| s.gap.as_ref()) {
+        notes.push(format!("{}: {gap}", image.name));
+    }
     for platform in &image.unexpected {
         notes.push(format!(
             "{}: the index also holds {platform}, which is not declared",
