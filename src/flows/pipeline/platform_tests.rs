@@ -77,9 +77,26 @@ pub(crate) struct Earlier<'m> {
 }
 
 /// The key a platform's passing tests are remembered by: the image by digest and every
-/// setting of its tests, so a changed command, env or timeout runs them again.
+/// setting of its tests, so a changed command, env or timeout runs them again. The
+/// settings are hashed as explicit JSON, not as Rust's Debug text, which a toolchain or
+/// polyarch release may word differently (forgetting every earlier pass).
 fn remembered_as(digest: &Digest, tests: &[&PlatformTest]) -> String {
-    format!("{digest} {}", Digest::of(format!("{tests:?}").as_bytes()))
+    let settings: Vec<serde_json::Value> = tests
+        .iter()
+        .map(|test| {
+            serde_json::json!({
+                "run": test.run.argv(),
+                "timeout_ms": test.timeout.as_millis().to_string(),
+                "env": test.env,
+                "network": test.network,
+                "user": test.user,
+                "workdir": test.workdir,
+                "platforms": test.platforms.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let text = serde_json::Value::Array(settings).to_string();
+    format!("{digest} {}", Digest::of(text.as_bytes()))
 }
 
 /// Runs every test of every pushed platform, `jobs` at once; a platform stops at its

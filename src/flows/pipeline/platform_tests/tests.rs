@@ -270,3 +270,26 @@ async fn no_test_records_skipped_and_publishes() {
         .iter()
         .all(|p| p.test.as_ref().unwrap().status == TestStatus::Skipped));
 }
+
+/// `tests.json` outlives polyarch releases: the key of the same image and tests stays the
+/// same text, and each setting changes it.
+#[test]
+fn the_remembered_key_is_pinned_and_names_every_setting() {
+    let (api, _) = images();
+    let digest = pushed("api", "amd64", 'a').entry.digest;
+    let key = |test: &PlatformTest| remembered_as(&digest, &[test]);
+    let base = &api.tests[0];
+    assert_eq!(key(base), PINNED_KEY);
+    let mut changed = vec![base.clone(); 6];
+    changed[0].run = TestCommand::Exec(vec!["/bin/app".into()]);
+    changed[1].timeout = std::time::Duration::from_millis(5001);
+    changed[2].env.insert("A".into(), "1".into());
+    changed[3].network = crate::project::Network::Host;
+    changed[4].user = Some("nobody".into());
+    changed[5].platforms.pop();
+    let keys: std::collections::BTreeSet<String> = changed.iter().map(key).collect();
+    assert_eq!(keys.len(), changed.len());
+    assert!(!keys.contains(PINNED_KEY));
+}
+
+const PINNED_KEY: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa sha256:c3b57140543c9395b3b59ce9f5e97799bd11ffd73680253155ba5254bcacc0d9";
