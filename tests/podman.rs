@@ -487,4 +487,31 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         "test container gone {:?} after SIGINT",
         interrupted.elapsed()
     );
+
+    // Ctrl-C during `verify --test` of the published tag: the container is gone by exit.
+    let seconds = (8000 + name.bytes().map(u32::from).sum::<u32>() % 5000).to_string();
+    fs::write(
+        &file,
+        format!("{project_text}    test: {{run: [/bin/busybox, sleep, \"{seconds}\"], timeout: 2h, platforms: [linux/amd64]}}\n"),
+    )
+    .unwrap();
+    let mut command = on_podman();
+    command
+        .args(["verify", "--test", "-f"])
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
+    let running = support::running::Running::spawn(command);
+    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
+    wait_until(
+        || processes_running(&sleep),
+        || format!("verify's test never started:\n{}", running.stderr()),
+    );
+    running.signal("INT");
+    let (status, _, log) = running.finish();
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert_eq!(
+        left(),
+        Vec::<String>::new(),
+        "verify --test left its container"
+    );
 }

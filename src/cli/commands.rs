@@ -3,7 +3,7 @@
 
 use super::args::*;
 use super::report::{JsonReporter, PlainReporter, TerminalReporter};
-use polyarch::base::progress::Reporter;
+use polyarch::base::progress::{Reporter, Silent};
 use polyarch::builder::cleanup::Cleanup;
 use polyarch::flows::error::exit;
 use polyarch::flows::pipeline::{self, BuildOptions};
@@ -37,7 +37,12 @@ pub async fn run(command: Command) -> Result<i32, Error> {
                 _ => "verify".to_string(),
             };
             let limit = args.timeout;
-            until_interrupted(&interrupt, within(limit, what, verify(args))).await
+            let cleanup = Cleanup::default();
+            let verified =
+                until_interrupted(&interrupt, within(limit, what, verify(args, &cleanup))).await;
+            // `--test` containers that an interrupt or `--timeout` cut off, before exit.
+            cleanup.run(Duration::ZERO, &Silent).await;
+            verified
         }
         Command::Gate(args) => {
             let limit = args.timeout;
@@ -435,10 +440,7 @@ async fn assemble(args: AssembleArgs, interrupt: &CancellationToken) -> Result<i
     finish(&outcome?.with_values(&project), &args.output)
 }
 
-/// `verify --test`: the platforms tested at once, as `build`'s default `-j`.
-const TESTS_AT_ONCE: usize = 2;
-
-async fn verify(args: VerifyArgs) -> Result<i32, Error> {
+async fn verify(args: VerifyArgs, cleanup: &Cleanup) -> Result<i32, Error> {
     let options = registry_options(&args.registry)?;
     let checks = polyarch::verify::Checks {
         deep: args.deep,
@@ -485,19 +487,17 @@ async fn verify(args: VerifyArgs) -> Result<i32, Error> {
                     let engine = async {
                         Ok(polyarch::builder::default_engine(&project, images, &[]).await?)
                     };
-                    let cleanup = Cleanup::default();
-                    let tested = polyarch::flows::verify_tests::test_verified(
+                    polyarch::flows::verify_tests::test_verified(
                         &project,
                         record.images,
                         engine,
                         &options,
-                        TESTS_AT_ONCE,
-                        &cleanup,
+                        pipeline::DEFAULT_JOBS,
+                        cleanup,
                         reporter.as_ref(),
                     )
-                    .await;
-                    cleanup.run(Duration::ZERO, reporter.as_ref()).await;
-                    tested.map(CoverageRecord::new)
+                    .await
+                    .map(CoverageRecord::new)
                 }
                 other => other,
             }

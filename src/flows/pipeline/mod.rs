@@ -238,8 +238,8 @@ fn destination(plan: &plan::Plan<'_>, reached: Reached<'_>) -> Result<Destinatio
 }
 
 /// Solves at once by default that polyarch exports and pushes itself: its own CPU
-/// (hashing, gzip) and uploads.
-const DEFAULT_JOBS: usize = 2;
+/// (hashing, gzip) and uploads; also the platforms `verify --test` tests at once.
+pub const DEFAULT_JOBS: usize = 2;
 /// Solves at once by default that the engine pushes itself ([`solved_together`]): polyarch
 /// only waits on them and BuildKit schedules their steps itself, so many at once let the
 /// engine overlap one image's push round trips with another's steps, as `docker buildx
