@@ -265,7 +265,7 @@ fn each_platform_gets_an_sbom_of_its_layers_that_spdx_tools_accept() {
 }
 
 #[test]
-fn an_image_without_an_sbom_is_a_gap_for_verify_sbom_and_polyarch_sbom_says_so() {
+fn an_image_without_an_sbom_is_a_gap_for_require_sbom_and_polyarch_sbom_says_so() {
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     context(dir.path());
@@ -305,9 +305,62 @@ fn an_image_without_an_sbom_is_a_gap_for_verify_sbom_and_polyarch_sbom_says_so()
     for platform in record["images"][0]["platforms"].as_array().unwrap() {
         assert_eq!(platform["status"], "sbom_missing", "{platform}");
     }
+    // --require-sbom on verify, build and gate: the same gap, named.
+    let out = run(polyarch().args([
+        "verify",
+        &reference,
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "--require-sbom",
+    ]));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("linux/arm64") && text.contains("has no SBOM attached"),
+        "{text}"
+    );
+    let out = build(&file, &["--require-sbom"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let manifests = dir.path().join("deploy.yaml");
+    fs::write(
+        &manifests,
+        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app, namespace: shop}}\nspec:\n  template:\n    spec:\n      containers:\n      - {{name: app, image: \"{reference}\", imagePullPolicy: Always}}\n"),
+    )
+    .unwrap();
+    let nodes = dir.path().join("pools.yaml");
+    fs::write(
+        &nodes,
+        "pools:\n- {name: graviton, labels: {kubernetes.io/os: linux, kubernetes.io/arch: arm64}, count: 1}\n",
+    )
+    .unwrap();
+    let gate = || {
+        run(polyarch()
+            .args([
+                "gate",
+                "--require-sbom",
+                "--output-format",
+                "json",
+                "--manifests",
+            ])
+            .arg(&manifests)
+            .arg("--nodes")
+            .arg(&nodes))
+    };
+    let out = gate();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<&Value> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| &f["kind"])
+        .collect();
+    assert_eq!(kinds, ["sbom_missing", "sbom_missing"], "{report:#}");
 
     // --sbom attaches it to the images already pushed; then the gap is closed.
     let out = build(&file, &["--sbom"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = gate();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = sbom(&reference, "linux/arm64");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -132,10 +132,28 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
         );
     }
 
-    // A rerun signs alike (RFC 6979): no second bundle.
-    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    // A rerun signs alike (RFC 6979): no second bundle. With --require-signature it
+    // reads its signatures back: by its own key, then by a --key given.
+    let out = run(polyarch()
+        .args(["build", "--require-signature", "-f"])
+        .arg(&file));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(bundles(&registry, &repo, &index_digest).len(), 1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        text.matches(&format!("signed by {}", keys[0].fingerprint))
+            .count(),
+        3,
+        "{text}"
+    );
+    let out = run(polyarch()
+        .args(["build", "--require-signature", "--key"])
+        .arg(&other)
+        .arg("-f")
+        .arg(&file));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("signed by none of the keys given"), "{text}");
 
     // polyarch's own read-back: any one key given suffices; another key's is a gap.
     let verify = |keys: &[&Path]| {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 const GATE_EXIT_CODES: &str = "Exit codes:\n  0    every pool a pod may land on is covered (warnings may remain: attestation entries, mutable tags pulled with IfNotPresent)\n  1    refused: a reachable pool's os/arch is missing, or the entry it would pull is another platform (config; --deep: binary), or --strict and an attestation entry\n  2    usage, manifest or nodes-file error\n  3    an image could not be read (the others are still checked and recorded)\n  130  interrupted";
-const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --sbom, no signature by a --key with --require-signature)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
+const EXIT_CODES: &str = "Exit codes:\n  0    every declared platform is covered\n  1    a coverage gap was found (missing platform, config mismatch, attestation entry, no provenance with --require-provenance, no SBOM with --require-sbom or --sbom, no signature by a --key with --require-signature)\n  2    usage or project-file error\n  3    engine, build or registry failure\n  130  interrupted";
 
 #[derive(Parser)]
 #[command(name = "polyarch", version, about = "Build and ship multi-architecture container images, and prove they cover the hardware they will run on", after_help = EXIT_CODES)]
@@ -228,6 +228,19 @@ pub struct BuildArgs {
     /// made by polyarch from the image's layers: an OCI referrer beside provenance.
     #[arg(long)]
     pub sbom: bool,
+    /// A platform image read back without an SBOM attached is a coverage gap (exit 1).
+    /// Images with `sbom: true` require it anyway.
+    #[arg(long)]
+    pub require_sbom: bool,
+    /// After the push, the index and each platform manifest read back must carry a
+    /// signature by one of the --key keys (or, with none given, by the image's own signing
+    /// key); a missing or bad one is a coverage gap (exit 1).
+    #[arg(long)]
+    pub require_signature: bool,
+    /// A PEM public key (`cosign.pub`) that signatures may be made by; repeatable, any one
+    /// suffices.
+    #[arg(long = "key", value_name = "PUB.pem", requires = "require_signature")]
+    pub keys: Vec<PathBuf>,
     /// Sign the index and every platform manifest with this private key before any tag
     /// moves (as each image's `sign: {key: PATH}`): a key from `cosign generate-key-pair`
     /// (its password from COSIGN_PASSWORD or --sign-password-stdin) or a PKCS#8 ECDSA
@@ -293,9 +306,14 @@ pub struct VerifyArgs {
     #[arg(long, requires = "file")]
     pub test: bool,
     /// Read the SBOM attached to each platform entry and print its package counts; an
-    /// entry without one is a coverage gap (exit 1).
+    /// entry without one is a coverage gap (exit 1), as with --require-sbom.
     #[arg(long)]
     pub sbom: bool,
+    /// A platform entry without an SBOM attached (an OCI referrer with predicate type
+    /// https://spdx.dev/Document) is a coverage gap (exit 1). With -f, images with
+    /// `sbom: true` require it anyway.
+    #[arg(long)]
+    pub require_sbom: bool,
     /// The index and each platform manifest must carry a signature (a Sigstore bundle
     /// attached as an OCI referrer, by polyarch or `cosign sign --key`) by one of the
     /// --key keys over its digest; a missing or bad one is a coverage gap (exit 1). With
@@ -407,6 +425,10 @@ pub struct GateArgs {
     /// Refuse images whose index has attestation entries (unknown/unknown) instead of warning.
     #[arg(long)]
     pub strict: bool,
+    /// Refuse images with a platform entry that has no SBOM attached (an OCI referrer with
+    /// predicate type https://spdx.dev/Document).
+    #[arg(long)]
+    pub require_sbom: bool,
     /// Refuse images whose index or platform manifests lack a signature (a Sigstore bundle
     /// attached as an OCI referrer, by polyarch or `cosign sign --key`) by one of the --key
     /// keys over their digest.

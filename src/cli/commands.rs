@@ -151,6 +151,9 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         provenance,
         require_provenance,
         sbom,
+        require_sbom,
+        require_signature,
+        keys,
         sign_key,
         sign_password_stdin,
         build_history,
@@ -180,6 +183,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         provenance,
         require_provenance,
         sbom,
+        require_sbom,
         sign_key,
         sign_password: sign_password(sign_password_stdin)?,
         build_history,
@@ -194,6 +198,16 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         false => graph.order(&images),
     };
     project.prepare_build(&images, &flags, login)?;
+    if require_signature && push_by_digest {
+        return Err(Error::Usage(
+            "--require-signature: a --push-by-digest part has no index to check; check the assembled index with `polyarch verify -f polyarch.yaml --require-signature`".into(),
+        ));
+    }
+    // Known before anything builds: a missing key is a usage error, not a late gap.
+    let signing = match require_signature {
+        true => signing_keys(&project, &images, true, &public_keys(&keys)?)?,
+        false => BTreeMap::new(),
+    };
     let options = BuildOptions {
         images,
         platforms: platform,
@@ -206,7 +220,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         skip_tests: no_test,
         interrupt: interrupt.clone(),
     };
-    run_build(&project, &options, push_by_digest, &output).await
+    run_build(&project, &options, push_by_digest, &signing, &output).await
 }
 
 /// Builds (the whole job, or `--push-by-digest`'s part), then removes what the run left in
@@ -215,6 +229,7 @@ async fn run_build(
     project: &Project,
     options: &BuildOptions,
     push_by_digest: bool,
+    signing: &BTreeMap<String, Vec<PublicKey>>,
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
@@ -237,7 +252,11 @@ async fn run_build(
     }
     let outcome = build_and_verify(project, options, reporter.as_ref()).await;
     drop(reporter);
-    finish(&outcome?.with_values(project), output)
+    let mut record = outcome?;
+    if !signing.is_empty() {
+        polyarch::flows::signatures::require(&mut record, signing, &options.registry).await?;
+    }
+    finish(&record.with_values(project), output)
 }
 
 /// The whole job up to the record read back, then removes what the run left in the
@@ -445,6 +464,7 @@ async fn verify(args: VerifyArgs, cleanup: &Cleanup) -> Result<i32, Error> {
     let checks = polyarch::verify::Checks {
         deep: args.deep,
         require_provenance: args.require_provenance,
+        require_sbom: args.require_sbom || args.sbom,
     };
     let reporter = reporter(&args.output);
     let memory = polyarch::flows::cache::VerifyMemory::open();
@@ -570,6 +590,7 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
         nodes: args.nodes,
         deep: args.deep,
         strict: args.strict,
+        require_sbom: args.require_sbom,
         pin: args.pin,
         keys: public_keys(&args.keys)?,
     };
@@ -685,21 +706,23 @@ fn signing_keys(
         .iter()
         .filter(|i| selected.is_empty() || selected.contains(&i.name));
     for image in images {
-        let keys = match &image.sign_key {
+        let keys = match (&image.sign_key, &image.signer) {
             _ if !public.is_empty() && (required || image.sign_key.is_some()) => public.to_vec(),
-            Some(path) => {
+            // Opened for this build (its password may have come from stdin).
+            (Some(path), Some(signer)) => vec![signer.public(path)],
+            (Some(path), None) => {
                 let password = std::env::var("COSIGN_PASSWORD").ok();
                 let key = polyarch::sign::SigningKey::load(path, password.as_deref())
                     .map_err(|e| Error::Usage(e.to_string()))?;
                 vec![key.public(path)]
             }
-            None if required => {
+            (None, _) if required => {
                 return Err(Error::Usage(format!(
                     "--require-signature: image {} has no `sign:` key to check its signatures with; pass --key PUB.pem",
                     image.name
                 )))
             }
-            None => continue,
+            (None, _) => continue,
         };
         out.insert(image.name.clone(), keys);
     }

@@ -44,6 +44,7 @@ pub async fn verify_reference(
     let Checks {
         deep,
         require_provenance,
+        require_sbom,
     } = checks;
     if let Some((dir, tag)) = parse_layout_reference(reference) {
         let target = Target {
@@ -55,6 +56,7 @@ pub async fn verify_reference(
             declared: declared.to_vec(),
             deep,
             require_provenance,
+            require_sbom,
         };
         let source = LayoutSource {
             layout: OciLayout::open(&dir)?,
@@ -83,6 +85,7 @@ pub async fn verify_reference(
         declared: declared.to_vec(),
         deep,
         require_provenance,
+        require_sbom,
     };
     let source = RegistrySource {
         registry: &registry,

@@ -100,6 +100,7 @@ impl Cx {
             no_cache,
             provenance,
             require_provenance: provenance,
+            require_sbom: sbom,
             sbom,
             sign_key,
             signer: None,

@@ -205,6 +205,9 @@ pub struct ImageSpec {
     /// Attach an SPDX SBOM, made from the image's layers, to each platform image (an OCI
     /// referrer beside provenance).
     pub sbom: bool,
+    /// A platform image without an SBOM attached is a coverage gap (`--require-sbom`;
+    /// `sbom: true` implies it for the read-back).
+    pub require_sbom: bool,
     /// `sign: {key: PATH}` (or `--sign-key`): the key's file, relative paths resolved
     /// against the project file's directory.
     pub sign_key: Option<PathBuf>,
@@ -321,6 +324,8 @@ pub struct BuildFlags {
     pub require_provenance: bool,
     /// `--sbom`: every image built attaches an SBOM.
     pub sbom: bool,
+    /// `--require-sbom`: an image without an SBOM is a gap.
+    pub require_sbom: bool,
     /// `--sign-key`: every image built is signed with this key (it wins over `sign:`).
     pub sign_key: Option<PathBuf>,
     /// The password of a cosign key (`COSIGN_PASSWORD` or `--sign-password-stdin`).
@@ -672,6 +677,7 @@ impl BuildFlags {
         image.provenance |= self.provenance;
         image.require_provenance |= self.require_provenance || image.provenance;
         image.sbom |= self.sbom;
+        image.require_sbom |= self.require_sbom || image.sbom;
         if let Some(key) = &self.sign_key {
             image.sign_key = Some(key.clone());
         }

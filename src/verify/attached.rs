@@ -39,9 +39,9 @@ pub(super) async fn list<S: ContentSource>(
     digests.iter().map(|d| (*d).clone()).zip(listings).collect()
 }
 
-/// Fills each entry's `attached` from its listing. When provenance is required, an entry
-/// without it becomes a gap and a listing that cannot be read is an error; otherwise that
-/// is a warning.
+/// Fills each entry's `attached` from its listing. When provenance or an SBOM is
+/// required, an entry without it becomes a gap and a listing that cannot be read is an
+/// error; otherwise that is a warning.
 pub(super) fn apply<E>(
     target: &Target,
     platforms: &mut [PlatformCoverage],
@@ -68,7 +68,7 @@ where
                     )
                 }));
             }
-            Err(VerifyError::Source(e)) if !target.require_provenance => {
+            Err(VerifyError::Source(e)) if !target.require_provenance && !target.require_sbom => {
                 warnings.push(format!(
                     "cannot list what is attached to {} ({digest}): {e}",
                     platform.platform
@@ -76,11 +76,30 @@ where
             }
             Err(e) => return Err(e),
         }
-        let has_provenance = platform.attached.iter().any(Attached::is_provenance);
-        if target.require_provenance && !has_provenance && platform.status == PlatformStatus::Ok {
-            platform.status = PlatformStatus::ProvenanceMissing;
+        let required = [
+            (
+                target.require_provenance,
+                Attached::is_provenance as fn(&Attached) -> bool,
+                PlatformStatus::ProvenanceMissing,
+                ("SLSA provenance", "provenance"),
+            ),
+            (
+                target.require_sbom,
+                Attached::is_sbom,
+                PlatformStatus::SbomMissing,
+                ("SBOM", "sbom"),
+            ),
+        ];
+        for (wanted, is_it, gap, (what, field)) in required {
+            if !wanted
+                || platform.status != PlatformStatus::Ok
+                || platform.attached.iter().any(is_it)
+            {
+                continue;
+            }
+            platform.status = gap;
             platform.detail = Some(format!(
-                "{} {} ({digest}) has no SLSA provenance attached; build image {} with `provenance: true` in polyarch.yaml (or `polyarch build --provenance`)",
+                "{} {} ({digest}) has no {what} attached; build image {} with `{field}: true` in polyarch.yaml (or `polyarch build --{field}`)",
                 target.reference, platform.platform, target.name
             ));
         }
@@ -267,6 +286,7 @@ mod tests {
             declared: vec![],
             deep: false,
             require_provenance,
+            require_sbom: false,
         }
     }
 
@@ -304,6 +324,36 @@ mod tests {
         assert!(
             detail.contains("r.io/api:v1 linux/arm64") && detail.contains("provenance: true"),
             "{detail}"
+        );
+    }
+
+    #[tokio::test]
+    async fn provenance_is_not_an_sbom_and_a_required_sbom_is_named_with_its_field() {
+        let required = Target {
+            require_sbom: true,
+            ..target(false)
+        };
+        let mut platforms = [entry("amd64", 'a'), entry("arm64", 'b')];
+        read_attached(&fake(), &required, &mut platforms, &mut Vec::new())
+            .await
+            .unwrap();
+        for platform in &platforms {
+            assert_eq!(platform.status, PlatformStatus::SbomMissing);
+            let detail = platform.detail.as_deref().unwrap();
+            assert!(
+                detail.contains("has no SBOM attached") && detail.contains("`sbom: true`"),
+                "{detail}"
+            );
+        }
+        let unlisted = Fake {
+            listings: BTreeMap::new(),
+            ..fake()
+        };
+        let mut platforms = [entry("amd64", 'a')];
+        let outcome = read_attached(&unlisted, &required, &mut platforms, &mut Vec::new()).await;
+        assert!(
+            matches!(outcome, Err(VerifyError::Source(_))),
+            "{outcome:?}"
         );
     }
 

@@ -45,6 +45,15 @@ pub struct Contents<E = ClientError> {
     pub(crate) attached: BTreeMap<Digest, attached::Listing<E>>,
 }
 
+impl<E: std::fmt::Display> Contents<E> {
+    /// Fills each entry's `attached` from what was listed for it (the gate's
+    /// `--require-sbom`); a listing that cannot be read is a warning, as for `verify`.
+    pub fn fill_attached(&mut self, target: &Target) -> Result<(), VerifyError<E>> {
+        let listings = std::mem::take(&mut self.attached);
+        attached::apply(target, &mut self.entries, listings, &mut self.warnings)
+    }
+}
+
 /// What an index and the indexes nested in it hold.
 #[derive(Default)]
 struct Collected {

@@ -156,6 +156,7 @@ pub(super) fn target(archs: &[&str]) -> Target {
         declared: archs.iter().map(|a| Platform::linux(a, None)).collect(),
         deep: false,
         require_provenance: false,
+        require_sbom: false,
     }
 }
 

@@ -33,6 +33,7 @@ pub async fn verify_image(
         declared: image.platforms.clone(),
         deep: checks.deep,
         require_provenance: checks.require_provenance || image.require_provenance,
+        require_sbom: checks.require_sbom || image.require_sbom,
     };
     let source = |pushed| RegistrySource {
         registry,

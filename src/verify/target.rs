@@ -15,11 +15,15 @@ pub struct Target {
     pub deep: bool,
     /// A platform entry without SLSA provenance attached is a gap.
     pub require_provenance: bool,
+    /// A platform entry without an SBOM attached is a gap.
+    pub require_sbom: bool,
 }
 
-/// What verify checks beyond the platforms: `--deep`, `--require-provenance`.
+/// What verify checks beyond the platforms: `--deep`, `--require-provenance`,
+/// `--require-sbom`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Checks {
     pub deep: bool,
     pub require_provenance: bool,
+    pub require_sbom: bool,
 }

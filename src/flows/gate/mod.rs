@@ -56,6 +56,8 @@ pub struct GateOptions {
     pub pin: Option<PathBuf>,
     /// `--require-signature --key`: the index and each entry must be signed by one of these.
     pub keys: Vec<crate::sign::PublicKey>,
+    /// `--require-sbom`: each entry must have an SBOM attached.
+    pub require_sbom: bool,
 }
 
 /// The gate's record (`polyarch/gate/v1`): the scheduling verdict per container, what each
@@ -107,6 +109,8 @@ pub enum FindingKind {
     Unreadable,
     /// `--require-signature`: the index or an entry has no signature by one of the keys.
     Unsigned,
+    /// `--require-sbom`: an entry has no SBOM attached.
+    SbomMissing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -220,7 +224,7 @@ pub async fn run(
     let pools = k8s::load_nodes(&options.nodes)?;
     let images = image_references(&files)?;
     let read = read_images(&images, registry, options, memory, reporter).await?;
-    let mut report = judge(&files, &pools, &read, options.strict);
+    let mut report = judge(&files, &pools, &read, options);
     if let Some(dir) = &options.pin {
         report.pinned = pin(&files, &report.images, dir)?;
     }
@@ -268,7 +272,7 @@ async fn read_images(
         .map(|(_, r)| r.registry().to_string())
         .collect();
     let registry = Registry::new(&hosts.into_iter().collect::<Vec<_>>(), registry_options)?;
-    let (deep, keys) = (options.deep, options.keys.as_slice());
+    let (deep, keys, require_sbom) = (options.deep, options.keys.as_slice(), options.require_sbom);
     for (_, reference) in images {
         registry.declare(reference, false).await;
     }
@@ -281,6 +285,9 @@ async fn read_images(
             declared: Vec::new(),
             deep,
             require_provenance: false,
+            // Checked by the gate itself: a missing SBOM is its own finding, not an entry
+            // that pools cannot run.
+            require_sbom: false,
         };
         let source = RegistrySource {
             registry,
@@ -290,6 +297,9 @@ async fn read_images(
         };
         let contents = async {
             let mut contents = verify::read_contents(&source, &target, reporter).await?;
+            if require_sbom {
+                contents.fill_attached(&target)?;
+            }
             if !keys.is_empty() {
                 check_signatures(&source, &mut contents, keys).await?;
             }
@@ -353,6 +363,28 @@ fn unsigned(at: &Subject, contents: &Contents) -> Vec<Finding> {
         .collect()
 }
 
+/// `--require-sbom`: a gap for each entry without an SBOM attached.
+fn without_sbom(at: &Subject, contents: &Contents) -> Vec<Finding> {
+    contents
+        .entries
+        .iter()
+        .filter(|e| !e.attached.iter().any(|a| a.is_sbom()))
+        .filter_map(|e| {
+            let digest = e.digest.as_ref()?;
+            let mut finding = at.finding(
+                FindingKind::SbomMissing,
+                Severity::Gap,
+                format!(
+                    "image {}: {} ({digest}) has no SBOM attached; deploy an image built with `sbom: true` in polyarch.yaml (or `polyarch build --sbom`)",
+                    at.c.image, e.platform
+                ),
+            );
+            finding.entry = Some(digest.clone());
+            Some(finding)
+        })
+        .collect()
+}
+
 /// What pools can run from an image: its entries' platforms, except any os/arch one of whose
 /// entries is another platform than it claims (a node of that arch may pull that entry).
 fn usable(contents: &Contents) -> ProvidedPlatforms {
@@ -390,8 +422,9 @@ pub fn judge(
     files: &[ManifestFile],
     pools: &[NodePool],
     read: &BTreeMap<String, Result<Contents>>,
-    strict: bool,
+    options: &GateOptions,
 ) -> GateReport {
+    let strict = options.strict;
     let workloads: Vec<Workload> = files
         .iter()
         .flat_map(|f| f.workloads.iter().cloned())
@@ -414,6 +447,13 @@ pub fn judge(
                     if !unsigned.is_empty() {
                         verdict.covered = false;
                         findings.extend(unsigned);
+                    }
+                    if options.require_sbom {
+                        let without = without_sbom(&at, contents);
+                        if !without.is_empty() {
+                            verdict.covered = false;
+                            findings.extend(without);
+                        }
                     }
                     if !contents.attestations.is_empty() {
                         findings.push(attestation(&at, contents, &reachable, strict));

@@ -117,7 +117,12 @@ fn an_entry_whose_config_is_another_platform_is_a_gap_for_the_pools_pulling_it()
         &[],
     );
     let images = read(vec![("r.io/web:v1", lying)]);
-    let report = judge(&[deployment(WEB)], &nodes(), &images, false);
+    let report = judge(
+        &[deployment(WEB)],
+        &nodes(),
+        &images,
+        &GateOptions::default(),
+    );
     assert_eq!(report.exit_code(), exit::GAP);
     let c = &report.record.workloads[0].containers[0];
     // The cordoned arm64 node still counts: a cordon is lifted without a deploy.
@@ -150,7 +155,7 @@ fn an_entry_whose_config_is_another_platform_is_a_gap_for_the_pools_pulling_it()
     let amd = deployment(&format!(
         "nodeSelector: {{kubernetes.io/arch: amd64}}\n{WEB}"
     ));
-    let report = judge(&[amd], &nodes(), &images, false);
+    let report = judge(&[amd], &nodes(), &images, &GateOptions::default());
     assert_eq!(report.exit_code(), exit::COVERED);
     assert!(report
         .findings
@@ -175,7 +180,12 @@ fn attestation_entries_warn_with_the_runtimes_and_strict_refuses() {
         )
     };
     let images = read(vec![("r.io/web:v1", attested())]);
-    let report = judge(&[deployment(WEB)], &nodes(), &images, false);
+    let report = judge(
+        &[deployment(WEB)],
+        &nodes(),
+        &images,
+        &GateOptions::default(),
+    );
     assert_eq!(report.exit_code(), exit::COVERED);
     let warning = report
         .findings
@@ -205,11 +215,11 @@ fn attestation_entries_warn_with_the_runtimes_and_strict_refuses() {
     let amd = deployment(&format!(
         "nodeSelector: {{kubernetes.io/arch: amd64}}\n{WEB}"
     ));
-    let report = judge(&[amd], &nodes(), &images, false);
+    let report = judge(&[amd], &nodes(), &images, &GateOptions::default());
     let warning = &report.findings[0];
     assert_eq!(warning.runtimes, ["containerd://1.6.20"]);
 
-    let report = judge(&[deployment(WEB)], &nodes(), &images, true);
+    let report = judge(&[deployment(WEB)], &nodes(), &images, &strict());
     assert_eq!(report.exit_code(), exit::GAP);
     assert!(!report.record.covered);
     assert_eq!(report.findings[0].severity, Severity::Gap);
@@ -225,7 +235,7 @@ fn attestation_entries_warn_with_the_runtimes_and_strict_refuses() {
         "pools:\n- {name: general, platform: linux/amd64}\n",
     )
     .unwrap();
-    let report = judge(&[deployment(WEB)], &pools, &images, false);
+    let report = judge(&[deployment(WEB)], &pools, &images, &GateOptions::default());
     assert!(report.findings[0].runtimes.is_empty());
     assert!(report.findings[0]
         .message
@@ -259,7 +269,7 @@ fn an_unreadable_image_is_reported_against_its_workload_and_the_rest_is_judged()
             contents(vec![entry("linux/amd64", "linux/amd64", 'a')], &[]),
         ),
     ]);
-    let report = judge(&[two], &nodes(), &images, false);
+    let report = judge(&[two], &nodes(), &images, &GateOptions::default());
     assert_eq!(report.exit_code(), exit::FAILURE);
     let unreadable: Vec<&Finding> = report
         .findings
@@ -341,7 +351,7 @@ fn mutable_tags_pulled_if_not_present_warn_per_container() {
             both(),
         ),
     ]);
-    let report = judge(&[f], &nodes(), &images, false);
+    let report = judge(&[f], &nodes(), &images, &GateOptions::default());
     assert_eq!(report.exit_code(), exit::COVERED);
     let warned: Vec<(&str, Option<PolicySource>)> = report
         .findings
@@ -578,7 +588,7 @@ fn an_image_whose_index_or_entry_is_not_signed_by_a_key_given_is_refused() {
         &[deployment(WEB)],
         &nodes(),
         &read(vec![("r.io/web:v1", Ok(signed_by(by("fp"))))]),
-        false,
+        &GateOptions::default(),
     );
     assert_eq!(report.exit_code(), exit::COVERED, "{:?}", report.findings);
 
@@ -587,7 +597,7 @@ fn an_image_whose_index_or_entry_is_not_signed_by_a_key_given_is_refused() {
         &[deployment(WEB)],
         &nodes(),
         &read(vec![("r.io/web:v1", Ok(signed))]),
-        false,
+        &GateOptions::default(),
     );
     assert_eq!(report.exit_code(), exit::GAP);
     assert!(!report.record.workloads[0].containers[0].covered);
@@ -610,4 +620,57 @@ fn an_image_whose_index_or_entry_is_not_signed_by_a_key_given_is_refused() {
         "{}",
         unsigned[0].message
     );
+}
+
+#[test]
+fn with_require_sbom_an_entry_without_an_sbom_refuses_the_image() {
+    use crate::base::attachment::{Attached, SPDX_DOCUMENT};
+    let sbom = Attached {
+        artifact_type: Some(crate::base::attachment::IN_TOTO.into()),
+        digest: digest('s').to_string(),
+        predicate_type: Some(SPDX_DOCUMENT.into()),
+    };
+    let mut contents = both().unwrap();
+    contents.entries[0].attached = vec![sbom];
+    let images = read(vec![("r.io/web:v1", Ok(contents))]);
+    let report = judge(
+        &[deployment(WEB)],
+        &nodes(),
+        &images,
+        &GateOptions::default(),
+    );
+    assert_eq!(report.exit_code(), exit::COVERED, "{:?}", report.findings);
+
+    let required = GateOptions {
+        require_sbom: true,
+        ..Default::default()
+    };
+    let report = judge(&[deployment(WEB)], &nodes(), &images, &required);
+    assert_eq!(report.exit_code(), exit::GAP);
+    assert!(!report.record.workloads[0].containers[0].covered);
+    let missing: Vec<&Finding> = report
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Gap)
+        .collect();
+    let [missing] = missing.as_slice() else {
+        panic!("{:?}", report.findings);
+    };
+    assert_eq!(missing.kind, FindingKind::SbomMissing);
+    assert_eq!(
+        missing.entry.as_ref().map(|d| d.as_str()),
+        Some(digest('b').as_str())
+    );
+    assert!(
+        missing.message.contains("linux/arm64") && missing.message.contains("no SBOM attached"),
+        "{}",
+        missing.message
+    );
+}
+
+fn strict() -> GateOptions {
+    GateOptions {
+        strict: true,
+        ..Default::default()
+    }
 }

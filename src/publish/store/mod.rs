@@ -366,6 +366,7 @@ async fn read_back_layout(
         declared: image.platforms.clone(),
         deep: false,
         require_provenance: image.require_provenance,
+        require_sbom: image.require_sbom,
     };
     let mut coverage = Vec::new();
     for tag in &image.tags {
