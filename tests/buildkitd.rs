@@ -4,6 +4,7 @@
 mod support;
 
 use support::running::{processes_running, wait_until};
+use support::supply_chain;
 
 use polyarch::base::platform::Platform;
 use polyarch::docker::buildkit::daemon::{Daemon, DaemonError};
@@ -221,16 +222,24 @@ fn buildkitd_builds_two_platforms_with_a_qemu_run_and_no_docker_engine() {
 
     let out = support::run(
         polyarch_on(&bk.unix)
-            .args(["build", "-f"])
+            .args(["build", "--sbom", "--sign-key"])
+            .arg(supply_chain::fixture_key())
+            .arg("-f")
             .arg(&file)
             .arg("--record")
-            .arg(&record),
+            .arg(&record)
+            .env("COSIGN_PASSWORD", supply_chain::FIXTURE_PASSWORD),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
         stderr.contains(&format!("on BuildKit daemon {}", bk.unix)),
         "{stderr}"
+    );
+    // SBOMs and signatures, as on every builder kind.
+    supply_chain::assert_signed_with_sboms(
+        &format!("{repo}:v1"),
+        &supply_chain::fixture_public_key(),
     );
 
     // An independent client reads one index with both platforms.

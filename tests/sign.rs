@@ -11,6 +11,7 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::supply_chain::{cosign_tree, cosign_verify};
 use support::{
     curl, hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry, HELLO,
 };
@@ -63,28 +64,6 @@ fn bundles(registry: &Registry, repo: &str, subject: &str) -> Vec<Vec<u8>> {
             curl(&[&format!("{}/v2/{repo}/blobs/{blob}", registry.url())])
         })
         .collect()
-}
-
-/// cosign 3 from scripts/cosign.sh (`make test` fetches it first): the cross-check is
-/// never skipped.
-fn cosign() -> PathBuf {
-    let out = run(Command::new("bash").arg(support::repo_root().join("scripts/cosign.sh")));
-    assert!(out.status.success(), "no cosign: {}", stderr(&out));
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
-fn cosign_verify(cosign: &Path, public: &Path, reference: &str) -> Output {
-    run(Command::new(cosign)
-        .args([
-            "verify",
-            "--insecure-ignore-tlog=true",
-            "--allow-http-registry",
-            "--key",
-        ])
-        .arg(public)
-        .arg(reference)
-        // Offline: no TUF root to fetch for a keyed, log-less check.
-        .env("TUF_ROOT", tempfile::tempdir().unwrap().path()))
 }
 
 #[test]
@@ -227,12 +206,11 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
         "{text}"
     );
 
-    let cosign = cosign();
     let by_digest = subjects
         .iter()
         .map(|s| format!("{}@{s}", registry.repo(&repo)));
     for target in std::iter::once(reference.clone()).chain(by_digest) {
-        let out = cosign_verify(&cosign, &public, &target);
+        let out = cosign_verify(&public, &target);
         assert!(
             out.status.success(),
             "cosign verify {target}: {}",
@@ -240,10 +218,21 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
         );
         let claims: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert!(claims.as_array().is_some_and(|c| !c.is_empty()), "{claims}");
-        let out = cosign_verify(&cosign, &other, &target);
+        let out = cosign_verify(&other, &target);
         assert!(
             !out.status.success(),
             "cosign accepted another key for {target}"
+        );
+        // `cosign tree` lists the signature (and provenance, on a platform manifest).
+        let tree = cosign_tree(&target);
+        assert!(
+            tree.contains("https://sigstore.dev/cosign/sign/v1"),
+            "{tree}"
+        );
+        assert_eq!(
+            tree.contains("application/vnd.in-toto+json"),
+            subjects[1..].iter().any(|s| target.ends_with(s.as_str())),
+            "{target}: {tree}"
         );
     }
 }
@@ -286,7 +275,7 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     let keys = [PublicKey::load(&fixtures.join("cosign.pub")).unwrap()];
     let found = bundles(&registry, &repo, &digest);
     sign::check(&found[0], &digest.parse().unwrap(), &keys).unwrap();
-    let out = cosign_verify(&cosign(), &fixtures.join("cosign.pub"), &reference);
+    let out = cosign_verify(&fixtures.join("cosign.pub"), &reference);
     assert!(out.status.success(), "cosign verify: {}", stderr(&out));
 }
 
@@ -327,7 +316,7 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
         r#"{"mediaType":"application/vnd.dev.sigstore.signingconfig.v0.2+json","rekorTlogConfig":{},"tsaConfig":{}}"#,
     )
     .unwrap();
-    let cosign = cosign();
+    let cosign = support::supply_chain::cosign();
     let index = skopeo_inspect_raw(&reference);
     let digests = std::iter::once(support::skopeo_digest(&reference, None)).chain(
         index["manifests"]
@@ -349,7 +338,7 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
             .arg("--signing-config")
             .arg(&no_services)
             .arg(format!("{}@{digest}", registry.repo(&repo)))
-            .env("COSIGN_PASSWORD", "polyarch-fixture")
+            .env("COSIGN_PASSWORD", support::supply_chain::FIXTURE_PASSWORD)
             .env("TUF_ROOT", tempfile::tempdir().unwrap().path()));
         assert!(
             out.status.success(),

@@ -13,6 +13,7 @@ pub mod binfmt;
 pub mod buildkitd;
 pub mod engines;
 pub mod running;
+pub mod supply_chain;
 pub mod token;
 
 use std::fs;
