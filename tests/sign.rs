@@ -280,7 +280,7 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
 }
 
 #[test]
-fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
+fn verify_refuses_an_unsigned_image_and_cosign_and_polyarch_keep_each_others_entries() {
     let registry = Registry::start();
     let dir = tempfile::tempdir().unwrap();
     hello_context(dir.path(), HELLO);
@@ -292,15 +292,17 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
         "[v1]",
         "[linux/amd64, linux/arm64]",
     );
-    let out = run(polyarch().args(["build", "-f"]).arg(&file));
+    let out = run(polyarch().args(["build", "--provenance", "-f"]).arg(&file));
     assert!(out.status.success(), "{}", stderr(&out));
     let reference = format!("{}:v1", registry.repo(&repo));
-    let verify = || {
+    let verify_with = |key: &Path, extra: &[&str]| {
         run(polyarch()
             .args(["verify", "--require-signature", "--key"])
-            .arg(fixtures.join("cosign.pub"))
+            .arg(key)
+            .args(extra)
             .args([&reference, "--platform", "linux/amd64,linux/arm64"]))
     };
+    let verify = || verify_with(&fixtures.join("cosign.pub"), &[]);
     let out = verify();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -346,11 +348,33 @@ fn verify_refuses_an_unsigned_image_and_accepts_a_cosign_signature() {
             stderr(&out)
         );
     }
-    let out = verify();
+    let out = verify_with(&fixtures.join("cosign.pub"), &["--require-provenance"]);
     assert!(
         out.status.success(),
-        "{}{}",
+        "cosign's signatures, beside polyarch's provenance: {}{}",
         String::from_utf8_lossy(&out.stdout),
         stderr(&out)
     );
+
+    // A rebuild attaching an SBOM and polyarch's own signature (another key) keeps
+    // cosign's signatures and the provenance: each tool's entries survive the other's.
+    let (own, own_public) = openssl_key(dir.path(), "own");
+    let out = run(polyarch()
+        .args(["build", "--provenance", "--sbom", "--sign-key"])
+        .arg(&own)
+        .arg("-f")
+        .arg(&file));
+    assert!(out.status.success(), "{}", stderr(&out));
+    for key in [fixtures.join("cosign.pub"), own_public] {
+        let out = verify_with(&key, &["--require-provenance", "--require-sbom"]);
+        assert!(
+            out.status.success(),
+            "{}: {}{}",
+            key.display(),
+            String::from_utf8_lossy(&out.stdout),
+            stderr(&out)
+        );
+    }
+    let out = cosign_verify(&fixtures.join("cosign.pub"), &reference);
+    assert!(out.status.success(), "cosign verify: {}", stderr(&out));
 }
