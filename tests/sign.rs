@@ -378,3 +378,169 @@ fn verify_refuses_an_unsigned_image_and_cosign_and_polyarch_keep_each_others_ent
     let out = cosign_verify(&fixtures.join("cosign.pub"), &reference);
     assert!(out.status.success(), "cosign verify: {}", stderr(&out));
 }
+
+/// A signature that does not cover what it is attached to never counts: one whose payload
+/// was rewritten (tampered), and a valid one copied from another image's manifest. verify
+/// and gate each refuse both with exit 1.
+#[test]
+fn a_tampered_or_copied_signature_is_refused_by_verify_and_gate() {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let (private, public) = openssl_key(dir.path(), "signer");
+    let project = |repo: &str, sign: bool| {
+        let file = dir.path().join(format!("{}.yaml", repo.replace('/', "-")));
+        fs::write(
+            &file,
+            format!(
+                "version: 1\nimages:\n  hello:\n    repository: {}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64]\n{}",
+                registry.repo(repo),
+                if sign {
+                    format!("    sign: {{key: {}}}\n", private.display())
+                } else {
+                    // Another image than the signed one: another config.
+                    "    labels: {variant: unsigned}\n".to_string()
+                }
+            ),
+        )
+        .unwrap();
+        let out = run(polyarch().args(["build", "-f"]).arg(&file));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let reference = format!("{}:v1", registry.repo(repo));
+        let digest = support::skopeo_digest(&reference, None);
+        (reference, digest)
+    };
+    let signed_repo = unique_name("demo/tampered");
+    let (signed, signed_digest) = project(&signed_repo, true);
+    let other_repo = unique_name("demo/copied");
+    let (unsigned, unsigned_digest) = project(&other_repo, false);
+    assert_ne!(signed_digest, unsigned_digest);
+
+    // The index's one bundle referrer: its manifest, and the bundle itself.
+    let listing = skopeo_inspect_raw(&format!(
+        "{}:{}",
+        registry.repo(&signed_repo),
+        signed_digest.replacen(':', "-", 1)
+    ));
+    let bundle_entry = listing["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["artifactType"] == BUNDLE)
+        .unwrap()
+        .clone();
+    let referrer = skopeo_inspect_raw(&format!(
+        "{}@{}",
+        registry.repo(&signed_repo),
+        bundle_entry["digest"].as_str().unwrap()
+    ));
+    let bundle = bundles(&registry, &signed_repo, &signed_digest).remove(0);
+
+    let refused = |reference: &str, what: &str, why: &str| {
+        let out = run(polyarch()
+            .args(["verify", "--require-signature", "--key"])
+            .arg(&public)
+            .args([reference, "--platform", "linux/amd64"]));
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "verify, {what}: {}",
+            stderr(&out)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(why), "verify, {what}: {text}");
+        let manifests = dir.path().join("deploy.yaml");
+        fs::write(
+            &manifests,
+            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: app}}\nspec:\n  containers:\n  - {{name: app, image: \"{reference}\", imagePullPolicy: Always}}\n"),
+        )
+        .unwrap();
+        let nodes = dir.path().join("pools.yaml");
+        fs::write(
+            &nodes,
+            "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
+        )
+        .unwrap();
+        let out = run(polyarch()
+            .args(["gate", "--require-signature", "--key"])
+            .arg(&public)
+            .arg("--manifests")
+            .arg(&manifests)
+            .arg("--nodes")
+            .arg(&nodes));
+        assert_eq!(out.status.code(), Some(1), "gate, {what}: {}", stderr(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("REFUSED"),
+            "gate, {what}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    };
+    // Attaches `bundle` to `subject` in `repo` as the only referrer its tag lists.
+    let attach = |repo: &str, subject: &str, bundle: &[u8]| {
+        let layer = registry.put_blob(repo, bundle);
+        registry.put_blob(repo, b"{}");
+        let mut manifest = referrer.clone();
+        manifest["layers"][0]["digest"] = layer.clone().into();
+        manifest["layers"][0]["size"] = bundle.len().into();
+        manifest["subject"]["digest"] = subject.into();
+        let bytes = serde_json::to_vec(&manifest).unwrap();
+        let digest = registry.put_manifest(
+            repo,
+            "latest-referrer",
+            &bytes,
+            "application/vnd.oci.image.manifest.v1+json",
+        );
+        let mut entry = bundle_entry.clone();
+        entry["digest"] = digest.into();
+        entry["size"] = bytes.len().into();
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [entry],
+        });
+        registry.put_manifest(
+            repo,
+            &subject.replacen(':', "-", 1),
+            &serde_json::to_vec(&index).unwrap(),
+            "application/vnd.oci.image.index.v1+json",
+        );
+    };
+
+    // Copied: the signed index's valid bundle attached to the other image's index.
+    attach(&other_repo, &unsigned_digest, &bundle);
+    refused(
+        &unsigned,
+        "a signature copied from another digest",
+        &format!("signs {signed_digest}, not {unsigned_digest}"),
+    );
+
+    // Tampered: the payload names the other digest, the signature left as it was.
+    let mut tampered: Value = serde_json::from_slice(&bundle).unwrap();
+    let payload = b64
+        .decode(tampered["dsseEnvelope"]["payload"].as_str().unwrap())
+        .unwrap();
+    let forged = String::from_utf8(payload).unwrap().replace(
+        signed_digest.trim_start_matches("sha256:"),
+        unsigned_digest.trim_start_matches("sha256:"),
+    );
+    tampered["dsseEnvelope"]["payload"] = b64.encode(forged).into();
+    attach(
+        &other_repo,
+        &unsigned_digest,
+        &serde_json::to_vec(&tampered).unwrap(),
+    );
+    refused(
+        &unsigned,
+        "a tampered payload",
+        "is signed by none of the keys given",
+    );
+
+    // The signed image itself still passes: the refusals are about the copies.
+    let out = run(polyarch()
+        .args(["verify", "--require-signature", "--key"])
+        .arg(&public)
+        .args([signed.as_str(), "--platform", "linux/amd64"]));
+    assert!(out.status.success(), "{}", stderr(&out));
+}

@@ -625,6 +625,48 @@ impl Registry {
         ]);
         polyarch::base::oci::sha256_digest(body)
     }
+
+    /// Uploads `body` as a blob of `repo` (an upload session, then its one PUT); returns
+    /// its digest.
+    pub fn put_blob(&self, repo: &str, body: &[u8]) -> String {
+        let digest = polyarch::base::oci::sha256_digest(body);
+        let headers = curl(&[
+            "-X",
+            "POST",
+            "-D",
+            "-",
+            "-o",
+            "/dev/null",
+            &format!("http://{}/v2/{repo}/blobs/uploads/", self.host),
+        ]);
+        let headers = String::from_utf8_lossy(&headers);
+        let location = headers
+            .lines()
+            .find_map(|l| {
+                l.split_once(':')
+                    .filter(|(k, _)| k.eq_ignore_ascii_case("location"))
+            })
+            .map(|(_, v)| v.trim().to_string())
+            .expect("an upload location");
+        let location = match location.starts_with('/') {
+            true => format!("http://{}{location}", self.host),
+            false => location,
+        };
+        let separator = if location.contains('?') { '&' } else { '?' };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("blob");
+        std::fs::write(&file, body).unwrap();
+        curl(&[
+            "-X",
+            "PUT",
+            "-H",
+            "Content-Type: application/octet-stream",
+            "--data-binary",
+            &format!("@{}", file.display()),
+            &format!("{location}{separator}digest={digest}"),
+        ]);
+        digest
+    }
 }
 
 /// A command that runs cargo as a user would: without what `cargo test` sets for the
