@@ -54,11 +54,12 @@ docs-gen:
 # (ENGINE_TESTS) on Docker 28.5 with the containerd store (scripts/engine28.sh), and the
 # `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
 # The `buildkitd_` tests (tests/buildkitd*.rs) build on daemons (some beside the
-# machine's engine), so they run in the first pass only.
+# machine's engine), and the `buildx_reference_` tests (tests/buildx_reference.rs) pick
+# Docker 28.5 and its buildx themselves, so they run in the first pass only.
 test: env docs fuzz-check
 	$(CARGO) test --all-targets --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine26.sh host containerd) \
-	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ --skip buildkitd_ $(TEST_ARGS)
+	  $(CARGO) test --test '*' --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ --skip buildkitd_ --skip buildx_reference_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/engine28.sh host containerd) \
 	  $(CARGO) test $(ENGINE_TESTS) --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/podman.sh host) \

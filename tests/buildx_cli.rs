@@ -1,7 +1,7 @@
 //! `polyarch buildx build …`: a `docker buildx build` line, unchanged but for its first
 //! words, builds, pushes and verifies the index as `polyarch build` does, and writes what
-//! buildx writes after a build. There is no `docker buildx` on the test machines, so the
-//! metadata keys are held to buildx's documented ones rather than to a buildx run.
+//! buildx writes after a build, with the values the registry shows. tests/buildx_reference.rs
+//! runs lines both ways against buildx 0.29.1 itself.
 
 mod support;
 

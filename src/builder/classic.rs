@@ -60,6 +60,14 @@ fn refuse_buildkit_only_settings(
             !spec.cache_from.is_empty() || spec.cache_to.is_some(),
             "cache",
         ),
+        // The classic builder reads the Dockerfile from the context tar only.
+        (
+            !spec
+                .context
+                .join(&spec.dockerfile)
+                .starts_with(&spec.context),
+            "a Dockerfile outside the context",
+        ),
     ];
     if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
         let fix = match engine.product {

@@ -229,7 +229,8 @@ pub struct BuildxJob {
     /// No `--platform`: the engine's own platform is to be built, as buildx does; the
     /// caller sets it on the image once it knows the engine.
     pub platform_from_engine: bool,
-    /// The context `-` read from stdin; removed when the job is dropped.
+    /// The directory of a Dockerfile read from stdin (the context `-`, or `-f -`); removed
+    /// when the job is dropped.
     pub stdin_context: Option<tempfile::TempDir>,
 }
 
@@ -614,7 +615,9 @@ fn image_name(repository: &str) -> String {
 }
 
 /// The context directory (absolute) and the Dockerfile in it; for `-`, a temporary
-/// context holding only the Dockerfile read from stdin.
+/// context holding only the Dockerfile read from stdin. With `-f -` and a context
+/// directory, the Dockerfile read from stdin is kept in a temporary directory of its own
+/// (BuildKit reads the Dockerfile from a directory apart from the context).
 fn context_and_dockerfile(
     context: &str,
     file: Option<&Path>,
@@ -628,29 +631,7 @@ fn context_and_dockerfile(
                 "the Dockerfile on standard input is the whole build; drop -f, or pass a context directory",
             ));
         }
-        let io = |what: &str| {
-            let what = what.to_string();
-            move |source| BuildxError::Io { what, source }
-        };
-        let mut text = Vec::new();
-        stdin
-            .read_to_end(&mut text)
-            .map_err(io("reading the Dockerfile from standard input (context -)"))?;
-        // buildx also takes a tar context on stdin; its `ustar` magic sits at 257.
-        if text.get(257..262) == Some(b"ustar") {
-            return Err(refused(
-                "- (a tar archive on standard input)",
-                "polyarch takes a Dockerfile on standard input, not a context archive; unpack it and pass the directory",
-            ));
-        }
-        let dir = tempfile::Builder::new()
-            .prefix("polyarch-stdin-")
-            .tempdir()
-            .map_err(io(
-                "creating a context for the Dockerfile on standard input",
-            ))?;
-        std::fs::write(dir.path().join("Dockerfile"), &text)
-            .map_err(io("writing the Dockerfile from standard input"))?;
+        let dir = dockerfile_from_stdin(stdin, "context -")?;
         let context = dir.path().to_path_buf();
         return Ok((context, PathBuf::from("Dockerfile"), Some(dir)));
     }
@@ -682,10 +663,8 @@ fn context_and_dockerfile(
     };
     let dockerfile = match file {
         Some(path) if path == Path::new("-") => {
-            return Err(refused(
-                "-f -",
-                "polyarch reads a Dockerfile on standard input only as the whole build (context -); write it to a file in the context and pass -f FILE",
-            ))
+            let dir = dockerfile_from_stdin(stdin, "-f -")?;
+            return Ok((context_dir, dir.path().join("Dockerfile"), Some(dir)));
         }
         Some(path) => cwd.join(path),
         None => context_dir.join("Dockerfile"),
@@ -706,16 +685,12 @@ fn context_and_dockerfile(
                 "no such Dockerfile; create it or pass -f PATH",
             )
         })?;
-    let inside = found.strip_prefix(&context_dir).map_err(|_| {
-        refused(
-            format!("-f {shown}"),
-            format!(
-                "the Dockerfile is outside the context {}; polyarch sends the engine only the context, so move the Dockerfile in or pass a context that holds it",
-                context_dir.display()
-            ),
-        )
-    })?;
-    Ok((context_dir.clone(), inside.to_path_buf(), None))
+    // Outside the context, BuildKit still reads it (from a directory of its own).
+    let dockerfile = match found.strip_prefix(&context_dir) {
+        Ok(inside) => inside.to_path_buf(),
+        Err(_) => found.clone(),
+    };
+    Ok((context_dir, dockerfile, None))
 }
 
 /// `--platform`: comma lists, repeatable, Linux only, each once.
@@ -973,6 +948,32 @@ fn source_date_epoch(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<(u64
                 )
             }),
     }
+}
+
+/// A temporary directory holding, as `Dockerfile`, the Dockerfile read from `stdin` (what
+/// `flag` names); removed when dropped.
+fn dockerfile_from_stdin(stdin: &mut dyn Read, flag: &str) -> Result<tempfile::TempDir> {
+    let io = |what: String| move |source| BuildxError::Io { what, source };
+    let mut text = Vec::new();
+    stdin.read_to_end(&mut text).map_err(io(format!(
+        "reading the Dockerfile from standard input ({flag})"
+    )))?;
+    // buildx also takes a tar context on stdin; its `ustar` magic sits at 257.
+    if text.get(257..262) == Some(b"ustar") {
+        return Err(refused(
+            "- (a tar archive on standard input)",
+            "polyarch takes a Dockerfile on standard input, not a context archive; unpack it and pass the directory",
+        ));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("polyarch-stdin-")
+        .tempdir()
+        .map_err(io(
+            "creating a directory for the Dockerfile on standard input".into(),
+        ))?;
+    std::fs::write(dir.path().join("Dockerfile"), &text)
+        .map_err(io("writing the Dockerfile from standard input".into()))?;
+    Ok(dir)
 }
 
 /// buildx's `--metadata-file` keys for the index read back: its digest, the tags pushed

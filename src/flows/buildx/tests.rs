@@ -290,7 +290,6 @@ fn every_refusal_names_its_flag_and_a_fix() {
         ("--label =x .", "--label", "KEY=VALUE"),
         ("--secret nonsense .", "--secret", "key=value"),
         ("--annotation novalue .", "--annotation", "KEY=VALUE"),
-        ("-f - .", "-f -", "-f FILE"),
         ("-f missing .", "-f", "no such Dockerfile"),
         ("missing", "context missing", "directory"),
         (
@@ -314,13 +313,28 @@ fn every_refusal_names_its_flag_and_a_fix() {
 }
 
 #[test]
-fn a_dockerfile_outside_the_context_is_refused_with_the_fix() {
+fn a_dockerfile_outside_the_context_or_on_stdin_is_kept_apart_from_it() {
     let dir = context();
-    let message = translate_in(&dir.path().join("sub"), "-f ../Dockerfile .", "")
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-    assert!(message.contains("outside the context"), "{message}");
+    let job = translate_in(&dir.path().join("sub"), "-f ../Dockerfile .", "").unwrap();
+    let image = &job.project.images[0];
+    assert!(image.dockerfile.is_absolute(), "{image:?}");
+    assert_eq!(
+        image.context,
+        dir.path().join("sub").canonicalize().unwrap()
+    );
+
+    let job = translate_in(
+        dir.path(),
+        "-t r.io/a:1 -f - .",
+        "FROM scratch\nLABEL a=b\n",
+    )
+    .unwrap();
+    let image = &job.project.images[0];
+    assert_eq!(
+        std::fs::read_to_string(image.context.join(&image.dockerfile)).unwrap(),
+        "FROM scratch\nLABEL a=b\n"
+    );
+    assert!(!image.dockerfile.starts_with(&image.context), "{image:?}");
 }
 
 #[test]
