@@ -130,7 +130,7 @@ fn binaries_with_embedded_packages_are_read_wherever_they_are() {
         sources.into_iter().collect::<Vec<_>>(),
         ["/usr/bin/rg", "/usr/local/bin/tool"]
     );
-    assert_eq!(found.packages.len(), 6);
+    assert_eq!(found.packages.len(), 7);
 }
 
 /// An rpm sqlite database's bytes, made as rpm makes its `Packages` table, of `blobs`.
