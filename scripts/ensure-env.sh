@@ -71,6 +71,12 @@ if [[ "$mode" == test ]]; then
     "jq:jq"
     # tests/hostile_registry.rs measures each run's peak memory with GNU time's %M
     "/usr/bin/time:time"
+    # tests/sbom.rs checks the SBOMs against the real tools: an RPM database that rpm
+    # makes (its sqlite backend) from packages rpmbuild builds, and `go version -m` of a
+    # module-mode Go program it builds
+    "rpm:rpm"
+    "rpmbuild:rpm"
+    "go:golang-go"
   )
 fi
 
