@@ -9,11 +9,11 @@
 //! allocate more than the blob.
 
 use super::{Ecosystem, Package};
-use rusqlite::{config::DbConfig, limits::Limit, Connection, OpenFlags};
+use rusqlite::{config::DbConfig, limits::Limit, types::ValueRef, Connection, OpenFlags};
 use std::path::Path;
 
-/// The largest header blob read: rpm's own headers are a few KiB to a few hundred (a
-/// package with thousands of files); SQLite refuses any larger value (`SQLITE_TOOBIG`).
+/// The largest header blob read: rpm's own headers are a few KiB to a few MiB (a package
+/// with tens of thousands of files); SQLite refuses to load any larger value.
 const MAX_HEADER: i32 = 16 << 20;
 /// SQLite's page cache, in KiB (its default is 2000).
 const CACHE_KIB: i64 = 2048;
@@ -80,15 +80,23 @@ pub(super) fn read(db: &Path, source: &str) -> Result<(Vec<Package>, Option<Stri
     if kind.as_deref() != Some("table") {
         return Err("has no Packages table; not an RPM sqlite database".into());
     }
+    // A blob's length() is read from its record header, without loading it: a header
+    // past the cap is skipped, not the whole database refused (SQLITE_TOOBIG).
     let mut statement = connection
-        .prepare("SELECT hnum, blob FROM Packages")
+        .prepare(
+            "SELECT hnum, length(blob), CASE WHEN length(blob) <= ?1 THEN blob END FROM Packages",
+        )
         .map_err(sqlite)?;
-    let mut rows = statement.query([]).map_err(sqlite)?;
+    let mut rows = statement.query([MAX_HEADER]).map_err(sqlite)?;
     let (mut packages, mut skipped) = (Vec::new(), Vec::new());
     while let Some(row) = rows.next().map_err(sqlite)? {
         let hnum = row.get_ref(0).ok().and_then(|v| v.as_i64().ok());
-        let header = match row.get_ref(1).map(|v| v.as_blob()) {
-            Ok(Ok(blob)) => package(blob, source).map_err(|e| e.to_string()),
+        let header = match (row.get_ref(1), row.get_ref(2).map(|v| v.as_blob())) {
+            (_, Ok(Ok(blob))) => package(blob, source).map_err(|e| e.to_string()),
+            (Ok(ValueRef::Integer(len)), _) if len > MAX_HEADER.into() => Err(format!(
+                "is {len} bytes, more than the {} MiB read",
+                MAX_HEADER >> 20
+            )),
             _ => Err("is no blob".to_string()),
         };
         match header {
