@@ -9,7 +9,9 @@
 //! allocate more than the blob.
 
 use super::{Ecosystem, Package};
-use rusqlite::{config::DbConfig, limits::Limit, types::ValueRef, Connection, OpenFlags};
+use rusqlite::{
+    config::DbConfig, limits::Limit, types::ValueRef, Connection, OpenFlags, OptionalExtension,
+};
 use std::path::Path;
 
 /// The largest header blob read: rpm's own headers are a few KiB to a few MiB (a package
@@ -17,9 +19,14 @@ use std::path::Path;
 const MAX_HEADER: i32 = 16 << 20;
 /// SQLite's page cache, in KiB (its default is 2000).
 const CACHE_KIB: i64 = 2048;
-/// The query's work at most, in SQLite virtual machine steps (a few steps a row, and a
-/// header is 1-2 rows' worth of pages): a hostile schema cannot make it run on.
-const MAX_STEPS: u64 = 1 << 30;
+/// Headers read at most: a distribution's whole archive is some 70,000 packages, an image
+/// holds hundreds. Tiny hostile headers cannot make the catalog grow past this.
+const MAX_HEADERS: usize = 100_000;
+/// Skipped headers named in the warning; the rest are counted.
+const TOLD: usize = 3;
+/// The query's work at most, in SQLite virtual machine steps (a few dozen a row): whatever
+/// the file holds, reading it ends.
+const MAX_STEPS: u64 = 1 << 28;
 /// How often the step counter is called back.
 const STEPS_PER_CHECK: u64 = 1 << 16;
 
@@ -72,11 +79,9 @@ pub(super) fn read(db: &Path, source: &str) -> Result<(Vec<Package>, Option<Stri
             [],
             |row| row.get(0),
         )
-        .or_else(|e| match e {
-            rusqlite::Error::QueryReturnedNoRows => Ok(None),
-            e => Err(e),
-        })
-        .map_err(sqlite)?;
+        .optional()
+        .map_err(sqlite)?
+        .flatten();
     if kind.as_deref() != Some("table") {
         return Err("has no Packages table; not an RPM sqlite database".into());
     }
@@ -88,8 +93,15 @@ pub(super) fn read(db: &Path, source: &str) -> Result<(Vec<Package>, Option<Stri
         )
         .map_err(sqlite)?;
     let mut rows = statement.query([MAX_HEADER]).map_err(sqlite)?;
-    let (mut packages, mut skipped) = (Vec::new(), Vec::new());
+    let mut packages = Vec::new();
+    // How many headers were skipped, the first few of them told.
+    let (mut skipped, mut told) = (0usize, Vec::new());
+    let mut cut = false;
     while let Some(row) = rows.next().map_err(sqlite)? {
+        if packages.len() + skipped == MAX_HEADERS {
+            cut = true;
+            break;
+        }
         let hnum = row.get_ref(0).ok().and_then(|v| v.as_i64().ok());
         let header = match (row.get_ref(1), row.get_ref(2).map(|v| v.as_blob())) {
             (_, Ok(Ok(blob))) => package(blob, source).map_err(|e| e.to_string()),
@@ -101,21 +113,29 @@ pub(super) fn read(db: &Path, source: &str) -> Result<(Vec<Package>, Option<Stri
         };
         match header {
             Ok(package) => packages.push(package),
-            Err(why) => skipped.push(match hnum {
-                Some(n) => format!("header {n} {why}"),
-                None => format!("a header {why}"),
-            }),
+            Err(why) => {
+                skipped += 1;
+                if told.len() < TOLD {
+                    told.push(match hnum {
+                        Some(n) => format!("header {n} {why}"),
+                        None => format!("a header {why}"),
+                    });
+                }
+            }
         }
     }
-    let warning = (!skipped.is_empty()).then(|| {
-        const SHOWN: usize = 3;
-        let more = skipped.len().saturating_sub(SHOWN);
-        let mut text = skipped[..skipped.len().min(SHOWN)].join(", ");
-        if more > 0 {
-            text += &format!(" and {more} more");
+    let mut notes = Vec::new();
+    if skipped > 0 {
+        let mut text = format!("{skipped} header(s) not read: {}", told.join(", "));
+        if skipped > told.len() {
+            text += &format!(" and {} more", skipped - told.len());
         }
-        format!("{source}: {} header(s) not read: {text}", skipped.len())
-    });
+        notes.push(text);
+    }
+    if cut {
+        notes.push(format!("only its first {MAX_HEADERS} headers read"));
+    }
+    let warning = (!notes.is_empty()).then(|| format!("{source}: {}", notes.join("; ")));
     Ok((packages, warning))
 }
 
@@ -398,6 +418,38 @@ pub(super) mod tests {
         );
         misaligned[epoch_offset..epoch_offset + 4].copy_from_slice(&(at + 1).to_be_bytes());
         assert_eq!(package(&misaligned, "/x"), Err(HeaderError::Bounds(EPOCH)));
+    }
+
+    #[test]
+    fn a_database_of_countless_headers_is_cut_and_its_bad_ones_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rpmdb.sqlite");
+        let mut db = Connection::open(&path).unwrap();
+        db.execute_batch("CREATE TABLE Packages (hnum INTEGER PRIMARY KEY, blob BLOB NOT NULL)")
+            .unwrap();
+        let good = header("a", "1", "1", None, "noarch", "MIT");
+        let batch = db.transaction().unwrap();
+        for n in 0..MAX_HEADERS + 10 {
+            let blob = if n % 2 == 0 { &good[..] } else { b"bad" };
+            batch
+                .execute("INSERT INTO Packages (blob) VALUES (?1)", [blob])
+                .unwrap();
+        }
+        batch.commit().unwrap();
+        drop(db);
+        let (packages, warning) = read(&path, "/var/lib/rpm/rpmdb.sqlite").unwrap();
+        assert_eq!(packages.len(), MAX_HEADERS / 2);
+        assert_eq!(
+            warning.unwrap(),
+            format!(
+                "/var/lib/rpm/rpmdb.sqlite: {} header(s) not read: header 2 is 3 bytes, \
+                 shorter than a header's 8-byte preamble, header 4 is 3 bytes, shorter than a \
+                 header's 8-byte preamble, header 6 is 3 bytes, shorter than a header's 8-byte \
+                 preamble and {} more; only its first {MAX_HEADERS} headers read",
+                MAX_HEADERS / 2,
+                MAX_HEADERS / 2 - TOLD
+            )
+        );
     }
 
     #[test]
