@@ -11,7 +11,10 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{busybox, curl, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+use support::{
+    as_a_user_runs_cargo, busybox, curl, polyarch, repo_root, run, skopeo_inspect_raw, unique_name,
+    Registry,
+};
 
 const SPDX: &str = "https://spdx.dev/Document";
 const SLSA: &str = "https://slsa.dev/provenance/v1";
@@ -665,4 +668,95 @@ fn the_go_modules_of_a_binary_are_those_go_version_m_prints() {
             && purls.contains(&"pkg:golang/example.com/polyarch/fork@v1.0.1"),
         "{purls:?}"
     );
+}
+
+#[test]
+fn the_crates_of_a_cargo_auditable_binary_are_those_cargo_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // An application with a path dependency: no registry is needed to build it.
+    for (name, manifest, file, code) in [
+        (
+            "dep",
+            "[package]\nname = \"polyarch-dep\"\nversion = \"0.2.0\"\nedition = \"2021\"\n",
+            "lib.rs",
+            "pub fn name() -> &'static str { \"dep\" }\n",
+        ),
+        (
+            "app",
+            "[package]\nname = \"polyarch-app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\npolyarch-dep = { path = \"../dep\" }\n\n[workspace]\n",
+            "main.rs",
+            "fn main() { println!(\"{}\", polyarch_dep::name()); }\n",
+        ),
+    ] {
+        fs::create_dir_all(src.join(name).join("src")).unwrap();
+        fs::write(src.join(name).join("Cargo.toml"), manifest).unwrap();
+        fs::write(src.join(name).join("src").join(file), code).unwrap();
+    }
+    let auditable = tool(
+        Command::new("bash")
+            .arg(repo_root().join("scripts/cargo-auditable.sh"))
+            .arg("path"),
+    );
+    let path = format!(
+        "{}:{}",
+        auditable.trim(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let manifest = src.join("app/Cargo.toml");
+    tool(
+        as_a_user_runs_cargo(&mut Command::new("cargo"))
+            .args([
+                "auditable",
+                "build",
+                "--release",
+                "--offline",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", dir.path().join("target"))
+            .env("PATH", path),
+    );
+    let bin = dir.path().join("rootfs/usr/local/bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(
+        dir.path().join("target/release/polyarch-app"),
+        bin.join("app"),
+    )
+    .unwrap();
+    // What cargo itself resolved for the build.
+    let metadata: Value = serde_json::from_str(&tool(
+        as_a_user_runs_cargo(&mut Command::new("cargo"))
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--offline",
+                "--manifest-path",
+            ])
+            .arg(&manifest),
+    ))
+    .unwrap();
+    let mut expected: Vec<(String, String)> = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["version"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(expected.len(), 2, "{metadata}");
+
+    let document = sbom_of_rootfs(dir.path(), "demo/sbom-cargo");
+    let found = packages_of(&document, "cargo");
+    let got: Vec<(String, String)> = found
+        .iter()
+        .map(|[name, version, ..]| (name.clone(), version.clone()))
+        .collect();
+    assert_eq!(got, expected, "{document}");
+    assert_eq!(found[0][2], "pkg:cargo/polyarch-app@0.1.0");
 }
