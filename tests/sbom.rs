@@ -11,6 +11,7 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::supply_chain::assert_spdx_tools_accept;
 use support::{
     as_a_user_runs_cargo, busybox, curl, polyarch, repo_root, run, skopeo_inspect_raw, unique_name,
     Registry,
@@ -176,23 +177,6 @@ fn check_referrer(registry: &Registry, repo: &str, subject: &str) -> String {
     digest
 }
 
-/// Writes `document` to `path` and has the SPDX project's own `pyspdxtools` validate it.
-fn spdx_tools_accept(path: &Path, document: &[u8]) {
-    fs::write(path, document).unwrap();
-    let checked = Command::new("pyspdxtools")
-        .arg("-i")
-        .arg(path)
-        .output()
-        .expect("pyspdxtools (scripts/ensure-env.sh test installs it)");
-    assert!(
-        checked.status.success(),
-        "pyspdxtools refused {}: {}{}",
-        path.display(),
-        String::from_utf8_lossy(&checked.stdout),
-        stderr(&checked)
-    );
-}
-
 /// Builds `dir/rootfs` as a one-platform (linux/amd64) FROM-scratch image with `sbom: true`
 /// and returns its SBOM as `polyarch sbom` reads it back, checked by `pyspdxtools`.
 fn sbom_of_rootfs(dir: &Path, name: &str) -> Value {
@@ -205,7 +189,7 @@ fn sbom_of_rootfs(dir: &Path, name: &str) -> Value {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let out = sbom(&reference, "linux/amd64");
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    spdx_tools_accept(&dir.join("sbom.spdx.json"), &out.stdout);
+    assert_spdx_tools_accept(&dir.join("sbom.spdx.json"), &out.stdout);
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -301,7 +285,7 @@ fn each_platform_gets_an_sbom_of_its_layers_that_spdx_tools_accept() {
                 && sources.contains(&"acquired package info from /lib/apk/db/installed"),
             "{sources:?}"
         );
-        spdx_tools_accept(&dir.path().join(format!("{arch}.spdx.json")), &out.stdout);
+        assert_spdx_tools_accept(&dir.path().join(format!("{arch}.spdx.json")), &out.stdout);
     }
 
     // verify --sbom reads them back and counts their packages.
