@@ -20,8 +20,7 @@ const MAX_ENTRY_HEADERS: usize = 1 << 20;
 const MAX_DATABASE: u64 = 32 << 20;
 /// A binary spooled at most to look for embedded packages.
 const MAX_BINARY: u64 = 1 << 30;
-/// An RPM sqlite database spooled at most: a container image's is a few MiB (about 10 KiB
-/// a package), a full desktop's around 100 MiB.
+/// An RPM sqlite database spooled at most (to disk; SQLite reads it a page at a time).
 const MAX_RPMDB: u64 = 256 << 20;
 
 /// What a kept path holds, once read.
@@ -63,7 +62,8 @@ enum Wanted {
     Apk,
     OsRelease,
     Rpm,
-    BerkeleyDb,
+    /// A database that is not read, and what it is.
+    Unread(&'static str),
     Binary,
 }
 
@@ -75,7 +75,12 @@ fn wanted(path: &str, mode: u32) -> Option<Wanted> {
         "lib/apk/db/installed" | "usr/lib/apk/db/installed" => Wanted::Apk,
         "etc/os-release" | "usr/lib/os-release" => Wanted::OsRelease,
         "var/lib/rpm/rpmdb.sqlite" | "usr/lib/sysimage/rpm/rpmdb.sqlite" => Wanted::Rpm,
-        "var/lib/rpm/Packages" | "usr/lib/sysimage/rpm/Packages" => Wanted::BerkeleyDb,
+        "var/lib/rpm/Packages" | "usr/lib/sysimage/rpm/Packages" => {
+            Wanted::Unread("an RPM Berkeley DB database")
+        }
+        "var/lib/rpm/Packages.db" | "usr/lib/sysimage/rpm/Packages.db" => {
+            Wanted::Unread("an RPM ndb database (SUSE's)")
+        }
         _ if mode & 0o111 != 0 => Wanted::Binary,
         _ => return None,
     })
@@ -219,9 +224,9 @@ impl Tree {
                 None => too_large(),
             },
             Wanted::Rpm => return rpm_sqlite(&source, entry),
-            Wanted::BerkeleyDb => Found::NotRead(format!(
-                "{source} is an RPM Berkeley DB database, which is not read"
-            )),
+            Wanted::Unread(what) => {
+                Found::NotRead(format!("{source} is {what}, which is not read"))
+            }
             Wanted::Binary => return self.binary(&source, entry),
         }))
     }

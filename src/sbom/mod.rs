@@ -1,8 +1,8 @@
 //! SBOMs (`sbom: true`): polyarch reads each platform image's layers itself, as streams,
 //! and catalogs what they install: Debian, Alpine and RPM (sqlite) package databases, the
-//! build info Go embeds in its binaries and `cargo auditable`'s dependency lists. The catalog is
-//! written as an SPDX 2.3 document inside an in-toto statement and attached as an OCI
-//! referrer of the platform manifest, beside provenance. No scanner image runs, so it is
+//! build info Go embeds in its binaries and `cargo auditable`'s dependency lists. The
+//! catalog is written as an SPDX 2.3 document inside an in-toto statement and attached as
+//! an OCI referrer of the platform manifest, beside provenance. No scanner image runs, so it is
 //! the same on every engine.
 
 mod apk;

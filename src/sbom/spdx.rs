@@ -219,34 +219,26 @@ pub fn purl(package: &Package, catalog: &Catalog) -> String {
     let version = encode(&package.version);
     let mut qualifiers = Vec::new();
     let namespace = match package.ecosystem {
-        Ecosystem::Deb | Ecosystem::Apk => {
+        Ecosystem::Deb | Ecosystem::Apk | Ecosystem::Rpm => {
             if let Some(arch) = &package.arch {
                 qualifiers.push(format!("arch={}", encode(arch)));
             }
             if let Some(q) = distro.qualifier() {
                 qualifiers.push(format!("distro={}", encode(&q)));
             }
-            let fallback = if package.ecosystem == Ecosystem::Deb {
-                "debian"
-            } else {
-                "alpine"
-            };
-            format!("{}/", distro.id.as_deref().unwrap_or(fallback))
-        }
-        // The spec's rpm type: the epoch is a qualifier, the version VERSION-RELEASE.
-        Ecosystem::Rpm => {
-            if let Some(arch) = &package.arch {
-                qualifiers.push(format!("arch={}", encode(arch)));
-            }
-            if let Some(q) = distro.qualifier() {
-                qualifiers.push(format!("distro={}", encode(&q)));
-            }
-            if let Some((epoch, _)) = rpm_epoch(&package.version) {
+            if let Some((epoch, _)) = rpm_epoch(package) {
                 qualifiers.push(format!("epoch={epoch}"));
             }
+            // rpm has no default distribution to name.
+            let fallback = match package.ecosystem {
+                Ecosystem::Deb => Some("debian"),
+                Ecosystem::Apk => Some("alpine"),
+                _ => None,
+            };
             distro
                 .id
-                .as_ref()
+                .as_deref()
+                .or(fallback)
                 .map(|id| format!("{id}/"))
                 .unwrap_or_default()
         }
@@ -269,7 +261,7 @@ pub fn purl(package: &Package, catalog: &Catalog) -> String {
                     .unwrap_or(&package.version),
             ),
         ),
-        Ecosystem::Rpm => match rpm_epoch(&package.version) {
+        Ecosystem::Rpm => match rpm_epoch(package) {
             Some((_, version)) => (name, encode(version)),
             None => (name, version),
         },
@@ -285,9 +277,12 @@ pub fn purl(package: &Package, catalog: &Catalog) -> String {
     purl
 }
 
-/// An rpm EVR's epoch and the rest: `1:5.2.26-3.fc40` is `("1", "5.2.26-3.fc40")`.
-fn rpm_epoch(evr: &str) -> Option<(&str, &str)> {
-    evr.split_once(':')
+/// An rpm package's epoch and the rest of its EVR: `1:5.2.26-3.fc40` is
+/// `("1", "5.2.26-3.fc40")`. The purl spec's rpm type makes the epoch a qualifier.
+fn rpm_epoch(package: &Package) -> Option<(&str, &str)> {
+    (package.ecosystem == Ecosystem::Rpm)
+        .then(|| package.version.split_once(':'))
+        .flatten()
         .filter(|(epoch, _)| !epoch.is_empty() && epoch.bytes().all(|b| b.is_ascii_digit()))
 }
 

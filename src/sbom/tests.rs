@@ -215,6 +215,11 @@ fn what_is_no_rpm_sqlite_database_is_listed_as_not_read() {
     for (path, bytes, says) in [
         ("var/lib/rpm/Packages", &b"\0\0"[..], "Berkeley DB"),
         (
+            "usr/lib/sysimage/rpm/Packages.db",
+            b"\0\0",
+            "ndb database (SUSE's), which is not read",
+        ),
+        (
             "var/lib/rpm/rpmdb.sqlite",
             b"SQLite format 3\0 and then garbage",
             "cannot be read",
