@@ -5,8 +5,9 @@
 # (40 s of CPU; five minutes on a loaded 2-core machine), then reused.
 #
 # Usage: cargo-auditable.sh install   install the pinned cargo-auditable when it is missing (idempotent)
-#        cargo-auditable.sh path      print the directory holding the `cargo-auditable` binary
-#                                     (put it on PATH for `cargo auditable build`)
+#        cargo-auditable.sh path      install it if needed, then print the directory holding the
+#                                     `cargo-auditable` binary (put it on PATH for
+#                                     `cargo auditable build`)
 #
 # Knobs (environment):
 #   POLYARCH_CARGO_AUDITABLE_ROOT=DIR  where it is installed (default
@@ -38,6 +39,6 @@ install() {
 
 case "${1:-}" in
   install) install ;;
-  path) printf '%s\n' "$root/bin" ;;
+  path) install; printf '%s\n' "$root/bin" ;;
   *) log "usage: cargo-auditable.sh install | path"; exit 2 ;;
 esac
