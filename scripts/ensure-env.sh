@@ -9,8 +9,9 @@
 #                        Docker 26.1 and 28.5 (scripts/engine26.sh, engine28.sh),
 #                        Podman 4.3 (scripts/podman.sh) and a standalone BuildKit
 #                        daemon built from Debian's archive (scripts/buildkitd.sh),
-#                        cosign 3.1.1 from Debian sid (scripts/cosign.sh), and mdBook
-#                        for `make docs` (scripts/mdbook.sh, from crates.io).
+#                        cosign 3.1.1 from Debian sid (scripts/cosign.sh),
+#                        cargo-auditable (scripts/cargo-auditable.sh) and mdBook for
+#                        `make docs` (scripts/mdbook.sh), both from crates.io.
 # Idempotent and cheap when everything is already there. Nothing outside the
 # clone is needed: what is missing comes from Debian's archive, and a step that
 # cannot be had stops the script with one line naming it.
@@ -71,6 +72,12 @@ if [[ "$mode" == test ]]; then
     "jq:jq"
     # tests/hostile_registry.rs measures each run's peak memory with GNU time's %M
     "/usr/bin/time:time"
+    # tests/sbom.rs checks the SBOMs against the real tools: an RPM database that rpm
+    # makes (its sqlite backend) from packages rpmbuild builds, and `go version -m` of a
+    # module-mode Go program it builds
+    "rpm:rpm"
+    "rpmbuild:rpm"
+    "go:golang-go"
   )
 fi
 
@@ -192,6 +199,8 @@ if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
 fi
 # cosign 3.1.1 from Debian sid, for tests/sign.rs's cross-check.
 bash "$root/scripts/cosign.sh" >/dev/null
+# cargo-auditable from crates.io, for tests/sbom.rs's cross-check of Rust binaries' crates.
+bash "$root/scripts/cargo-auditable.sh" install
 # mdBook for `make docs` (the book under docs/), built from crates.io the first time.
 if [[ "${POLYARCH_SKIP_MDBOOK:-}" != 1 ]]; then
   bash "$root/scripts/mdbook.sh" install

@@ -11,7 +11,11 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{busybox, curl, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+use support::supply_chain::assert_spdx_tools_accept;
+use support::{
+    as_a_user_runs_cargo, busybox, curl, polyarch, repo_root, run, skopeo_inspect_raw, unique_name,
+    Registry,
+};
 
 const SPDX: &str = "https://spdx.dev/Document";
 const SLSA: &str = "https://slsa.dev/provenance/v1";
@@ -89,11 +93,15 @@ fn context(dir: &Path) {
 }
 
 fn project(dir: &Path, repository: &str, sbom: bool) -> PathBuf {
+    project_for(dir, repository, sbom, "[linux/amd64, linux/arm64]")
+}
+
+fn project_for(dir: &Path, repository: &str, sbom: bool, platforms: &str) -> PathBuf {
     let file = dir.join("polyarch.yaml");
     fs::write(
         &file,
         format!(
-            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    provenance: true\n    sbom: {sbom}\n"
+            "version: 1\nimages:\n  hello:\n    repository: {repository}\n    tags: [v1]\n    context: .\n    platforms: {platforms}\n    provenance: true\n    sbom: {sbom}\n"
         ),
     )
     .unwrap();
@@ -169,6 +177,58 @@ fn check_referrer(registry: &Registry, repo: &str, subject: &str) -> String {
     digest
 }
 
+/// Builds `dir/rootfs` as a one-platform (linux/amd64) FROM-scratch image with `sbom: true`
+/// and returns its SBOM as `polyarch sbom` reads it back, checked by `pyspdxtools`.
+fn sbom_of_rootfs(dir: &Path, name: &str) -> Value {
+    let registry = Registry::start();
+    fs::write(dir.join("Dockerfile"), "FROM scratch\nCOPY rootfs/ /\n").unwrap();
+    let repo = unique_name(name);
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let file = project_for(dir, &registry.repo(&repo), true, "[linux/amd64]");
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = sbom(&reference, "linux/amd64");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_spdx_tools_accept(&dir.join("sbom.spdx.json"), &out.stdout);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The SBOM's packages of one purl type: `(name, versionInfo, purl, licenseDeclared)`,
+/// sorted.
+fn packages_of(document: &Value, purl_type: &str) -> Vec<[String; 4]> {
+    let mut out: Vec<[String; 4]> = document["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| {
+            let purl = p["externalRefs"][0]["referenceLocator"].as_str()?;
+            purl.starts_with(&format!("pkg:{purl_type}/")).then(|| {
+                [
+                    &p["name"],
+                    &p["versionInfo"],
+                    &p["externalRefs"][0]["referenceLocator"],
+                    &p["licenseDeclared"],
+                ]
+                .map(|v| v.as_str().unwrap().to_string())
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Runs a tool the tests check polyarch against; its standard output.
+fn tool(cmd: &mut Command) -> String {
+    let out = run(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// `(purl, licenseDeclared)` of every package but the image itself, sorted.
 fn packages(document: &Value) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = document["packages"]
@@ -225,19 +285,7 @@ fn each_platform_gets_an_sbom_of_its_layers_that_spdx_tools_accept() {
                 && sources.contains(&"acquired package info from /lib/apk/db/installed"),
             "{sources:?}"
         );
-        let spdx = dir.path().join(format!("{arch}.spdx.json"));
-        fs::write(&spdx, &out.stdout).unwrap();
-        let checked = Command::new("pyspdxtools")
-            .arg("-i")
-            .arg(&spdx)
-            .output()
-            .expect("pyspdxtools (scripts/ensure-env.sh test installs it)");
-        assert!(
-            checked.status.success(),
-            "pyspdxtools refused the {arch} SBOM: {}{}",
-            String::from_utf8_lossy(&checked.stdout),
-            stderr(&checked)
-        );
+        assert_spdx_tools_accept(&dir.path().join(format!("{arch}.spdx.json")), &out.stdout);
     }
 
     // verify --sbom reads them back and counts their packages.
@@ -366,4 +414,331 @@ fn an_image_without_an_sbom_is_a_gap_for_require_sbom_and_polyarch_sbom_says_so(
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let document: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(packages(&document), expected("arm64"));
+}
+
+/// Two tiny noarch packages, one with an epoch, as rpmbuild builds them.
+const RPM_SPECS: [(&str, &str); 2] = [
+    (
+        "hello",
+        "Name: polyarch-hello\nVersion: 1.2.3\nRelease: 4.fc40\nEpoch: 2\nSummary: a test package\nLicense: MIT AND Apache-2.0\nBuildArch: noarch\n%description\nA test package.\n%files\n",
+    ),
+    (
+        "tools",
+        "Name: polyarch-tools\nVersion: 0.9\nRelease: 1\nSummary: another\nLicense: MIT\nBuildArch: noarch\n%description\nAnother.\n%files\n",
+    ),
+];
+
+#[test]
+fn the_rpm_packages_of_an_image_are_those_rpm_itself_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let top = dir.path().join("rpmbuild");
+    let db = dir.path().join("rootfs/var/lib/rpm");
+    fs::create_dir_all(top.join("SPECS")).unwrap();
+    fs::create_dir_all(&db).unwrap();
+    // Debian's rpm writes sqlite databases by default; said here so that it always does.
+    let rpm = |what: &[&str]| {
+        let mut cmd = Command::new("rpm");
+        cmd.args(["--define", "_db_backend sqlite", "--dbpath"])
+            .arg(&db)
+            .args(what);
+        cmd
+    };
+    for (name, spec) in RPM_SPECS {
+        let path = top.join("SPECS").join(format!("{name}.spec"));
+        fs::write(&path, spec).unwrap();
+        tool(
+            Command::new("rpmbuild")
+                .args(["-bb", "--quiet", "--nodeps", "--define"])
+                .arg(format!("_topdir {}", top.display()))
+                .arg(&path),
+        );
+    }
+    tool(&mut rpm(&["--initdb"]));
+    let built: Vec<PathBuf> = fs::read_dir(top.join("RPMS/noarch"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(built.len(), 2, "{built:?}");
+    tool(rpm(&["-i", "--justdb", "--nodeps", "--noscripts"]).args(&built));
+    assert!(db.join("rpmdb.sqlite").is_file());
+    let listed = tool(&mut rpm(&[
+        "-qa",
+        "--qf",
+        "%{NAME} %|EPOCH?{%{EPOCH}:}|%{VERSION}-%{RELEASE} %{ARCH} %{LICENSE}\n",
+    ]));
+    let mut expected: Vec<String> = listed.lines().map(str::to_string).collect();
+    expected.sort();
+    assert_eq!(expected.len(), 2, "{listed}");
+    // rpm leaves its lock, and SQLite's -wal and -shm files, beside the database: in the
+    // image too, as a package manager's RUN step leaves them.
+    fs::create_dir_all(dir.path().join("rootfs/etc")).unwrap();
+    fs::write(
+        dir.path().join("rootfs/etc/os-release"),
+        "NAME=\"Fedora Linux\"\nID=fedora\nVERSION_ID=40\n",
+    )
+    .unwrap();
+
+    let document = sbom_of_rootfs(dir.path(), "demo/sbom-rpm");
+    let found = packages_of(&document, "rpm");
+    let got: Vec<String> = found
+        .iter()
+        .map(|[name, version, purl, license]| {
+            let arch = purl
+                .split("arch=")
+                .nth(1)
+                .unwrap()
+                .split('&')
+                .next()
+                .unwrap();
+            format!("{name} {version} {arch} {license}")
+        })
+        .collect();
+    assert_eq!(got, expected, "{document}");
+    let purls: Vec<&str> = found.iter().map(|p| p[2].as_str()).collect();
+    assert_eq!(
+        purls,
+        [
+            "pkg:rpm/fedora/polyarch-hello@1.2.3-4.fc40?arch=noarch&distro=fedora-40&epoch=2",
+            "pkg:rpm/fedora/polyarch-tools@0.9-1?arch=noarch&distro=fedora-40",
+        ]
+    );
+    assert!(
+        document["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["SPDXID"] != "SPDXRef-Image")
+            .all(|p| p["sourceInfo"] == "acquired package info from /var/lib/rpm/rpmdb.sqlite"),
+        "{document}"
+    );
+    assert!(document.get("comment").is_none(), "{document}");
+}
+
+/// A module written by the test in `dir`: its go.mod (module `path`) and one source file.
+fn go_module(dir: &Path, path: &str, body: &str) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("go.mod"), format!("module {path}\n\ngo 1.18\n")).unwrap();
+    fs::write(dir.join("lib.go"), body).unwrap();
+}
+
+/// A module proxy in a directory (GOPROXY=file://…) serving `module@version` from `src`:
+/// `@v/list`, `.info`, `.mod` and the module zip (written with Python's zipfile).
+fn go_proxy_module(proxy: &Path, src: &Path, module: &str, version: &str) {
+    let at = proxy.join(module).join("@v");
+    fs::create_dir_all(&at).unwrap();
+    fs::write(at.join("list"), format!("{version}\n")).unwrap();
+    fs::write(
+        at.join(format!("{version}.info")),
+        format!("{{\"Version\":\"{version}\"}}"),
+    )
+    .unwrap();
+    fs::copy(src.join("go.mod"), at.join(format!("{version}.mod"))).unwrap();
+    tool(Command::new("python3").args([
+        "-c",
+        "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1], 'w') as z:\n    for f in ('go.mod', 'lib.go'):\n        z.write(sys.argv[2] + '/' + f, sys.argv[3] + '/' + f)",
+    ])
+    .arg(at.join(format!("{version}.zip")))
+    .arg(src)
+    .arg(format!("{module}@{version}")));
+}
+
+/// What `go version -m` prints of a binary, as the SBOM states it: the Go version as
+/// `stdlib`, the main module, each dependency, a `=>` replacement standing for the module
+/// it replaces (a directory replacement keeping the module's path).
+fn go_version_m(binary: &Path) -> Vec<(String, String)> {
+    let text = tool(Command::new("go").arg("version").arg("-m").arg(binary));
+    let mut lines = text.lines();
+    let go = lines.next().unwrap().rsplit_once(": ").unwrap().1;
+    let mut modules = vec![("stdlib".to_string(), go.to_string())];
+    for line in lines {
+        match line.trim_start().split('\t').collect::<Vec<_>>()[..] {
+            ["mod" | "dep", path, version, ..] => modules.push((path.into(), version.into())),
+            ["=>", path, version, ..] => {
+                let last = modules.last_mut().unwrap();
+                if !path.starts_with(['.', '/']) {
+                    last.0 = path.into();
+                }
+                last.1 = version.into();
+            }
+            _ => {}
+        }
+    }
+    modules.sort();
+    modules
+}
+
+#[test]
+fn the_go_modules_of_a_binary_are_those_go_version_m_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let proxy = dir.path().join("proxy");
+    // A versioned dependency and a fork that replaces another, from a local module proxy,
+    // and one replaced by a directory: all three kinds of `dep` line.
+    for (module, version) in [
+        ("example.com/polyarch/lib", "v1.4.2"),
+        ("example.com/polyarch/fork", "v1.0.1"),
+    ] {
+        let name = module.rsplit('/').next().unwrap();
+        go_module(
+            &src.join(name),
+            module,
+            &format!("package {name}\n\nfunc Name() string {{ return \"{name}\" }}\n"),
+        );
+        go_proxy_module(&proxy, &src.join(name), module, version);
+    }
+    go_module(
+        &src.join("local"),
+        "example.com/polyarch/local",
+        "package local\n\nfunc Name() string { return \"local\" }\n",
+    );
+    let app = src.join("app");
+    fs::create_dir_all(&app).unwrap();
+    fs::write(
+        app.join("go.mod"),
+        "module example.com/polyarch/app\n\ngo 1.18\n\nrequire (\n\texample.com/polyarch/lib v1.4.2\n\texample.com/polyarch/old v1.0.0\n\texample.com/polyarch/local v0.3.0\n)\n\nreplace example.com/polyarch/old => example.com/polyarch/fork v1.0.1\n\nreplace example.com/polyarch/local => ../local\n",
+    )
+    .unwrap();
+    fs::write(
+        app.join("main.go"),
+        "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.com/polyarch/lib\"\n\t\"example.com/polyarch/local\"\n\told \"example.com/polyarch/old\"\n)\n\nfunc main() { fmt.Println(lib.Name(), old.Name(), local.Name()) }\n",
+    )
+    .unwrap();
+    let bin = dir.path().join("rootfs/usr/local/bin");
+    fs::create_dir_all(&bin).unwrap();
+    let go_dir = |name: &str| dir.path().join("go").join(name);
+    tool(
+        Command::new("go")
+            .args(["build", "-trimpath", "-o"])
+            .arg(bin.join("app"))
+            .arg(".")
+            .current_dir(&app)
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOPROXY", format!("file://{}", proxy.display()))
+            .env("GOSUMDB", "off")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOOS", "linux")
+            .env("GOARCH", "amd64")
+            .env("CGO_ENABLED", "0")
+            .env("GOPATH", go_dir("path"))
+            .env("GOCACHE", go_dir("cache"))
+            .env("GOMODCACHE", go_dir("mod")),
+    );
+    let expected = go_version_m(&bin.join("app"));
+    let dependencies: Vec<&str> = expected.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(
+        dependencies,
+        [
+            "example.com/polyarch/app",
+            "example.com/polyarch/fork",
+            "example.com/polyarch/lib",
+            "example.com/polyarch/local",
+            "stdlib"
+        ],
+        "{expected:?}"
+    );
+
+    let document = sbom_of_rootfs(dir.path(), "demo/sbom-go");
+    let found = packages_of(&document, "golang");
+    let got: Vec<(String, String)> = found
+        .iter()
+        .map(|[name, version, ..]| (name.clone(), version.clone()))
+        .collect();
+    assert_eq!(got, expected, "{document}");
+    let purls: Vec<&str> = found.iter().map(|p| p[2].as_str()).collect();
+    assert!(
+        purls.contains(&"pkg:golang/example.com/polyarch/lib@v1.4.2")
+            && purls.contains(&"pkg:golang/example.com/polyarch/fork@v1.0.1"),
+        "{purls:?}"
+    );
+}
+
+#[test]
+fn the_crates_of_a_cargo_auditable_binary_are_those_cargo_resolved() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    // An application with a path dependency: no registry is needed to build it.
+    for (name, manifest, file, code) in [
+        (
+            "dep",
+            "[package]\nname = \"polyarch-dep\"\nversion = \"0.2.0\"\nedition = \"2021\"\n",
+            "lib.rs",
+            "pub fn name() -> &'static str { \"dep\" }\n",
+        ),
+        (
+            "app",
+            "[package]\nname = \"polyarch-app\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\npolyarch-dep = { path = \"../dep\" }\n\n[workspace]\n",
+            "main.rs",
+            "fn main() { println!(\"{}\", polyarch_dep::name()); }\n",
+        ),
+    ] {
+        fs::create_dir_all(src.join(name).join("src")).unwrap();
+        fs::write(src.join(name).join("Cargo.toml"), manifest).unwrap();
+        fs::write(src.join(name).join("src").join(file), code).unwrap();
+    }
+    let auditable = tool(
+        Command::new("bash")
+            .arg(repo_root().join("scripts/cargo-auditable.sh"))
+            .arg("path"),
+    );
+    let path = format!(
+        "{}:{}",
+        auditable.trim(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let manifest = src.join("app/Cargo.toml");
+    tool(
+        as_a_user_runs_cargo(&mut Command::new("cargo"))
+            .args([
+                "auditable",
+                "build",
+                "--release",
+                "--offline",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", dir.path().join("target"))
+            .env("PATH", path),
+    );
+    let bin = dir.path().join("rootfs/usr/local/bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy(
+        dir.path().join("target/release/polyarch-app"),
+        bin.join("app"),
+    )
+    .unwrap();
+    // What cargo itself resolved for the build.
+    let metadata: Value = serde_json::from_str(&tool(
+        as_a_user_runs_cargo(&mut Command::new("cargo"))
+            .args([
+                "metadata",
+                "--format-version",
+                "1",
+                "--offline",
+                "--manifest-path",
+            ])
+            .arg(&manifest),
+    ))
+    .unwrap();
+    let mut expected: Vec<(String, String)> = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["version"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(expected.len(), 2, "{metadata}");
+
+    let document = sbom_of_rootfs(dir.path(), "demo/sbom-cargo");
+    let found = packages_of(&document, "cargo");
+    let got: Vec<(String, String)> = found
+        .iter()
+        .map(|[name, version, ..]| (name.clone(), version.clone()))
+        .collect();
+    assert_eq!(got, expected, "{document}");
+    assert_eq!(found[0][2], "pkg:cargo/polyarch-app@0.1.0");
 }

@@ -307,7 +307,7 @@ pub(super) mod tests {
     fn modules_of_a_go_binary() {
         let info = golang::tests::section("go1.22.2", golang::tests::MODINFO);
         let found = read(elf(&[(".go.buildinfo", info)])).unwrap();
-        assert_eq!(found.len(), 4);
+        assert_eq!(found.len(), 5);
         assert_eq!(found[1].name, "github.com/example/tool");
     }
 

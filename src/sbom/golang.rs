@@ -22,7 +22,8 @@ pub enum GoInfoError {
 
 /// The packages of one binary's build info: the Go standard library (its version the
 /// toolchain's), the main module, and the dependencies (a `=>` replacement stands for the
-/// module it replaces).
+/// module it replaces; a directory replacement leaves the module's path, with the
+/// directory's version, `(devel)`).
 pub(super) fn parse(section: &[u8], source: &str) -> Result<Vec<Package>, GoInfoError> {
     let start = (0..section.len())
         .step_by(16)
@@ -64,7 +65,14 @@ pub(super) fn parse(section: &[u8], source: &str) -> Result<Vec<Package>, GoInfo
             }
             ["=>", path, version, ..] if !path.is_empty() && packages.len() > 1 => {
                 let last = packages.len() - 1;
-                packages[last] = package(path, version);
+                // A directory (`./x`, `../x`, `/x`) is no module: the module keeps its path,
+                // built from that local source (`(devel)`).
+                let name = if path.starts_with(['.', '/']) || path.contains('\\') {
+                    packages[last].name.clone()
+                } else {
+                    path.to_string()
+                };
+                packages[last] = package(&name, version);
             }
             _ => {}
         }
@@ -123,7 +131,7 @@ pub(super) mod tests {
         out
     }
 
-    pub(in crate::sbom) const MODINFO: &str = "path\tgithub.com/example/tool/cmd/tool\nmod\tgithub.com/example/tool\tv1.4.2\th1:abc=\ndep\tgolang.org/x/sys\tv0.19.0\th1:def=\ndep\tgithub.com/old/dep\tv1.0.0\n=>\tgithub.com/fork/dep\tv1.0.1\th1:ghi=\nbuild\t-compiler=gc\nbuild\tGOARCH=arm64";
+    pub(in crate::sbom) const MODINFO: &str = "path\tgithub.com/example/tool/cmd/tool\nmod\tgithub.com/example/tool\tv1.4.2\th1:abc=\ndep\tgolang.org/x/sys\tv0.19.0\th1:def=\ndep\tgithub.com/old/dep\tv1.0.0\n=>\tgithub.com/fork/dep\tv1.0.1\th1:ghi=\ndep\texample.com/local\tv1.2.3\n=>\t../local\t(devel)\t\nbuild\t-compiler=gc\nbuild\tGOARCH=arm64";
 
     #[test]
     fn go_version_main_module_and_dependencies_with_replacements() {
@@ -141,6 +149,7 @@ pub(super) mod tests {
                 ("github.com/example/tool", "v1.4.2"),
                 ("golang.org/x/sys", "v0.19.0"),
                 ("github.com/fork/dep", "v1.0.1"),
+                ("example.com/local", "(devel)"),
             ]
         );
         assert!(found.iter().all(|p| p.source == "/usr/bin/tool"));

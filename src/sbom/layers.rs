@@ -1,10 +1,11 @@
 //! An image's layers read once each, in order, as streams: whiteouts (`.wh.NAME`) and
 //! opaque directories (`.wh..wh..opq`) hide what lower layers held, and only what the
 //! catalogers want is kept, parsed as soon as it is read: package databases (capped),
-//! os-release, and the packages embedded in ELF binaries (spooled to one temporary file
-//! at a time, since their section headers come last). No layer is ever held in memory.
+//! os-release, RPM sqlite databases and the packages embedded in ELF binaries (each
+//! spooled to a temporary file: SQLite reads a file, and ELF section headers come last).
+//! No layer is ever held in memory.
 
-use super::{apk, binary, dpkg, os_release, Distro, Package};
+use super::{apk, binary, dpkg, os_release, rpm, Distro, Package};
 use crate::base::image_path::{below, join, normalize, split_parent};
 use crate::base::layer_limits::LayerLimit;
 use crate::base::layer_stream::{Metered, Stop};
@@ -19,11 +20,14 @@ const MAX_ENTRY_HEADERS: usize = 1 << 20;
 const MAX_DATABASE: u64 = 32 << 20;
 /// A binary spooled at most to look for embedded packages.
 const MAX_BINARY: u64 = 1 << 30;
+/// An RPM sqlite database spooled at most (to disk; SQLite reads it a page at a time).
+const MAX_RPMDB: u64 = 256 << 20;
 
 /// What a kept path holds, once read.
 #[derive(Debug, Clone)]
 pub(super) enum Found {
-    Packages(Vec<Package>),
+    /// The packages read, and what in the file was not (a warning).
+    Packages(Vec<Package>, Option<String>),
     OsRelease(Distro),
     /// A database or binary that was not read, and why (a warning in the catalog).
     NotRead(String),
@@ -57,7 +61,9 @@ enum Wanted {
     Dpkg,
     Apk,
     OsRelease,
-    Rpm(&'static str),
+    Rpm,
+    /// A database that is not read, and what it is.
+    Unread(&'static str),
     Binary,
 }
 
@@ -68,11 +74,12 @@ fn wanted(path: &str, mode: u32) -> Option<Wanted> {
         _ if dir == "var/lib/dpkg/status.d" && !name.ends_with(".md5sums") => Wanted::Dpkg,
         "lib/apk/db/installed" | "usr/lib/apk/db/installed" => Wanted::Apk,
         "etc/os-release" | "usr/lib/os-release" => Wanted::OsRelease,
-        "var/lib/rpm/rpmdb.sqlite" | "usr/lib/sysimage/rpm/rpmdb.sqlite" => {
-            Wanted::Rpm("an RPM sqlite database, which this version does not read yet")
-        }
+        "var/lib/rpm/rpmdb.sqlite" | "usr/lib/sysimage/rpm/rpmdb.sqlite" => Wanted::Rpm,
         "var/lib/rpm/Packages" | "usr/lib/sysimage/rpm/Packages" => {
-            Wanted::Rpm("an RPM Berkeley DB database, which is not read")
+            Wanted::Unread("an RPM Berkeley DB database")
+        }
+        "var/lib/rpm/Packages.db" | "usr/lib/sysimage/rpm/Packages.db" => {
+            Wanted::Unread("an RPM ndb database (SUSE's)")
         }
         _ if mode & 0o111 != 0 => Wanted::Binary,
         _ => return None,
@@ -205,18 +212,21 @@ impl Tree {
         };
         Ok(Some(match what {
             Wanted::Dpkg => match small(entry)? {
-                Some(bytes) => Found::Packages(dpkg::parse(&bytes, &source)),
+                Some(bytes) => Found::Packages(dpkg::parse(&bytes, &source), None),
                 None => too_large(),
             },
             Wanted::Apk => match small(entry)? {
-                Some(bytes) => Found::Packages(apk::parse(&bytes, &source)),
+                Some(bytes) => Found::Packages(apk::parse(&bytes, &source), None),
                 None => too_large(),
             },
             Wanted::OsRelease => match small(entry)? {
                 Some(bytes) => Found::OsRelease(os_release::parse(&bytes)),
                 None => too_large(),
             },
-            Wanted::Rpm(why) => Found::NotRead(format!("{source} is {why}")),
+            Wanted::Rpm => return rpm_sqlite(&source, entry),
+            Wanted::Unread(what) => {
+                Found::NotRead(format!("{source} is {what}, which is not read"))
+            }
             Wanted::Binary => return self.binary(&source, entry),
         }))
     }
@@ -251,8 +261,25 @@ impl Tree {
         }
         Ok(match binary::packages(spool, source)? {
             Ok(packages) if packages.is_empty() => None,
-            Ok(packages) => Some(Found::Packages(packages)),
+            Ok(packages) => Some(Found::Packages(packages, None)),
             Err(why) => Some(Found::NotRead(format!("{source} {why}"))),
         })
     }
+}
+
+/// An RPM sqlite database: spooled to a temporary file of its own (SQLite opens a path),
+/// which is gone when this returns.
+fn rpm_sqlite(source: &str, entry: &mut impl Read) -> Result<Option<Found>, Stop> {
+    let mut spool = tempfile::NamedTempFile::new()?;
+    let copied = io::copy(&mut entry.take(MAX_RPMDB + 1), spool.as_file_mut())?;
+    if copied > MAX_RPMDB {
+        return Ok(Some(Found::NotRead(format!(
+            "{source} is larger than {} MiB; not read",
+            MAX_RPMDB >> 20
+        ))));
+    }
+    Ok(Some(match rpm::read(spool.path(), source) {
+        Ok((packages, not_read)) => Found::Packages(packages, not_read),
+        Err(why) => Found::NotRead(format!("{source} {why}")),
+    }))
 }

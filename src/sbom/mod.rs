@@ -1,8 +1,8 @@
 //! SBOMs (`sbom: true`): polyarch reads each platform image's layers itself, as streams,
-//! and catalogs what they install: Debian and Alpine package databases, the build info
-//! Go embeds in its binaries and `cargo auditable`'s dependency lists. The catalog is
-//! written as an SPDX 2.3 document inside an in-toto statement and attached as an OCI
-//! referrer of the platform manifest, beside provenance. No scanner image runs, so it is
+//! and catalogs what they install: Debian, Alpine and RPM (sqlite) package databases, the
+//! build info Go embeds in its binaries and `cargo auditable`'s dependency lists. The
+//! catalog is written as an SPDX 2.3 document inside an in-toto statement and attached as
+//! an OCI referrer of the platform manifest, beside provenance. No scanner image runs, so it is
 //! the same on every engine.
 
 mod apk;
@@ -12,6 +12,7 @@ mod golang;
 mod layers;
 mod os_release;
 pub mod remote;
+mod rpm;
 pub mod spdx;
 
 pub use os_release::Distro;
@@ -28,6 +29,7 @@ use std::io::{self, Read};
 pub enum Ecosystem {
     Deb,
     Apk,
+    Rpm,
     Golang,
     Cargo,
 }
@@ -38,6 +40,7 @@ impl Ecosystem {
         match self {
             Ecosystem::Deb => "deb",
             Ecosystem::Apk => "apk",
+            Ecosystem::Rpm => "rpm",
             Ecosystem::Golang => "golang",
             Ecosystem::Cargo => "cargo",
         }
@@ -49,9 +52,11 @@ impl Ecosystem {
 pub struct Package {
     pub ecosystem: Ecosystem,
     pub name: String,
+    /// As the database writes it; rpm's `[EPOCH:]VERSION-RELEASE`.
     pub version: String,
     pub arch: Option<String>,
-    /// The licence as the database gives it (apk's `L:`); None where it gives none.
+    /// The licence as the database gives it (apk's `L:`, rpm's `LICENSE`); None where it
+    /// gives none.
     pub license: Option<String>,
     /// The file in the image it was read from, e.g. `/var/lib/dpkg/status`.
     pub source: String,
@@ -120,7 +125,10 @@ pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError
     // /etc/os-release wins over /usr/lib/os-release, which it usually links to.
     for (path, found) in tree.found.into_iter().rev() {
         match found {
-            Found::Packages(mut packages) => catalog.packages.append(&mut packages),
+            Found::Packages(mut packages, not_read) => {
+                catalog.packages.append(&mut packages);
+                catalog.warnings.extend(not_read.as_deref().map(one_line));
+            }
             Found::OsRelease(distro) if path == "etc/os-release" || catalog.distro.id.is_none() => {
                 catalog.distro = distro;
             }

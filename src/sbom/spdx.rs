@@ -211,26 +211,36 @@ fn image_purl(subject: &Subject<'_>) -> String {
     purl
 }
 
-/// `pkg:deb/debian/NAME@VERSION?arch=arm64&distro=debian-12`, and the like for each kind.
+/// `pkg:deb/debian/NAME@VERSION?arch=arm64&distro=debian-12`, and the like for each kind
+/// (qualifiers in the canonical, sorted order).
 pub fn purl(package: &Package, catalog: &Catalog) -> String {
     let distro = &catalog.distro;
     let name = encode(&package.name);
     let version = encode(&package.version);
     let mut qualifiers = Vec::new();
     let namespace = match package.ecosystem {
-        Ecosystem::Deb | Ecosystem::Apk => {
+        Ecosystem::Deb | Ecosystem::Apk | Ecosystem::Rpm => {
             if let Some(arch) = &package.arch {
                 qualifiers.push(format!("arch={}", encode(arch)));
             }
             if let Some(q) = distro.qualifier() {
                 qualifiers.push(format!("distro={}", encode(&q)));
             }
-            let fallback = if package.ecosystem == Ecosystem::Deb {
-                "debian"
-            } else {
-                "alpine"
+            if let Some((epoch, _)) = rpm_epoch(package) {
+                qualifiers.push(format!("epoch={epoch}"));
+            }
+            // rpm has no default distribution to name.
+            let fallback = match package.ecosystem {
+                Ecosystem::Deb => Some("debian"),
+                Ecosystem::Apk => Some("alpine"),
+                _ => None,
             };
-            format!("{}/", distro.id.as_deref().unwrap_or(fallback))
+            distro
+                .id
+                .as_deref()
+                .or(fallback)
+                .map(|id| format!("{id}/"))
+                .unwrap_or_default()
         }
         Ecosystem::Golang | Ecosystem::Cargo => String::new(),
     };
@@ -251,6 +261,10 @@ pub fn purl(package: &Package, catalog: &Catalog) -> String {
                     .unwrap_or(&package.version),
             ),
         ),
+        Ecosystem::Rpm => match rpm_epoch(package) {
+            Some((_, version)) => (name, encode(version)),
+            None => (name, version),
+        },
         _ => (name, version),
     };
     let mut purl = format!(
@@ -261,6 +275,15 @@ pub fn purl(package: &Package, catalog: &Catalog) -> String {
         purl += &format!("?{}", qualifiers.join("&"));
     }
     purl
+}
+
+/// An rpm package's epoch and the rest of its EVR: `1:5.2.26-3.fc40` is
+/// `("1", "5.2.26-3.fc40")`. The purl spec's rpm type makes the epoch a qualifier.
+fn rpm_epoch(package: &Package) -> Option<(&str, &str)> {
+    (package.ecosystem == Ecosystem::Rpm)
+        .then(|| package.version.split_once(':'))
+        .flatten()
+        .filter(|(epoch, _)| !epoch.is_empty() && epoch.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Percent-encodes all but the characters purl leaves bare.
@@ -381,6 +404,8 @@ mod tests {
                 package(Ecosystem::Deb, "libc6", "1:2.36-9+deb12u7", Some("arm64")),
                 apk,
                 odd,
+                package(Ecosystem::Rpm, "bash", "1:5.2.26-3.fc40", Some("x86_64")),
+                package(Ecosystem::Rpm, "gpg-pubkey", "a15b79cc-63d04c2c", None),
                 package(Ecosystem::Golang, "github.com/a/b", "v1.2.3", None),
                 package(Ecosystem::Golang, "stdlib", "go1.22.2", None),
                 package(Ecosystem::Cargo, "regex", "1.10.4", None),
@@ -418,11 +443,22 @@ mod tests {
                 "pkg:deb/debian/libc6@1%3A2.36-9%2Bdeb12u7?arch=arm64&distro=debian-12",
                 "pkg:apk/debian/musl@1.2.4-r2?arch=aarch64&distro=debian-12",
                 "pkg:apk/debian/odd@1?distro=debian-12",
+                "pkg:rpm/debian/bash@5.2.26-3.fc40?arch=x86_64&distro=debian-12&epoch=1",
+                "pkg:rpm/debian/gpg-pubkey@a15b79cc-63d04c2c?distro=debian-12",
                 "pkg:golang/github.com/a/b@v1.2.3",
                 "pkg:golang/stdlib@1.22.2",
                 "pkg:cargo/regex@1.10.4",
                 "pkg:cargo/regex@1.10.4",
             ]
+        );
+        // No os-release: an rpm purl names no namespace (rpm has no default distribution).
+        let bare = Catalog {
+            distro: Distro::default(),
+            ..catalog
+        };
+        assert_eq!(
+            purl(&bare.packages[3], &bare),
+            "pkg:rpm/bash@5.2.26-3.fc40?arch=x86_64&epoch=1"
         );
     }
 
@@ -439,8 +475,8 @@ mod tests {
             .unwrap()
             .ends_with(&format!("linux-arm64/sha256-{}", digest.hex())));
         let packages = doc["packages"].as_array().unwrap();
-        assert_eq!(packages.len(), 7);
-        assert_eq!(doc["relationships"].as_array().unwrap().len(), 7);
+        assert_eq!(packages.len(), 9);
+        assert_eq!(doc["relationships"].as_array().unwrap().len(), 9);
         assert_eq!(
             packages[2]["licenseDeclared"],
             "MIT AND (GPL-2.0-only OR BSD-2-Clause)"
@@ -461,7 +497,7 @@ mod tests {
             .iter()
             .map(|p| p["SPDXID"].as_str().unwrap())
             .collect();
-        assert_eq!(ids.len(), 7);
+        assert_eq!(ids.len(), 9);
         assert!(ids.iter().all(|id| id
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')));
@@ -471,7 +507,8 @@ mod tests {
                 ("apk".to_string(), 2),
                 ("cargo".to_string(), 1),
                 ("deb".to_string(), 1),
-                ("golang".to_string(), 2)
+                ("golang".to_string(), 2),
+                ("rpm".to_string(), 2)
             ])
         );
         // The same image gives the same document.

@@ -130,20 +130,111 @@ fn binaries_with_embedded_packages_are_read_wherever_they_are() {
         sources.into_iter().collect::<Vec<_>>(),
         ["/usr/bin/rg", "/usr/local/bin/tool"]
     );
-    assert_eq!(found.packages.len(), 6);
+    assert_eq!(found.packages.len(), 7);
 }
 
+/// An rpm sqlite database's bytes, made as rpm makes its `Packages` table, of `blobs`.
+fn rpmdb(schema: &str, blobs: &[Vec<u8>]) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rpmdb.sqlite");
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute_batch(schema).unwrap();
+    for blob in blobs {
+        db.execute("INSERT INTO Packages (blob) VALUES (?1)", [blob])
+            .unwrap();
+    }
+    drop(db);
+    std::fs::read(path).unwrap()
+}
+
+const RPM_SCHEMA: &str =
+    "CREATE TABLE 'Packages' (hnum INTEGER PRIMARY KEY AUTOINCREMENT, blob BLOB NOT NULL);";
+
 #[test]
-fn rpm_databases_are_listed_as_not_read() {
-    let top = layer(&[("var/lib/rpm/Packages", 0o644, Some(b"\0\0"))]);
+fn an_rpm_sqlite_database_is_read_and_bad_headers_are_told() {
+    let header = rpm::tests::header;
+    let db = rpmdb(
+        RPM_SCHEMA,
+        &[
+            header(
+                "bash",
+                "5.2.26",
+                "3.fc40",
+                Some(1),
+                "x86_64",
+                "GPL-3.0-or-later",
+            ),
+            b"\0\0\0\x01 not a header".to_vec(),
+            header("tzdata", "2024a", "5.fc40", None, "noarch", "Public Domain"),
+            // Past the cap: skipped without being loaded (its zeros compress well).
+            vec![0; 17 << 20],
+        ],
+    );
+    let top = gzip(&layer(&[
+        ("etc/os-release", 0o644, Some(b"ID=fedora\nVERSION_ID=40\n")),
+        ("usr/lib/sysimage/rpm/rpmdb.sqlite", 0o644, Some(&db)),
+    ]));
     let found = read(vec![top]).unwrap();
-    assert!(found.packages.is_empty());
-    assert_eq!(found.warnings.len(), 1);
+    let got: Vec<_> = found
+        .packages
+        .iter()
+        .map(|p| (p.name.as_str(), p.version.as_str(), p.arch.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("bash", "1:5.2.26-3.fc40", Some("x86_64")),
+            ("tzdata", "2024a-5.fc40", Some("noarch")),
+        ]
+    );
+    assert_eq!(
+        found.packages[0].source,
+        "/usr/lib/sysimage/rpm/rpmdb.sqlite"
+    );
+    assert_eq!(found.warnings.len(), 1, "{:?}", found.warnings);
     assert!(
-        found.warnings[0].contains("Berkeley DB"),
+        found.warnings[0].contains(
+            "2 header(s) not read: header 2 claims 1 index entries and 544108404 data bytes, \
+             which is not its 17 bytes, header 4 is 17825792 bytes, more than the 16 MiB read"
+        ),
         "{:?}",
         found.warnings
     );
+    assert_eq!(
+        spdx::purl(&found.packages[0], &found),
+        "pkg:rpm/fedora/bash@5.2.26-3.fc40?arch=x86_64&distro=fedora-40&epoch=1"
+    );
+}
+
+#[test]
+fn what_is_no_rpm_sqlite_database_is_listed_as_not_read() {
+    let view = rpmdb(
+        "CREATE TABLE t (hnum INTEGER, blob BLOB); CREATE VIEW Packages AS SELECT * FROM t;",
+        &[],
+    );
+    for (path, bytes, says) in [
+        ("var/lib/rpm/Packages", &b"\0\0"[..], "Berkeley DB"),
+        (
+            "usr/lib/sysimage/rpm/Packages.db",
+            b"\0\0",
+            "ndb database (SUSE's), which is not read",
+        ),
+        (
+            "var/lib/rpm/rpmdb.sqlite",
+            b"SQLite format 3\0 and then garbage",
+            "cannot be read",
+        ),
+        ("var/lib/rpm/rpmdb.sqlite", &view, "has no Packages table"),
+    ] {
+        let found = read(vec![layer(&[(path, 0o644, Some(bytes))])]).unwrap();
+        assert!(found.packages.is_empty());
+        assert_eq!(found.warnings.len(), 1, "{:?}", found.warnings);
+        assert!(
+            found.warnings[0].contains(says) && found.warnings[0].starts_with(&format!("/{path}")),
+            "{:?}",
+            found.warnings
+        );
+    }
 }
 
 #[test]

@@ -109,13 +109,19 @@ pub fn assert_signed_with_sboms(reference: &str, public: &Path) {
         let document = dir
             .path()
             .join(format!("{}.spdx.json", platform.replace('/', "-")));
-        std::fs::write(&document, &out.stdout).unwrap();
-        let checked = run(Command::new("pyspdxtools").arg("-i").arg(&document));
-        assert!(
-            checked.status.success(),
-            "pyspdxtools refused the {platform} SBOM: {}{}",
-            String::from_utf8_lossy(&checked.stdout),
-            stderr(&checked)
-        );
+        assert_spdx_tools_accept(&document, &out.stdout);
     }
+}
+
+/// Writes an SBOM to `path` and asserts that `pyspdxtools -i` validates it.
+pub fn assert_spdx_tools_accept(path: &Path, document: &[u8]) {
+    std::fs::write(path, document).unwrap();
+    let checked = run(Command::new("pyspdxtools").arg("-i").arg(path));
+    assert!(
+        checked.status.success(),
+        "pyspdxtools refused {}: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&checked.stdout),
+        stderr(&checked)
+    );
 }
