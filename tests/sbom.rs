@@ -742,3 +742,50 @@ fn the_crates_of_a_cargo_auditable_binary_are_those_cargo_resolved() {
     assert_eq!(got, expected, "{document}");
     assert_eq!(found[0][2], "pkg:cargo/polyarch-app@0.1.0");
 }
+
+/// The build host's own dpkg database copied into an image: the SBOM's deb packages are
+/// what `dpkg-query` lists as installed (`ii`) from it, name, version and architecture.
+#[test]
+fn the_deb_packages_of_the_hosts_own_dpkg_database_are_those_dpkg_query_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let admin = dir.path().join("rootfs/var/lib/dpkg");
+    fs::create_dir_all(&admin).unwrap();
+    fs::copy("/var/lib/dpkg/status", admin.join("status")).unwrap();
+    fs::create_dir_all(dir.path().join("rootfs/etc")).unwrap();
+    fs::copy("/etc/os-release", dir.path().join("rootfs/etc/os-release")).unwrap();
+    let listed = tool(
+        Command::new("dpkg-query")
+            .arg(format!("--admindir={}", admin.display()))
+            .args([
+                "-W",
+                "-f",
+                "${db:Status-Abbrev}|${Package} ${Version} ${Architecture}\n",
+            ]),
+    );
+    let mut wanted: Vec<String> = listed
+        .lines()
+        .filter_map(|l| l.strip_prefix("ii |"))
+        .map(str::to_string)
+        .collect();
+    wanted.sort();
+    assert!(
+        wanted.len() > 100,
+        "the host lists {} packages",
+        wanted.len()
+    );
+
+    let document = sbom_of_rootfs(dir.path(), "demo/hostdpkg");
+    let mut found: Vec<String> = packages_of(&document, "deb")
+        .into_iter()
+        .map(|[name, version, purl, _]| {
+            let arch = purl
+                .split(['?', '&'])
+                .find_map(|q| q.strip_prefix("arch="))
+                .unwrap_or_default()
+                .to_string();
+            format!("{name} {version} {arch}")
+        })
+        .collect();
+    found.sort();
+    assert_eq!(found, wanted);
+}
