@@ -154,6 +154,7 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
     let build = DockerfileBuild {
         context: context.path(),
         dockerfile: Path::new("Dockerfile"),
+        named_dirs: Vec::new(),
         frontend_attrs: HashMap::from([("platform".into(), "linux/amd64".into())]),
         entitlements: vec![],
         // Kept in the daemon's own store: the session is what is under test here.

@@ -60,6 +60,7 @@ fn refuse_buildkit_only_settings(
             !spec.cache_from.is_empty() || spec.cache_to.is_some(),
             "cache",
         ),
+        (!spec.contexts.is_empty(), "contexts"),
     ];
     if let Some((_, what)) = needs_buildkit.iter().find(|(used, _)| *used) {
         let fix = match engine.product {

@@ -8,6 +8,7 @@
 
 use crate::base::annotations::AnnotationFlag;
 use crate::base::platform::Platform;
+use crate::project::contexts::{self, NamedContext};
 use crate::project::source_date_epoch::EpochSource;
 use crate::project::{BuildFlags, CacheRef, ImageSpec, Network, Project};
 use crate::verify::coverage_record::ImageCoverage;
@@ -310,6 +311,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         sbom: false,
         sign_key: None,
         signer: None,
+        contexts: build_contexts(&args.build_contexts, around.cwd)?,
     };
     let flags = BuildFlags {
         secrets: parsed("--secret", &args.secrets)?,
@@ -387,11 +389,6 @@ fn refuse_unsupported(args: &BuildxBuildArgs) -> Result<()> {
         ));
     }
     let not_yet = [
-        (
-            "--build-context",
-            args.build_contexts.first(),
-            "named contexts are not supported yet (neither are `contexts:` in polyarch.yaml); COPY from the main context, or --from an image, instead",
-        ),
         (
             "--add-host",
             args.add_hosts.first(),
@@ -786,6 +783,43 @@ fn labels(values: &[String]) -> Result<BTreeMap<String, String>> {
 
 /// Values whose grammar polyarch's own flags already read (`--secret`, `--ssh`,
 /// `--annotation`).
+/// `--build-context NAME=VALUE`: a directory (relative to the working directory) or
+/// `docker-image://REF`; a line builds one image, so `target:` names nothing.
+fn build_contexts(values: &[String], cwd: &Path) -> Result<BTreeMap<String, NamedContext>> {
+    let flag = "--build-context";
+    let mut out = BTreeMap::new();
+    for text in values {
+        let (name, context) =
+            contexts::parse_flag(text, cwd).map_err(|e| invalid(flag, text, e))?;
+        let context = match context {
+            NamedContext::Target(_) => {
+                return Err(invalid(
+                    flag,
+                    text,
+                    "names a bake target, and a buildx line builds one image; give a directory or docker-image://REF, or use a project file whose images name each other",
+                ))
+            }
+            NamedContext::Dir(dir) if !dir.is_dir() => {
+                return Err(invalid(
+                    flag,
+                    text,
+                    format!("{} is not a directory; give an existing directory", dir.display()),
+                ))
+            }
+            NamedContext::Dir(dir) => NamedContext::Dir(dir.canonicalize().unwrap_or(dir)),
+            other => other,
+        };
+        if out.insert(name, context).is_some() {
+            return Err(invalid(
+                flag,
+                text,
+                "names a context given before; keep one",
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn parsed<T: std::str::FromStr<Err = String>>(flag: &str, values: &[String]) -> Result<Vec<T>> {
     values
         .iter()

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 mod bake;
 mod checks;
+pub mod contexts;
 pub mod dependencies;
 mod diagnostics;
 mod error;
@@ -221,6 +222,10 @@ pub struct ImageSpec {
     pub build_history: bool,
     /// `test:`: run in each platform's pushed image before any tag moves.
     pub tests: Vec<platform_test::PlatformTest>,
+    /// Named build contexts by name (`contexts:`, `--build-context`): what `FROM NAME`,
+    /// `COPY --from=NAME` and `RUN --mount=from=NAME` read instead of an image so named.
+    /// A `target:` entry becomes the pushed digest before the image is built.
+    pub contexts: BTreeMap<String, contexts::NamedContext>,
 }
 
 /// Where a setting came from, so a problem found when building (a secret that cannot be
@@ -434,6 +439,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "test",
     "sbom",
     "sign",
+    "contexts",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
