@@ -133,12 +133,14 @@ impl Cx {
                 Ok(NamedContext::Dir(dir)) if self.purpose == Purpose::Build => {
                     NamedContext::Dir(self.context(&field, &dir)?)
                 }
-                Ok(NamedContext::Target(target)) if target == name => return Err(self.err(
-                    &field,
-                    format!(
+                Ok(NamedContext::Target(target)) if target == name => {
+                    return Err(self.err(
+                        &field,
+                        format!(
                         "`target:{target}` is this image itself; name another image of the project"
                     ),
-                )),
+                    ))
+                }
                 Ok(context) => context,
                 Err(m) => return Err(self.err(&field, m)),
             };
