@@ -8,7 +8,6 @@
 
 use crate::base::annotations::AnnotationFlag;
 use crate::base::platform::Platform;
-use crate::project::contexts::{self, NamedContext};
 use crate::project::source_date_epoch::EpochSource;
 use crate::project::{BuildFlags, CacheRef, ImageSpec, Network, Project};
 use crate::verify::coverage_record::ImageCoverage;
@@ -132,7 +131,8 @@ pub struct BuildxBuildArgs {
     /// Attach an SPDX SBOM per platform, made by polyarch from the image's layers.
     #[arg(long, value_name = "VALUE", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub sbom: Option<String>,
-    /// Refused: named contexts are not supported yet.
+    /// A named context for `FROM NAME` / `COPY --from=NAME`: a directory or
+    /// docker-image://REF (repeatable).
     #[arg(long = "build-context", value_name = "NAME=VALUE")]
     pub build_contexts: Vec<String>,
     /// Refused: a project file cannot say it either.
@@ -311,7 +311,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         sbom: false,
         sign_key: None,
         signer: None,
-        contexts: build_contexts(&args.build_contexts, around.cwd)?,
+        contexts: BTreeMap::new(),
     };
     let flags = BuildFlags {
         secrets: parsed("--secret", &args.secrets)?,
@@ -321,6 +321,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         pull: args.pull,
         no_cache: args.no_cache,
         annotations: parsed::<AnnotationFlag>("--annotation", &args.annotations)?,
+        contexts: parsed("--build-context", &args.build_contexts)?,
         // buildx hands SOURCE_DATE_EPOCH to BuildKit, which clamps the image's times.
         source_date_epoch: source_date_epoch(around.env)?,
         provenance: provenance(&args)?,
@@ -783,43 +784,6 @@ fn labels(values: &[String]) -> Result<BTreeMap<String, String>> {
 
 /// Values whose grammar polyarch's own flags already read (`--secret`, `--ssh`,
 /// `--annotation`).
-/// `--build-context NAME=VALUE`: a directory (relative to the working directory) or
-/// `docker-image://REF`; a line builds one image, so `target:` names nothing.
-fn build_contexts(values: &[String], cwd: &Path) -> Result<BTreeMap<String, NamedContext>> {
-    let flag = "--build-context";
-    let mut out = BTreeMap::new();
-    for text in values {
-        let (name, context) =
-            contexts::parse_flag(text, cwd).map_err(|e| invalid(flag, text, e))?;
-        let context = match context {
-            NamedContext::Target(_) => {
-                return Err(invalid(
-                    flag,
-                    text,
-                    "names a bake target, and a buildx line builds one image; give a directory or docker-image://REF, or use a project file whose images name each other",
-                ))
-            }
-            NamedContext::Dir(dir) if !dir.is_dir() => {
-                return Err(invalid(
-                    flag,
-                    text,
-                    format!("{} is not a directory; give an existing directory", dir.display()),
-                ))
-            }
-            NamedContext::Dir(dir) => NamedContext::Dir(dir.canonicalize().unwrap_or(dir)),
-            other => other,
-        };
-        if out.insert(name, context).is_some() {
-            return Err(invalid(
-                flag,
-                text,
-                "names a context given before; keep one",
-            ));
-        }
-    }
-    Ok(out)
-}
-
 fn parsed<T: std::str::FromStr<Err = String>>(flag: &str, values: &[String]) -> Result<Vec<T>> {
     values
         .iter()

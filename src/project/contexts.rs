@@ -135,6 +135,45 @@ pub fn parse_flag(text: &str, base: &Path) -> Result<(String, NamedContext), Str
     Ok((name.to_string(), NamedContext::parse(value, base)?))
 }
 
+/// One `--build-context NAME=VALUE` (`build`, `buildx build`), parsed: a directory
+/// (relative to the working directory, which must exist) or `docker-image://REF`; it adds
+/// to, or replaces by name, each image's `contexts:`. `target:` is a project file's:
+/// the build order is known before the flags are read.
+#[derive(Debug, Clone)]
+pub struct ContextFlag {
+    pub name: String,
+    pub context: NamedContext,
+}
+
+impl std::str::FromStr for ContextFlag {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        let cwd = std::env::current_dir().map_err(|e| format!("no working directory: {e}"))?;
+        let (name, context) = parse_flag(text, &cwd)?;
+        let context = match context {
+            NamedContext::Target(_) => {
+                return Err(
+                    "`target:` names another image of a project file; write it under the image's `contexts:` there, or give a directory or docker-image://REF"
+                        .into(),
+                )
+            }
+            NamedContext::Dir(dir) => NamedContext::Dir(dir.canonicalize().map_err(|e| {
+                format!("{} is not a directory ({e}); give an existing directory", dir.display())
+            })?),
+            other => other,
+        };
+        if let NamedContext::Dir(dir) = &context {
+            if !dir.is_dir() {
+                return Err(format!(
+                    "{} is not a directory; give a directory",
+                    dir.display()
+                ));
+            }
+        }
+        Ok(ContextFlag { name, context })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,5 +233,30 @@ mod tests {
         assert!(parse_flag("BAD=x", Path::new("/w"))
             .unwrap_err()
             .contains("not a context name"));
+    }
+
+    #[test]
+    fn flags_take_existing_directories_and_images_but_no_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let flag: ContextFlag = format!("assets={}", dir.path().display()).parse().unwrap();
+        assert_eq!(flag.name, "assets");
+        assert_eq!(
+            flag.context,
+            NamedContext::Dir(dir.path().canonicalize().unwrap())
+        );
+        let image: ContextFlag = "base=docker-image://r.example/base:v1".parse().unwrap();
+        assert_eq!(
+            image.context,
+            NamedContext::Image("r.example/base:v1".into())
+        );
+        let missing = format!("assets={}/nothere", dir.path().display());
+        assert!(missing
+            .parse::<ContextFlag>()
+            .unwrap_err()
+            .contains("not a directory"));
+        assert!("base=target:base"
+            .parse::<ContextFlag>()
+            .unwrap_err()
+            .contains("contexts:"));
     }
 }

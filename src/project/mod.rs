@@ -339,6 +339,8 @@ pub struct BuildFlags {
     pub build_history: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
+    /// `--build-context`: adds to, or replaces by name, each image's named contexts.
+    pub contexts: Vec<contexts::ContextFlag>,
     /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
     /// `reproducible: true`.
     pub source_date_epoch: Option<(u64, crate::project::source_date_epoch::EpochSource)>,
@@ -641,6 +643,11 @@ impl BuildFlags {
     /// caches, and the switches that only add (`--pull`, `--no-cache`, `--provenance`,
     /// `--sbom`).
     fn apply_to(&self, image: &mut ImageSpec, login: Option<Credential>) -> Result<()> {
+        for flag in &self.contexts {
+            image
+                .contexts
+                .insert(flag.name.clone(), flag.context.clone());
+        }
         for flag in &self.secrets {
             image.secrets.insert(
                 flag.id.clone(),
