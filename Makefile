@@ -19,7 +19,8 @@ TEST_ARGS ?=
 # the others (verify, gate, values, …) read registries and files only.
 ENGINE_TESTS ?= --test binfmt --test build --test builders --test dependencies \
   --test differential --test export --test interrupt --test registry --test reproducible \
-  --test platform_tests --test runners --test sbom --test session --test sign --test token_auth
+  --test platform_tests --test runners --test sbom --test session --test sign --test token_auth \
+  --test named_contexts
 
 .PHONY: all build demo test lint fuzz-check fmt bench env fixtures docs docs-gen
 

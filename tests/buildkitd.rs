@@ -154,6 +154,7 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
     let build = DockerfileBuild {
         context: context.path(),
         dockerfile: Path::new("Dockerfile"),
+        named_dirs: Vec::new(),
         frontend_attrs: HashMap::from([("platform".into(), "linux/amd64".into())]),
         entitlements: vec![],
         // Kept in the daemon's own store: the session is what is under test here.
@@ -692,4 +693,66 @@ fn buildkitd_tests_each_platform_before_any_tag_moves() {
         "{timed:#}"
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(50));
+}
+
+#[test]
+fn buildkitd_serves_a_named_directory_context_with_its_own_dockerignore() {
+    let bk = support::buildkitd::shared();
+    let registry = support::Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let repo = registry.repo(&support::unique_name("bkd/contexts"));
+    let assets = dir.path().join("assets");
+    std::fs::create_dir_all(&assets).unwrap();
+    std::fs::write(assets.join("kept.txt"), "kept").unwrap();
+    std::fs::write(assets.join("ignored.txt"), "ignored").unwrap();
+    std::fs::write(assets.join(".dockerignore"), "ignored.txt\n").unwrap();
+    // The build itself checks what arrived.
+    support::hello_context(
+        dir.path(),
+        "FROM scratch\nARG TARGETARCH\nCOPY bin/${TARGETARCH}/busybox /bin/busybox\nCOPY --from=assets / /assets/\n",
+    );
+    let file = support::write_project(dir.path(), &repo, "[v1]", "[linux/amd64, linux/arm64]");
+    let name = support::unique_name("bkd");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let text = text.replace("  hello:", &format!("  {name}:"));
+    std::fs::write(&file, format!("{text}    contexts: {{assets: assets}}\n")).unwrap();
+    let out = support::run(polyarch_on(&bk.unix).args(["build", "-f"]).arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for arch in ["amd64", "arm64"] {
+        let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
+        let entry = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["platform"]["architecture"] == arch)
+            .unwrap()
+            .clone();
+        let manifest =
+            support::skopeo_inspect_raw(&format!("{repo}@{}", entry["digest"].as_str().unwrap()));
+        let last = manifest["layers"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        let path = repo.split_once('/').unwrap().1;
+        let blob = support::curl(&[&format!(
+            "{}/v2/{path}/blobs/{}",
+            registry.url(),
+            last["digest"].as_str().unwrap()
+        )]);
+        let mut names: Vec<String> = tar::Archive::new(flate2::read::GzDecoder::new(&blob[..]))
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .filter(|p| !p.ends_with('/'))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["assets/.dockerignore", "assets/kept.txt"], "{arch}");
+    }
 }

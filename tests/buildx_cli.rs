@@ -106,7 +106,8 @@ fn flags_polyarch_cannot_honour_exit_2_naming_the_flag_and_what_to_use() {
         ("--load", "--push"),
         ("--builder=mybuilder", "DOCKER_CONTEXT"),
         ("--output=type=docker", "--output type=oci,dest=PATH"),
-        ("--build-context=base=../base", "not supported yet"),
+        ("--build-context=base=target:base", "`contexts:`"),
+        ("--build-context=base=oci-layout:///l", "docker-image://REF"),
         ("--sbom=generator=docker/scanner", "no scanner image"),
         ("--frobnicate", ""),
     ] {

@@ -128,6 +128,33 @@ fn podman_doctor_names_podman_and_its_version() {
     assert!(text.contains("has no BuildKit"), "{checks:#}");
 }
 
+#[test]
+fn podman_refuses_named_contexts_before_any_build_naming_the_field() {
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("assets")).unwrap();
+    fs::write(
+        dir.path().join("Dockerfile"),
+        "FROM scratch\nCOPY --from=assets / /\n",
+    )
+    .unwrap();
+    let file = support::write_project(
+        dir.path(),
+        &registry.repo(&unique_name("podman/ctx")),
+        "[v1]",
+        "[linux/amd64]",
+    );
+    let text = fs::read_to_string(&file).unwrap();
+    fs::write(&file, format!("{text}    contexts: {{assets: assets}}\n")).unwrap();
+    let out = run(on_podman().args(["build", "-f"]).arg(&file));
+    let message = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{message}");
+    assert!(
+        message.contains("images.hello.contexts.assets") && message.contains("has no BuildKit"),
+        "{message}"
+    );
+}
+
 /// `polyarch build --output-format json` on Podman with its own cache directory (other
 /// tests' runs never change what this one remembers) and, when given, the registry's
 /// credentials on the command line; the record.

@@ -12,6 +12,7 @@ use crate::base::dockerfile;
 use crate::builder::file_hashes::FileHashes;
 use crate::docker::buildkit::filesync::{self, Filter, SentEntry, Transfer};
 use crate::docker::engine::Engine;
+use crate::project::contexts::{self, NamedContext};
 use crate::project::ImageSpec;
 use crate::registry::{self, Registry, RegistryOptions, RetryPolicy};
 use crate::{builder, Platform};
@@ -83,9 +84,21 @@ pub async fn settings_key(
         .into_iter()
         .collect();
     args.extend(spec.build_args.clone());
-    let Some(images) = dockerfile::external_images(&text, &args) else {
+    let Some(mut images) = dockerfile::external_images(&text, &args) else {
         return Ok(None);
     };
+    // A name the build reads as a named context is that context, not an image; an
+    // image context is resolved as a base is (a `target:` one is a digest by now).
+    images.retain(|(image, _)| {
+        let name = image.strip_suffix(":latest").unwrap_or(image);
+        !spec.contexts.contains_key(name)
+    });
+    let target = platform.to_string();
+    for context in spec.contexts.values() {
+        if let NamedContext::Image(reference) = context {
+            images.push((reference.clone(), target.clone()));
+        }
+    }
     let mut bases = Vec::new();
     for (image, wanted) in images {
         // BuildKit uses the engine's copy when it is for the wanted platform, unless told
@@ -149,6 +162,9 @@ fn settings_digest(
         "cache_from": spec.cache_from.iter().map(|c| c.for_platform(platform)).collect::<Vec<_>>(),
         "cache_to": spec.cache_to.as_ref().map(|c| c.for_platform(platform)),
         "pull": spec.pull,
+        // Directories by path (their files are in what the build read), images by
+        // reference (their digests are in `bases`).
+        "contexts": spec.contexts.iter().map(|(name, c)| (name, c.written())).collect::<Vec<_>>(),
     });
     hex::encode(Sha256::digest(key.to_string()))
 }
@@ -162,7 +178,10 @@ fn session_dir(spec: &ImageSpec, dir: &str) -> Option<PathBuf> {
             .join(&spec.dockerfile)
             .parent()
             .map(|p| p.to_path_buf()),
-        _ => None,
+        named => contexts::session_dirs(&spec.contexts)
+            .into_iter()
+            .find(|(served, _)| served == named)
+            .map(|(_, dir)| dir.to_path_buf()),
     }
 }
 
@@ -400,5 +419,51 @@ mod tests {
         let mut changed = transfer.clone();
         changed.entries.last_mut().unwrap().size += 1;
         assert_eq!(reads_of(&spec, &[transfer, changed], &hashes), None);
+    }
+
+    #[tokio::test]
+    async fn a_change_in_a_named_context_directory_is_a_change_of_what_the_build_read() {
+        use crate::project::contexts::NamedContext;
+        let (_dir, spec, transfer) = sent_context();
+        let assets = tempfile::tempdir().unwrap();
+        std::fs::write(assets.path().join("x"), b"one").unwrap();
+        let spec = ImageSpec {
+            contexts: [(
+                "assets".to_string(),
+                NamedContext::Dir(assets.path().to_path_buf()),
+            )]
+            .into(),
+            ..spec
+        };
+        let everything = Filter::new(assets.path(), &[], &[], &[]).unwrap();
+        let named = Transfer {
+            dir_name: "assets".into(),
+            entries: filesync::replay(assets.path(), &everything, &FileHashes::open(None)).unwrap(),
+            ..transfer.clone()
+        };
+        let hashes = FileHashes::open(None);
+        let reads = reads_of(&spec, &[transfer, named], &hashes).unwrap();
+        assert_eq!(reads[1].dir, "assets");
+        assert!(
+            Replays::new(FileHashes::open(None))
+                .unchanged(&spec, &reads)
+                .await
+        );
+        std::fs::write(assets.path().join("x"), b"two").unwrap();
+        assert!(
+            !Replays::new(FileHashes::open(None))
+                .unchanged(&spec, &reads)
+                .await
+        );
+
+        // Which contexts, and what they name, are settings.
+        let platform: Platform = "linux/amd64".parse().unwrap();
+        let key = |spec: &ImageSpec| settings_digest(["engine", "28.5"], spec, &platform, &[]);
+        let mut other = spec.clone();
+        other.contexts.insert(
+            "base".into(),
+            NamedContext::Image("r.example/base:v1".into()),
+        );
+        assert_ne!(key(&spec), key(&other));
     }
 }

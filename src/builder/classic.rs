@@ -60,6 +60,7 @@ fn refuse_buildkit_only_settings(
             !spec.cache_from.is_empty() || spec.cache_to.is_some(),
             "cache",
         ),
+        (!spec.contexts.is_empty(), "contexts"),
         // The classic builder reads the Dockerfile from the context tar only.
         (
             !spec

@@ -518,6 +518,7 @@ async fn solve_in_session(
     let build = buildkit::DockerfileBuild {
         context: &spec.context,
         dockerfile: &spec.dockerfile,
+        named_dirs: crate::project::contexts::session_dirs(&spec.contexts),
         frontend_attrs: attrs,
         entitlements,
         exporter,
@@ -637,6 +638,16 @@ fn frontend_attrs(
     if spec.no_cache {
         // Empty: no step may come from the cache (a list would name stages).
         attrs.insert("no-cache".into(), String::new());
+    }
+    for (name, context) in &spec.contexts {
+        attrs.insert(format!("context:{name}"), context.frontend_value(name));
+    }
+    if !spec.contexts.is_empty() {
+        // What buildx declares with them: a `# syntax=` frontend gets them forwarded.
+        attrs.insert(
+            "frontend.caps".into(),
+            "moby.buildkit.frontend.contexts+forward".into(),
+        );
     }
     (attrs, entitlements)
 }

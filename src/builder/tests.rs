@@ -309,3 +309,46 @@ fn the_engines_message_is_classified_in_one_place() {
         .classify(&Stopped::Failed("exit code: 2".into()))
         .is_none());
 }
+
+#[test]
+fn named_contexts_become_frontend_inputs_as_buildx_sends_them() {
+    use crate::project::contexts::NamedContext;
+    let spec = crate::project::ImageSpec {
+        contexts: [
+            ("assets", NamedContext::Dir("/src/assets".into())),
+            ("context", NamedContext::Dir("/src/other".into())),
+            (
+                "base",
+                NamedContext::Image("r.example/base@sha256:1".into()),
+            ),
+        ]
+        .into_iter()
+        .map(|(name, context)| (name.to_string(), context))
+        .collect(),
+        ..crate::project::test_image("v1")
+    };
+    let (attrs, _) = frontend_attrs(&spec, "linux/amd64");
+    assert_eq!(attrs["context:assets"], "local:assets");
+    // The two names the main build serves are not taken over.
+    assert_eq!(attrs["context:context"], "local:_context");
+    assert_eq!(
+        attrs["context:base"],
+        "docker-image://r.example/base@sha256:1"
+    );
+    assert_eq!(
+        attrs["frontend.caps"],
+        "moby.buildkit.frontend.contexts+forward"
+    );
+    let served = crate::project::contexts::session_dirs(&spec.contexts);
+    assert_eq!(
+        served,
+        [
+            ("assets".to_string(), std::path::Path::new("/src/assets")),
+            ("_context".to_string(), std::path::Path::new("/src/other")),
+        ]
+    );
+    let (none, _) = frontend_attrs(&crate::project::test_image("v1"), "linux/amd64");
+    assert!(!none
+        .keys()
+        .any(|k| k.starts_with("context:") || k == "frontend.caps"));
+}

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use polyarch::base::annotations::AnnotationFlag;
 use polyarch::base::duration::parse_duration;
 pub use polyarch::flows::buildx::BuildxBuildArgs;
+use polyarch::project::contexts::ContextFlag;
 use polyarch::project::{BinfmtMode, CacheRef, Override, SecretFlag, SshFlag};
 use polyarch::Platform;
 use std::path::PathBuf;
@@ -186,6 +187,14 @@ pub struct BuildArgs {
     /// each image's `secrets:`. Repeatable.
     #[arg(long, value_name = "id=ID,env=NAME|id=ID,src=PATH")]
     pub secret: Vec<SecretFlag>,
+    /// A named context the Dockerfile reads as `FROM NAME` or `COPY --from=NAME`: a
+    /// directory (relative to the working directory) or docker-image://REF, as buildx's
+    /// flag; adds to, or replaces by name, each image's `contexts:`. Repeatable.
+    #[arg(
+        long = "build-context",
+        value_name = "NAME=DIR|NAME=docker-image://REF"
+    )]
+    pub build_context: Vec<ContextFlag>,
     /// An SSH agent the build may use (`RUN --mount=type=ssh[,id=ID]`): `default` or
     /// ID forwards $SSH_AUTH_SOCK, ID=SOCKET another agent's socket; adds to, or
     /// replaces by id, each image's `ssh:`. Repeatable.

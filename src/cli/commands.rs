@@ -141,6 +141,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         test: _,
         no_test,
         secret,
+        build_context,
         ssh,
         cache_from,
         cache_to,
@@ -172,6 +173,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         .clone()
         .map(|(username, password)| Credential::Basic { username, password });
     let flags = BuildFlags {
+        contexts: build_context,
         secrets: secret,
         ssh,
         cache_from,

@@ -111,6 +111,13 @@ impl Engine {
         format!("{} {}", self.product, self.server_version)
     }
 
+    /// Whether its BuildKit's Dockerfile frontend reads named contexts (`context:NAME`
+    /// attributes, frontend 1.4 in BuildKit 0.10+): a standalone daemon, or Docker 23
+    /// (API 1.42, BuildKit 0.11) and later. Docker 20.10's BuildKit 0.8 ignores them.
+    pub fn named_contexts(&self) -> bool {
+        self.buildkit && (self.daemon.is_some() || api_at_least(&self.api_version, 1, 42))
+    }
+
     /// Connects the way the Docker CLI does by default (`DOCKER_HOST` with
     /// `DOCKER_TLS_VERIFY`, else `DOCKER_CONTEXT` or config.json's `currentContext`, else
     /// the local socket) and asks what it is (version, info).

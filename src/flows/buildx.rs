@@ -131,7 +131,8 @@ pub struct BuildxBuildArgs {
     /// Attach an SPDX SBOM per platform, made by polyarch from the image's layers.
     #[arg(long, value_name = "VALUE", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub sbom: Option<String>,
-    /// Refused: named contexts are not supported yet.
+    /// A named context for `FROM NAME` / `COPY --from=NAME`: a directory or
+    /// docker-image://REF (repeatable).
     #[arg(long = "build-context", value_name = "NAME=VALUE")]
     pub build_contexts: Vec<String>,
     /// Refused: a project file cannot say it either.
@@ -311,6 +312,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         sbom: false,
         sign_key: None,
         signer: None,
+        contexts: BTreeMap::new(),
     };
     let flags = BuildFlags {
         secrets: parsed("--secret", &args.secrets)?,
@@ -320,6 +322,7 @@ pub fn translate(args: BuildxBuildArgs, around: Surroundings<'_>) -> Result<Buil
         pull: args.pull,
         no_cache: args.no_cache,
         annotations: parsed::<AnnotationFlag>("--annotation", &args.annotations)?,
+        contexts: parsed("--build-context", &args.build_contexts)?,
         // buildx hands SOURCE_DATE_EPOCH to BuildKit, which clamps the image's times.
         source_date_epoch: source_date_epoch(around.env)?,
         provenance: provenance(&args)?,
@@ -388,11 +391,6 @@ fn refuse_unsupported(args: &BuildxBuildArgs) -> Result<()> {
         ));
     }
     let not_yet = [
-        (
-            "--build-context",
-            args.build_contexts.first(),
-            "named contexts are not supported yet (neither are `contexts:` in polyarch.yaml); COPY from the main context, or --from an image, instead",
-        ),
         (
             "--add-host",
             args.add_hosts.first(),

@@ -1,10 +1,12 @@
 //! Images built from each other. An image whose Dockerfile `FROM`s another image of the
 //! project — `polyarch:NAME`, or that image's repository with no tag or one of its tags —
 //! builds after it, from the index just pushed for it (as bake's `target:` contexts do).
+//! A named context `target:NAME` (`contexts:`) is an edge too, used by digest the same way.
 //! The graph is made from the Dockerfiles before anything is built: a `polyarch:NAME`
-//! naming no image, or images building `FROM` each other, is a project error.
+//! or `target:NAME` naming no image, or images building from each other, is a project error.
 
 use crate::base::dockerfile;
+use crate::project::contexts::NamedContext;
 use crate::project::{ImageSpec, Project, ProjectError};
 use crate::registry::parse_reference;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -31,6 +33,8 @@ pub struct Edge {
 pub struct Graph {
     /// Per image name, its `FROM`s naming images of the project (absent: none).
     edges: BTreeMap<String, Vec<Edge>>,
+    /// Per image name, its named contexts `target:IMAGE`: (context name, image name).
+    targets: BTreeMap<String, Vec<(String, String)>>,
     /// Image names in project order.
     names: Vec<String>,
 }
@@ -64,12 +68,21 @@ impl Graph {
             if !edges.is_empty() {
                 graph.edges.insert(spec.name.clone(), edges);
             }
+            let targets = targets_of(file, spec, &specs)?;
+            if !targets.is_empty() {
+                graph.targets.insert(spec.name.clone(), targets);
+            }
         }
         if let Some(cycle) = graph.cycle() {
             let lines: Vec<String> = cycle
                 .windows(2)
                 .filter_map(|pair| {
                     let spec = specs.iter().find(|s| s.name == pair[0])?;
+                    if let Some((context, _)) =
+                        graph.targets(&pair[0]).iter().find(|(_, i)| *i == pair[1])
+                    {
+                        return Some(format!("images.{}.contexts.{context}", pair[0]));
+                    }
                     let edge = graph.edges(&pair[0]).iter().find(|e| e.image == pair[1])?;
                     let path = spec.context.join(&spec.dockerfile);
                     Some(format!("{} line {}", path.display(), edge.line + 1))
@@ -79,7 +92,7 @@ impl Graph {
                 file,
                 "images".into(),
                 format!(
-                    "images {} build FROM each other, so none can be built first; remove one of these FROM lines: {}",
+                    "images {} build FROM each other, so none can be built first; remove one of these FROM lines or contexts: {}",
                     cycle.join(" → "),
                     lines.join(", ")
                 ),
@@ -93,15 +106,28 @@ impl Graph {
         self.edges.get(image).map(Vec::as_slice).unwrap_or_default()
     }
 
-    /// The images `image` builds `FROM` directly, each once, sorted.
+    /// The named contexts `target:IMAGE` of `image`: (context name, image name).
+    pub fn targets(&self, image: &str) -> &[(String, String)] {
+        self.targets
+            .get(image)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+    }
+
+    /// The images `image` builds from directly (`FROM`, `target:` contexts), each once,
+    /// sorted.
     pub fn dependencies(&self, image: &str) -> Vec<String> {
-        let names: BTreeSet<&String> = self.edges(image).iter().map(|e| &e.image).collect();
+        let from = self.edges(image).iter().map(|e| &e.image);
+        let names: BTreeSet<&String> = from
+            .chain(self.targets(image).iter().map(|(_, i)| i))
+            .collect();
         names.into_iter().cloned().collect()
     }
 
-    /// Whether another image builds `FROM` this one.
+    /// Whether another image builds from this one.
     pub fn has_dependents(&self, image: &str) -> bool {
         self.edges.values().flatten().any(|e| e.image == image)
+            || self.targets.values().flatten().any(|(_, i)| i == image)
     }
 
     /// `selected` with every image they build `FROM`, directly or not, in build order:
@@ -187,6 +213,10 @@ fn edges_of(file: &Path, spec: &ImageSpec, text: &str, specs: &[&ImageSpec]) -> 
     let mut edges = Vec::new();
     for from in dockerfile::from_images(text, &args) {
         let Some(written) = from.image else { continue };
+        // A named context of that name is what BuildKit reads, not an image.
+        if spec.contexts.contains_key(&written) {
+            continue;
+        }
         let target = project_image(&written, specs).map_err(|message| {
             project_error(
                 file,
@@ -221,6 +251,48 @@ fn edges_of(file: &Path, spec: &ImageSpec, text: &str, specs: &[&ImageSpec]) -> 
         }
     }
     Ok(edges)
+}
+
+/// The named contexts `target:IMAGE` of `spec`: each must name another image of the
+/// project (`specs`) built for every platform of `spec`.
+fn targets_of(
+    file: &Path,
+    spec: &ImageSpec,
+    specs: &[&ImageSpec],
+) -> Result<Vec<(String, String)>> {
+    let mut targets = Vec::new();
+    for (context, value) in &spec.contexts {
+        let NamedContext::Target(name) = value else {
+            continue;
+        };
+        let field = format!("images.{}.contexts.{context}", spec.name);
+        let Some(target) = specs.iter().find(|s| s.name == *name) else {
+            return Err(project_error(
+                file,
+                field,
+                format!(
+                    "`target:{name}` names no image of this project (it declares {}); name one of them",
+                    specs.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        };
+        if let Some(platform) = spec
+            .platforms
+            .iter()
+            .find(|p| !target.platforms.contains(p))
+        {
+            return Err(project_error(
+                file,
+                field,
+                format!(
+                    "{platform} is not a platform of {name}, which {} reads as context {context}; add it to {name}'s platforms, or remove it from {}'s",
+                    spec.name, spec.name
+                ),
+            ));
+        }
+        targets.push((context.clone(), name.clone()));
+    }
+    Ok(targets)
 }
 
 fn project_error(file: &Path, field: String, message: String) -> ProjectError {

@@ -1,6 +1,7 @@
 //! Validation of one entry under `images:`.
 
 use super::checks::{pick, Cx};
+use super::contexts::{check_name, NamedContext};
 use super::diagnostics::q;
 use super::names::{check_repository, valid_image_name};
 use super::raw::{Entries, RawCache, RawImage, RawSecret};
@@ -76,6 +77,7 @@ impl Cx {
         let ssh = self.ssh(&name, raw.ssh)?;
         let (cache_from, cache_to) = self.cache(&name, raw.cache, &platforms)?;
         let tests = self.platform_tests(&name, raw.test, &platforms)?;
+        let contexts = self.named_contexts(&name, raw.contexts)?;
 
         Ok(ImageSpec {
             name,
@@ -107,7 +109,44 @@ impl Cx {
             login: None,
             build_history: false,
             tests,
+            contexts,
         })
+    }
+
+    /// `contexts: {NAME: DIR | docker-image://REF | target:IMAGE}`; directories relative to
+    /// the project file, and only a build requires them to exist. Whether a `target:`
+    /// names an image of the project is checked with the other images (see
+    /// [`super::dependencies`]).
+    fn named_contexts(
+        &self,
+        name: &str,
+        raw: Option<Entries<String>>,
+    ) -> Result<BTreeMap<String, NamedContext>> {
+        let mut out = BTreeMap::new();
+        for (key, value) in raw.map(|e| e.0).unwrap_or_default() {
+            let field = format!("images.{name}.contexts.{key}");
+            check_name(&key).map_err(|m| self.err(&field, m))?;
+            if out.contains_key(&key) {
+                return Err(self.err(&field, "is given twice; keep one"));
+            }
+            let context = match NamedContext::parse(&value, &self.base) {
+                Ok(NamedContext::Dir(dir)) if self.purpose == Purpose::Build => {
+                    NamedContext::Dir(self.context(&field, &dir)?)
+                }
+                Ok(NamedContext::Target(target)) if target == name => {
+                    return Err(self.err(
+                        &field,
+                        format!(
+                        "`target:{target}` is this image itself; name another image of the project"
+                    ),
+                    ))
+                }
+                Ok(context) => context,
+                Err(m) => return Err(self.err(&field, m)),
+            };
+            out.insert(key, context);
+        }
+        Ok(out)
     }
 
     fn annotations(&self, name: &str, raw: Option<Entries<String>>) -> Result<Annotations> {
@@ -451,7 +490,7 @@ impl Cx {
                 Err(self.err(
                     field,
                     format!(
-                        "{} is not a directory; point `context:` at the directory holding the build files",
+                        "{} is not a directory; point it at the directory holding the build files",
                         looked.display()
                     ),
                 ))

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 mod bake;
 mod checks;
+pub mod contexts;
 pub mod dependencies;
 mod diagnostics;
 mod error;
@@ -221,6 +222,10 @@ pub struct ImageSpec {
     pub build_history: bool,
     /// `test:`: run in each platform's pushed image before any tag moves.
     pub tests: Vec<platform_test::PlatformTest>,
+    /// Named build contexts by name (`contexts:`, `--build-context`): what `FROM NAME`,
+    /// `COPY --from=NAME` and `RUN --mount=from=NAME` read instead of an image so named.
+    /// A `target:` entry becomes the pushed digest before the image is built.
+    pub contexts: BTreeMap<String, contexts::NamedContext>,
 }
 
 /// Where a setting came from, so a problem found when building (a secret that cannot be
@@ -334,6 +339,8 @@ pub struct BuildFlags {
     pub build_history: bool,
     /// `--annotation`: added to each image's annotations (a flag's value wins).
     pub annotations: Vec<AnnotationFlag>,
+    /// `--build-context`: adds to, or replaces by name, each image's named contexts.
+    pub contexts: Vec<contexts::ContextFlag>,
     /// `--source-date-epoch` / `SOURCE_DATE_EPOCH`: for every image, winning over
     /// `reproducible: true`.
     pub source_date_epoch: Option<(u64, crate::project::source_date_epoch::EpochSource)>,
@@ -434,6 +441,7 @@ pub const IMAGE_FIELDS: &[&str] = &[
     "test",
     "sbom",
     "sign",
+    "contexts",
 ];
 
 /// The JSON Schema for editors, shipped in the binary so `polyarch` can print or install it.
@@ -635,6 +643,11 @@ impl BuildFlags {
     /// caches, and the switches that only add (`--pull`, `--no-cache`, `--provenance`,
     /// `--sbom`).
     fn apply_to(&self, image: &mut ImageSpec, login: Option<Credential>) -> Result<()> {
+        for flag in &self.contexts {
+            image
+                .contexts
+                .insert(flag.name.clone(), flag.context.clone());
+        }
         for flag in &self.secrets {
             image.secrets.insert(
                 flag.id.clone(),

@@ -103,6 +103,7 @@ pub(super) struct RawImage {
     pub(super) sign: Option<RawSign>,
     pub(super) annotations: Option<Entries<String>>,
     pub(super) test: Option<RawTests>,
+    pub(super) contexts: Option<Entries<String>>,
 }
 
 /// `test:`: one entry or a list of them.

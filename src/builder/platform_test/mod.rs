@@ -153,6 +153,7 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
     let build = buildkit::DockerfileBuild {
         context: dir.path(),
         dockerfile: std::path::Path::new("Dockerfile"),
+        named_dirs: Vec::new(),
         frontend_attrs: attrs,
         entitlements,
         // No export: the image is already pushed; the solve only runs the command.

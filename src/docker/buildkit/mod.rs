@@ -113,6 +113,8 @@ pub struct DockerfileBuild<'a> {
     pub context: &'a Path,
     /// Relative to `context`.
     pub dockerfile: &'a Path,
+    /// Named contexts' directories, served by these names (`context:NAME=local:NAME`).
+    pub named_dirs: Vec<(String, &'a Path)>,
     /// Frontend attributes besides `filename` (platform, target, `build-arg:*`, …).
     pub frontend_attrs: HashMap<String, String>,
     pub entitlements: Vec<String>,
@@ -173,7 +175,7 @@ pub async fn solve_on(
         endpoint: endpoint.name.clone(),
         source,
     };
-    let (dirs, filename) = synced_dirs(build.context, build.dockerfile);
+    let (dirs, filename) = synced_dirs(build.context, build.dockerfile, &build.named_dirs);
     let services = Services {
         dirs: dirs.clone(),
         auth,
@@ -234,18 +236,27 @@ pub async fn solve_on(
     }
 }
 
-/// The directories the session serves: the context, and the Dockerfile's own as
-/// `dockerfile`; the Dockerfile's name in the latter.
-fn synced_dirs(context: &Path, dockerfile: &Path) -> (SyncedDirs, String) {
+/// The directories the session serves: the context, the Dockerfile's own as
+/// `dockerfile`, and the named contexts' by their names; the Dockerfile's name in the
+/// second. BuildKit's frontend reads each named directory's own `.dockerignore` through
+/// the session and sends its patterns with the transfer, as for the context.
+fn synced_dirs(
+    context: &Path,
+    dockerfile: &Path,
+    named: &[(String, &Path)],
+) -> (SyncedDirs, String) {
     let full = context.join(dockerfile);
     let dockerfile_dir = full.parent().unwrap_or(context).to_path_buf();
     let filename = full
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "Dockerfile".into());
-    let dirs = SyncedDirs::new()
-        .with_dir("context", context)
-        .with_dir("dockerfile", dockerfile_dir);
+    let dirs = named.iter().fold(
+        SyncedDirs::new()
+            .with_dir("context", context)
+            .with_dir("dockerfile", dockerfile_dir),
+        |dirs, (name, dir)| dirs.with_dir(name, dir),
+    );
     (dirs, filename)
 }
 

@@ -217,11 +217,6 @@ fn every_refusal_names_its_flag_and_a_fix() {
             "--attest type=sbom,generator=img",
             "no scanner image",
         ),
-        (
-            "--build-context base=../x .",
-            "--build-context base=../x",
-            "not supported yet",
-        ),
         ("--add-host h:1.2.3.4 .", "--add-host", "/etc/hosts"),
         ("--allow network.host .", "--allow", "--network host"),
         ("--no-cache-filter a .", "--no-cache-filter", "--no-cache"),

@@ -4,12 +4,15 @@
 //! uses exactly what was just pushed and picks each platform's entry itself, on every
 //! engine (named contexts would need BuildKit 0.10+, and Docker 20.10 has 0.8). The
 //! copy's path is in the build's settings and its text in what the build read, so a
-//! rebuilt base also rebuilds its dependents on the warm path.
+//! rebuilt base also rebuilds its dependents on the warm path. A `target:` named context
+//! becomes `docker-image://REPO@sha256:<index digest>` the same way, and that reference
+//! is in the settings key.
 
 use super::Run;
 use crate::base::digest::Digest;
 use crate::base::progress::Event;
 use crate::builder::Builders;
+use crate::project::contexts::NamedContext;
 use crate::project::dependencies::{self, Graph};
 use crate::project::plan::Plan;
 use crate::project::ImageSpec;
@@ -77,8 +80,9 @@ impl Pins {
     }
 }
 
-/// What `image` builds from once the images it builds `FROM` are pushed: a copy of it
-/// whose Dockerfile names them by digest; None for an image building `FROM` none.
+/// What `image` builds from once the images it builds from are pushed: a copy of it whose
+/// Dockerfile names its `FROM`s by digest and whose `target:` contexts are those digests'
+/// `docker-image://` references; None for an image building from none.
 pub(super) async fn rebased(
     image: &ImageSpec,
     graph: &Graph,
@@ -86,7 +90,8 @@ pub(super) async fn rebased(
     run: &Run<'_>,
 ) -> Result<Option<ImageSpec>> {
     let edges = graph.edges(&image.name);
-    if edges.is_empty() {
+    let targets = graph.targets(&image.name);
+    if edges.is_empty() && targets.is_empty() {
         return Ok(None);
     }
     let pinned = pins.wait(&graph.dependencies(&image.name)).await?;
@@ -94,6 +99,18 @@ pub(super) async fn rebased(
         run.reporter.report(Event::Note {
             message: format!("{} builds FROM {name} as {reference}", image.name),
         });
+    }
+    let mut contexts = image.contexts.clone();
+    for (context, name) in targets {
+        if let Some(reference) = pinned.get(name) {
+            contexts.insert(context.clone(), NamedContext::Image(reference.clone()));
+        }
+    }
+    if edges.is_empty() {
+        return Ok(Some(ImageSpec {
+            contexts,
+            ..image.clone()
+        }));
     }
     let original = image.context.join(&image.dockerfile);
     let text = std::fs::read(&original).map_err(|e| Error::io(&original, e))?;
@@ -103,6 +120,7 @@ pub(super) async fn rebased(
     Ok(Some(ImageSpec {
         // Absolute: the context stays where it is, the Dockerfile is the copy.
         dockerfile,
+        contexts,
         ..image.clone()
     }))
 }
@@ -143,7 +161,7 @@ pub(super) fn check_layout(plan: &Plan<'_>, dir: &Path) -> Result<()> {
     match plan
         .images
         .iter()
-        .find(|i| !plan.dependencies.edges(&i.name).is_empty())
+        .find(|i| !plan.dependencies.dependencies(&i.name).is_empty())
     {
         Some(image) => Err(Error::Usage(format!(
             "--output oci:{}: {} builds FROM {}, which the engine must pull from a registry; push to the registry (drop --output)",
@@ -153,6 +171,37 @@ pub(super) fn check_layout(plan: &Plan<'_>, dir: &Path) -> Result<()> {
         ))),
         None => Ok(()),
     }
+}
+
+/// Before anything is built: every builder of an image with named contexts must have a
+/// Dockerfile frontend that reads them; elsewhere `COPY --from=NAME` would pull an image
+/// NAME instead.
+pub(super) fn check_named_contexts(plan: &Plan<'_>, builders: &Builders) -> Result<()> {
+    for unit in &plan.units {
+        let Some(name) = unit.image.contexts.keys().next() else {
+            continue;
+        };
+        let engine = builders.for_unit(unit);
+        if engine.named_contexts() {
+            continue;
+        }
+        let why = match engine.buildkit {
+            false => "has no BuildKit",
+            true => {
+                "has a BuildKit older than 0.10, whose Dockerfile frontend ignores named contexts"
+            }
+        };
+        return Err(Error::Usage(format!(
+            "images.{}.contexts.{name}: {} {}: the builder {} ({}, API {}) {why}; build it on Docker 23 or later, or a BuildKit daemon (`builders:`, DOCKER_HOST, BUILDKIT_HOST), or drop the named contexts",
+            unit.image.name,
+            unit.image.name,
+            unit.platform,
+            engine.endpoint,
+            engine.product_version(),
+            engine.api_version
+        )));
+    }
+    Ok(())
 }
 
 /// Before anything is built: every engine building a dependent must be able to pull

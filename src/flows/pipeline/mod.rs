@@ -122,6 +122,7 @@ async fn build_and_push_all<'a>(
 
     let run = Run::open(options, cleanup, &builders, reporter);
     let run = &run;
+    dependents::check_named_contexts(&plan, &builders)?;
     dependents::check_reachable(&plan, &builders, run)?;
     // `--jobs` bounds the solves running at once: a platform's own, or one for several
     // platforms of an image.

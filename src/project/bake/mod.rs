@@ -478,6 +478,7 @@ fn image(kind: Kind, name: &str, fields: &Fields) -> std::result::Result<RawImag
         test: None,
         // bake has no signing key; `build --sign-key` signs its targets.
         sign: None,
+        contexts: None,
     })
 }
 

@@ -111,7 +111,7 @@ fn repositories_match_with_host_port_and_tags() {
 #[test]
 fn unknown_names_cycles_and_missing_platforms_are_project_errors() {
     let p = local(&["a", "b"]);
-    let lines = "FROM lines: /tmp/a/Dockerfile line 1, /tmp/b/Dockerfile line 1";
+    let lines = "FROM lines or contexts: /tmp/a/Dockerfile line 1, /tmp/b/Dockerfile line 1";
     // Each case: the two Dockerfiles, what the one-line message holds and how it ends.
     #[rustfmt::skip]
     let cases: &[([&str; 2], &[&str], &str)] = &[
@@ -174,5 +174,83 @@ fn rewriting_keeps_flags_stage_names_and_other_lines() {
     assert_eq!(
         replace_word("FROM xpolyarch:base", "polyarch:base", "y"),
         None
+    );
+}
+
+#[test]
+fn target_contexts_order_builds_and_are_checked_like_from() {
+    let parse = |images: &str| {
+        let options = LoadOptions {
+            purpose: Purpose::Verify,
+            ..LoadOptions::default()
+        };
+        let text = format!("version: 1\nimages:\n{images}");
+        Project::parse(Path::new("/tmp/polyarch.yaml"), &text, &options).unwrap()
+    };
+    let image = |name: &str, platforms: &str, contexts: &str| {
+        format!("  {name}: {{repository: r.example/{name}, tags: [v1], context: {name}, platforms: [{platforms}], contexts: {{{contexts}}}}}\n")
+    };
+    let p = parse(&format!(
+        "{}{}",
+        image(
+            "app",
+            "linux/amd64",
+            "base: 'target:base', assets: ./assets"
+        ),
+        image("base", "linux/amd64, linux/arm64", "")
+    ));
+    // `FROM base` reads the context, not docker.io/library/base.
+    let g = graph(
+        &p,
+        &["FROM base\nCOPY --from=assets /x /x\n", "FROM scratch\n"],
+    )
+    .unwrap();
+    assert!(g.edges("app").is_empty());
+    assert_eq!(
+        g.targets("app"),
+        &[("base".to_string(), "base".to_string())]
+    );
+    assert_eq!(g.dependencies("app"), names(&["base"]));
+    assert!(g.has_dependents("base"));
+    assert_eq!(g.order(&names(&["app"])), names(&["base", "app"]));
+
+    // A cycle through a context names the context's field.
+    let p = parse(&format!(
+        "{}{}",
+        image("a", "linux/amd64", "b: 'target:b'"),
+        image("b", "linux/amd64", "")
+    ));
+    let error = graph(&p, &["FROM b\n", "FROM polyarch:a\n"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("images a → b → a build FROM each other"),
+        "{error}"
+    );
+    assert!(
+        error.contains("contexts: images.a.contexts.b, /tmp/b/Dockerfile line 1"),
+        "{error}"
+    );
+
+    // Unknown images and missing platforms are errors naming the context.
+    let p = parse(&image("a", "linux/amd64", "b: 'target:nope'"));
+    let error = graph(&p, &["FROM b\n"]).unwrap_err().to_string();
+    assert!(
+        error.contains(
+            "images.a.contexts.b: `target:nope` names no image of this project (it declares a)"
+        ),
+        "{error}"
+    );
+    let p = parse(&format!(
+        "{}{}",
+        image("a", "linux/amd64, linux/arm64", "b: 'target:b'"),
+        image("b", "linux/amd64", "")
+    ));
+    let error = graph(&p, &["FROM b\n", "FROM scratch\n"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("images.a.contexts.b: linux/arm64 is not a platform of b"),
+        "{error}"
     );
 }

@@ -1,6 +1,7 @@
 //! Each image's fields, and the build flags laid over them.
 
 use super::*;
+use crate::project::contexts::NamedContext;
 
 #[test]
 fn images_errors() {
@@ -455,4 +456,40 @@ fn verify_reads_no_build_inputs() {
     let empty = text.replace("context: app", "context: \"\"");
     let (f, _, _) = project_err(parse_job(&d, &empty, &[], Purpose::Verify));
     assert_eq!(f, "images.hello.context");
+}
+
+#[test]
+fn named_contexts_are_read_and_their_mistakes_name_the_field() {
+    let d = fixture();
+    let p = parse_in(
+        &d,
+        &with_image("    contexts: {assets: app, tools: \"docker-image://127.0.0.1:5000/tools:v1\", base: \"target:other\"}\n"),
+    )
+    .unwrap();
+    let contexts = &p.images[0].contexts;
+    assert_eq!(
+        contexts["assets"],
+        NamedContext::Dir(d.path().join("app").canonicalize().unwrap())
+    );
+    assert_eq!(
+        contexts["tools"],
+        NamedContext::Image("127.0.0.1:5000/tools:v1".into())
+    );
+    assert_eq!(contexts["base"], NamedContext::Target("other".into()));
+    #[rustfmt::skip]
+    let cases: &[(&str, &str, &str)] = &[
+        ("    contexts: {assets: nothere}\n", "images.hello.contexts.assets", "does not exist"),
+        ("    contexts: {assets: notadir}\n", "images.hello.contexts.assets", "is not a directory"),
+        ("    contexts: {assets: \"\"}\n", "images.hello.contexts.assets", "is empty"),
+        ("    contexts: {Assets: app}\n", "images.hello.contexts.Assets", "not a context name"),
+        ("    contexts: {x: \"docker-image://A/b\"}\n", "images.hello.contexts.x", "image reference"),
+        ("    contexts: {x: \"target:hello\"}\n", "images.hello.contexts.x", "this image itself"),
+        ("    contexts: {x: \"oci-layout://l\"}\n", "images.hello.contexts.x", "docker-image://REF"),
+        ("    contexts: [app]\n", "images.hello.contexts", "expected a mapping"),
+    ];
+    for (extra, field, needle) in cases {
+        let (f, m, shown) = project_err(parse_in(&d, &with_image(extra)));
+        assert_eq!(&f, field, "{extra}: {shown}");
+        assert!(m.contains(needle), "{extra}: {shown}");
+    }
 }

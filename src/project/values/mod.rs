@@ -307,6 +307,7 @@ pub(super) fn each_string<E>(
             sign,
             annotations,
             test,
+            contexts,
         } = image;
         one(f, &at("repository"), repository)?;
         list(f, &at("tags"), tags)?;
@@ -317,6 +318,7 @@ pub(super) fn each_string<E>(
         one(f, &at("target"), target)?;
         entries(f, &at("labels"), labels)?;
         entries(f, &at("annotations"), annotations)?;
+        entries(f, &at("contexts"), contexts)?;
         one(f, &at("network"), network)?;
         one(f, &at("binfmt"), binfmt)?;
         for (id, secret) in secrets.iter_mut().flat_map(|e| e.0.iter_mut()) {
