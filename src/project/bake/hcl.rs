@@ -26,7 +26,43 @@ struct Variable {
     validations: Vec<(Expression, Option<Expression>)>,
 }
 
-pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
+/// Several HCL and JSON files as bake reads them together: one body, a later file's
+/// blocks merged into the earlier ones of the same name, attribute by attribute.
+pub(super) fn read_many(files: &[(bool, &str)], env: Lookup) -> Result<Definition> {
+    let mut all = Blocks::default();
+    for (json, text) in files {
+        let more = if *json {
+            parse_json(text)?
+        } else {
+            parse_hcl(text)?
+        };
+        for variable in more.variables {
+            match all.variables.iter_mut().find(|v| v.name == variable.name) {
+                Some(old) => {
+                    if variable.default.is_some() {
+                        old.default = variable.default;
+                    }
+                    old.validations.extend(variable.validations);
+                }
+                None => all.variables.push(variable),
+            }
+        }
+        for (list, more) in [
+            (&mut all.targets, more.targets),
+            (&mut all.groups, more.groups),
+        ] {
+            for (name, attributes) in more {
+                match list.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, old)) => old.extend(attributes),
+                    None => list.push((name, attributes)),
+                }
+            }
+        }
+    }
+    resolve(all, env)
+}
+
+fn parse_hcl(text: &str) -> Result<Blocks> {
     let body = hcl::parse(text).map_err(|e| {
         Problem::at(
             "",
@@ -36,12 +72,12 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
             ),
         )
     })?;
-    resolve(blocks(&body)?, env)
+    blocks(&body)
 }
 
 /// bake's JSON form: the same blocks as objects (`{"target": {"app": {…}}}`), its
 /// strings templates as in HCL.
-pub(super) fn read_json(text: &str, env: Lookup) -> Result<Definition> {
+fn parse_json(text: &str) -> Result<Blocks> {
     let json: Json = serde_json::from_str(text)
         .map_err(|e| Problem::at("", format!("is not valid JSON ({e}); fix the syntax")))?;
     let Json::Object(top) = json else {
@@ -82,7 +118,7 @@ pub(super) fn read_json(text: &str, env: Lookup) -> Result<Definition> {
             }
         }
     }
-    resolve(found, env)
+    Ok(found)
 }
 
 /// A JSON value as an HCL expression, its strings read as templates (`"${TAG}"`).
@@ -257,6 +293,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     }
 
     let mut groups = Vec::new();
+    let mut descriptions = Vec::new();
     for (name, attributes) in &blocks.groups {
         let mut targets = Vec::new();
         for (key, expression) in attributes {
@@ -282,7 +319,11 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                         targets.push(s);
                     }
                 }
-                "description" => {}
+                "description" => {
+                    if let Ok(Value::String(d)) = expression.evaluate(&context) {
+                        descriptions.push((name.clone(), d));
+                    }
+                }
                 _ => {
                     return Err(Problem::at(
                         field,
@@ -320,7 +361,13 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         let mut stuck = None;
         pending.retain(|(i, key, expression)| match expression.evaluate(&scope) {
             Ok(value) => {
-                own[*i].1.insert((*key).clone(), value);
+                // A second block of the same name (a later file's) merges as bake does.
+                match own[*i].1.get_mut(*key) {
+                    Some(old) => combine(key, old, value),
+                    None => {
+                        own[*i].1.insert((*key).clone(), value);
+                    }
+                }
                 false
             }
             Err(e) => {
@@ -347,7 +394,11 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     for (name, _) in &own {
         targets.push((name.clone(), inherited(&own, name, &mut Vec::new())?));
     }
-    Ok(Definition { groups, targets })
+    Ok(Definition {
+        groups,
+        targets,
+        descriptions,
+    })
 }
 
 /// A target's fields with its `inherits` applied in order, later winning, as bake merges
@@ -398,25 +449,64 @@ fn inherited(own: &[(String, Fields)], name: &str, trail: &mut Vec<String>) -> R
     trail.pop();
     merge(&mut merged, fields.clone());
     merged.remove("inherits");
+    // bake grants a host network's entitlement, and a target inherits what its parents
+    // were granted.
+    if merged.get("network").and_then(Json::as_str) == Some("host") {
+        let granted = merged
+            .entry(GRANTED)
+            .or_insert_with(|| Json::Array(Vec::new()));
+        if let Json::Array(list) = granted {
+            list.push("network.host".into());
+        }
+    }
     Ok(merged)
 }
 
+/// The fields bake merges key by key, and the lists it appends; any other field is
+/// replaced.
+const KEYED: &[&str] = &["args", "labels", "contexts", "extra-hosts"];
+const APPENDED: &[&str] = &[
+    GRANTED,
+    "annotations",
+    "attest",
+    "cache-from",
+    "secret",
+    "ssh",
+    "no-cache-filter",
+    "ulimits",
+    "entitlements",
+];
+
+/// The entitlements bake grants a target by itself (not the file's `entitlements`, which
+/// polyarch refuses): printed by `plan --print`, ignored otherwise.
+pub(super) const GRANTED: &str = "granted-entitlements";
+
 fn merge(into: &mut Fields, from: Fields) {
     for (key, value) in from {
-        match (key.as_str(), into.get_mut(&key), value) {
-            (_, _, Json::Null) => {}
-            ("args" | "labels", Some(Json::Object(old)), Json::Object(new)) => {
+        match (into.get_mut(&key), value) {
+            (_, Json::Null) => {}
+            (Some(Json::Object(old)), Json::Object(new)) if KEYED.contains(&key.as_str()) => {
                 old.extend(new.into_iter().filter(|(_, v)| !v.is_null()))
             }
-            (
-                "annotations" | "attest" | "cache-from" | "secret" | "ssh",
-                Some(Json::Array(old)),
-                Json::Array(new),
-            ) => old.extend(new),
-            (_, _, value) => {
+            (Some(Json::Array(old)), Json::Array(new)) if APPENDED.contains(&key.as_str()) => {
+                old.extend(new)
+            }
+            (_, value) => {
                 into.insert(key, value);
             }
         }
+    }
+}
+
+/// [`merge`] for one attribute of a target declared twice.
+fn combine(key: &str, old: &mut Value, new: Value) {
+    match (old, new) {
+        (_, Value::Null) => {}
+        (Value::Object(old), Value::Object(new)) if KEYED.contains(&key) => {
+            old.extend(new.into_iter().filter(|(_, v)| !v.is_null()))
+        }
+        (Value::Array(old), Value::Array(new)) if APPENDED.contains(&key) => old.extend(new),
+        (old, new) => *old = new,
     }
 }
 

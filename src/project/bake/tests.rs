@@ -101,7 +101,7 @@ fn bake_files_resolve_as_bake_does() {
             "compose.yaml",
             "services:\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      dockerfile: web.Dockerfile\n      args: [X=1]\n      target: prod\n      platforms: [linux/amd64]\n      tags: [reg.example.com/web:latest]\n  db:\n    image: postgres\n",
             &[],
-            &[r#"web reg.example.com/web v1,latest linux/amd64 {"X": "1"} web.Dockerfile prod"#],
+            &[r#"web reg.example.com/web latest linux/amd64 {"X": "1"} web.Dockerfile prod"#],
         ),
         (
             "docker-compose.yml",
