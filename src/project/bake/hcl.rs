@@ -335,17 +335,21 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         groups.push((name.clone(), targets));
     }
 
+    let (targets, renamed) = expand_matrices(&blocks.targets, &context)?;
+    for (name, members) in renamed {
+        if !groups.iter().any(|(g, _)| *g == name) {
+            groups.push((name, members));
+        }
+    }
     // Attributes evaluated so far, per target: what `target.NAME.attr` reads.
-    let mut own: Vec<(String, hcl::Map<String, Value>)> = blocks
-        .targets
+    let mut own: Vec<(String, hcl::Map<String, Value>)> = targets
         .iter()
-        .map(|(name, _)| (name.clone(), hcl::Map::new()))
+        .map(|t| (t.name.clone(), hcl::Map::new()))
         .collect();
-    let mut pending: Vec<(usize, &String, &Expression)> = blocks
-        .targets
+    let mut pending: Vec<(usize, &String, &Expression)> = targets
         .iter()
         .enumerate()
-        .flat_map(|(i, (_, attributes))| attributes.iter().map(move |(k, e)| (i, k, e)))
+        .flat_map(|(i, t)| t.attributes.iter().map(move |(k, e)| (i, *k, *e)))
         .collect();
     while !pending.is_empty() {
         let mut scope = context.clone();
@@ -359,20 +363,32 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         );
         let before = pending.len();
         let mut stuck = None;
-        pending.retain(|(i, key, expression)| match expression.evaluate(&scope) {
-            Ok(value) => {
-                // A second block of the same name (a later file's) merges as bake does.
-                match own[*i].1.get_mut(*key) {
-                    Some(old) => combine(key, old, value),
-                    None => {
-                        own[*i].1.insert((*key).clone(), value);
+        pending.retain(|(i, key, expression)| {
+            let evaluated = match targets[*i].locals.as_slice() {
+                [] => expression.evaluate(&scope),
+                locals => {
+                    let mut scope = scope.clone();
+                    for (k, v) in locals {
+                        scope.declare_var(k.clone(), v.clone());
                     }
+                    expression.evaluate(&scope)
                 }
-                false
-            }
-            Err(e) => {
-                stuck.get_or_insert((format!("target.{}.{key}", own[*i].0), e));
-                true
+            };
+            match evaluated {
+                Ok(value) => {
+                    // A second block of the same name (a later file's) merges as bake does.
+                    match own[*i].1.get_mut(*key) {
+                        Some(old) => combine(key, old, value),
+                        None => {
+                            own[*i].1.insert((*key).clone(), value);
+                        }
+                    }
+                    false
+                }
+                Err(e) => {
+                    stuck.get_or_insert((format!("target.{}.{key}", own[*i].0), e));
+                    true
+                }
             }
         });
         if pending.len() == before {
@@ -399,6 +415,141 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         targets,
         descriptions,
     })
+}
+
+/// One target to evaluate: a block, or one combination of a block's `matrix`, with the
+/// matrix's values in scope.
+struct Expanded<'a> {
+    name: String,
+    attributes: Vec<(&'a String, &'a Expression)>,
+    locals: Vec<(String, Value)>,
+}
+
+/// Each target with a `matrix` made one target per combination of its values (the
+/// first key in sorted order varying fastest), named by its `name` expression; the block's name becomes
+/// a group of them, as bake renames it.
+#[allow(clippy::type_complexity)]
+fn expand_matrices<'a>(
+    targets: &'a [(String, Vec<(String, Expression)>)],
+    context: &Context,
+) -> Result<(Vec<Expanded<'a>>, Vec<(String, Vec<String>)>)> {
+    let mut out = Vec::new();
+    let mut renamed = Vec::new();
+    for (name, attributes) in targets {
+        let get = |key: &str| {
+            attributes
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, e)| e)
+        };
+        let rest = || {
+            attributes
+                .iter()
+                .filter(|(k, _)| k != "matrix" && k != "name")
+                .map(|(k, e)| (k, e))
+                .collect::<Vec<_>>()
+        };
+        let Some(matrix) = get("matrix") else {
+            if get("name").is_some() {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    "is given without matrix; remove it or add a matrix",
+                ));
+            }
+            out.push(Expanded {
+                name: name.clone(),
+                attributes: rest(),
+                locals: Vec::new(),
+            });
+            continue;
+        };
+        let field = format!("target.{name}.matrix");
+        let Value::Object(axes) = matrix
+            .evaluate(context)
+            .map_err(|e| evaluation(field.clone(), &e))?
+        else {
+            return Err(Problem::at(
+                field,
+                "is not a map of lists; write { KEY = [\"a\", \"b\"] }",
+            ));
+        };
+        // bake's keys are sorted, the last varying slowest.
+        let mut axes: Vec<(String, Value)> = axes.into_iter().collect();
+        axes.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut combinations: Vec<Vec<(String, Value)>> = vec![Vec::new()];
+        for (key, values) in axes {
+            let Value::Array(values) = values else {
+                return Err(Problem::at(
+                    format!("{field}.{key}"),
+                    "is not a list; write [\"a\", \"b\"]",
+                ));
+            };
+            combinations = combinations
+                .into_iter()
+                .flat_map(|c| {
+                    let key = &key;
+                    values.iter().map(move |v| {
+                        let mut c = c.clone();
+                        c.push((key.clone(), v.clone()));
+                        c
+                    })
+                })
+                .collect();
+        }
+        let mut names = Vec::new();
+        for locals in combinations {
+            let renamed_to = match get("name") {
+                Some(expression) => {
+                    let mut scope = context.clone();
+                    for (k, v) in &locals {
+                        scope.declare_var(k.clone(), v.clone());
+                    }
+                    match expression
+                        .evaluate(&scope)
+                        .map_err(|e| evaluation(format!("target.{name}.name"), &e))?
+                    {
+                        Value::String(s) => s,
+                        _ => {
+                            return Err(Problem::at(
+                                format!("target.{name}.name"),
+                                "is not a string; write name = \"app-${v}\"",
+                            ))
+                        }
+                    }
+                }
+                None => name.clone(),
+            };
+            if renamed_to.is_empty()
+                || !renamed_to
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    format!(
+                        "gives `{renamed_to}`; a target name holds only letters, digits, _ and -"
+                    ),
+                ));
+            }
+            if names.contains(&renamed_to) {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    format!("gives `{renamed_to}` twice; use every matrix value in the name"),
+                ));
+            }
+            names.push(renamed_to.clone());
+            out.push(Expanded {
+                name: renamed_to,
+                attributes: rest(),
+                locals,
+            });
+        }
+        if names.len() != 1 || names[0] != *name {
+            renamed.push((name.clone(), names));
+        }
+    }
+    Ok((out, renamed))
 }
 
 /// A target's fields with its `inherits` applied in order, later winning, as bake merges

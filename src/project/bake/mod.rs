@@ -400,8 +400,6 @@ const REFUSED: &[(&str, &str)] = &[
     ("shm-size", "RUN steps get BuildKit's default /dev/shm; remove shm-size"),
     ("ulimits", "RUN steps get BuildKit's default limits; remove ulimits"),
     ("extra-hosts", "polyarch's RUN steps resolve names through the network they use; remove extra-hosts"),
-    ("matrix", "matrix targets are not expanded yet; write one target per combination"),
-    ("name", "name is matrix's; write one target per combination"),
 ];
 
 /// Fields polyarch reads (besides `inherits`, already applied, and `description`).
