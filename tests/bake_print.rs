@@ -199,8 +199,6 @@ target "app" {
     INDENT = indent(2, "a\nb")
     REGEX = regex_replace("v1.2.3", "[.]", "_")
     SHA = sha256("polyarch")
-    MD5 = md5("polyarch")
-    SHA1 = sha1("polyarch")
     COALESCE = coalesce("", "second")
     COMPACT = join(",", compact(["a", "", "b"]))
     ZIP = jsonencode(zipmap(["a", "b"], [1, 2]))

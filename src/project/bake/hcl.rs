@@ -2,9 +2,10 @@
 //! `validation`, the environment's value by the variable's name), `${}` interpolation,
 //! a part of bake's standard library, `target.NAME.attr` references, then `inherits`.
 
+use super::functions::{self, UserFunction};
 use super::{Definition, Fields, Problem};
 use crate::project::values::Lookup;
-use hcl::eval::{Context, ErrorKind, Evaluate, FuncArgs, FuncDef, ParamType};
+use hcl::eval::{Context, ErrorKind, Evaluate};
 use hcl::{Body, Expression, Value};
 use serde_json::Value as Json;
 
@@ -15,6 +16,7 @@ type Result<T> = std::result::Result<T, Problem>;
 #[derive(Default)]
 struct Blocks {
     variables: Vec<Variable>,
+    functions: Vec<UserFunction>,
     targets: Vec<(String, Vec<(String, Expression)>)>,
     groups: Vec<(String, Vec<(String, Expression)>)>,
 }
@@ -36,6 +38,10 @@ pub(super) fn read_many(files: &[(bool, &str)], env: Lookup) -> Result<Definitio
         } else {
             parse_hcl(text)?
         };
+        for function in more.functions {
+            all.functions.retain(|f| f.name != function.name);
+            all.functions.push(function);
+        }
         for variable in more.variables {
             match all.variables.iter_mut().find(|v| v.name == variable.name) {
                 Some(old) => {
@@ -139,8 +145,8 @@ fn template(value: Json) -> Expression {
 
 fn unknown_block(kind: &str) -> Problem {
     let fix = match kind {
-        "function" => "user functions are not evaluated by polyarch yet; compute the value in a variable's default",
-        _ => "bake files hold variable, target and group blocks; remove it",
+        "function" => "write functions in HCL; bake's JSON form of them is not read",
+        _ => "bake files hold variable, function, target and group blocks; remove it",
     };
     Problem::at(
         kind,
@@ -177,6 +183,7 @@ fn blocks(body: &Body) -> Result<Blocks> {
                 .collect()
         };
         match kind {
+            "function" => found.functions.push(function(&name, block.body())?),
             "variable" => {
                 let mut validations = Vec::new();
                 for inner in block.body().blocks() {
@@ -233,13 +240,58 @@ fn blocks(body: &Body) -> Result<Blocks> {
     Ok(found)
 }
 
+/// A `function "NAME" { params = [a, b]  variadic_params = rest  result = … }` block.
+fn function(name: &str, body: &Body) -> Result<UserFunction> {
+    let at = |key: &str| format!("function.{name}.{key}");
+    let get = |key: &str| body.attributes().find(|a| a.key() == key).map(|a| a.expr());
+    let identifier = |e: &Expression, key: &str| match e {
+        Expression::Variable(v) => Ok(v.to_string()),
+        _ => Err(Problem::at(
+            at(key),
+            "holds a value that is not a bare name; write [a, b]",
+        )),
+    };
+    let params = match get("params") {
+        Some(Expression::Array(items)) => items
+            .iter()
+            .map(|e| identifier(e, "params"))
+            .collect::<Result<Vec<_>>>()?,
+        None => Vec::new(),
+        Some(_) => {
+            return Err(Problem::at(
+                at("params"),
+                "is not a list of names; write [a, b]",
+            ))
+        }
+    };
+    let variadic = get("variadic_params")
+        .map(|e| identifier(e, "variadic_params"))
+        .transpose()?;
+    let result = get("result")
+        .cloned()
+        .ok_or_else(|| Problem::at(at("result"), "is missing; add result = …"))?;
+    if let Some(block) = body.blocks().next() {
+        return Err(Problem::at(
+            at(block.identifier()),
+            "is a block; a function holds params, variadic_params and result",
+        ));
+    }
+    Ok(UserFunction {
+        name: name.to_string(),
+        params,
+        variadic,
+        result,
+    })
+}
+
 /// Evaluates the blocks: variables first (each may use those before it is resolved),
 /// then groups, then targets attribute by attribute (an attribute may name another
 /// target's, `target.NAME.attr`), then inheritance.
 fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
-    let mut context = functions();
+    let mut context = functions::context(&blocks.functions)?;
     let mut pending: Vec<&Variable> = blocks.variables.iter().collect();
     while !pending.is_empty() {
+        functions::set_scope(&context);
         let mut stuck = None;
         let before = pending.len();
         pending.retain(|variable| {
@@ -265,6 +317,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
             return Err(evaluation(format!("variable.{name}.default"), &e));
         }
     }
+    functions::set_scope(&context);
     for variable in &blocks.variables {
         for (condition, message) in &variable.validations {
             let field = format!("variable.{}.validation", variable.name);
@@ -686,175 +739,9 @@ fn evaluation(field: String, e: &hcl::eval::Error) -> Problem {
         ),
         ErrorKind::UndefinedFunc(name) => format!(
             "calls {name}(), a function polyarch does not provide (it has {}); compute the value in a variable, or set it from the environment",
-            FUNCTIONS.join(", ")
+            super::functions::NAMES.join(", ")
         ),
         _ => format!("cannot be evaluated ({e}); fix the expression"),
     };
     Problem::at(field, message)
-}
-
-/// bake's standard library functions polyarch provides.
-const FUNCTIONS: &[&str] = &[
-    "upper",
-    "lower",
-    "trimspace",
-    "trimprefix",
-    "trimsuffix",
-    "replace",
-    "join",
-    "split",
-    "equal",
-    "notequal",
-    "and",
-    "or",
-    "not",
-    "length",
-    "concat",
-    "coalesce",
-];
-
-fn functions<'a>() -> Context<'a> {
-    let mut context = Context::new();
-    context.declare_func(
-        "upper",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_uppercase().into())),
-    );
-    context.declare_func(
-        "lower",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_lowercase().into())),
-    );
-    context.declare_func(
-        "trimspace",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().trim().into())),
-    );
-    context.declare_func(
-        "trimprefix",
-        strings(2, |args| {
-            let (s, p) = (text(&args, 0), text(&args, 1));
-            Ok(s.strip_prefix(p).unwrap_or(s).into())
-        }),
-    );
-    context.declare_func(
-        "trimsuffix",
-        strings(2, |args| {
-            let (s, p) = (text(&args, 0), text(&args, 1));
-            Ok(s.strip_suffix(p).unwrap_or(s).into())
-        }),
-    );
-    context.declare_func(
-        "replace",
-        strings(3, |args| {
-            Ok(text(&args, 0)
-                .replace(text(&args, 1), text(&args, 2))
-                .into())
-        }),
-    );
-    context.declare_func(
-        "split",
-        strings(2, |args| {
-            Ok(Value::Array(
-                text(&args, 1)
-                    .split(text(&args, 0))
-                    .map(Value::from)
-                    .collect(),
-            ))
-        }),
-    );
-    context.declare_func(
-        "join",
-        FuncDef::builder()
-            .param(ParamType::String)
-            .variadic_param(ParamType::array_of(ParamType::String))
-            .build(|args| {
-                let items: Vec<String> = args
-                    .variadic_args()
-                    .flat_map(|list| list.as_array().cloned().unwrap_or_default())
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect();
-                Ok(items.join(args[0].as_str().unwrap_or_default()).into())
-            }),
-    );
-    context.declare_func(
-        "equal",
-        FuncDef::builder()
-            .params([ParamType::Any, ParamType::Any])
-            .build(|args| Ok((args[0] == args[1]).into())),
-    );
-    context.declare_func(
-        "notequal",
-        FuncDef::builder()
-            .params([ParamType::Any, ParamType::Any])
-            .build(|args| Ok((args[0] != args[1]).into())),
-    );
-    context.declare_func(
-        "and",
-        FuncDef::builder()
-            .params([ParamType::Bool, ParamType::Bool])
-            .build(|args| {
-                Ok((args[0].as_bool() == Some(true) && args[1].as_bool() == Some(true)).into())
-            }),
-    );
-    context.declare_func(
-        "or",
-        FuncDef::builder()
-            .params([ParamType::Bool, ParamType::Bool])
-            .build(|args| {
-                Ok((args[0].as_bool() == Some(true) || args[1].as_bool() == Some(true)).into())
-            }),
-    );
-    context.declare_func(
-        "not",
-        FuncDef::builder()
-            .param(ParamType::Bool)
-            .build(|args| Ok((args[0].as_bool() != Some(true)).into())),
-    );
-    context.declare_func(
-        "length",
-        FuncDef::builder()
-            .param(ParamType::Any)
-            .build(|args| match &args[0] {
-                Value::String(s) => Ok(s.chars().count().into()),
-                Value::Array(a) => Ok(a.len().into()),
-                Value::Object(o) => Ok(o.len().into()),
-                other => Err(format!("length of {other} is undefined")),
-            }),
-    );
-    context.declare_func(
-        "concat",
-        FuncDef::builder()
-            .variadic_param(ParamType::array_of(ParamType::Any))
-            .build(|args| {
-                Ok(Value::Array(
-                    args.variadic_args()
-                        .flat_map(|l| l.as_array().cloned().unwrap_or_default())
-                        .collect(),
-                ))
-            }),
-    );
-    context.declare_func(
-        "coalesce",
-        FuncDef::builder()
-            .variadic_param(ParamType::Any)
-            .build(|args| {
-                args.variadic_args()
-                    .find(|v| !v.is_null() && v.as_str() != Some(""))
-                    .cloned()
-                    .ok_or_else(|| "no non-null, non-empty argument".to_string())
-            }),
-    );
-    context
-}
-
-fn one_string(f: hcl::eval::Func) -> FuncDef {
-    FuncDef::builder().param(ParamType::String).build(f)
-}
-
-fn strings(count: usize, f: hcl::eval::Func) -> FuncDef {
-    FuncDef::builder()
-        .params(std::iter::repeat_n(ParamType::String, count))
-        .build(f)
-}
-
-fn text(args: &FuncArgs, i: usize) -> &str {
-    args[i].as_str().unwrap_or_default()
 }

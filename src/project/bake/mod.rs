@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod compose;
+mod functions;
 mod hcl;
 mod print;
 #[cfg(test)]
