@@ -93,6 +93,10 @@ services:
       labels: {team: web}
       platforms: [linux/amd64, linux/arm64]
       secrets: [tok]
+      additional_contexts:
+        assets: ./src
+        base: docker-image://alpine:3.20
+        w: service:worker
       x-bake:
         pull: true
         cache-from: [reg.example.com/web:cache]
@@ -232,7 +236,10 @@ variable "NAME" { default = "svc" }
 group "default" { targets = ["app"] }
 target "app" {
   tags = ["reg.example.com/${NAME}:${PORT}"]
-  args = { PORT = PORT, NEXT = PORT + 1, DEBUG = DEBUG ? "yes" : "no" }
+  args = {
+    PORT = PORT, NEXT = PORT + 1, DEBUG = DEBUG ? "yes" : "no"
+    WHERE = BAKE_CMD_CONTEXT, LOCAL = BAKE_LOCAL_PLATFORM
+  }
 }
 "#;
 
@@ -444,6 +451,33 @@ fn plan_print_refuses_what_polyarch_cannot_honour() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("docker-bake.hcl: target.default.shm-size: polyarch cannot honour it"),
+        "{stderr}"
+    );
+}
+
+/// A variable its validation refuses fails both: bake with its message, polyarch with
+/// exit 2 naming the variable and the same message.
+#[test]
+fn a_refused_variable_fails_both() {
+    let case = &Case {
+        name: "validation refuses PORT=80",
+        files: &[("docker-bake.hcl", VALIDATION)],
+        args: &[],
+        env: &[("PORT", "80")],
+    };
+    let dir = prepare(case);
+    let bake = with_case(
+        docker28_client().args(["buildx", "bake", "--print"]),
+        dir.path(),
+        case,
+    );
+    assert!(!bake.status.success(), "bake accepted PORT=80");
+    assert!(String::from_utf8_lossy(&bake.stderr).contains("PORT must be above 1024"));
+    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
+    assert_eq!(ours.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    assert!(
+        stderr.contains("variable.PORT.validation: PORT must be above 1024"),
         "{stderr}"
     );
 }

@@ -117,6 +117,17 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
         if let Some(Value::String(context)) = fields.get_mut("context") {
             *context = clean_path(context);
         }
+        // compose's `service:NAME` is bake's `target:NAME`.
+        if let Some(Value::Object(contexts)) = fields.get_mut("contexts") {
+            for value in contexts.values_mut() {
+                let Some(text) = value.as_str() else { continue };
+                if let Some(service) = text.strip_prefix("service:") {
+                    *value = Value::String(format!("target:{service}"));
+                } else if !text.contains(':') {
+                    *value = Value::String(clean_path(text));
+                }
+            }
+        }
         targets.push((name, fields));
     }
     // bake's `default` group: every service that builds.

@@ -289,6 +289,9 @@ fn function(name: &str, body: &Body) -> Result<UserFunction> {
 /// target's, `target.NAME.attr`), then inheritance.
 fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     let mut context = functions::context(&blocks.functions)?;
+    // bake's built-in variables (a file's own variable of the name wins).
+    context.declare_var("BAKE_CMD_CONTEXT", "cwd://");
+    context.declare_var("BAKE_LOCAL_PLATFORM", local_platform());
     let mut pending: Vec<&Variable> = blocks.variables.iter().collect();
     while !pending.is_empty() {
         functions::set_scope(&context);
@@ -711,6 +714,19 @@ fn combine(key: &str, old: &mut Value, new: Value) {
         }
         (Value::Array(old), Value::Array(new)) if APPENDED.contains(&key) => old.extend(new),
         (old, new) => *old = new,
+    }
+}
+
+/// This machine's platform as bake writes it (containerd's default spec).
+fn local_platform() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "linux/amd64",
+        "aarch64" => "linux/arm64/v8",
+        "arm" => "linux/arm/v7",
+        "riscv64" => "linux/riscv64",
+        "powerpc64" => "linux/ppc64le",
+        "s390x" => "linux/s390x",
+        _ => "linux/amd64",
     }
 }
 
