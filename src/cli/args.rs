@@ -146,9 +146,10 @@ pub enum BuildxCommand {
 
 #[derive(clap::Args)]
 pub struct BuildArgs {
-    /// The project file.
+    /// The project file; bake and compose files may be given several times, merged in
+    /// bake's order.
     #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
-    pub file: PathBuf,
+    pub file: Vec<PathBuf>,
     /// Images to build (all when none are named).
     pub images: Vec<String>,
     /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,

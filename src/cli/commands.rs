@@ -154,8 +154,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         output_args: output,
         registry,
     } = args;
-    let file = project_file(&file);
-    let mut project = Project::load(&file, &loading(Purpose::Build, &set, &images))?;
+    let files = project_files(&file);
+    let mut project = Project::load_files(&files, &loading(Purpose::Build, &set, &images))?;
     let images = project.expand(&images);
     let layout = destination.as_deref().map(layout_dir).transpose()?;
     let registry = registry_options(&registry)?;
