@@ -310,12 +310,7 @@ fn scalar(value: &Value) -> Option<String> {
 
 /// buildx's CSV fields (`a=b,"c=d,e"`).
 fn fields(value: &str) -> std::result::Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut reader = csv_fields(value);
-    while let Some(field) = reader.next() {
-        out.push(field?);
-    }
-    Ok(out)
+    csv_fields(value).collect()
 }
 
 /// Splits one CSV record, honouring double quotes as Go's encoding/csv does.
