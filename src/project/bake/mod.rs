@@ -81,6 +81,13 @@ pub(super) struct Definition {
     pub(super) descriptions: Vec<(String, String)>,
 }
 
+impl Definition {
+    /// A target's fields by its name.
+    pub(super) fn target(&self, name: &str) -> Option<&Fields> {
+        self.targets.iter().find(|(n, _)| n == name).map(|(_, f)| f)
+    }
+}
+
 /// What is wrong, at which field of the file (empty: the file as a whole).
 #[derive(Debug)]
 pub(super) struct Problem {
@@ -131,12 +138,10 @@ pub(super) fn print(
         .into_iter()
         .flat_map(|t| t.keys())
     {
-        let (_, fields) = definition
-            .targets
-            .iter()
-            .find(|(n, _)| n == name)
-            .expect("printed targets exist");
-        let mut fields = fields.clone();
+        let mut fields = definition
+            .target(name)
+            .expect("printed targets exist")
+            .clone();
         fields.remove("contexts");
         image(kind, name, &fields).map_err(|p| problem(cx, p))?;
     }
@@ -208,14 +213,8 @@ fn project(
     let chosen = chosen(kind, definition, &groups, options.targets).map_err(problem)?;
     let mut images = Vec::new();
     for name in &chosen {
-        let fields = definition
-            .targets
-            .iter()
-            .find(|(n, _)| n == name)
-            .expect("chosen names exist")
-            .1
-            .clone();
-        images.push((name.clone(), image(kind, name, &fields).map_err(problem)?));
+        let fields = definition.target(name).expect("chosen names exist");
+        images.push((name.clone(), image(kind, name, fields).map_err(problem)?));
     }
     let mut raw = RawProject {
         version: None,

@@ -4,7 +4,7 @@
 //! (`cache-from`, `attest`, `output`, `secret`, `ssh` as objects), empty fields left
 //! out, and bake's defaults written in (`context` ".", `dockerfile` "Dockerfile").
 
-use super::{Definition, Fields, Problem};
+use super::{scalar, Definition, Fields, Problem};
 use serde_json::{json, Map, Value};
 
 type Result<T> = std::result::Result<T, Problem>;
@@ -83,17 +83,12 @@ pub(super) fn print(definition: &Definition, names: &[String]) -> Result<Value> 
 }
 
 fn find<'a>(definition: &'a Definition, name: &str) -> Result<&'a Fields> {
-    definition
-        .targets
-        .iter()
-        .find(|(t, _)| t == name)
-        .map(|(_, f)| f)
-        .ok_or_else(|| {
-            Problem::at(
-                "",
-                format!("has no target or group named `{name}`; name one the file declares"),
-            )
-        })
+    definition.target(name).ok_or_else(|| {
+        Problem::at(
+            "",
+            format!("has no target or group named `{name}`; name one the file declares"),
+        )
+    })
 }
 
 /// The targets a name reaches and the groups visited on the way, as bake walks them: a
@@ -301,11 +296,6 @@ pub(super) fn shape(name: &str, fields: &Fields) -> Result<Map<String, Value>> {
         strings(list(super::hcl::GRANTED)?),
     );
     Ok(out)
-}
-
-/// A string, number or boolean as text, as bake reads them into strings.
-fn scalar(value: &Value) -> Option<String> {
-    super::scalar(value)
 }
 
 /// buildx's CSV fields (`a=b,"c=d,e"`).
