@@ -219,6 +219,9 @@ target "app" {
     VALUES = join(",", values({ a = "1", b = "2" }))
     HAS = hasindex(["a"], 0)
     NOTEQ = notequal(1, 2)
+    FMTLIST = jsonencode(formatlist("%s-%s", ["a", "b"], "x"))
+    REGEXGROUPS = jsonencode(regex("(?P<maj>\\d+)\\.(?P<min>\\d+)", "v12.3"))
+    REGEXALL = jsonencode(regexall("[0-9]", "a1b2"))
   }
 }
 "#;

@@ -164,6 +164,9 @@ pub(super) const NAMES: &[&str] = &[
     "parseint",
     "pow",
     "range",
+    "regex",
+    "regexall",
+    "formatlist",
     "regex_replace",
     "replace",
     "reverse",
@@ -264,6 +267,53 @@ fn stdlib() -> Context<'static> {
                 .replace_all(&s(&a[0])?, repl.as_str())
                 .into_owned()
                 .into())
+        }),
+    );
+    add(
+        "regex",
+        def(2, |a| {
+            let re = regex::Regex::new(&s(&a[0])?).map_err(|e| e.to_string())?;
+            let text = s(&a[1])?;
+            let captures = re
+                .captures(&text)
+                .ok_or("pattern did not match any part of the given string")?;
+            Ok(matched(&re, &captures))
+        }),
+    );
+    add(
+        "regexall",
+        def(2, |a| {
+            let re = regex::Regex::new(&s(&a[0])?).map_err(|e| e.to_string())?;
+            let text = s(&a[1])?;
+            Ok(Value::Array(
+                re.captures_iter(&text).map(|c| matched(&re, &c)).collect(),
+            ))
+        }),
+    );
+    add(
+        "formatlist",
+        variadic(1, |a| {
+            let spec = s(&a[0])?;
+            let args: Vec<Value> = a.variadic_args().cloned().collect();
+            let lengths: Vec<usize> = args
+                .iter()
+                .filter_map(|v| v.as_array().map(Vec::len))
+                .collect();
+            let count = match lengths.first() {
+                None => return Ok(Value::Array(vec![format(&spec, &args)?.into()])),
+                Some(n) if lengths.iter().all(|l| l == n) => *n,
+                Some(_) => return Err("all lists must have the same number of elements".into()),
+            };
+            (0..count)
+                .map(|i| {
+                    let row: Vec<Value> = args
+                        .iter()
+                        .map(|v| v.as_array().map_or_else(|| v.clone(), |l| l[i].clone()))
+                        .collect();
+                    format(&spec, &row).map(Value::from)
+                })
+                .collect::<Result<Vec<_>>>()
+                .map(Value::Array)
         }),
     );
     add(
@@ -816,6 +866,29 @@ fn stdlib() -> Context<'static> {
     c
 }
 
+/// What `regex` gives for one match: the match without groups, a list of the groups, or
+/// an object of the named groups.
+fn matched(re: &regex::Regex, captures: &regex::Captures) -> Value {
+    let text = |m: Option<regex::Match>| Value::from(m.map_or("", |m| m.as_str()));
+    let names: Vec<&str> = re.capture_names().flatten().collect();
+    if re.captures_len() == 1 {
+        text(captures.get(0))
+    } else if !names.is_empty() {
+        Value::Object(
+            names
+                .into_iter()
+                .map(|n| (n.to_string(), text(captures.name(n))))
+                .collect(),
+        )
+    } else {
+        Value::Array(
+            (1..re.captures_len())
+                .map(|i| text(captures.get(i)))
+                .collect(),
+        )
+    }
+}
+
 /// A value as text, as cty converts numbers and booleans to strings.
 fn s(v: &Value) -> Result<String> {
     match v {
@@ -1231,6 +1304,21 @@ mod tests {
             (r#"join(",", setunion(["b"], ["a"]))"#, "a,b"),
             (r#"join(",", keys({ z = 1, y = 2 }))"#, "y,z"),
             (r#"strlen("héllo")"#, "5"),
+            (
+                r#"jsonencode(formatlist("%s-%s", ["a", "b"], "x"))"#,
+                r#"["a-x","b-x"]"#,
+            ),
+            (r#"jsonencode(formatlist("%d", [1, 2]))"#, r#"["1","2"]"#),
+            (r#"regex("[0-9]+", "v12.3")"#, "12"),
+            (
+                r#"jsonencode(regex("(\\d+)\\.(\\d+)", "v12.3"))"#,
+                r#"["12","3"]"#,
+            ),
+            (
+                r#"jsonencode(regex("(?P<maj>\\d+)\\.(?P<min>\\d+)", "v12.3"))"#,
+                r#"{"maj":"12","min":"3"}"#,
+            ),
+            (r#"jsonencode(regexall("[0-9]", "a1b2"))"#, r#"["1","2"]"#),
         ];
         for (expression, want) in cases {
             assert_eq!(eval(expression), want, "{expression}");
