@@ -147,9 +147,10 @@ pub enum BuildxCommand {
 
 #[derive(clap::Args)]
 pub struct BuildArgs {
-    /// The project file.
+    /// The project file; bake and compose files may be given several times, merged in
+    /// bake's order.
     #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
-    pub file: PathBuf,
+    pub file: Vec<PathBuf>,
     /// Images to build (all when none are named).
     pub images: Vec<String>,
     /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
@@ -381,8 +382,10 @@ pub struct AssembleArgs {
 
 #[derive(clap::Args)]
 pub struct PlanArgs {
+    /// The project file; bake and compose files may be given several times, merged in
+    /// bake's order.
     #[arg(short = 'f', long = "file", default_value = "polyarch.yaml")]
-    pub file: PathBuf,
+    pub file: Vec<PathBuf>,
     /// Images to plan (all when none are named).
     pub images: Vec<String>,
     /// Override a project-file value: IMAGE.FIELD=VALUE (repository, tags, context,
@@ -395,6 +398,10 @@ pub struct PlanArgs {
     pub binfmt: Option<BinfmtArg>,
     #[arg(long, value_enum, default_value = "text")]
     pub output_format: OutputFormat,
+    /// Print a bake or compose file's resolved definition as `docker buildx bake --print`
+    /// does (JSON: group, target) instead of the plan; no engine is asked.
+    #[arg(long, conflicts_with_all = ["set", "binfmt"])]
+    pub print: bool,
 }
 
 #[derive(clap::Args)]

@@ -163,8 +163,8 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         output_args: output,
         registry,
     } = args;
-    let file = project_file(&file);
-    let mut project = Project::load(&file, &loading(Purpose::Build, &set, &images))?;
+    let files = project_files(&file);
+    let mut project = Project::load_files(&files, &loading(Purpose::Build, &set, &images))?;
     let images = project.expand(&images);
     let layout = destination.as_deref().map(layout_dir).transpose()?;
     let registry = registry_options(&registry)?;
@@ -618,8 +618,13 @@ async fn gate(args: GateArgs) -> Result<i32, Error> {
 
 async fn plan(args: PlanArgs) -> Result<i32, Error> {
     tables_not_offered("plan", args.output_format)?;
-    let file = project_file(&args.file);
-    let project = Project::load(&file, &loading(Purpose::Build, &args.set, &args.images))?;
+    let files = project_files(&args.file);
+    if args.print {
+        let options = loading(Purpose::Verify, &args.set, &args.images);
+        println!("{}", Project::print_bake(&files, &options)?);
+        return Ok(exit::COVERED);
+    }
+    let project = Project::load_files(&files, &loading(Purpose::Build, &args.set, &args.images))?;
     let options = BuildOptions {
         images: project.expand(&args.images),
         binfmt: args.binfmt.map(Into::into),
@@ -828,6 +833,25 @@ fn project_file(given: &Path) -> PathBuf {
         .map(PathBuf::from)
         .find(|f| f.is_file())
         .unwrap_or_else(|| given.to_path_buf())
+}
+
+/// `-f` given once or more; its default, `polyarch.yaml`, when absent: every one of
+/// bake's own files found here, read together in bake's order.
+fn project_files(given: &[PathBuf]) -> Vec<PathBuf> {
+    let default = Path::new(polyarch::project::DEFAULT_FILES[0]);
+    if given != [default] || default.exists() {
+        return given.to_vec();
+    }
+    let found: Vec<PathBuf> = polyarch::project::DEFAULT_FILES
+        .iter()
+        .map(PathBuf::from)
+        .filter(|f| f.is_file())
+        .collect();
+    if found.is_empty() {
+        given.to_vec()
+    } else {
+        found
+    }
 }
 
 /// After an interrupt or failure, builds cut off mid-way may still tag their image in

@@ -12,7 +12,7 @@ use crate::base::text::one_line;
 use crate::base::yaml_depth::{check_depth, MAX_YAML_DEPTH};
 use crate::docker::endpoint::{self, TlsFiles};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where messages point and where relative paths start.
 pub(super) struct Cx {
@@ -24,6 +24,19 @@ pub(super) struct Cx {
 }
 
 impl Cx {
+    /// Checks for `file`, whose relative paths resolve against its directory.
+    pub(super) fn for_file(file: &Path, purpose: Purpose) -> Cx {
+        Cx {
+            file: file.to_path_buf(),
+            base: match file.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            },
+            purpose,
+            values: Vec::new(),
+        }
+    }
+
     pub(super) fn err(&self, field: impl AsRef<str>, message: impl AsRef<str>) -> ProjectError {
         let field = field.as_ref();
         let note = values::note(self.values.iter().filter(|p| p.covers(field)));

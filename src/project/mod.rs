@@ -464,7 +464,8 @@ const BINFMT_MODES: &[(&str, BinfmtMode)] = &[
 impl Project {
     /// Reads and validates a project file; every failure is an `ProjectError::File` naming
     /// `path`, or an `ProjectError::Usage` naming a bad `--set`.
-    pub fn load(path: &Path, options: &LoadOptions) -> Result<Project> {
+    /// A project file's text, or what keeps it from being read.
+    fn read_text(path: &Path) -> Result<String> {
         let whole = |message: String| ProjectError::File {
             file: path.to_path_buf(),
             field: String::new(),
@@ -484,13 +485,57 @@ impl Project {
                 _ => format!("cannot read it ({e}); fix its permissions or pass -f FILE"),
             })
         })?;
-        let text = String::from_utf8(bytes).map_err(|e| {
+        String::from_utf8(bytes).map_err(|e| {
             whole(format!(
                 "is not UTF-8 text (invalid byte at offset {}); save it as UTF-8",
                 e.utf8_error().valid_up_to()
             ))
-        })?;
+        })
+    }
+
+    pub fn load(path: &Path, options: &LoadOptions) -> Result<Project> {
+        let text = Project::read_text(path)?;
         Project::parse(path, &text, options)
+    }
+
+    /// Reads one project file, or several bake and compose files merged in bake's order
+    /// (`-f` repeated, or bake's default files found together).
+    pub fn load_files(paths: &[PathBuf], options: &LoadOptions) -> Result<Project> {
+        match paths {
+            [one] => Project::load(one, options),
+            _ => {
+                let (mut cx, files) = Project::bake_files(paths, options)?;
+                bake::load_many(&mut cx, &files, options)
+            }
+        }
+    }
+
+    /// `polyarch plan --print`: bake or compose files resolved and printed in the JSON
+    /// shape of `docker buildx bake --print`, with the refusals of [`Project::load`].
+    pub fn print_bake(paths: &[PathBuf], options: &LoadOptions) -> Result<String> {
+        let (mut cx, files) = Project::bake_files(paths, options)?;
+        bake::print(&mut cx, &files, options)
+    }
+
+    fn bake_files(
+        paths: &[PathBuf],
+        options: &LoadOptions,
+    ) -> Result<(Cx, Vec<(bake::Kind, String)>)> {
+        let mut files = Vec::new();
+        for path in paths {
+            let Some(kind) = bake::Kind::of(path) else {
+                return Err(ProjectError::Usage(format!(
+                    "{} is polyarch's own format, which is read alone: several -f and plan --print take bake and compose files",
+                    path.display()
+                )));
+            };
+            let text = Project::read_text(path)?;
+            files.push((
+                kind,
+                text.strip_prefix('\u{feff}').unwrap_or(&text).to_string(),
+            ));
+        }
+        Ok((Cx::for_file(&paths[0], options.purpose), files))
     }
 
     /// Validates project text as if it were read from `file`; relative paths in it
@@ -498,15 +543,7 @@ impl Project {
     pub fn parse(file: &Path, text: &str, options: &LoadOptions) -> Result<Project> {
         // Editors on Windows may start UTF-8 files with a byte order mark.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let mut cx = Cx {
-            file: file.to_path_buf(),
-            base: match file.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            },
-            purpose: options.purpose,
-            values: Vec::new(),
-        };
+        let mut cx = Cx::for_file(file, options.purpose);
         if let Some(kind) = bake::Kind::of(file) {
             return bake::load(&mut cx, kind, text, options);
         }

@@ -154,3 +154,38 @@ pub fn podman_cli() -> Command {
     cmd.arg(repo_root().join("scripts/podman.sh")).arg("podman");
     cmd
 }
+
+/// The Docker 28.5 CLI with buildx 0.29.1 (`scripts/engine28.sh install`, once per test
+/// process; no engine is started) and its private `DOCKER_CONFIG`, for what needs no
+/// builder, e.g. `docker buildx bake --print`. Panics with the script's output when the
+/// install fails: it never skips.
+pub fn docker28_client() -> Command {
+    static DIRS: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    let (bin, config) = DIRS.get_or_init(|| {
+        let script = |args: &[&str]| {
+            let out = Command::new("bash")
+                .arg(repo_root().join("scripts/engine28.sh"))
+                .args(args)
+                .current_dir(repo_root())
+                .stdin(Stdio::null())
+                .output()
+                .expect("spawn bash scripts/engine28.sh");
+            assert!(
+                out.status.success(),
+                "bash scripts/engine28.sh {} failed ({}):\n{}\n{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        };
+        script(&["install"]);
+        (script(&["bin"]), script(&["docker-config"]))
+    });
+    let mut cmd = Command::new(bin.join("docker"));
+    cmd.env("DOCKER_CONFIG", config)
+        .env_remove("DOCKER_HOST")
+        .env_remove("DOCKER_CONTEXT");
+    cmd
+}

@@ -105,17 +105,41 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
                 }
             }
         }
+        // As bake: `image:` is the tag when the build names none.
         if let Some(Value::String(image)) = service.get("image") {
-            let mut tags = vec![Value::String(image.clone())];
-            if let Some(Value::Array(more)) = fields.get("tags") {
-                tags.extend(more.iter().filter(|t| t.as_str() != Some(image)).cloned());
+            if !matches!(fields.get("tags"), Some(Value::Array(tags)) if !tags.is_empty()) {
+                fields.insert(
+                    "tags".into(),
+                    Value::Array(vec![Value::String(image.clone())]),
+                );
             }
-            fields.insert("tags".into(), Value::Array(tags));
+        }
+        if let Some(Value::String(context)) = fields.get_mut("context") {
+            *context = clean_path(context);
+        }
+        // compose's `service:NAME` is bake's `target:NAME`.
+        if let Some(Value::Object(contexts)) = fields.get_mut("contexts") {
+            for value in contexts.values_mut() {
+                let Some(text) = value.as_str() else { continue };
+                if let Some(service) = text.strip_prefix("service:") {
+                    *value = Value::String(format!("target:{service}"));
+                } else if !text.contains(':') {
+                    *value = Value::String(clean_path(text));
+                }
+            }
         }
         targets.push((name, fields));
     }
+    // bake's `default` group: every service that builds.
+    let mut all: Vec<String> = targets.iter().map(|(t, _)| t.clone()).collect();
+    all.sort();
     Ok(Definition {
-        groups: Vec::new(),
+        descriptions: Vec::new(),
+        groups: if all.is_empty() {
+            Vec::new()
+        } else {
+            vec![("default".to_string(), all)]
+        },
         targets,
     })
 }
@@ -187,7 +211,7 @@ fn secret(entry: &Value, secrets: &Value) -> Result<String> {
         )
     })?;
     if let Some(file) = declared.get("file").and_then(Value::as_str) {
-        Ok(format!("id={name},src={file}"))
+        Ok(format!("id={name},src={}", clean_path(file)))
     } else if let Some(env) = declared.get("environment").and_then(Value::as_str) {
         Ok(format!("id={name},env={env}"))
     } else {
@@ -195,5 +219,21 @@ fn secret(entry: &Value, secrets: &Value) -> Result<String> {
             "",
             format!("the secret `{name}` has neither file nor environment in the top-level secrets:; give one"),
         ))
+    }
+}
+
+/// A relative path as compose writes it back (`./sub/` → `sub`, `./` → `.`).
+fn clean_path(path: &str) -> String {
+    if path.contains("://") || path.starts_with('/') {
+        return path.to_string();
+    }
+    let parts: Vec<&str> = path
+        .split('/')
+        .filter(|p| !p.is_empty() && *p != ".")
+        .collect();
+    if parts.is_empty() {
+        ".".into()
+    } else {
+        parts.join("/")
     }
 }

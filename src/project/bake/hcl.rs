@@ -2,9 +2,10 @@
 //! `validation`, the environment's value by the variable's name), `${}` interpolation,
 //! a part of bake's standard library, `target.NAME.attr` references, then `inherits`.
 
+use super::functions::{self, UserFunction};
 use super::{Definition, Fields, Problem};
 use crate::project::values::Lookup;
-use hcl::eval::{Context, ErrorKind, Evaluate, FuncArgs, FuncDef, ParamType};
+use hcl::eval::{Context, ErrorKind, Evaluate};
 use hcl::{Body, Expression, Value};
 use serde_json::Value as Json;
 
@@ -15,6 +16,7 @@ type Result<T> = std::result::Result<T, Problem>;
 #[derive(Default)]
 struct Blocks {
     variables: Vec<Variable>,
+    functions: Vec<UserFunction>,
     targets: Vec<(String, Vec<(String, Expression)>)>,
     groups: Vec<(String, Vec<(String, Expression)>)>,
 }
@@ -26,7 +28,47 @@ struct Variable {
     validations: Vec<(Expression, Option<Expression>)>,
 }
 
-pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
+/// Several HCL and JSON files as bake reads them together: one body, a later file's
+/// blocks merged into the earlier ones of the same name, attribute by attribute.
+pub(super) fn read_many(files: &[(bool, &str)], env: Lookup) -> Result<Definition> {
+    let mut all = Blocks::default();
+    for (json, text) in files {
+        let more = if *json {
+            parse_json(text)?
+        } else {
+            parse_hcl(text)?
+        };
+        for function in more.functions {
+            all.functions.retain(|f| f.name != function.name);
+            all.functions.push(function);
+        }
+        for variable in more.variables {
+            match all.variables.iter_mut().find(|v| v.name == variable.name) {
+                Some(old) => {
+                    if variable.default.is_some() {
+                        old.default = variable.default;
+                    }
+                    old.validations.extend(variable.validations);
+                }
+                None => all.variables.push(variable),
+            }
+        }
+        for (list, more) in [
+            (&mut all.targets, more.targets),
+            (&mut all.groups, more.groups),
+        ] {
+            for (name, attributes) in more {
+                match list.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, old)) => old.extend(attributes),
+                    None => list.push((name, attributes)),
+                }
+            }
+        }
+    }
+    resolve(all, env)
+}
+
+fn parse_hcl(text: &str) -> Result<Blocks> {
     let body = hcl::parse(text).map_err(|e| {
         Problem::at(
             "",
@@ -36,12 +78,12 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
             ),
         )
     })?;
-    resolve(blocks(&body)?, env)
+    blocks(&body)
 }
 
 /// bake's JSON form: the same blocks as objects (`{"target": {"app": {…}}}`), its
 /// strings templates as in HCL.
-pub(super) fn read_json(text: &str, env: Lookup) -> Result<Definition> {
+fn parse_json(text: &str) -> Result<Blocks> {
     let json: Json = serde_json::from_str(text)
         .map_err(|e| Problem::at("", format!("is not valid JSON ({e}); fix the syntax")))?;
     let Json::Object(top) = json else {
@@ -82,7 +124,7 @@ pub(super) fn read_json(text: &str, env: Lookup) -> Result<Definition> {
             }
         }
     }
-    resolve(found, env)
+    Ok(found)
 }
 
 /// A JSON value as an HCL expression, its strings read as templates (`"${TAG}"`).
@@ -103,8 +145,8 @@ fn template(value: Json) -> Expression {
 
 fn unknown_block(kind: &str) -> Problem {
     let fix = match kind {
-        "function" => "user functions are not evaluated by polyarch yet; compute the value in a variable's default",
-        _ => "bake files hold variable, target and group blocks; remove it",
+        "function" => "write functions in HCL; bake's JSON form of them is not read",
+        _ => "bake files hold variable, function, target and group blocks; remove it",
     };
     Problem::at(
         kind,
@@ -141,6 +183,7 @@ fn blocks(body: &Body) -> Result<Blocks> {
                 .collect()
         };
         match kind {
+            "function" => found.functions.push(function(&name, block.body())?),
             "variable" => {
                 let mut validations = Vec::new();
                 for inner in block.body().blocks() {
@@ -197,13 +240,61 @@ fn blocks(body: &Body) -> Result<Blocks> {
     Ok(found)
 }
 
+/// A `function "NAME" { params = [a, b]  variadic_params = rest  result = … }` block.
+fn function(name: &str, body: &Body) -> Result<UserFunction> {
+    let at = |key: &str| format!("function.{name}.{key}");
+    let get = |key: &str| body.attributes().find(|a| a.key() == key).map(|a| a.expr());
+    let identifier = |e: &Expression, key: &str| match e {
+        Expression::Variable(v) => Ok(v.to_string()),
+        _ => Err(Problem::at(
+            at(key),
+            "holds a value that is not a bare name; write [a, b]",
+        )),
+    };
+    let params = match get("params") {
+        Some(Expression::Array(items)) => items
+            .iter()
+            .map(|e| identifier(e, "params"))
+            .collect::<Result<Vec<_>>>()?,
+        None => Vec::new(),
+        Some(_) => {
+            return Err(Problem::at(
+                at("params"),
+                "is not a list of names; write [a, b]",
+            ))
+        }
+    };
+    let variadic = get("variadic_params")
+        .map(|e| identifier(e, "variadic_params"))
+        .transpose()?;
+    let result = get("result")
+        .cloned()
+        .ok_or_else(|| Problem::at(at("result"), "is missing; add result = …"))?;
+    if let Some(block) = body.blocks().next() {
+        return Err(Problem::at(
+            at(block.identifier()),
+            "is a block; a function holds params, variadic_params and result",
+        ));
+    }
+    Ok(UserFunction {
+        name: name.to_string(),
+        params,
+        variadic,
+        result,
+    })
+}
+
 /// Evaluates the blocks: variables first (each may use those before it is resolved),
 /// then groups, then targets attribute by attribute (an attribute may name another
 /// target's, `target.NAME.attr`), then inheritance.
 fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
-    let mut context = functions();
+    let mut context = functions::context(&blocks.functions)?;
+    // bake's built-in variables (a file's own variable of the name wins).
+    context.declare_var("BAKE_CMD_CONTEXT", "cwd://");
+    context.declare_var("BAKE_LOCAL_PLATFORM", local_platform());
     let mut pending: Vec<&Variable> = blocks.variables.iter().collect();
     while !pending.is_empty() {
+        functions::set_scope(&context);
         let mut stuck = None;
         let before = pending.len();
         pending.retain(|variable| {
@@ -229,6 +320,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
             return Err(evaluation(format!("variable.{name}.default"), &e));
         }
     }
+    functions::set_scope(&context);
     for variable in &blocks.variables {
         for (condition, message) in &variable.validations {
             let field = format!("variable.{}.validation", variable.name);
@@ -257,6 +349,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     }
 
     let mut groups = Vec::new();
+    let mut descriptions = Vec::new();
     for (name, attributes) in &blocks.groups {
         let mut targets = Vec::new();
         for (key, expression) in attributes {
@@ -282,7 +375,11 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                         targets.push(s);
                     }
                 }
-                "description" => {}
+                "description" => {
+                    if let Ok(Value::String(d)) = expression.evaluate(&context) {
+                        descriptions.push((name.clone(), d));
+                    }
+                }
                 _ => {
                     return Err(Problem::at(
                         field,
@@ -294,17 +391,21 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         groups.push((name.clone(), targets));
     }
 
+    let (targets, renamed) = expand_matrices(&blocks.targets, &context)?;
+    for (name, members) in renamed {
+        if !groups.iter().any(|(g, _)| *g == name) {
+            groups.push((name, members));
+        }
+    }
     // Attributes evaluated so far, per target: what `target.NAME.attr` reads.
-    let mut own: Vec<(String, hcl::Map<String, Value>)> = blocks
-        .targets
+    let mut own: Vec<(String, hcl::Map<String, Value>)> = targets
         .iter()
-        .map(|(name, _)| (name.clone(), hcl::Map::new()))
+        .map(|t| (t.name.clone(), hcl::Map::new()))
         .collect();
-    let mut pending: Vec<(usize, &String, &Expression)> = blocks
-        .targets
+    let mut pending: Vec<(usize, &String, &Expression)> = targets
         .iter()
         .enumerate()
-        .flat_map(|(i, (_, attributes))| attributes.iter().map(move |(k, e)| (i, k, e)))
+        .flat_map(|(i, t)| t.attributes.iter().map(move |(k, e)| (i, *k, *e)))
         .collect();
     while !pending.is_empty() {
         let mut scope = context.clone();
@@ -318,14 +419,32 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         );
         let before = pending.len();
         let mut stuck = None;
-        pending.retain(|(i, key, expression)| match expression.evaluate(&scope) {
-            Ok(value) => {
-                own[*i].1.insert((*key).clone(), value);
-                false
-            }
-            Err(e) => {
-                stuck.get_or_insert((format!("target.{}.{key}", own[*i].0), e));
-                true
+        pending.retain(|(i, key, expression)| {
+            let evaluated = match targets[*i].locals.as_slice() {
+                [] => expression.evaluate(&scope),
+                locals => {
+                    let mut scope = scope.clone();
+                    for (k, v) in locals {
+                        scope.declare_var(k.clone(), v.clone());
+                    }
+                    expression.evaluate(&scope)
+                }
+            };
+            match evaluated {
+                Ok(value) => {
+                    // A second block of the same name (a later file's) merges as bake does.
+                    match own[*i].1.get_mut(*key) {
+                        Some(old) => combine(key, old, value),
+                        None => {
+                            own[*i].1.insert((*key).clone(), value);
+                        }
+                    }
+                    false
+                }
+                Err(e) => {
+                    stuck.get_or_insert((format!("target.{}.{key}", own[*i].0), e));
+                    true
+                }
             }
         });
         if pending.len() == before {
@@ -347,7 +466,146 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     for (name, _) in &own {
         targets.push((name.clone(), inherited(&own, name, &mut Vec::new())?));
     }
-    Ok(Definition { groups, targets })
+    Ok(Definition {
+        groups,
+        targets,
+        descriptions,
+    })
+}
+
+/// One target to evaluate: a block, or one combination of a block's `matrix`, with the
+/// matrix's values in scope.
+struct Expanded<'a> {
+    name: String,
+    attributes: Vec<(&'a String, &'a Expression)>,
+    locals: Vec<(String, Value)>,
+}
+
+/// Each target with a `matrix` made one target per combination of its values (the
+/// first key in sorted order varying fastest), named by its `name` expression; the block's name becomes
+/// a group of them, as bake renames it.
+#[allow(clippy::type_complexity)]
+fn expand_matrices<'a>(
+    targets: &'a [(String, Vec<(String, Expression)>)],
+    context: &Context,
+) -> Result<(Vec<Expanded<'a>>, Vec<(String, Vec<String>)>)> {
+    let mut out = Vec::new();
+    let mut renamed = Vec::new();
+    for (name, attributes) in targets {
+        let get = |key: &str| {
+            attributes
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, e)| e)
+        };
+        let rest = || {
+            attributes
+                .iter()
+                .filter(|(k, _)| k != "matrix" && k != "name")
+                .map(|(k, e)| (k, e))
+                .collect::<Vec<_>>()
+        };
+        let Some(matrix) = get("matrix") else {
+            if get("name").is_some() {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    "is given without matrix; remove it or add a matrix",
+                ));
+            }
+            out.push(Expanded {
+                name: name.clone(),
+                attributes: rest(),
+                locals: Vec::new(),
+            });
+            continue;
+        };
+        let field = format!("target.{name}.matrix");
+        let Value::Object(axes) = matrix
+            .evaluate(context)
+            .map_err(|e| evaluation(field.clone(), &e))?
+        else {
+            return Err(Problem::at(
+                field,
+                "is not a map of lists; write { KEY = [\"a\", \"b\"] }",
+            ));
+        };
+        // bake's keys are sorted, the last varying slowest.
+        let mut axes: Vec<(String, Value)> = axes.into_iter().collect();
+        axes.sort_by(|a, b| b.0.cmp(&a.0));
+        let mut combinations: Vec<Vec<(String, Value)>> = vec![Vec::new()];
+        for (key, values) in axes {
+            let Value::Array(values) = values else {
+                return Err(Problem::at(
+                    format!("{field}.{key}"),
+                    "is not a list; write [\"a\", \"b\"]",
+                ));
+            };
+            combinations = combinations
+                .into_iter()
+                .flat_map(|c| {
+                    let key = &key;
+                    values.iter().map(move |v| {
+                        let mut c = c.clone();
+                        c.push((key.clone(), v.clone()));
+                        c
+                    })
+                })
+                .collect();
+        }
+        let mut names = Vec::new();
+        for locals in combinations {
+            let renamed_to = match get("name") {
+                Some(expression) => {
+                    let mut scope = context.clone();
+                    for (k, v) in &locals {
+                        scope.declare_var(k.clone(), v.clone());
+                    }
+                    match expression
+                        .evaluate(&scope)
+                        .map_err(|e| evaluation(format!("target.{name}.name"), &e))?
+                    {
+                        Value::String(s) => s,
+                        _ => {
+                            return Err(Problem::at(
+                                format!("target.{name}.name"),
+                                "is not a string; write name = \"app-${v}\"",
+                            ))
+                        }
+                    }
+                }
+                None => name.clone(),
+            };
+            if renamed_to.is_empty()
+                || !renamed_to
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    format!(
+                        "gives `{renamed_to}`; a target name holds only letters, digits, _ and -"
+                    ),
+                ));
+            }
+            if names.contains(&renamed_to) {
+                return Err(Problem::at(
+                    format!("target.{name}.name"),
+                    format!("gives `{renamed_to}` twice; use every matrix value in the name"),
+                ));
+            }
+            names.push(renamed_to.clone());
+            out.push(Expanded {
+                name: renamed_to,
+                attributes: rest(),
+                locals,
+            });
+        }
+        if names.len() != 1 || names[0] != *name {
+            renamed.push((name.clone(), names));
+        }
+    }
+    Ok((out, renamed))
 }
 
 /// A target's fields with its `inherits` applied in order, later winning, as bake merges
@@ -398,25 +656,77 @@ fn inherited(own: &[(String, Fields)], name: &str, trail: &mut Vec<String>) -> R
     trail.pop();
     merge(&mut merged, fields.clone());
     merged.remove("inherits");
+    // bake grants a host network's entitlement, and a target inherits what its parents
+    // were granted.
+    if merged.get("network").and_then(Json::as_str) == Some("host") {
+        let granted = merged
+            .entry(GRANTED)
+            .or_insert_with(|| Json::Array(Vec::new()));
+        if let Json::Array(list) = granted {
+            list.push("network.host".into());
+        }
+    }
     Ok(merged)
 }
 
+/// The fields bake merges key by key, and the lists it appends; any other field is
+/// replaced.
+const KEYED: &[&str] = &["args", "labels", "contexts", "extra-hosts"];
+const APPENDED: &[&str] = &[
+    GRANTED,
+    "annotations",
+    "attest",
+    "cache-from",
+    "secret",
+    "ssh",
+    "no-cache-filter",
+    "ulimits",
+    "entitlements",
+];
+
+/// The entitlements bake grants a target by itself (not the file's `entitlements`, which
+/// polyarch refuses): printed by `plan --print`, ignored otherwise.
+pub(super) const GRANTED: &str = "granted-entitlements";
+
 fn merge(into: &mut Fields, from: Fields) {
     for (key, value) in from {
-        match (key.as_str(), into.get_mut(&key), value) {
-            (_, _, Json::Null) => {}
-            ("args" | "labels", Some(Json::Object(old)), Json::Object(new)) => {
+        match (into.get_mut(&key), value) {
+            (_, Json::Null) => {}
+            (Some(Json::Object(old)), Json::Object(new)) if KEYED.contains(&key.as_str()) => {
                 old.extend(new.into_iter().filter(|(_, v)| !v.is_null()))
             }
-            (
-                "annotations" | "attest" | "cache-from" | "secret" | "ssh",
-                Some(Json::Array(old)),
-                Json::Array(new),
-            ) => old.extend(new),
-            (_, _, value) => {
+            (Some(Json::Array(old)), Json::Array(new)) if APPENDED.contains(&key.as_str()) => {
+                old.extend(new)
+            }
+            (_, value) => {
                 into.insert(key, value);
             }
         }
+    }
+}
+
+/// [`merge`] for one attribute of a target declared twice.
+fn combine(key: &str, old: &mut Value, new: Value) {
+    match (old, new) {
+        (_, Value::Null) => {}
+        (Value::Object(old), Value::Object(new)) if KEYED.contains(&key) => {
+            old.extend(new.into_iter().filter(|(_, v)| !v.is_null()))
+        }
+        (Value::Array(old), Value::Array(new)) if APPENDED.contains(&key) => old.extend(new),
+        (old, new) => *old = new,
+    }
+}
+
+/// This machine's platform as bake writes it (containerd's default spec).
+fn local_platform() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "linux/amd64",
+        "aarch64" => "linux/arm64/v8",
+        "arm" => "linux/arm/v7",
+        "riscv64" => "linux/riscv64",
+        "powerpc64" => "linux/ppc64le",
+        "s390x" => "linux/s390x",
+        _ => "linux/amd64",
     }
 }
 
@@ -445,175 +755,9 @@ fn evaluation(field: String, e: &hcl::eval::Error) -> Problem {
         ),
         ErrorKind::UndefinedFunc(name) => format!(
             "calls {name}(), a function polyarch does not provide (it has {}); compute the value in a variable, or set it from the environment",
-            FUNCTIONS.join(", ")
+            super::functions::NAMES.join(", ")
         ),
         _ => format!("cannot be evaluated ({e}); fix the expression"),
     };
     Problem::at(field, message)
-}
-
-/// bake's standard library functions polyarch provides.
-const FUNCTIONS: &[&str] = &[
-    "upper",
-    "lower",
-    "trimspace",
-    "trimprefix",
-    "trimsuffix",
-    "replace",
-    "join",
-    "split",
-    "equal",
-    "notequal",
-    "and",
-    "or",
-    "not",
-    "length",
-    "concat",
-    "coalesce",
-];
-
-fn functions<'a>() -> Context<'a> {
-    let mut context = Context::new();
-    context.declare_func(
-        "upper",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_uppercase().into())),
-    );
-    context.declare_func(
-        "lower",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().to_lowercase().into())),
-    );
-    context.declare_func(
-        "trimspace",
-        one_string(|args| Ok(args[0].as_str().unwrap_or_default().trim().into())),
-    );
-    context.declare_func(
-        "trimprefix",
-        strings(2, |args| {
-            let (s, p) = (text(&args, 0), text(&args, 1));
-            Ok(s.strip_prefix(p).unwrap_or(s).into())
-        }),
-    );
-    context.declare_func(
-        "trimsuffix",
-        strings(2, |args| {
-            let (s, p) = (text(&args, 0), text(&args, 1));
-            Ok(s.strip_suffix(p).unwrap_or(s).into())
-        }),
-    );
-    context.declare_func(
-        "replace",
-        strings(3, |args| {
-            Ok(text(&args, 0)
-                .replace(text(&args, 1), text(&args, 2))
-                .into())
-        }),
-    );
-    context.declare_func(
-        "split",
-        strings(2, |args| {
-            Ok(Value::Array(
-                text(&args, 1)
-                    .split(text(&args, 0))
-                    .map(Value::from)
-                    .collect(),
-            ))
-        }),
-    );
-    context.declare_func(
-        "join",
-        FuncDef::builder()
-            .param(ParamType::String)
-            .variadic_param(ParamType::array_of(ParamType::String))
-            .build(|args| {
-                let items: Vec<String> = args
-                    .variadic_args()
-                    .flat_map(|list| list.as_array().cloned().unwrap_or_default())
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect();
-                Ok(items.join(args[0].as_str().unwrap_or_default()).into())
-            }),
-    );
-    context.declare_func(
-        "equal",
-        FuncDef::builder()
-            .params([ParamType::Any, ParamType::Any])
-            .build(|args| Ok((args[0] == args[1]).into())),
-    );
-    context.declare_func(
-        "notequal",
-        FuncDef::builder()
-            .params([ParamType::Any, ParamType::Any])
-            .build(|args| Ok((args[0] != args[1]).into())),
-    );
-    context.declare_func(
-        "and",
-        FuncDef::builder()
-            .params([ParamType::Bool, ParamType::Bool])
-            .build(|args| {
-                Ok((args[0].as_bool() == Some(true) && args[1].as_bool() == Some(true)).into())
-            }),
-    );
-    context.declare_func(
-        "or",
-        FuncDef::builder()
-            .params([ParamType::Bool, ParamType::Bool])
-            .build(|args| {
-                Ok((args[0].as_bool() == Some(true) || args[1].as_bool() == Some(true)).into())
-            }),
-    );
-    context.declare_func(
-        "not",
-        FuncDef::builder()
-            .param(ParamType::Bool)
-            .build(|args| Ok((args[0].as_bool() != Some(true)).into())),
-    );
-    context.declare_func(
-        "length",
-        FuncDef::builder()
-            .param(ParamType::Any)
-            .build(|args| match &args[0] {
-                Value::String(s) => Ok(s.chars().count().into()),
-                Value::Array(a) => Ok(a.len().into()),
-                Value::Object(o) => Ok(o.len().into()),
-                other => Err(format!("length of {other} is undefined")),
-            }),
-    );
-    context.declare_func(
-        "concat",
-        FuncDef::builder()
-            .variadic_param(ParamType::array_of(ParamType::Any))
-            .build(|args| {
-                Ok(Value::Array(
-                    args.variadic_args()
-                        .flat_map(|l| l.as_array().cloned().unwrap_or_default())
-                        .collect(),
-                ))
-            }),
-    );
-    context.declare_func(
-        "coalesce",
-        FuncDef::builder()
-            .variadic_param(ParamType::Any)
-            .build(|args| {
-                args.variadic_args()
-                    .find(|v| !v.is_null() && v.as_str() != Some(""))
-                    .cloned()
-                    .ok_or_else(|| "no non-null, non-empty argument".to_string())
-            }),
-    );
-    context
-}
-
-fn one_string(f: hcl::eval::Func) -> FuncDef {
-    FuncDef::builder().param(ParamType::String).build(f)
-}
-
-fn strings(count: usize, f: hcl::eval::Func) -> FuncDef {
-    FuncDef::builder()
-        .params(std::iter::repeat_n(ParamType::String, count))
-        .build(f)
-}
-
-fn text(args: &FuncArgs, i: usize) -> &str {
-    args[i].as_str().unwrap_or_default()
 }

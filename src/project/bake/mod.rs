@@ -16,11 +16,14 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 mod compose;
+mod functions;
 mod hcl;
+mod print;
 #[cfg(test)]
 mod tests;
 
-/// The files searched when no `-f` is given: polyarch's own, then bake's in bake's order.
+/// The files searched when no `-f` is given: polyarch's own, else every one of bake's
+/// that exists, read together in bake's order.
 pub const DEFAULT_FILES: &[&str] = &[
     "polyarch.yaml",
     "compose.yaml",
@@ -29,6 +32,8 @@ pub const DEFAULT_FILES: &[&str] = &[
     "docker-compose.yaml",
     "docker-bake.json",
     "docker-bake.hcl",
+    "docker-bake.override.json",
+    "docker-bake.override.hcl",
 ];
 
 /// Which language a project file is in, by its name as bake decides it.
@@ -72,6 +77,15 @@ pub(super) type Fields = Map<String, Value>;
 pub(super) struct Definition {
     pub(super) groups: Vec<(String, Vec<String>)>,
     pub(super) targets: Vec<(String, Fields)>,
+    /// Groups' descriptions, for `plan --print`.
+    pub(super) descriptions: Vec<(String, String)>,
+}
+
+impl Definition {
+    /// A target's fields by its name.
+    pub(super) fn target(&self, name: &str) -> Option<&Fields> {
+        self.targets.iter().find(|(n, _)| n == name).map(|(_, f)| f)
+    }
 }
 
 /// What is wrong, at which field of the file (empty: the file as a whole).
@@ -93,28 +107,113 @@ impl Problem {
 /// Reads a bake or compose file into a project of the targets `options.targets` names
 /// (groups expanded), or of bake's `default` group when it names none.
 pub(super) fn load(cx: &mut Cx, kind: Kind, text: &str, options: &LoadOptions) -> Result<Project> {
+    load_many(cx, &[(kind, text.to_string())], options)
+}
+
+/// Several bake and compose files (`-f` repeated, or bake's default files) read as one,
+/// merged in bake's order: the compose files first, then the HCL and JSON files as one
+/// body, a later file's fields winning.
+pub(super) fn load_many(
+    cx: &mut Cx,
+    files: &[(Kind, String)],
+    options: &LoadOptions,
+) -> Result<Project> {
+    let definition = read(cx, files, options)?;
+    project(cx, files[0].0, &definition, options)
+}
+
+/// `polyarch plan --print`: the files resolved, in `docker buildx bake --print`'s JSON
+/// shape. Each target printed is first read as `load` reads it, so a field polyarch
+/// refuses is refused here too; `contexts`, which it does not build yet, is printed.
+pub(super) fn print(
+    cx: &mut Cx,
+    files: &[(Kind, String)],
+    options: &LoadOptions,
+) -> Result<String> {
+    let definition = read(cx, files, options)?;
+    let kind = files[0].0;
+    let value = print::print(&definition, options.targets).map_err(|p| problem(cx, p))?;
+    for name in value["target"]
+        .as_object()
+        .into_iter()
+        .flat_map(|t| t.keys())
+    {
+        let mut fields = definition
+            .target(name)
+            .expect("printed targets exist")
+            .clone();
+        fields.remove("contexts");
+        image(kind, name, &fields).map_err(|p| problem(cx, p))?;
+    }
+    Ok(serde_json::to_string_pretty(&value).expect("JSON values serialise"))
+}
+
+fn problem(cx: &Cx, p: Problem) -> ProjectError {
+    ProjectError::File {
+        file: cx.file.clone(),
+        field: p.field,
+        message: one_line(&p.message),
+    }
+}
+
+/// The files resolved into one definition.
+fn read(cx: &Cx, files: &[(Kind, String)], options: &LoadOptions) -> Result<Definition> {
+    let mut definition = Definition::default();
+    for (_, text) in files.iter().filter(|(k, _)| *k == Kind::Compose) {
+        merge_definition(
+            &mut definition,
+            compose::read(text, options.env).map_err(|p| problem(cx, p))?,
+        );
+    }
+    let bake: Vec<(bool, &str)> = files
+        .iter()
+        .filter(|(k, _)| *k != Kind::Compose)
+        .map(|(k, t)| (*k == Kind::Json, t.as_str()))
+        .collect();
+    if !bake.is_empty() {
+        merge_definition(
+            &mut definition,
+            hcl::read_many(&bake, options.env).map_err(|p| problem(cx, p))?,
+        );
+    }
+    Ok(definition)
+}
+
+/// A later file's groups and targets over the earlier ones', field by field.
+fn merge_definition(into: &mut Definition, from: Definition) {
+    for (name, members) in from.groups {
+        match into.groups.iter_mut().find(|(g, _)| *g == name) {
+            Some((_, old)) => *old = members,
+            None => into.groups.push((name, members)),
+        }
+    }
+    for (name, fields) in from.targets {
+        match into.targets.iter_mut().find(|(t, _)| *t == name) {
+            Some((_, old)) => old.extend(fields),
+            None => into.targets.push((name, fields)),
+        }
+    }
+    into.descriptions.extend(from.descriptions);
+}
+
+/// The chosen targets as a project's images.
+fn project(
+    cx: &mut Cx,
+    kind: Kind,
+    definition: &Definition,
+    options: &LoadOptions,
+) -> Result<Project> {
     let file = cx.file.clone();
     let problem = |p: Problem| ProjectError::File {
         file: file.clone(),
         field: p.field,
         message: one_line(&p.message),
     };
-    let definition = match kind {
-        Kind::Hcl => hcl::read(text, options.env),
-        Kind::Json => hcl::read_json(text, options.env),
-        Kind::Compose => compose::read(text, options.env),
-    }
-    .map_err(problem)?;
-    let groups = flatten_groups(&definition).map_err(problem)?;
-    let chosen = chosen(kind, &definition, &groups, options.targets).map_err(problem)?;
+    let groups = flatten_groups(definition).map_err(problem)?;
+    let chosen = chosen(kind, definition, &groups, options.targets).map_err(problem)?;
     let mut images = Vec::new();
     for name in &chosen {
-        let fields = &definition
-            .targets
-            .iter()
-            .find(|(n, _)| n == name)
-            .expect("chosen names exist")
-            .1;
+        let fields = definition.target(name).expect("chosen names exist");
         images.push((name.clone(), image(kind, name, fields).map_err(problem)?));
     }
     let mut raw = RawProject {
@@ -220,6 +319,10 @@ fn chosen(
     if names.is_empty() {
         match groups.get("default") {
             Some(members) => members.iter().for_each(&mut add),
+            // bake reads `default` as a target's name when no group has it.
+            None if definition.targets.iter().any(|(t, _)| t == "default") => {
+                add(&"default".to_string())
+            }
             None if kind == Kind::Compose => definition.targets.iter().for_each(|(t, _)| add(t)),
             None => {
                 return Err(Problem::at(
@@ -297,8 +400,6 @@ const REFUSED: &[(&str, &str)] = &[
     ("shm-size", "RUN steps get BuildKit's default /dev/shm; remove shm-size"),
     ("ulimits", "RUN steps get BuildKit's default limits; remove ulimits"),
     ("extra-hosts", "polyarch's RUN steps resolve names through the network they use; remove extra-hosts"),
-    ("matrix", "matrix targets are not expanded yet; write one target per combination"),
-    ("name", "name is matrix's; write one target per combination"),
 ];
 
 /// Fields polyarch reads (besides `inherits`, already applied, and `description`).
@@ -327,7 +428,10 @@ const FIELDS: &[&str] = &[
 /// One target's fields as a `polyarch.yaml` image, or the field refused and why.
 fn image(kind: Kind, name: &str, fields: &Fields) -> std::result::Result<RawImage, Problem> {
     let at = |field: &str| kind.field(name, field);
-    for (key, _) in fields.iter().filter(|(_, v)| !v.is_null()) {
+    for (key, _) in fields
+        .iter()
+        .filter(|(k, v)| !v.is_null() && *k != hcl::GRANTED)
+    {
         if let Some((_, fix)) = REFUSED.iter().find(|(k, _)| k == key) {
             return Err(Problem::at(
                 at(key),
@@ -435,11 +539,15 @@ fn image(kind: Kind, name: &str, fields: &Fields) -> std::result::Result<RawImag
             Attest::Sbom => &mut sbom,
         } = Some(on.to_string());
     }
-    let secrets = list("secret")?
-        .iter()
-        .enumerate()
-        .map(|(i, s)| secret(s).map_err(|m| Problem::at(format!("{}[{i}]", at("secret")), m)))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut secrets: Vec<(String, RawSecret)> = Vec::new();
+    for (i, s) in list("secret")?.iter().enumerate() {
+        let (id, raw) = secret(s).map_err(|m| Problem::at(format!("{}[{i}]", at("secret")), m))?;
+        // bake keeps one secret per id, a later one in the earlier one's place.
+        match secrets.iter_mut().find(|(known, _)| *known == id) {
+            Some(slot) => slot.1 = raw,
+            None => secrets.push((id, raw)),
+        }
+    }
     let ssh = list("ssh")?;
     let boolean = |key: &str| -> std::result::Result<Option<String>, Problem> {
         match fields.get(key) {

@@ -101,7 +101,7 @@ fn bake_files_resolve_as_bake_does() {
             "compose.yaml",
             "services:\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      dockerfile: web.Dockerfile\n      args: [X=1]\n      target: prod\n      platforms: [linux/amd64]\n      tags: [reg.example.com/web:latest]\n  db:\n    image: postgres\n",
             &[],
-            &[r#"web reg.example.com/web v1,latest linux/amd64 {"X": "1"} web.Dockerfile prod"#],
+            &[r#"web reg.example.com/web latest linux/amd64 {"X": "1"} web.Dockerfile prod"#],
         ),
         (
             "docker-compose.yml",
@@ -139,7 +139,7 @@ fn what_polyarch_cannot_honour_is_refused_by_name() {
         (target("dockerfile-inline = \"FROM scratch\""), "target.app.dockerfile-inline", "Dockerfile file"),
         (target("call = \"check\""), "target.app.call", "frontend methods"),
         (target("entitlements = [\"network.host\"]"), "target.app.entitlements", "entitlement"),
-        (target("matrix = { v = [\"1\", \"2\"] }"), "target.app.matrix", "one target per combination"),
+        (target("name = \"app-1\""), "target.app.name", "without matrix"),
         (target("output = [\"type=docker\"]"), "target.app.output[0]", "does not load a Docker image"),
         (target("output = [\"type=oci,dest=out\"]"), "target.app.output[0]", "--output oci:DIR"),
         (target("attest = [\"type=sbom,generator=me/scanner\"]"), "target.app.attest[0]", "remove generator="),
@@ -157,9 +157,9 @@ fn what_polyarch_cannot_honour_is_refused_by_name() {
             "is missing",
         ),
         (
-            "function \"f\" {\n  params = []\n  result = 1\n}\n".into(),
-            "function",
-            "user functions",
+            "function \"f\" {\n  params = [x]\n  result = f(x)\n}\ngroup \"default\" { targets = [\"app\"] }\ntarget \"app\" {\n  args = { A = f(1) }\n}\n".into(),
+            "target.app.args",
+            "more than 32 deep",
         ),
         (
             "target \"app\" {\n  inherits = [\"app\"]\n}\n".into(),
