@@ -48,7 +48,7 @@ pub(super) async fn build_classic(
 }
 
 /// Settings only BuildKit builds are refused up front, with the way to get BuildKit.
-fn refuse_buildkit_only_settings(
+pub(super) fn refuse_buildkit_only_settings(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
@@ -127,7 +127,7 @@ fn classic_options(
 /// `X-Registry-Config`, as the Docker CLI does): the command line's for the image's own
 /// registry, else what the Docker config holds for each base's registry. None when no
 /// base needs any.
-fn registry_config(
+pub(super) fn registry_config(
     spec: &ImageSpec,
     args: Option<&HashMap<String, String>>,
 ) -> Result<Option<HashMap<String, DockerCredentials>>> {
@@ -177,7 +177,7 @@ fn registry_config(
 /// Streams the build context as a tar from a blocking thread, so a large context is
 /// never held in memory; the receiver gets the tar's sha256 once all of it was sent
 /// (remembered in `hashes` by the tree's stat, for the next run's warm check).
-fn stream_context(
+pub(super) fn stream_context(
     spec: &ImageSpec,
     hashes: Arc<FileHashes>,
 ) -> Result<(
