@@ -281,12 +281,25 @@ fn podman_builds_from_a_base_in_a_private_registry() {
         Some(2),
         "{index:#}"
     );
-    // Every blob of the image (config and layers, uncompressed) is free of the password.
-    let copied = dir.path().join("copied");
-    let out = run(Command::new("skopeo")
-        .args(["copy", "--all", "--src-tls-verify=false", "--src-creds"])
-        .arg(format!("{USER}:{PASS}"))
-        .arg(format!("docker://{app}:v1"))
+    assert_in_no_blob(
+        &format!("{app}:v1"),
+        Some((USER, PASS)),
+        dir.path(),
+        &[PASS],
+    );
+}
+
+/// Every blob of the image at `reference` (configs and layers, uncompressed), copied
+/// with skopeo into `dir`, is free of each of `values`.
+fn assert_in_no_blob(reference: &str, creds: Option<(&str, &str)>, dir: &Path, values: &[&str]) {
+    let copied = dir.join(unique_name("copied"));
+    let mut skopeo = Command::new("skopeo");
+    skopeo.args(["copy", "--all", "--src-tls-verify=false"]);
+    if let Some((user, password)) = creds {
+        skopeo.arg("--src-creds").arg(format!("{user}:{password}"));
+    }
+    let out = run(skopeo
+        .arg(format!("docker://{reference}"))
         .arg(format!("dir:{}", copied.display())));
     assert!(out.status.success(), "skopeo copy: {}", stderr(&out));
     for blob in fs::read_dir(&copied).unwrap() {
@@ -304,12 +317,72 @@ fn podman_builds_from_a_base_in_a_private_registry() {
             }
         };
         assert!(readable, "{} is not readable", path.display());
+        for value in values {
+            assert!(
+                !text.windows(value.len()).any(|w| w == value.as_bytes()),
+                "a secret value is in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Secrets on Podman: libpod's build takes them as files sent after the context (never
+/// part of it); both platforms' RUN steps read them, and no value is in the log, the
+/// record or the image.
+#[test]
+fn podman_build_reads_secrets_and_leaves_them_nowhere() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let context = dir.path().join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    let token = unique_name("pm-token-s3cr3t");
+    let npmrc = unique_name("//registry.example/:_authToken=pm-npm-s3cr3t");
+    hello_context(
+        &context,
+        &format!(
+            "FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN --mount=type=secret,id=token --mount=type=secret,id=npmrc [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox wc -c < /run/secrets/token > /len && /bin/busybox cat /run/secrets/npmrc | /bin/busybox wc -c >> /len && echo {}\"]\nENTRYPOINT [\"/bin/busybox\", \"cat\", \"/len\"]\n",
+            unique_name("marker")
+        ),
+    );
+    let repo = registry.repo(&unique_name("podman/secret"));
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {}:\n    repository: {repo}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n    secrets: {{token: {{env: POLYARCH_PM_TOKEN}}}}\n",
+            unique_name("pmsecret")
+        ),
+    )
+    .unwrap();
+    let npmrc_file = dir.path().join("npmrc.secret");
+    fs::write(&npmrc_file, &npmrc).unwrap();
+    let out = run(on_podman()
+        .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(&file)
+        .arg("--secret")
+        .arg(format!("id=npmrc,src={}", npmrc_file.display()))
+        .env("POLYARCH_PM_TOKEN", &token)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("libpod build"), "{log}");
+    let expected = format!("{}\n{}", token.len(), npmrc.len());
+    assert_eq!(podman_run("linux/arm64", &format!("{repo}:v1")), expected);
+    assert_eq!(podman_run("linux/amd64", &format!("{repo}:v1")), expected);
+    let _ = run(podman_cli().args(["rmi", "-f", &format!("{repo}:v1")]));
+    for value in [&token, &npmrc] {
         assert!(
-            !text.windows(PASS.len()).any(|w| w == PASS.as_bytes()),
-            "the password is in {}",
-            path.display()
+            !log.contains(value.as_str()),
+            "a secret value is in the log"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(value.as_str()),
+            "a secret value is in the record"
         );
     }
+    assert_in_no_blob(&format!("{repo}:v1"), None, dir.path(), &[&token, &npmrc]);
 }
 
 /// Processes on this host whose command line is exactly `args` (Buildah runs RUN steps as

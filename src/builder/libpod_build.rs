@@ -62,13 +62,18 @@ pub async fn build_with_libpod(
     let first = platforms
         .first()
         .ok_or_else(|| failed(BuildError::Request("no platform to build".into())))?;
-    refuse_buildkit_only_settings(engine, spec, first)?;
+    refuse_buildkit_only_settings(engine, spec, first, true)?;
     let started = Instant::now();
     let list = temporary_list(&spec.name, run_id);
     let args = libpod_build_args(spec, &engine.native);
     let bases = stage_bases(spec, platforms, &engine.native)?;
     let tls_verify = !all_over_plain_http(&bases, build.registry);
-    let query = libpod_query(spec, platforms, &list, &args, tls_verify);
+    let (secrets, secret_files) = secrets_sent(spec, run_id).map_err(failed)?;
+    let mut query = libpod_query(spec, platforms, &list, &args, tls_verify);
+    if !secrets.is_empty() {
+        query.push_str("&secrets=");
+        query.extend(form_urlencoded::byte_serialize(json(&secrets).as_bytes()));
+    }
     let mut credentials = HashMap::new();
     for platform in platforms {
         let args = platform_args(spec, platform, &engine.native);
@@ -81,7 +86,7 @@ pub async fn build_with_libpod(
         .await
         .map_err(libpod_error)?;
     let record = cleanup.add_libpod_build(engine, &list, before, bases);
-    let (context, sent) = stream_context(spec, build.hashes.clone())?;
+    let (context, sent) = stream_context(spec, build.hashes.clone(), secret_files)?;
     let stage = BuildStage::default();
     let mut logs = PlatformLines::new(&spec.name, platforms, &engine.native, &stage, reporter);
     let outcome = async {
@@ -153,6 +158,28 @@ pub async fn build_with_libpod(
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(LibpodBuilt { images })
+}
+
+/// The image's secrets as libpod's build takes them from a remote client: each a file at
+/// the context tar's root (after the context, never part of its digest), which Podman
+/// moves out of the context before the build and deletes after it; and the `secrets`
+/// entries naming them.
+fn secrets_sent(
+    spec: &ImageSpec,
+    run_id: &str,
+) -> std::result::Result<(Vec<String>, Vec<ExtraFile>), BuildError> {
+    let mut entries = Vec::new();
+    let mut files = Vec::new();
+    for (n, (id, secret)) in spec.secrets.iter().enumerate() {
+        let value = secret
+            .source
+            .read()
+            .map_err(|e| BuildError::Request(format!("secret `{id}`: {e}")))?;
+        let name = format!(".polyarch-secret-{run_id}-{n}");
+        entries.push(format!("id={id},src={name}"));
+        files.push((name, value));
+    }
+    Ok((entries, files))
 }
 
 /// The build args: the image's, and the `BUILD*` ones buildx defines (Buildah defines the
