@@ -54,11 +54,10 @@ pub struct Cleanup {
     libpod: Arc<Mutex<Vec<Arc<LibpodBuildRecord>>>>,
 }
 
-/// What a build through libpod (`/libpod/build`) may leave in Podman: its temporary
-/// manifest list, Buildah's build containers while it runs, and the images it wrote.
+/// What a build through libpod (`/libpod/build`) may leave in Podman: Buildah's build
+/// containers while it runs, and the images it wrote.
 pub struct LibpodBuildRecord {
     engine: Engine,
-    list: String,
     /// Buildah's containers before the build began: none of them is this build's.
     before: Vec<String>,
     /// The images the Dockerfile's stages are FROM: Buildah's containers name them.
@@ -69,6 +68,11 @@ pub struct LibpodBuildRecord {
 }
 
 impl LibpodBuildRecord {
+    /// The build ended by itself: Buildah removed its containers.
+    pub fn ended(&self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
+
     /// The build said it wrote the image `id` (short or full).
     pub fn image_seen(&self, id: &str) {
         let mut images = self.images.lock().expect("cleanup lock");
@@ -166,18 +170,16 @@ impl Cleanup {
         });
     }
 
-    /// Records a libpod build about to start on `engine`, writing the manifest list
-    /// `list`, with Buildah's containers `before` it and its stages' `bases`.
+    /// Records a libpod build about to start on `engine`, with Buildah's containers
+    /// `before` it and its stages' `bases`.
     pub fn add_libpod_build(
         &self,
         engine: &Engine,
-        list: &str,
         before: Vec<BuildContainer>,
         bases: Vec<String>,
     ) -> Arc<LibpodBuildRecord> {
         let record = Arc::new(LibpodBuildRecord {
             engine: engine.clone(),
-            list: list.to_string(),
             before: before.into_iter().map(|c| c.id).collect(),
             bases,
             running: AtomicBool::new(true),
@@ -190,16 +192,9 @@ impl Cleanup {
         record
     }
 
-    /// The libpod build ended by itself: Buildah removed its containers; its manifest
-    /// list is removed now (the images are exported by ID).
-    pub async fn libpod_build_ended(&self, record: &LibpodBuildRecord) {
-        record.running.store(false, Ordering::SeqCst);
-        libpod::remove_manifest_list(&record.engine.location, &record.list).await;
-    }
-
     /// Removes what a libpod build left: while it runs, Buildah's containers for it (its
-    /// step in flight can then no longer commit) and its manifest list; the images it
-    /// said it wrote. How many build containers it removed.
+    /// step in flight can then no longer commit); the images it said it wrote. How many
+    /// build containers it removed.
     async fn remove_libpod_build(record: &LibpodBuildRecord) -> usize {
         let endpoint = &record.engine.location;
         let mut removed = 0;
@@ -214,7 +209,6 @@ impl Cleanup {
                 .filter(|gone| *gone)
                 .count();
             }
-            libpod::remove_manifest_list(endpoint, &record.list).await;
         }
         let images = std::mem::take(&mut *record.images.lock().expect("cleanup lock"));
         for id in images {

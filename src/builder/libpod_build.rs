@@ -1,7 +1,12 @@
 //! All of an image's platforms in one build through Podman's own API (`/libpod/build`
-//! with a `platform` per platform and `manifest=`): the context tar is uploaded once, and
-//! Buildah builds the platforms side by side. The platform images stay in Podman's storage
-//! for polyarch to export and push by digest, as the classic builder's do.
+//! with a `platform` per platform): the context tar is uploaded once, and Buildah builds
+//! the platforms side by side. The platform images stay in Podman's storage for polyarch
+//! to export and push by digest, as the classic builder's do.
+//!
+//! No manifest list is made (`manifest=`): polyarch reads each platform image's ID from
+//! the build's answer and publishes its own index, and a list left behind whose image is
+//! removed makes Podman 4.3's `podman images` fail for everyone ("reading manifest for
+//! image instance … file does not exist", seen here).
 
 use super::*;
 use crate::builder::cleanup::Cleanup;
@@ -19,7 +24,7 @@ pub struct LibpodBuilt {
 pub struct LibpodBuild<'a> {
     pub spec: &'a ImageSpec,
     pub platforms: &'a [Platform],
-    /// Makes the temporary manifest list's name unique to this run.
+    /// Makes the names of secrets sent with the context unique to this run.
     pub run_id: &'a str,
     /// How polyarch reaches registries: a base on a registry it reaches over plain HTTP
     /// is pulled so by Podman too.
@@ -28,15 +33,9 @@ pub struct LibpodBuild<'a> {
     pub hashes: &'a Arc<FileHashes>,
 }
 
-/// The temporary manifest list libpod adds the platform images to; removed once the
-/// build ends.
-pub fn temporary_list(image: &str, run_id: &str) -> String {
-    format!("polyarch-build/{image}:list-{run_id}")
-}
-
 /// Builds `build.spec` for all of `build.platforms` in one libpod build. What the build
-/// may leave in Podman (the manifest list, Buildah's build containers, the images) is
-/// recorded in `cleanup` first, so an interrupted run removes it.
+/// may leave in Podman (Buildah's build containers, the images) is recorded in `cleanup`
+/// first, so an interrupted run removes it.
 pub async fn build_with_libpod(
     engine: &Engine,
     build: LibpodBuild<'_>,
@@ -64,12 +63,11 @@ pub async fn build_with_libpod(
         .ok_or_else(|| failed(BuildError::Request("no platform to build".into())))?;
     refuse_buildkit_only_settings(engine, spec, first, true)?;
     let started = Instant::now();
-    let list = temporary_list(&spec.name, run_id);
     let args = libpod_build_args(spec, &engine.native);
     let bases = stage_bases(spec, platforms, &engine.native)?;
     let tls_verify = !all_over_plain_http(&bases, build.registry);
     let (secrets, secret_files) = secrets_sent(spec, run_id).map_err(failed)?;
-    let mut query = libpod_query(spec, platforms, &list, &args, tls_verify);
+    let mut query = libpod_query(spec, platforms, &args, tls_verify);
     if !secrets.is_empty() {
         query.push_str("&secrets=");
         query.extend(form_urlencoded::byte_serialize(json(&secrets).as_bytes()));
@@ -85,7 +83,7 @@ pub async fn build_with_libpod(
     let before = libpod::build_containers(&engine.location)
         .await
         .map_err(libpod_error)?;
-    let record = cleanup.add_libpod_build(engine, &list, before, bases);
+    let record = cleanup.add_libpod_build(engine, before, bases);
     let (context, sent) = stream_context(spec, build.hashes.clone(), secret_files)?;
     let stage = BuildStage::default();
     let mut logs = PlatformLines::new(&spec.name, platforms, &engine.native, &stage, reporter);
@@ -107,9 +105,8 @@ pub async fn build_with_libpod(
         Ok(())
     }
     .await;
-    // The build ended (or failed): its containers are Buildah's to remove, and the list
-    // is not needed: each image is exported by its ID.
-    cleanup.libpod_build_ended(&record).await;
+    // The build ended (or failed): its containers are Buildah's to remove.
+    record.ended();
     if let Err(message) = outcome {
         let log = logs.failed_log();
         return Err(log.failure(&message, |m| failed(BuildError::StepFailed(m))));
@@ -241,7 +238,6 @@ fn all_over_plain_http(bases: &[String], registry: &RegistryOptions) -> bool {
 fn libpod_query(
     spec: &ImageSpec,
     platforms: &[Platform],
-    list: &str,
     args: &HashMap<String, String>,
     tls_verify: bool,
 ) -> String {
@@ -250,7 +246,6 @@ fn libpod_query(
         query.append_pair("platform", &platform.to_string());
     }
     query
-        .append_pair("manifest", list)
         .append_pair(
             "dockerfile",
             &spec.dockerfile.to_string_lossy().replace('\\', "/"),
@@ -457,7 +452,7 @@ mod tests {
     }
 
     #[test]
-    fn the_query_names_every_platform_the_list_and_the_network() {
+    fn the_query_names_every_platform_and_the_network() {
         let spec = ImageSpec {
             network: Network::None,
             target: Some("app".into()),
@@ -468,7 +463,7 @@ mod tests {
             "linux/arm64".parse().unwrap(),
         ];
         let args = HashMap::from([("A".to_string(), "1".to_string())]);
-        let query = libpod_query(&spec, &platforms, "polyarch-build/x:list-1", &args, false);
+        let query = libpod_query(&spec, &platforms, &args, false);
         let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
             .map(|(k, v)| (k.into_owned(), v.into_owned()))
             .collect();
@@ -480,7 +475,7 @@ mod tests {
                 .collect()
         };
         assert_eq!(values("platform"), ["linux/amd64", "linux/arm64"]);
-        assert_eq!(values("manifest"), ["polyarch-build/x:list-1"]);
+        assert!(values("manifest").is_empty());
         assert_eq!(values("buildargs"), ["{\"A\":\"1\"}"]);
         assert_eq!(values("target"), ["app"]);
         assert_eq!(values("tlsVerify"), ["false"]);

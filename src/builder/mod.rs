@@ -45,7 +45,7 @@ pub use classic::classic_context_digest;
 use classic::*;
 pub use default_engine::default_engine;
 pub use error::{BuildError, BuilderError};
-pub use libpod_build::{build_with_libpod, temporary_list, LibpodBuild, LibpodBuilt};
+pub use libpod_build::{build_with_libpod, LibpodBuild, LibpodBuilt};
 pub use seam::Builder;
 
 type Result<T, E = BuilderError> = std::result::Result<T, E>;

@@ -1,8 +1,8 @@
 //! Podman's own API beside its Docker-compatible one, for what the compatible one cannot
 //! say: a pull from a registry reached over plain HTTP (`tlsVerify=false`), which
 //! Podman's `/images/create` tries over HTTPS and fails; one build for all of an image's
-//! platforms (`/libpod/build` with `platform=` per platform and `manifest=`); Buildah's
-//! build containers, which the compatible API does not list.
+//! platforms (`/libpod/build` with `platform=` per platform); Buildah's build
+//! containers, which the compatible API does not list.
 
 use crate::base::platform::Platform;
 use crate::docker::endpoint::Endpoint;
@@ -370,18 +370,6 @@ pub async fn build_containers(endpoint: &Endpoint) -> Result<Vec<BuildContainer>
 /// commit from it.
 pub async fn remove_container(endpoint: &Endpoint, id: &str) -> bool {
     let path = format!("/containers/{id}?force=true");
-    match send(endpoint, bare(http::Method::DELETE, &path)).await {
-        Ok(answer) => answer.status.is_success() || answer.status == http::StatusCode::NOT_FOUND,
-        Err(_) => false,
-    }
-}
-
-/// Removes the manifest list `name` (not the images it lists); true once it is gone.
-pub async fn remove_manifest_list(endpoint: &Endpoint, name: &str) -> bool {
-    let path = format!(
-        "/manifests/{}",
-        form_urlencoded::byte_serialize(name.as_bytes()).collect::<String>()
-    );
     match send(endpoint, bare(http::Method::DELETE, &path)).await {
         Ok(answer) => answer.status.is_success() || answer.status == http::StatusCode::NOT_FOUND,
         Err(_) => false,
