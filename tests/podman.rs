@@ -87,14 +87,30 @@ fn podman_two_platform_build_with_a_qemu_run_step_is_one_index_podman_runs() {
     let name = unique_name("pmtwo");
     let repo = registry.repo(&unique_name("podman/two"));
     let file = project(dir.path(), &name, &repo);
+    let images_before = podman_images();
 
     let out = run(on_podman()
         .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
         .arg(&file)
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
     let record: Value = serde_json::from_slice(&out.stdout).expect("record");
     assert_eq!(record["covered"], true, "{record:#}");
+    // One libpod build for both platforms (the context uploaded once), not a build each.
+    assert!(
+        log.contains("libpod build (linux/amd64, linux/arm64 in one build)"),
+        "{log}"
+    );
+    assert!(!log.contains("classic builder"), "{log}");
+    // Its platform images are gone from Podman, and no manifest list was made.
+    let left: Vec<String> = podman_images()
+        .into_iter()
+        .filter(|i| !images_before.contains(i))
+        .collect();
+    assert!(left.is_empty(), "images left in Podman: {left:?}");
+    let lists = run(podman_cli().args(["manifest", "exists", &format!("polyarch-build/{name}")]));
+    assert!(!lists.status.success(), "a manifest list was left");
 
     // skopeo reads back one index with exactly the two platforms.
     let index = skopeo_inspect_raw(&format!("{repo}:v1"));
@@ -237,8 +253,10 @@ fn podman_warm_rerun_builds_nothing_and_a_changed_file_builds_again() {
     assert_ne!(again["images"][0]["digest"], changed["images"][0]["digest"]);
 }
 
-/// A base image in a registry that needs a login: Podman's `/build` gets the command
-/// line's credentials as `X-Registry-Config` and pulls it; the RUN step runs on top of it.
+/// A base image in a registry that needs a login: libpod's build gets the command line's
+/// credentials as `X-Registry-Config` (and `tlsVerify=false`, the loopback registry being
+/// plain HTTP) and pulls it for both platforms; the RUN step runs on top of it. The
+/// password is in neither the log, the record nor the image.
 #[test]
 fn podman_builds_from_a_base_in_a_private_registry() {
     const USER: &str = "pmuser";
@@ -272,14 +290,122 @@ fn podman_builds_from_a_base_in_a_private_registry() {
         format!("version: 1\nimages:\n  {}:\n    repository: {app}\n    tags: [v1]\n    context: .\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n", unique_name("pmapp")),
     )
     .unwrap();
-    let (_, record) = build_on_podman(&file, Some((USER, PASS)));
+    let (log, record) = build_on_podman(&file, Some((USER, PASS)));
     assert_eq!(record["covered"], true, "{record:#}");
+    assert!(log.contains("libpod build"), "{log}");
+    assert!(!log.contains(PASS), "the password is in the log:\n{log}");
+    assert!(
+        !record.to_string().contains(PASS),
+        "the password is in the record"
+    );
     let index = support::skopeo_inspect_raw_creds(&format!("{app}:v1"), Some((USER, PASS)));
     assert_eq!(
         index["manifests"].as_array().map(Vec::len),
         Some(2),
         "{index:#}"
     );
+    assert_in_no_blob(
+        &format!("{app}:v1"),
+        Some((USER, PASS)),
+        dir.path(),
+        &[PASS],
+    );
+}
+
+/// Every blob of the image at `reference` (configs and layers, uncompressed), copied
+/// with skopeo into `dir`, is free of each of `values`.
+fn assert_in_no_blob(reference: &str, creds: Option<(&str, &str)>, dir: &Path, values: &[&str]) {
+    let copied = dir.join(unique_name("copied"));
+    let mut skopeo = Command::new("skopeo");
+    skopeo.args(["copy", "--all", "--src-tls-verify=false"]);
+    if let Some((user, password)) = creds {
+        skopeo.arg("--src-creds").arg(format!("{user}:{password}"));
+    }
+    let out = run(skopeo
+        .arg(format!("docker://{reference}"))
+        .arg(format!("dir:{}", copied.display())));
+    assert!(out.status.success(), "skopeo copy: {}", stderr(&out));
+    for blob in fs::read_dir(&copied).unwrap() {
+        let path = blob.unwrap().path();
+        let raw = fs::read(&path).unwrap();
+        let mut text = Vec::new();
+        let readable = match raw.starts_with(&[0x1f, 0x8b]) {
+            true => {
+                std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&raw[..]), &mut text)
+                    .is_ok()
+            }
+            false => {
+                text = raw;
+                true
+            }
+        };
+        assert!(readable, "{} is not readable", path.display());
+        for value in values {
+            assert!(
+                !text.windows(value.len()).any(|w| w == value.as_bytes()),
+                "a secret value is in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+/// Secrets on Podman: libpod's build takes them as files sent after the context (never
+/// part of it); both platforms' RUN steps read them, and no value is in the log, the
+/// record or the image.
+#[test]
+fn podman_build_reads_secrets_and_leaves_them_nowhere() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let context = dir.path().join("ctx");
+    fs::create_dir_all(&context).unwrap();
+    let token = unique_name("pm-token-s3cr3t");
+    let npmrc = unique_name("//registry.example/:_authToken=pm-npm-s3cr3t");
+    hello_context(
+        &context,
+        &format!(
+            "FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN --mount=type=secret,id=token --mount=type=secret,id=npmrc [\"/bin/busybox\", \"sh\", \"-c\", \"/bin/busybox wc -c < /run/secrets/token > /len && /bin/busybox cat /run/secrets/npmrc | /bin/busybox wc -c >> /len && echo {}\"]\nENTRYPOINT [\"/bin/busybox\", \"cat\", \"/len\"]\n",
+            unique_name("marker")
+        ),
+    );
+    let repo = registry.repo(&unique_name("podman/secret"));
+    let file = dir.path().join("polyarch.yaml");
+    fs::write(
+        &file,
+        format!(
+            "version: 1\nimages:\n  {}:\n    repository: {repo}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n    secrets: {{token: {{env: POLYARCH_PM_TOKEN}}}}\n",
+            unique_name("pmsecret")
+        ),
+    )
+    .unwrap();
+    let npmrc_file = dir.path().join("npmrc.secret");
+    fs::write(&npmrc_file, &npmrc).unwrap();
+    let out = run(on_podman()
+        .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .arg(&file)
+        .arg("--secret")
+        .arg(format!("id=npmrc,src={}", npmrc_file.display()))
+        .env("POLYARCH_PM_TOKEN", &token)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    let log = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    assert!(log.contains("libpod build"), "{log}");
+    let expected = format!("{}\n{}", token.len(), npmrc.len());
+    assert_eq!(podman_run("linux/arm64", &format!("{repo}:v1")), expected);
+    assert_eq!(podman_run("linux/amd64", &format!("{repo}:v1")), expected);
+    let _ = run(podman_cli().args(["rmi", "-f", &format!("{repo}:v1")]));
+    for value in [&token, &npmrc] {
+        assert!(
+            !log.contains(value.as_str()),
+            "a secret value is in the log"
+        );
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains(value.as_str()),
+            "a secret value is in the record"
+        );
+    }
+    assert_in_no_blob(&format!("{repo}:v1"), None, dir.path(), &[&token, &npmrc]);
 }
 
 /// Processes on this host whose command line is exactly `args` (Buildah runs RUN steps as
@@ -306,8 +432,27 @@ fn build_containers() -> Vec<String> {
         .collect()
 }
 
-/// Ctrl-C mid RUN step: Podman cannot cancel the step, so polyarch says so, waits for it
-/// to end, exits 130, and neither a build container nor a temporary image is left.
+/// The images in Podman's storage without a name (IDs): what a build leaves behind.
+fn podman_images() -> Vec<String> {
+    let out = run(podman_cli().args([
+        "images",
+        "-a",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        "dangling=true",
+    ]));
+    assert!(out.status.success(), "podman images: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Ctrl-C mid RUN step of a 2-platform libpod build: polyarch drops the build's
+/// connection and removes Buildah's build containers, exits 130 within 2 s with no build
+/// container left; Podman 4.3 cannot stop the step's process, which runs on to its end
+/// but then has no container to commit from: no image appears, and no tag moves.
 #[test]
 fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
     // Also keeps the other Podman tests' build containers out of the before/after lists.
@@ -317,66 +462,76 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
     let context = dir.path().join("ctx");
     fs::create_dir_all(&context).unwrap();
     let name = unique_name("pmint");
-    // A sleep no other test runs (so its process names this build's step), shorter than
-    // the 10 s polyarch waits for a cut-off build.
-    let seconds = format!("2.{}", 100 + name.bytes().map(u32::from).sum::<u32>() % 900);
+    // A sleep no other test runs (so its process names this build's step).
+    let seconds = format!("6.{}", 100 + name.bytes().map(u32::from).sum::<u32>() % 900);
     hello_context(
         &context,
         &format!("FROM scratch\nARG TARGETARCH\nCOPY bin/${{TARGETARCH}}/busybox /bin/busybox\nRUN [\"/bin/busybox\", \"sleep\", \"{seconds}\"]\n"),
     );
+    let repository = registry.repo(&unique_name("podman/int"));
     let file = dir.path().join("polyarch.yaml");
     fs::write(
         &file,
         format!(
-            "version: 1\nimages:\n  {name}:\n    repository: {}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64]\n    network: none\n",
-            registry.repo(&unique_name("podman/int"))
+            "version: 1\nimages:\n  {name}:\n    repository: {repository}\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64, linux/arm64]\n    network: none\n"
         ),
     )
     .unwrap();
     let before = build_containers();
-    let child = on_podman()
-        .args(["build", "-f"])
+    let images_before = podman_images();
+    let mut command = on_podman();
+    command
+        .args(["build", "--binfmt", "auto", "-f"])
         .arg(&file)
         .env_remove("CI")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn polyarch");
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
+    let running = support::running::Running::spawn(command);
     let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !processes_running(&sleep) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the RUN step never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    wait_until(
+        || processes_running(&sleep),
+        || format!("the RUN step never started:\n{}", running.stderr()),
+    );
+    let interrupted = std::time::Instant::now();
+    running.signal("INT");
+    let (status, _, log) = running.finish();
+    let took = interrupted.elapsed();
+    eprintln!("exited {took:?} after SIGINT");
+    assert_eq!(status.code(), Some(130), "{log}");
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "exited {took:?} after SIGINT:\n{log}"
+    );
+    assert!(log.contains("cannot stop a build step in flight"), "{log}");
+    let left = || -> Vec<String> {
+        build_containers()
+            .into_iter()
+            .filter(|c| !before.contains(c))
+            .collect()
+    };
+    assert!(
+        left().is_empty(),
+        "build containers left: {:?}\n{log}",
+        left()
+    );
+    // The step's process ends by itself; nothing is committed from it after.
+    wait_until(
+        || !processes_running(&sleep),
+        || "the RUN step never ended".to_string(),
+    );
+    let settled = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < settled {
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    let sent = run(Command::new("kill").args(["-INT", &child.id().to_string()]));
-    assert!(sent.status.success());
-    let out = child.wait_with_output().unwrap();
-    let log = stderr(&out);
-    assert_eq!(out.status.code(), Some(130), "{log}");
-    assert!(log.contains("cannot cancel a build in flight"), "{log}");
-    assert!(
-        !processes_running(&sleep),
-        "the RUN step still runs:\n{log}"
-    );
-    let left: Vec<String> = build_containers()
+    assert!(left().is_empty(), "build containers left: {:?}", left());
+    let new_images: Vec<String> = podman_images()
         .into_iter()
-        .filter(|c| !before.contains(c))
+        .filter(|i| !images_before.contains(i))
         .collect();
-    assert!(left.is_empty(), "build containers left: {left:?}\n{log}");
-    let images = run(podman_cli().args([
-        "images",
-        "-q",
-        "--filter",
-        &format!("reference=polyarch-build/{name}"),
-    ]));
-    assert!(
-        String::from_utf8_lossy(&images.stdout).trim().is_empty(),
-        "temporary image left: {images:?}"
-    );
+    assert!(new_images.is_empty(), "images left: {new_images:?}\n{log}");
+    let tag = run(Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!("docker://{repository}:v1")));
+    assert!(!tag.status.success(), "the tag moved");
 }
 
 /// Containers polyarch's tests left on Podman (`podman ps -a`).

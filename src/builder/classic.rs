@@ -25,10 +25,10 @@ pub(super) async fn build_classic(
     hashes: &Arc<FileHashes>,
     log: &mut BuildLog<'_>,
 ) -> Result<ClassicOutcome> {
-    refuse_buildkit_only_settings(engine, spec, platform)?;
+    refuse_buildkit_only_settings(engine, spec, platform, false)?;
     let options = classic_options(engine, spec, platform, tag);
     let credentials = registry_config(spec, options.buildargs.as_ref())?;
-    let (context, sent) = stream_context(spec, hashes.clone())?;
+    let (context, sent) = stream_context(spec, hashes.clone(), Vec::new())?;
     let mut stream =
         engine
             .docker
@@ -48,13 +48,15 @@ pub(super) async fn build_classic(
 }
 
 /// Settings only BuildKit builds are refused up front, with the way to get BuildKit.
-fn refuse_buildkit_only_settings(
+/// `secrets` is what libpod's build takes besides (secrets, not SSH agents or caches).
+pub(super) fn refuse_buildkit_only_settings(
     engine: &Engine,
     spec: &ImageSpec,
     platform: &Platform,
+    secrets: bool,
 ) -> Result<()> {
     let needs_buildkit = [
-        (!spec.secrets.is_empty(), "secrets"),
+        (!secrets && !spec.secrets.is_empty(), "secrets"),
         (!spec.ssh.is_empty(), "ssh"),
         (
             !spec.cache_from.is_empty() || spec.cache_to.is_some(),
@@ -80,11 +82,15 @@ fn refuse_buildkit_only_settings(
                 "upgrade it to Docker 18.09+ or build on another engine"
             }
         };
+        let has = match (engine.product, secrets) {
+            (Product::Podman, true) => "its libpod build takes secrets only".to_string(),
+            _ => "has none".to_string(),
+        };
         Err(BuilderError::Build {
             image: spec.name.clone(),
             platform: platform.to_string(),
             source: BuildError::Request(format!(
-                "`{what}` needs BuildKit, and the engine at {} ({}, API {}) has none; {fix}",
+                "`{what}` needs BuildKit, and the engine at {} ({}, API {}) {has}; {fix}",
                 engine.endpoint,
                 engine.product_version(),
                 engine.api_version
@@ -136,7 +142,7 @@ fn classic_options(
 /// `X-Registry-Config`, as the Docker CLI does): the command line's for the image's own
 /// registry, else what the Docker config holds for each base's registry. None when no
 /// base needs any.
-fn registry_config(
+pub(super) fn registry_config(
     spec: &ImageSpec,
     args: Option<&HashMap<String, String>>,
 ) -> Result<Option<HashMap<String, DockerCredentials>>> {
@@ -183,12 +189,18 @@ fn registry_config(
     Ok((!config.is_empty()).then_some(config))
 }
 
+/// A file sent after the context: its name at the tar's root and its content.
+pub(super) type ExtraFile = (String, Vec<u8>);
+
 /// Streams the build context as a tar from a blocking thread, so a large context is
 /// never held in memory; the receiver gets the tar's sha256 once all of it was sent
-/// (remembered in `hashes` by the tree's stat, for the next run's warm check).
-fn stream_context(
+/// (remembered in `hashes` by the tree's stat, for the next run's warm check). `extra`
+/// files (name at the tar's root, content: libpod's build secrets) follow the context's
+/// and are not part of that sha256, which stays the one of the context's tar alone.
+pub(super) fn stream_context(
     spec: &ImageSpec,
     hashes: Arc<FileHashes>,
+    extra: Vec<ExtraFile>,
 ) -> Result<(
     impl futures_util::Stream<Item = Bytes> + Send + 'static,
     tokio::sync::oneshot::Receiver<String>,
@@ -203,7 +215,7 @@ fn stream_context(
             buf: Vec::new(),
         };
         // An error means the engine hung up; the build stream reports why.
-        if let Ok(digest) = context.write(&hashes, started, writer) {
+        if let Ok(digest) = context.write(&hashes, started, writer, &extra) {
             let _ = digest_tx.send(digest);
         }
     });
@@ -237,8 +249,14 @@ impl ContextTree {
 
     /// Writes the tar to `out`; its sha256, remembered by the tree's stat when that did
     /// not move while it was written.
-    fn write(self, hashes: &FileHashes, started: i64, out: impl Write) -> std::io::Result<String> {
-        let digest = write_context(&self.root, &self.files, out)?;
+    fn write(
+        self,
+        hashes: &FileHashes,
+        started: i64,
+        out: impl Write,
+        extra: &[ExtraFile],
+    ) -> std::io::Result<String> {
+        let digest = write_context(&self.root, &self.files, out, extra)?;
         if let Some(before) = self.stat {
             let after = hashes.tree_stat(&self.root, &self.name, &self.files, started);
             if after.as_ref() == Some(&before) {
@@ -249,15 +267,35 @@ impl ContextTree {
     }
 }
 
-/// Writes the context tar of `files` to `out`; the sha256 of the tar written.
-fn write_context(context: &Path, files: &[PathBuf], out: impl Write) -> std::io::Result<String> {
+/// Writes the context tar of `files` to `out`, then the `extra` files; the sha256 of the
+/// tar of `files` alone (its entries and the end-of-archive blocks).
+fn write_context(
+    context: &Path,
+    files: &[PathBuf],
+    out: impl Write,
+    extra: &[ExtraFile],
+) -> std::io::Result<String> {
     let mut tar = tar::Builder::new(HashingWriter {
         inner: out,
         hash: sha2::Sha256::default(),
+        hashing: true,
     });
     tar.follow_symlinks(false);
     for relative in files {
         tar.append_path_with_name(context.join(relative), relative)?;
+    }
+    if !extra.is_empty() {
+        let writer = tar.get_mut();
+        // The digest is of the context's tar as it would end here.
+        sha2::Digest::update(&mut writer.hash, [0u8; 1024]);
+        writer.hashing = false;
+        for (name, data) in extra {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o600);
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, name, data.as_slice())?;
+        }
     }
     let mut hashing = tar.into_inner()?;
     hashing.flush()?;
@@ -280,19 +318,23 @@ fn context_digest_at(spec: &ImageSpec, hashes: &FileHashes, started: i64) -> Res
         return Ok(known);
     }
     context
-        .write(hashes, started, std::io::sink())
+        .write(hashes, started, std::io::sink(), &[])
         .map_err(|e| BuilderError::io(&spec.context, e))
 }
 
 struct HashingWriter<W> {
     inner: W,
     hash: sha2::Sha256,
+    /// Off for what follows the context (secrets).
+    hashing: bool,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         let n = self.inner.write(data)?;
-        sha2::Digest::update(&mut self.hash, &data[..n]);
+        if self.hashing {
+            sha2::Digest::update(&mut self.hash, &data[..n]);
+        }
         Ok(n)
     }
 
@@ -459,7 +501,7 @@ mod tests {
             .unwrap()
             .files(&spec.context)
             .unwrap();
-        write_context(&spec.context, &files, std::io::sink()).unwrap()
+        write_context(&spec.context, &files, std::io::sink(), &[]).unwrap()
     }
 
     /// Plants a digest no read would give for the tree as it is now: served only when
@@ -477,7 +519,7 @@ mod tests {
         // As the build streams it to the engine.
         let mut sent = Vec::new();
         let tree = ContextTree::walk(&spec, &hashes, at).unwrap();
-        let digest = tree.write(&hashes, at, &mut sent).unwrap();
+        let digest = tree.write(&hashes, at, &mut sent, &[]).unwrap();
         assert_eq!(digest, read_in_full(&spec));
         assert_eq!(context_digest_at(&spec, &hashes, at).unwrap(), digest);
         plant(&spec, &hashes, at);
@@ -574,6 +616,33 @@ mod tests {
     }
 
     #[test]
+    fn files_sent_after_the_context_are_in_the_tar_but_not_in_its_digest() {
+        let (_dir, spec) = context();
+        let files = ContextFilter::load(&spec.context, &spec.dockerfile)
+            .unwrap()
+            .files(&spec.context)
+            .unwrap();
+        let mut sent = Vec::new();
+        let extra = [(".polyarch-secret-1".to_string(), b"s3cret".to_vec())];
+        let digest = write_context(&spec.context, &files, &mut sent, &extra).unwrap();
+        assert_eq!(digest, read_in_full(&spec));
+        let mut archive = tar::Archive::new(sent.as_slice());
+        let mut names = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().display().to_string();
+            if name == ".polyarch-secret-1" {
+                let mut value = String::new();
+                std::io::Read::read_to_string(&mut entry, &mut value).unwrap();
+                assert_eq!(value, "s3cret");
+            }
+            names.push(name);
+        }
+        assert_eq!(names.last().map(String::as_str), Some(".polyarch-secret-1"));
+        assert!(names.contains(&"src/a".to_string()), "{names:?}");
+    }
+
+    #[test]
     fn a_context_changed_too_recently_is_read_on_every_run() {
         let (_dir, spec) = context();
         let hashes = FileHashes::open(None);
@@ -586,7 +655,7 @@ mod tests {
         };
         let tree = ContextTree::walk(&spec, &hashes, now).unwrap();
         assert!(tree.stat.is_none());
-        tree.write(&hashes, now, std::io::sink()).unwrap();
+        tree.write(&hashes, now, std::io::sink(), &[]).unwrap();
         let settled = ContextTree::walk(&spec, &hashes, later()).unwrap();
         assert_eq!(hashes.tree_digest(&settled.stat.unwrap()), None);
     }

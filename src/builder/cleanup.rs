@@ -3,6 +3,7 @@
 
 use crate::base::progress::{Event, Reporter};
 use crate::docker::engine::{Engine, Product};
+use crate::docker::libpod::{self, BuildContainer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -49,6 +50,66 @@ pub struct Cleanup {
     images: Arc<Mutex<Vec<Temporary>>>,
     /// Containers a test runs, by engine: removed here when the run was cut off.
     containers: Arc<Mutex<Vec<(Engine, String)>>>,
+    /// Builds through libpod: what each may leave in Podman.
+    libpod: Arc<Mutex<Vec<Arc<LibpodBuildRecord>>>>,
+}
+
+/// What a build through libpod (`/libpod/build`) may leave in Podman: Buildah's build
+/// containers while it runs, and the images it wrote.
+pub struct LibpodBuildRecord {
+    engine: Engine,
+    /// Buildah's containers before the build began: none of them is this build's.
+    before: Vec<String>,
+    /// The images the Dockerfile's stages are FROM: Buildah's containers name them.
+    bases: Vec<String>,
+    running: AtomicBool,
+    /// IDs (short or full) of the images the build said it wrote.
+    images: Mutex<Vec<String>>,
+}
+
+impl LibpodBuildRecord {
+    /// The build ended by itself: Buildah removed its containers.
+    pub fn ended(&self) {
+        self.running.store(false, Ordering::SeqCst);
+    }
+
+    /// The build said it wrote the image `id` (short or full).
+    pub fn image_seen(&self, id: &str) {
+        let mut images = self.images.lock().expect("cleanup lock");
+        if !images.iter().any(|i| i == id) {
+            images.push(id.to_string());
+        }
+    }
+
+    /// The image `full` is recorded on its own now ([`Cleanup::add_built`]).
+    pub fn forget_seen(&self, full: &str) {
+        let full = full.trim_start_matches("sha256:");
+        let mut images = self.images.lock().expect("cleanup lock");
+        images.retain(|i| !full.starts_with(i.as_str()));
+    }
+
+    /// Whether a build container listed now is this build's: made since it began, for
+    /// one of its stages.
+    fn owns(&self, container: &BuildContainer) -> bool {
+        !self.before.contains(&container.id)
+            && self
+                .bases
+                .iter()
+                .any(|base| same_image(base, &container.image))
+    }
+}
+
+/// Whether two names are one image as Podman writes them (`docker.io/library/` and
+/// `:latest` implied).
+fn same_image(a: &str, b: &str) -> bool {
+    fn plain(name: &str) -> &str {
+        let name = ["docker.io/library/", "docker.io/", "localhost/"]
+            .iter()
+            .find_map(|prefix| name.strip_prefix(prefix))
+            .unwrap_or(name);
+        name.strip_suffix(":latest").unwrap_or(name)
+    }
+    plain(a) == plain(b)
 }
 
 /// A temporary image a build writes.
@@ -99,6 +160,71 @@ impl Cleanup {
         removed
     }
 
+    /// Records an image a build wrote (its ID): it is there already, so removing it is
+    /// never waited for.
+    pub fn add_built(&self, engine: &Engine, id: &str) {
+        self.images.lock().expect("cleanup lock").push(Temporary {
+            engine: engine.clone(),
+            tag: id.to_string(),
+            stage: Arc::new(BuildStage::default()),
+        });
+    }
+
+    /// Records a libpod build about to start on `engine`, with Buildah's containers
+    /// `before` it and its stages' `bases`.
+    pub fn add_libpod_build(
+        &self,
+        engine: &Engine,
+        before: Vec<BuildContainer>,
+        bases: Vec<String>,
+    ) -> Arc<LibpodBuildRecord> {
+        let record = Arc::new(LibpodBuildRecord {
+            engine: engine.clone(),
+            before: before.into_iter().map(|c| c.id).collect(),
+            bases,
+            running: AtomicBool::new(true),
+            images: Mutex::new(Vec::new()),
+        });
+        self.libpod
+            .lock()
+            .expect("cleanup lock")
+            .push(record.clone());
+        record
+    }
+
+    /// Removes what a libpod build left: while it runs, Buildah's containers for it (its
+    /// step in flight can then no longer commit); the images it said it wrote. How many
+    /// build containers it removed.
+    async fn remove_libpod_build(record: &LibpodBuildRecord) -> usize {
+        let endpoint = &record.engine.location;
+        let mut removed = 0;
+        if record.running.swap(false, Ordering::SeqCst) {
+            if let Ok(containers) = libpod::build_containers(endpoint).await {
+                let ours = containers.iter().filter(|c| record.owns(c));
+                removed = futures_util::future::join_all(
+                    ours.map(|c| libpod::remove_container(endpoint, &c.id)),
+                )
+                .await
+                .into_iter()
+                .filter(|gone| *gone)
+                .count();
+            }
+        }
+        let images = std::mem::take(&mut *record.images.lock().expect("cleanup lock"));
+        for id in images {
+            let _ = record
+                .engine
+                .docker
+                .remove_image(
+                    &id,
+                    None::<bollard::query_parameters::RemoveImageOptions>,
+                    None,
+                )
+                .await;
+        }
+        removed
+    }
+
     /// Records a container `name` on `engine`, until [`Cleanup::container_removed`].
     pub fn add_container(&self, engine: &Engine, name: &str) {
         let mut containers = self.containers.lock().expect("cleanup lock");
@@ -121,6 +247,18 @@ impl Cleanup {
         let containers = std::mem::take(&mut *self.containers.lock().expect("cleanup lock"));
         for (engine, name) in containers {
             crate::docker::container::remove(&engine.docker, &name).await;
+        }
+        let builds = std::mem::take(&mut *self.libpod.lock().expect("cleanup lock"));
+        for build in builds {
+            if Self::remove_libpod_build(&build).await > 0 {
+                reporter.report(Event::Warning {
+                    message: format!(
+                        "{} at {} cannot stop a build step in flight: polyarch removed the build's containers, so nothing of it is committed, but a RUN step's process runs on to its end",
+                        build.engine.product_version(),
+                        build.engine.endpoint
+                    ),
+                });
+            }
         }
         let started = tokio::time::Instant::now();
         let mut images: Vec<Temporary> = self.images.lock().expect("cleanup lock").clone();

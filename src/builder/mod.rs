@@ -34,6 +34,7 @@ pub mod export;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod file_hashes;
+mod libpod_build;
 mod log;
 pub mod platform_test;
 mod platforms;
@@ -44,6 +45,7 @@ pub use classic::classic_context_digest;
 use classic::*;
 pub use default_engine::default_engine;
 pub use error::{BuildError, BuilderError};
+pub use libpod_build::{build_with_libpod, LibpodBuild, LibpodBuilt};
 pub use seam::Builder;
 
 type Result<T, E = BuilderError> = std::result::Result<T, E>;

@@ -71,7 +71,7 @@ impl SecretSource {
     }
 
     /// The value, read now.
-    fn read(&self) -> Result<Vec<u8>, SecretError> {
+    pub fn read(&self) -> Result<Vec<u8>, SecretError> {
         match self {
             SecretSource::Env(name) => env_value(name),
             SecretSource::File(path) => {

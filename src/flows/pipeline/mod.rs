@@ -4,6 +4,7 @@
 mod dependents;
 mod early;
 mod emulation_plan;
+mod libpod;
 pub(crate) mod platform_tests;
 mod retry;
 mod together;
@@ -291,10 +292,13 @@ async fn build_when_ready(
     Ok((pushed, rebased))
 }
 
-/// One image's platforms: in one solve where the engine can (see [`solved_together`]),
-/// else a solve per platform.
+/// One image's platforms: on Podman in one libpod build (see [`libpod::built_by_libpod`]),
+/// in one solve where the engine can (see [`solved_together`]), else a solve per platform.
 async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
     let (destination, builders, run) = (shared.destination, shared.builders, shared.run);
+    if let Some(engine) = libpod::built_by_libpod(units, builders) {
+        return libpod::build_and_push_image(engine, units, shared).await;
+    }
     let together = match destination {
         Destination::Registry(registry) => {
             solved_together(units, builders, run).map(|engine| (engine, registry))

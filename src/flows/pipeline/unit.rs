@@ -242,6 +242,21 @@ pub(super) async fn build_unit(
         hashes: &hashes,
     };
     let built = builder.build(unit_build, run.cleanup).await?;
+    push_built(builder, store, unit, emulated, settings, built, run).await
+}
+
+/// Pushes what a build of `unit` wrote, unless the engine did or an earlier run pushed
+/// that very image; `settings` is the key what the build read is remembered under.
+pub(super) async fn push_built(
+    builder: &impl Builder,
+    store: &impl ImageStore,
+    unit: &Unit<'_>,
+    emulated: bool,
+    settings: Option<String>,
+    built: BuiltImage,
+    run: &Run<'_>,
+) -> Result<Pushed> {
+    let image = unit.image;
     if let Some(key) = &settings {
         let sent = built.sent_context.as_deref();
         remember_reads(run, image, key, &built.id, &built.transfers, sent).await;
