@@ -106,15 +106,14 @@ fn a_compose_file_is_found_without_f_and_planned() {
     // A build key polyarch cannot honour is refused by name, exit 2.
     std::fs::write(
         dir.path().join("compose.yaml"),
-        "services:\n  web:\n    image: 127.0.0.1:5000/compose/web:v1\n    build:\n      context: .\n      additional_contexts: {base: ..}\n",
+        "services:\n  web:\n    image: 127.0.0.1:5000/compose/web:v1\n    build:\n      context: .\n      isolation: hyperv\n",
     )
     .unwrap();
     let out = run(polyarch().current_dir(dir.path()).args(["plan"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains(
-            "compose.yaml: services.web.build.additional_contexts: polyarch cannot honour it"
-        ),
+        stderr(&out)
+            .contains("compose.yaml: services.web.build.isolation: polyarch cannot honour it"),
         "{}",
         stderr(&out)
     );

@@ -124,7 +124,7 @@ pub(super) fn load_many(
 
 /// `polyarch plan --print`: the files resolved, in `docker buildx bake --print`'s JSON
 /// shape. Each target printed is first read as `load` reads it, so a field polyarch
-/// refuses is refused here too; `contexts`, which it does not build yet, is printed.
+/// refuses is refused here too.
 pub(super) fn print(
     cx: &mut Cx,
     files: &[(Kind, String)],
@@ -138,12 +138,8 @@ pub(super) fn print(
         .into_iter()
         .flat_map(|t| t.keys())
     {
-        let mut fields = definition
-            .target(name)
-            .expect("printed targets exist")
-            .clone();
-        fields.remove("contexts");
-        image(kind, name, &fields).map_err(|p| problem(cx, p))?;
+        let fields = definition.target(name).expect("printed targets exist");
+        image(kind, name, fields).map_err(|p| problem(cx, p))?;
     }
     Ok(serde_json::to_string_pretty(&value).expect("JSON values serialise"))
 }
@@ -392,7 +388,6 @@ fn own_field(kind: Kind, field: &str) -> String {
 
 /// Fields polyarch cannot honour, with what to do instead.
 const REFUSED: &[(&str, &str)] = &[
-    ("contexts", "named contexts are not supported yet; COPY from the main context, or --from an image, instead"),
     ("dockerfile-inline", "polyarch builds a Dockerfile file; write it to a file in the context and name it in dockerfile"),
     ("call", "polyarch builds and runs no frontend methods; remove call, or run `docker buildx bake --call` for those"),
     ("entitlements", "polyarch grants only network = \"host\"'s entitlement; remove entitlements"),
@@ -405,6 +400,7 @@ const REFUSED: &[(&str, &str)] = &[
 /// Fields polyarch reads (besides `inherits`, already applied, and `description`).
 const FIELDS: &[&str] = &[
     "context",
+    "contexts",
     "dockerfile",
     "args",
     "labels",
@@ -586,7 +582,7 @@ fn image(kind: Kind, name: &str, fields: &Fields) -> std::result::Result<RawImag
         test: None,
         // bake has no signing key; `build --sign-key` signs its targets.
         sign: None,
-        contexts: None,
+        contexts: map("contexts")?,
     })
 }
 

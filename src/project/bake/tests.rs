@@ -135,7 +135,6 @@ fn what_polyarch_cannot_honour_is_refused_by_name() {
         )
     };
     let cases: Vec<(String, &str, &str)> = vec![
-        (target("contexts = { base = \"../base\" }"), "target.app.contexts", "named contexts"),
         (target("dockerfile-inline = \"FROM scratch\""), "target.app.dockerfile-inline", "Dockerfile file"),
         (target("call = \"check\""), "target.app.call", "frontend methods"),
         (target("entitlements = [\"network.host\"]"), "target.app.entitlements", "entitlement"),
@@ -197,11 +196,6 @@ fn what_polyarch_cannot_honour_is_refused_by_name() {
 fn compose_build_keys_polyarch_cannot_honour_are_refused_by_name() {
     let cases: &[(&str, &str, &str)] = &[
         (
-            "services:\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      additional_contexts: {base: ../base}\n",
-            "services.web.build.additional_contexts",
-            "named contexts",
-        ),
-        (
             "services:\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      isolation: hyperv\n",
             "services.web.build.isolation",
             "polyarch cannot honour it",
@@ -233,4 +227,34 @@ fn compose_secrets_come_from_the_top_level_declaration() {
     let project = load("compose.yaml", text, &[]).unwrap();
     let ids: Vec<&String> = project.images[0].secrets.keys().collect();
     assert_eq!(ids, ["key", "token"]);
+}
+
+#[test]
+fn bake_contexts_and_compose_additional_contexts_are_named_contexts() {
+    use crate::project::contexts::NamedContext;
+    let bake = "group \"default\" {\n  targets = [\"app\", \"base\"]\n}\ntarget \"base\" {\n  tags = [\"reg.example.com/base:v1\"]\n  platforms = [\"linux/amd64\"]\n}\ntarget \"app\" {\n  tags = [\"reg.example.com/app:v1\"]\n  platforms = [\"linux/amd64\"]\n  contexts = { assets = \"./assets\", tools = \"docker-image://reg.example.com/tools:1\", base = \"target:base\" }\n}\n";
+    let project = load("/src/docker-bake.hcl", bake, &[]).unwrap();
+    let app = project.images.iter().find(|i| i.name == "app").unwrap();
+    assert_eq!(
+        app.contexts,
+        std::collections::BTreeMap::from([
+            (
+                "assets".to_string(),
+                NamedContext::Dir("/src/assets".into())
+            ),
+            ("base".to_string(), NamedContext::Target("base".into())),
+            (
+                "tools".to_string(),
+                NamedContext::Image("reg.example.com/tools:1".into())
+            ),
+        ])
+    );
+
+    let compose = "services:\n  base:\n    image: reg.example.com/base:v1\n    build: {context: ., platforms: [linux/amd64]}\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      platforms: [linux/amd64]\n      additional_contexts: {base: \"service:base\"}\n";
+    let project = load("/src/compose.yaml", compose, &[]).unwrap();
+    let web = project.images.iter().find(|i| i.name == "web").unwrap();
+    assert_eq!(
+        web.contexts.get("base"),
+        Some(&NamedContext::Target("base".into()))
+    );
 }
