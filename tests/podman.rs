@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use support::engines::{podman_cli, podman_host};
 use support::running::wait_until;
+use support::supply_chain;
 use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
 
 /// busybox per platform, a nonce so no other build made these layers, and a RUN step that
@@ -89,14 +90,23 @@ fn podman_two_platform_build_with_a_qemu_run_step_is_one_index_podman_runs() {
     let file = project(dir.path(), &name, &repo);
     let images_before = podman_images();
 
+    // With an SBOM and signatures, as on every engine kind.
     let out = run(on_podman()
-        .args(["build", "--binfmt", "auto", "--output-format", "json", "-f"])
+        .args(["build", "--binfmt", "auto", "--output-format", "json"])
+        .args(["--sbom", "--sign-key"])
+        .arg(supply_chain::fixture_key())
+        .arg("-f")
         .arg(&file)
+        .env("COSIGN_PASSWORD", supply_chain::FIXTURE_PASSWORD)
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
     let log = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{log}");
     let record: Value = serde_json::from_slice(&out.stdout).expect("record");
     assert_eq!(record["covered"], true, "{record:#}");
+    supply_chain::assert_signed_with_sboms(
+        &format!("{repo}:v1"),
+        &supply_chain::fixture_public_key(),
+    );
     // One libpod build for both platforms (the context uploaded once), not a build each.
     assert!(
         log.contains("libpod build (linux/amd64, linux/arm64 in one build)"),
