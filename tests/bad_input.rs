@@ -17,7 +17,7 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
-use support::{curl, hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
+use support::{hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -169,48 +169,9 @@ fn tags(registry: &Registry, repo: &str) -> Vec<String> {
     tags
 }
 
-/// Uploads a blob (POST, then PUT with the digest); returns its digest.
-fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> String {
-    let digest = sha256_digest(bytes);
-    let head = run(Command::new("curl").args([
-        "-fsSi",
-        "-X",
-        "POST",
-        &format!("{}/v2/{repo}/blobs/uploads/", registry.url()),
-    ]));
-    let head = String::from_utf8_lossy(&head.stdout).into_owned();
-    let location = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("location")
-                .then(|| v.trim().to_string())
-        })
-        .unwrap_or_else(|| panic!("no Location in {head}"));
-    let location = if location.starts_with('/') {
-        format!("{}{location}", registry.url())
-    } else {
-        location
-    };
-    let sep = if location.contains('?') { '&' } else { '?' };
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("blob");
-    std::fs::write(&file, bytes).unwrap();
-    curl(&[
-        "-X",
-        "PUT",
-        "-H",
-        "Content-Type: application/octet-stream",
-        "--data-binary",
-        &format!("@{}", file.display()),
-        &format!("{location}{sep}digest={digest}"),
-    ]);
-    digest
-}
-
 /// An image manifest (no layers: verify reads manifests and configs only) for `config`.
 fn image_manifest(registry: &Registry, repo: &str, config: &[u8]) -> Vec<u8> {
-    let digest = put_blob(registry, repo, config);
+    let digest = registry.put_blob(repo, config);
     serde_json::to_vec(&json!({
         "schemaVersion": 2,
         "mediaType": MANIFEST,

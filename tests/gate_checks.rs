@@ -8,7 +8,7 @@ mod support;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Output;
-use support::{busybox, curl, polyarch, run, unique_name, Registry};
+use support::{busybox, polyarch, run, unique_name, Registry};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -28,47 +28,10 @@ struct Pushed {
     size: usize,
 }
 
-/// Uploads a blob the way registries take it from any client: POST, then PUT with the digest.
+/// Uploads a blob (see [`Registry::put_blob`]); its descriptor.
 fn put_blob(registry: &Registry, repo: &str, bytes: &[u8]) -> Pushed {
-    let digest = polyarch::base::oci::sha256_digest(bytes);
-    let headers = curl(&[
-        "-X",
-        "POST",
-        "-D",
-        "-",
-        "-o",
-        "/dev/null",
-        &format!("http://{}/v2/{repo}/blobs/uploads/", registry.host),
-    ]);
-    let headers = String::from_utf8_lossy(&headers);
-    let location = headers
-        .lines()
-        .find_map(|l| {
-            l.split_once(':')
-                .filter(|(k, _)| k.eq_ignore_ascii_case("location"))
-        })
-        .map(|(_, v)| v.trim().to_string())
-        .expect("upload location");
-    let location = if location.starts_with('/') {
-        format!("http://{}{location}", registry.host)
-    } else {
-        location
-    };
-    let separator = if location.contains('?') { '&' } else { '?' };
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("blob");
-    std::fs::write(&file, bytes).unwrap();
-    curl(&[
-        "-X",
-        "PUT",
-        "-H",
-        "Content-Type: application/octet-stream",
-        "--data-binary",
-        &format!("@{}", file.display()),
-        &format!("{location}{separator}digest={digest}"),
-    ]);
     Pushed {
-        digest,
+        digest: registry.put_blob(repo, bytes),
         size: bytes.len(),
     }
 }

@@ -43,6 +43,24 @@ impl<'a> BuildLog<'a> {
         }
     }
 
+    /// One log per platform of a build of `image` for several at once on an engine
+    /// whose own platform is `native` (the others are foreign: emulated).
+    pub(super) fn per_platform(
+        image: &'a str,
+        platforms: &'a [Platform],
+        native: &Platform,
+        stage: &'a BuildStage,
+        reporter: &'a dyn Reporter,
+    ) -> Vec<Self> {
+        platforms
+            .iter()
+            .map(|platform| {
+                let foreign = platform.os_arch() != native.os_arch();
+                BuildLog::new(image, platform, foreign, stage, reporter)
+            })
+            .collect()
+    }
+
     pub(super) fn line(&mut self, line: &str) {
         let line = line.trim_end();
         if line.is_empty() {

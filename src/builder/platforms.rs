@@ -116,13 +116,7 @@ impl<'a> PlatformLogs<'a> {
         stage: &'a BuildStage,
         reporter: &'a dyn Reporter,
     ) -> Self {
-        let logs = platforms
-            .iter()
-            .map(|platform| {
-                let foreign = platform.os_arch() != native.os_arch();
-                BuildLog::new(image, platform, foreign, stage, reporter)
-            })
-            .collect();
+        let logs = BuildLog::per_platform(image, platforms, native, stage, reporter);
         PlatformLogs {
             logs,
             vertices: HashMap::new(),
