@@ -207,7 +207,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
     }
     // Known before anything builds: a missing key is a usage error, not a late gap.
     let signing = match require_signature {
-        true => signing_keys(&project, &images, true, &public_keys(&keys)?)?,
+        true => signing_keys(&project, &images, true, &public_keys(&keys)?).await?,
         false => BTreeMap::new(),
     };
     let options = BuildOptions {
@@ -494,7 +494,7 @@ async fn verify(args: VerifyArgs, cleanup: &Cleanup) -> Result<i32, Error> {
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set, images))?;
             let images = &project.expand(images);
-            signing = signing_keys(&project, images, args.require_signature, &public)?;
+            signing = signing_keys(&project, images, args.require_signature, &public).await?;
             let verified = polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
@@ -701,7 +701,7 @@ fn public_keys(paths: &[PathBuf]) -> Result<Vec<PublicKey>, Error> {
 /// With -f, which images' signatures are checked and with which keys: every image with
 /// `--require-signature`, and an image with `sign:` anyway; `--key` when given, else the
 /// public half of the image's own signing key (a cosign key opened with COSIGN_PASSWORD).
-fn signing_keys(
+async fn signing_keys(
     project: &Project,
     selected: &[String],
     required: bool,
@@ -716,7 +716,10 @@ fn signing_keys(
         let keys = match (&image.sign_key, &image.signer) {
             _ if !public.is_empty() && (required || image.sign_key.is_some()) => public.to_vec(),
             // Opened for this build (its password may have come from stdin).
-            (Some(path), Some(signer)) => vec![signer.public(path)],
+            (Some(path), Some(signer)) => {
+                let opened = signer.opened().await.map_err(Error::SigningKey)?;
+                vec![opened.public(path)]
+            }
             (Some(path), None) => {
                 let password = std::env::var("COSIGN_PASSWORD").ok();
                 let key = polyarch::sign::SigningKey::load(path, password.as_deref())

@@ -21,6 +21,11 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
 
+    /// The signing key does not open (a wrong password): found at the first signature,
+    /// before any tag moves.
+    #[error(transparent)]
+    SigningKey(std::sync::Arc<crate::sign::KeyError>),
+
     /// A reference (on the command line or in a file) that does not parse.
     #[error(transparent)]
     Reference(#[from] crate::base::reference::ReferenceError),
@@ -124,7 +129,10 @@ pub enum Error {
 impl Error {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Project { .. } | Error::Usage(_) | Error::Reference(_) => 2,
+            Error::Project { .. }
+            | Error::Usage(_)
+            | Error::Reference(_)
+            | Error::SigningKey(_) => 2,
             Error::Credentials(CredentialsError::Config { .. } | CredentialsError::Auth { .. }) => {
                 2
             }
@@ -264,6 +272,7 @@ impl From<crate::publish::PublishError> for Error {
             PublishError::Store(error) => error.into(),
             PublishError::Reference(error) => Error::Reference(error),
             PublishError::Interrupted => Error::Interrupted,
+            PublishError::SigningKey(error) => Error::SigningKey(error),
         }
     }
 }

@@ -35,6 +35,9 @@ pub enum PublishError {
     Reference(#[from] ReferenceError),
     #[error("interrupted")]
     Interrupted,
+    /// The signing key does not open (a wrong password), found at the first signature.
+    #[error(transparent)]
+    SigningKey(std::sync::Arc<sign::KeyError>),
 }
 
 impl From<ClientError> for PublishError {
@@ -172,11 +175,12 @@ async fn attach_provenance(
 async fn attach_signatures(
     destination: &impl ImageStore,
     image: &ImageSpec,
-    key: &sign::SigningKey,
+    key: &sign::OpeningKey,
     pushed: &[&Pushed],
     index: &oci::ManifestBlob,
     reporter: &dyn Reporter,
 ) -> Result<()> {
+    let key = key.opened().await.map_err(PublishError::SigningKey)?;
     let what = format!("a signature by key {}", key.fingerprint);
     for p in pushed {
         let subject = serde_json::json!({
@@ -184,7 +188,7 @@ async fn attach_signatures(
             "digest": p.entry.digest,
             "size": p.entry.size,
         });
-        let referrer = sign::sign(key, subject);
+        let referrer = sign::sign(&key, subject);
         let how = destination.attach(image, &referrer).await?;
         report_attached(image, Some(p), &what, &referrer, &how, reporter);
     }
@@ -193,7 +197,7 @@ async fn attach_signatures(
         "digest": index.digest,
         "size": index.bytes.len(),
     });
-    let referrer = sign::sign(key, subject);
+    let referrer = sign::sign(&key, subject);
     let how = destination.attach(image, &referrer).await?;
     report_attached(image, None, &what, &referrer, &how, reporter);
     Ok(())

@@ -742,7 +742,16 @@ mod tests {
     /// long. A transient failure still is.
     #[tokio::test(start_paused = true)]
     async fn an_attempt_past_its_deadline_fails_once_as_timed_out() {
-        let registry = Registry::new(&[], &RegistryOptions::default()).unwrap();
+        // A total no jittered backoff can reach: every attempt is made.
+        let patient = RetryPolicy {
+            total: Duration::from_secs(3600),
+            ..RetryPolicy::default()
+        };
+        let options = RegistryOptions {
+            retry: Some(patient),
+            ..RegistryOptions::default()
+        };
+        let registry = Registry::new(&[], &options).unwrap();
         let deadline = Duration::from_secs(3);
         let tries = std::sync::atomic::AtomicU32::new(0);
         let hung = registry
@@ -760,6 +769,27 @@ mod tests {
             })
             .await;
         assert_eq!(failing.unwrap_err().1, registry.retry.attempts);
+    }
+
+    /// The backoffs of one call never add up past the policy's total, whatever the jitter
+    /// draws; the first three always fit, so a failing registry is asked four or five times.
+    #[tokio::test(start_paused = true)]
+    async fn backoffs_stay_within_the_total() {
+        let options = RegistryOptions {
+            retry: Some(RetryPolicy::default()),
+            ..RegistryOptions::default()
+        };
+        let registry = Registry::new(&[], &options).unwrap();
+        for _ in 0..50 {
+            let started = tokio::time::Instant::now();
+            let failing = registry
+                .retrying("r", Duration::from_secs(3), || async {
+                    Err::<(), _>(Attempt::answered(503, "http://r/v2/", String::new()))
+                })
+                .await;
+            assert!(started.elapsed() <= registry.retry.total);
+            assert!((4..=5).contains(&failing.unwrap_err().1));
+        }
     }
 
     /// However many flows ask at once, one registry has at most MAX_IN_FLIGHT requests

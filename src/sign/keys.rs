@@ -5,11 +5,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use crypto_secretbox::aead::{Aead, KeyInit};
 use crypto_secretbox::XSalsa20Poly1305;
+use futures_util::future::{BoxFuture, FutureExt as _, Shared};
 use p256::ecdsa;
 use p256::pkcs8::{DecodePrivateKey, DecodePublicKey, EncodePublicKey};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The PEM labels cosign writes its encrypted private keys under (the older one first).
 const COSIGN_LABELS: [&str; 2] = [
@@ -81,26 +83,7 @@ impl SigningKey {
     }
 
     fn parse(path: &Path, text: &str, password: Option<&str>) -> Result<SigningKey, KeyError> {
-        let unsupported = |why: &str| KeyError::Unsupported {
-            path: path.to_path_buf(),
-            why: why.to_string(),
-        };
-        let (label, der) = pem_block(text).ok_or_else(|| unsupported("no PEM block"))?;
-        let key = if COSIGN_LABELS.contains(&label.as_str()) {
-            let password = password.ok_or_else(|| KeyError::NoPassword {
-                path: path.to_path_buf(),
-            })?;
-            let plain = decrypt_cosign(path, &der, password)?;
-            ecdsa::SigningKey::from_pkcs8_der(&plain)
-                .map_err(|_| unsupported("the decrypted key is not ECDSA P-256"))?
-        } else if label == "PRIVATE KEY" {
-            ecdsa::SigningKey::from_pkcs8_der(&der)
-                .map_err(|_| unsupported("a PKCS#8 key, but not ECDSA P-256"))?
-        } else {
-            return Err(unsupported(&format!("a PEM block of type {label}")));
-        };
-        let fingerprint = fingerprint(key.verifying_key());
-        Ok(SigningKey { key, fingerprint })
+        Closed::parse(path, text, password)?.open()
     }
 
     /// Its public key, as `verify --key` reads it.
@@ -123,6 +106,108 @@ impl SigningKey {
         let key = ecdsa::SigningKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
         let fingerprint = fingerprint(key.verifying_key());
         SigningKey { key, fingerprint }
+    }
+}
+
+/// A private key read and checked, not opened yet: a cosign key's scrypt costs about
+/// 0.2 s of CPU (and 32 MiB), which only the signing needs.
+enum Closed {
+    Plain(ecdsa::SigningKey),
+    Cosign {
+        path: PathBuf,
+        sealed: Sealed,
+        password: String,
+    },
+}
+
+impl Closed {
+    /// Everything that can be checked without the scrypt: the file, its PEM block, the
+    /// sealed JSON and its parameters, and that a password was given.
+    fn parse(path: &Path, text: &str, password: Option<&str>) -> Result<Closed, KeyError> {
+        let unsupported = |why: &str| KeyError::Unsupported {
+            path: path.to_path_buf(),
+            why: why.to_string(),
+        };
+        let (label, der) = pem_block(text).ok_or_else(|| unsupported("no PEM block"))?;
+        if COSIGN_LABELS.contains(&label.as_str()) {
+            let password = password.ok_or_else(|| KeyError::NoPassword {
+                path: path.to_path_buf(),
+            })?;
+            Ok(Closed::Cosign {
+                path: path.to_path_buf(),
+                sealed: Sealed::parse(path, &der)?,
+                password: password.to_string(),
+            })
+        } else if label == "PRIVATE KEY" {
+            ecdsa::SigningKey::from_pkcs8_der(&der)
+                .map(Closed::Plain)
+                .map_err(|_| unsupported("a PKCS#8 key, but not ECDSA P-256"))
+        } else {
+            Err(unsupported(&format!("a PEM block of type {label}")))
+        }
+    }
+
+    fn open(self) -> Result<SigningKey, KeyError> {
+        let key = match self {
+            Closed::Plain(key) => key,
+            Closed::Cosign {
+                path,
+                sealed,
+                password,
+            } => {
+                let plain = sealed.open(&path, &password)?;
+                ecdsa::SigningKey::from_pkcs8_der(&plain).map_err(|_| KeyError::Unsupported {
+                    path,
+                    why: "the decrypted key is not ECDSA P-256".into(),
+                })?
+            }
+        };
+        let fingerprint = fingerprint(key.verifying_key());
+        Ok(SigningKey { key, fingerprint })
+    }
+}
+
+/// A signing key for a run: read and checked when the run starts, so a missing file or
+/// password is refused before anything builds, and opened on a thread of its own, so
+/// a cold build hides the scrypt behind its solve and a warm rerun behind its reads.
+/// Only a wrong password waits until the first signature (before any tag moves).
+pub struct OpeningKey {
+    opening: Shared<BoxFuture<'static, Opened>>,
+}
+
+type Opened = Result<Arc<SigningKey>, Arc<KeyError>>;
+
+impl std::fmt::Debug for OpeningKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpeningKey({:?})", self.opening.peek())
+    }
+}
+
+impl OpeningKey {
+    /// Reads and checks the key at `path` now; opens it in the background.
+    pub fn start(path: &Path, password: Option<&str>) -> Result<OpeningKey, KeyError> {
+        let closed = Closed::parse(path, &read(path)?, password)?;
+        let (send, receive) = tokio::sync::oneshot::channel();
+        // A plain thread, not the runtime's blocking pool: a run that never signs exits
+        // without waiting for it.
+        std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
+        let path = path.to_path_buf();
+        let opening = async move {
+            receive.await.unwrap_or_else(|_| {
+                Err(Arc::new(KeyError::Unsupported {
+                    path,
+                    why: "opening it stopped half-way".into(),
+                }))
+            })
+        };
+        Ok(OpeningKey {
+            opening: opening.boxed().shared(),
+        })
+    }
+
+    /// The opened key, waiting for the opening (once, however many ask).
+    pub async fn opened(&self) -> Opened {
+        self.opening.clone().await
     }
 }
 
@@ -199,53 +284,70 @@ struct Cipher {
     nonce: String,
 }
 
-/// Opens cosign's encrypted key: scrypt(password, salt) is the secretbox key.
-fn decrypt_cosign(path: &Path, json: &[u8], password: &str) -> Result<Vec<u8>, KeyError> {
-    let corrupt = |why: String| KeyError::Unsupported {
-        path: path.to_path_buf(),
-        why,
-    };
-    let sealed: Encrypted =
-        serde_json::from_slice(json).map_err(|e| corrupt(format!("corrupt cosign key: {e}")))?;
-    if sealed.kdf.name != "scrypt" || sealed.cipher.name != "nacl/secretbox" {
-        return Err(corrupt(format!(
-            "a cosign key sealed with {} and {}, not scrypt and nacl/secretbox",
-            sealed.kdf.name, sealed.cipher.name
-        )));
-    }
-    let ScryptParams { N, r, p } = sealed.kdf.params;
-    let log_n = match N {
-        n if n.is_power_of_two() && n > 1 && n <= 1 << 22 => n.trailing_zeros() as u8,
-        n => {
-            return Err(corrupt(format!(
-                "scrypt N of {n} is not a power of two up to 2^22"
-            )))
-        }
-    };
-    let params = scrypt::Params::new(log_n, r, p, 32)
-        .map_err(|e| corrupt(format!("scrypt parameters: {e}")))?;
-    let decode = |what: &str, text: &str| {
-        BASE64
-            .decode(text)
-            .map_err(|e| corrupt(format!("corrupt cosign key: its {what}: {e}")))
-    };
-    let salt = decode("salt", &sealed.kdf.salt)?;
-    let nonce = decode("nonce", &sealed.cipher.nonce)?;
-    let ciphertext = decode("ciphertext", &sealed.ciphertext)?;
-    if nonce.len() != 24 {
-        return Err(corrupt(
-            "corrupt cosign key: its nonce is not 24 bytes".into(),
-        ));
-    }
-    let mut key = [0u8; 32];
-    scrypt::scrypt(password.as_bytes(), &salt, &params, &mut key)
-        .expect("32 bytes is a valid scrypt output length");
-    XSalsa20Poly1305::new(&key.into())
-        .decrypt(nonce.as_slice().into(), ciphertext.as_slice())
-        // A secretbox that does not open: the password (or the ciphertext) is wrong.
-        .map_err(|_| KeyError::WrongPassword {
+/// cosign's sealed key, decoded and its parameters checked.
+struct Sealed {
+    params: scrypt::Params,
+    salt: Vec<u8>,
+    nonce: Vec<u8>,
+    ciphertext: Vec<u8>,
+}
+
+impl Sealed {
+    fn parse(path: &Path, json: &[u8]) -> Result<Sealed, KeyError> {
+        let corrupt = |why: String| KeyError::Unsupported {
             path: path.to_path_buf(),
+            why,
+        };
+        let sealed: Encrypted = serde_json::from_slice(json)
+            .map_err(|e| corrupt(format!("corrupt cosign key: {e}")))?;
+        if sealed.kdf.name != "scrypt" || sealed.cipher.name != "nacl/secretbox" {
+            return Err(corrupt(format!(
+                "a cosign key sealed with {} and {}, not scrypt and nacl/secretbox",
+                sealed.kdf.name, sealed.cipher.name
+            )));
+        }
+        let ScryptParams { N, r, p } = sealed.kdf.params;
+        let log_n = match N {
+            n if n.is_power_of_two() && n > 1 && n <= 1 << 22 => n.trailing_zeros() as u8,
+            n => {
+                return Err(corrupt(format!(
+                    "scrypt N of {n} is not a power of two up to 2^22"
+                )))
+            }
+        };
+        let params = scrypt::Params::new(log_n, r, p, 32)
+            .map_err(|e| corrupt(format!("scrypt parameters: {e}")))?;
+        let decode = |what: &str, text: &str| {
+            BASE64
+                .decode(text)
+                .map_err(|e| corrupt(format!("corrupt cosign key: its {what}: {e}")))
+        };
+        let nonce = decode("nonce", &sealed.cipher.nonce)?;
+        if nonce.len() != 24 {
+            return Err(corrupt(
+                "corrupt cosign key: its nonce is not 24 bytes".into(),
+            ));
+        }
+        Ok(Sealed {
+            params,
+            salt: decode("salt", &sealed.kdf.salt)?,
+            nonce,
+            ciphertext: decode("ciphertext", &sealed.ciphertext)?,
         })
+    }
+
+    /// scrypt(password, salt) is the secretbox key.
+    fn open(&self, path: &Path, password: &str) -> Result<Vec<u8>, KeyError> {
+        let mut key = [0u8; 32];
+        scrypt::scrypt(password.as_bytes(), &self.salt, &self.params, &mut key)
+            .expect("32 bytes is a valid scrypt output length");
+        XSalsa20Poly1305::new(&key.into())
+            .decrypt(self.nonce.as_slice().into(), self.ciphertext.as_slice())
+            // A secretbox that does not open: the password (or the ciphertext) is wrong.
+            .map_err(|_| KeyError::WrongPassword {
+                path: path.to_path_buf(),
+            })
+    }
 }
 
 #[cfg(test)]
@@ -285,6 +387,31 @@ mod tests {
         assert!(wrong.to_string().contains("COSIGN_PASSWORD"), "{wrong}");
         let none = SigningKey::load(&path, None).unwrap_err();
         assert!(matches!(none, KeyError::NoPassword { .. }), "{none}");
+    }
+
+    /// What can be checked without the scrypt is refused at once; a wrong password only
+    /// when the key is opened, and then to everyone who waits for it.
+    #[tokio::test]
+    async fn an_opening_key_refuses_at_once_all_but_a_wrong_password() {
+        let path = fixture("cosign.key");
+        let none = OpeningKey::start(&path, None).unwrap_err();
+        assert!(matches!(none, KeyError::NoPassword { .. }), "{none}");
+        let gone = OpeningKey::start(&fixture("missing.key"), Some("pw")).unwrap_err();
+        assert!(matches!(gone, KeyError::Read { .. }), "{gone}");
+        let wrong = OpeningKey::start(&path, Some("nope")).unwrap();
+        let (first, second) = tokio::join!(wrong.opened(), wrong.opened());
+        for refused in [first.unwrap_err(), second.unwrap_err()] {
+            assert!(
+                matches!(*refused, KeyError::WrongPassword { .. }),
+                "{refused}"
+            );
+        }
+        let right = OpeningKey::start(&path, Some("polyarch-fixture")).unwrap();
+        let public = PublicKey::load(&fixture("cosign.pub")).unwrap();
+        assert_eq!(
+            right.opened().await.unwrap().fingerprint,
+            public.fingerprint
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 pub mod keys;
 
-pub use keys::{KeyError, PublicKey, SigningKey};
+pub use keys::{KeyError, OpeningKey, PublicKey, SigningKey};
 
 use crate::base::attachment::{Referrer, COSIGN_SIGN, IN_TOTO, SIGSTORE_BUNDLE, STATEMENT_TYPE};
 use crate::base::digest::Digest;
