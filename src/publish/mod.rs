@@ -79,15 +79,7 @@ pub async fn publish(
 ) -> Result<ImageCoverage> {
     let mut mine = pushed.to_vec();
     let index = index_of(image, &mut mine)?;
-    if image.provenance {
-        attach_provenance(destination, image, &mine, reporter).await?;
-    }
-    if image.sbom {
-        attach_sboms(destination, image, &mine, reporter).await?;
-    }
-    if let Some(key) = &image.signer {
-        attach_signatures(destination, image, key, &mine, &index, reporter).await?;
-    }
+    attach_all(destination, image, &mine, &index, reporter).await?;
     reporter.report(Event::Phase {
         image: image.name.clone(),
         platform: None,
@@ -151,55 +143,67 @@ pub async fn publish_all(
     published.await.into_iter().collect()
 }
 
-/// Attaches a provenance statement to every platform manifest of the image, before any
-/// tag moves, so a tag never points at an index whose provenance is missing.
-async fn attach_provenance(
+/// Attaches what the image asks for (provenance, an SBOM, a signature) to every platform
+/// manifest, then signs the index, all before any tag moves: a tag never points at an
+/// index whose attachments are missing. The platforms at once, each one's attachments in
+/// turn, as they share its subject's tag schema index (`sha256-<hex>`), which each
+/// attachment reads, extends and writes back. The index last, so its signature vouches
+/// for manifests that are signed themselves.
+async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
-    pushed: &[&Pushed],
-    reporter: &dyn Reporter,
-) -> Result<()> {
-    let invocation = uuid::Uuid::new_v4().to_string();
-    for p in pushed {
-        let statement = provenance::statement(image, p, &invocation);
-        let referrer = provenance::referrer(p, &statement);
-        let how = destination.attach(image, &referrer).await?;
-        report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
-    }
-    Ok(())
-}
-
-/// Signs every platform manifest and the index, before any tag moves: a tag never points
-/// at an index whose signature is missing. The platforms first, so an index signature
-/// vouches for manifests that are signed themselves.
-async fn attach_signatures(
-    destination: &impl ImageStore,
-    image: &ImageSpec,
-    key: &sign::OpeningKey,
     pushed: &[&Pushed],
     index: &oci::ManifestBlob,
     reporter: &dyn Reporter,
 ) -> Result<()> {
-    let key = key.opened().await.map_err(PublishError::SigningKey)?;
-    let what = format!("a signature by key {}", key.fingerprint);
-    for p in pushed {
+    let invocation = uuid::Uuid::new_v4().to_string();
+    let platforms = join_all(pushed.iter().map(|p| async {
+        if image.provenance {
+            let statement = provenance::statement(image, p, &invocation);
+            let referrer = provenance::referrer(p, &statement);
+            let how = destination.attach(image, &referrer).await?;
+            report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
+        }
+        if image.sbom {
+            attach_sbom(destination, image, p, reporter).await?;
+        }
+        if let Some(key) = &image.signer {
+            let subject = serde_json::json!({
+                "mediaType": oci::OCI_MANIFEST,
+                "digest": p.entry.digest,
+                "size": p.entry.size,
+            });
+            attach_signature(destination, image, key, Some(p), subject, reporter).await?;
+        }
+        Ok::<_, PublishError>(())
+    }));
+    platforms.await.into_iter().collect::<Result<()>>()?;
+    if let Some(key) = &image.signer {
         let subject = serde_json::json!({
-            "mediaType": oci::OCI_MANIFEST,
-            "digest": p.entry.digest,
-            "size": p.entry.size,
+            "mediaType": index.media_type,
+            "digest": index.digest,
+            "size": index.bytes.len(),
         });
-        let referrer = sign::sign(&key, subject);
-        let how = destination.attach(image, &referrer).await?;
-        report_attached(image, Some(p), &what, &referrer, &how, reporter);
+        attach_signature(destination, image, key, None, subject, reporter).await?;
     }
-    let subject = serde_json::json!({
-        "mediaType": index.media_type,
-        "digest": index.digest,
-        "size": index.bytes.len(),
-    });
+    Ok(())
+}
+
+/// Signs the manifest `subject` (a platform's `p`, or with none the index); the key,
+/// opened beside the build, is waited for here.
+async fn attach_signature(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    key: &sign::OpeningKey,
+    p: Option<&Pushed>,
+    subject: serde_json::Value,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let key = key.opened().await.map_err(PublishError::SigningKey)?;
     let referrer = sign::sign(&key, subject);
     let how = destination.attach(image, &referrer).await?;
-    report_attached(image, None, &what, &referrer, &how, reporter);
+    let what = format!("a signature by key {}", key.fingerprint);
+    report_attached(image, p, &what, &referrer, &how, reporter);
     Ok(())
 }
 
@@ -236,20 +240,6 @@ fn report_attached(
 /// Attaches an SPDX SBOM, made from its layers, to every platform manifest of the image
 /// before any tag moves. A manifest that has one keeps it: its layers are not read again.
 /// The platforms' layers are read at once.
-async fn attach_sboms(
-    destination: &impl ImageStore,
-    image: &ImageSpec,
-    pushed: &[&Pushed],
-    reporter: &dyn Reporter,
-) -> Result<()> {
-    let attached = join_all(
-        pushed
-            .iter()
-            .map(|p| attach_sbom(destination, image, p, reporter)),
-    );
-    attached.await.into_iter().collect()
-}
-
 async fn attach_sbom(
     destination: &impl ImageStore,
     image: &ImageSpec,
