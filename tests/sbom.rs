@@ -663,12 +663,13 @@ fn the_crates_of_a_cargo_auditable_binary_are_those_cargo_resolved() {
     }
     let auditable = tool(
         Command::new("bash")
-            .arg(repo_root().join("scripts/cargo-auditable.sh"))
-            .arg("path"),
+            .arg(repo_root().join("scripts/crate-tool.sh"))
+            .args(["cargo-auditable", "path"]),
     );
+    // `cargo auditable` runs the `cargo-auditable` found on PATH.
     let path = format!(
         "{}:{}",
-        auditable.trim(),
+        Path::new(auditable.trim()).parent().unwrap().display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let manifest = src.join("app/Cargo.toml");
