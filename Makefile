@@ -4,7 +4,7 @@
 #   make test       install and start every engine the suite uses, build the book, check the
 #                   fuzz targets compile, run every test
 #   make lint       clippy, rustfmt, the fuzz targets compile
-#   make docs       build the book (docs/) into docs/book/ with mdBook (scripts/mdbook.sh)
+#   make docs       build the book (docs/) into docs/book/ with mdBook (scripts/crate-tool.sh)
 #   make docs-gen   rewrite the book's generated reference pages (docs/src/reference/) from the
 #                   clap definition and schema/*.json; tests/docs.rs fails until they match
 #   make install, make dist, make bench: below
@@ -38,10 +38,10 @@ fixtures:
 demo: build
 	bash scripts/demo.sh
 
-# The book. scripts/mdbook.sh builds the pinned mdBook from crates.io the first time
+# The book. scripts/crate-tool.sh builds the pinned mdBook from crates.io the first time
 # (ensure-env.sh test does it for `make test`).
 docs:
-	bash scripts/mdbook.sh build docs
+	bash scripts/crate-tool.sh mdbook run build docs
 
 docs-gen:
 	POLYARCH_DOCS_REFRESH=1 $(CARGO) test --test docs reference_pages

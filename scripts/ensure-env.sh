@@ -10,8 +10,8 @@
 #                        Podman 4.3 (scripts/podman.sh) and a standalone BuildKit
 #                        daemon built from Debian's archive (scripts/buildkitd.sh),
 #                        cosign 3.1.1 from Debian sid (scripts/cosign.sh),
-#                        cargo-auditable (scripts/cargo-auditable.sh) and mdBook for
-#                        `make docs` (scripts/mdbook.sh), both from crates.io.
+#                        cargo-auditable and mdBook for `make docs`, both from
+#                        crates.io (scripts/crate-tool.sh).
 # Idempotent and cheap when everything is already there. Nothing outside the
 # clone is needed: what is missing comes from Debian's archive, and a step that
 # cannot be had stops the script with one line naming it.
@@ -200,9 +200,9 @@ fi
 # cosign 3.1.1 from Debian sid, for tests/sign.rs's cross-check.
 bash "$root/scripts/cosign.sh" >/dev/null
 # cargo-auditable from crates.io, for tests/sbom.rs's cross-check of Rust binaries' crates.
-bash "$root/scripts/cargo-auditable.sh" install
+bash "$root/scripts/crate-tool.sh" cargo-auditable install
 # mdBook for `make docs` (the book under docs/), built from crates.io the first time.
 if [[ "${POLYARCH_SKIP_MDBOOK:-}" != 1 ]]; then
-  bash "$root/scripts/mdbook.sh" install
+  bash "$root/scripts/crate-tool.sh" mdbook install
 fi
 log "ok"

@@ -8,6 +8,7 @@ use polyarch::base::progress::{Event, Reporter};
 use polyarch::builder::binfmt::{
     Emulation, EmulationError, EmulationStatus, Runnable, BINFMT_MISC,
 };
+use polyarch::builder::cleanup::Cleanup;
 use polyarch::docker::engine::Engine;
 use polyarch::project::BinfmtMode;
 use polyarch::Platform;
@@ -15,7 +16,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 mod support;
 
@@ -170,7 +171,8 @@ async fn binfmt_on_the_real_engine() {
     let reporter = Collect::default();
 
     // native → Native
-    let emu = Emulation::new(engine.clone());
+    let cleanup = Cleanup::default();
+    let emu = Emulation::new(engine.clone(), &cleanup);
     let mut sweep = Sweep(vec![emu.run_id().to_string()]);
     assert_eq!(emu.probe(&native).await.unwrap(), Runnable::Native);
 
@@ -195,7 +197,7 @@ async fn binfmt_on_the_real_engine() {
     eprintln!("probe linux/arm64 (cached): {:?}", t.elapsed());
 
     // never → error naming linux/arm64 and both fixes, before touching the engine
-    let never = Emulation::new(engine.clone());
+    let never = Emulation::new(engine.clone(), &cleanup);
     sweep.0.push(never.run_id().to_string());
     let err = never
         .ensure(
@@ -215,7 +217,7 @@ async fn binfmt_on_the_real_engine() {
         "{msg}"
     );
     assert!(leftovers(never.run_id()).is_empty() && reporter.0.lock().unwrap().is_empty());
-    never.cleanup().await.unwrap();
+    never.remove_probe_images().await;
 
     // require → error, nothing registered
     let before = entries();
@@ -288,7 +290,7 @@ async fn binfmt_on_the_real_engine() {
     assert_eq!(st.code(), Some(42), "docker run of {image}");
 
     // A second auto ensure is a no-op (cached, registered_now false after re-probe).
-    let again = Emulation::new(engine.clone());
+    let again = Emulation::new(engine.clone(), &cleanup);
     sweep.0.push(again.run_id().to_string());
     let statuses = again
         .ensure(
@@ -308,11 +310,32 @@ async fn binfmt_on_the_real_engine() {
             }
         )]
     );
-    again.cleanup().await.unwrap();
+    again.remove_probe_images().await;
     assert!(leftovers(again.run_id()).is_empty());
 
-    emu.cleanup().await.unwrap();
+    emu.remove_probe_images().await;
     assert_eq!(leftovers(emu.run_id()), Vec::<String>::new());
+
+    // A probe cut off once its image is loaded (an interrupted run drops it) leaves its
+    // image, and its container if it was running, to the run's cleanup, which removes them.
+    let cut_off = Cleanup::default();
+    let cut = Emulation::new(engine.clone(), &cut_off);
+    let cut_id = cut.run_id().to_string();
+    sweep.0.push(cut_id.clone());
+    let loaded = async {
+        while leftovers(&cut_id).is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let i386 = p("linux/386");
+    tokio::select! {
+        _ = cut.probe(&i386) => {}
+        _ = loaded => {}
+    }
+    drop(cut);
+    assert!(!leftovers(&cut_id).is_empty(), "the probe image is gone");
+    cut_off.run(Duration::ZERO, &reporter).await;
+    assert_eq!(leftovers(&cut_id), Vec::<String>::new());
 
     // The CLI under `auto` builds the RUN on arm64 (emulated), and the pushed arm64 image's
     // command runs under `docker run --platform linux/arm64`.

@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::running::{processes_running, wait_until};
+use support::running::interrupt_while_running;
 use support::supply_chain;
 
 use polyarch::base::platform::Platform;
@@ -479,31 +479,17 @@ fn sigint_cancels_on_the_daemon(in_test: bool) {
     }
     std::fs::write(&file, text).unwrap();
 
-    let child = polyarch_on(&bk.unix)
+    let mut command = polyarch_on(&bk.unix);
+    command
         .args(["build", "-f"])
         .arg(&file)
         .env_remove("CI")
-        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || !processes_running(&sleep).is_empty(),
-        || "the sleep never started".into(),
-    );
-    let kill = support::run(Command::new("kill").args(["-INT", &child.id().to_string()]));
-    assert!(kill.status.success(), "{kill:?}");
-    let out = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(130), "{stderr}");
-    assert!(out.stdout.is_empty(), "a record was printed");
-    wait_until(
-        || processes_running(&sleep).is_empty(),
-        || "the daemon still runs the sleep after the interrupt".into(),
-    );
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
+    let interrupted =
+        interrupt_while_running(command, &["/bin/busybox", "sleep", seconds.as_str()]);
+    assert!(interrupted.stdout.is_empty(), "a record was printed");
+    // The daemon cancels the solve when its client goes.
+    interrupted.wait_step_gone();
     let tag = Command::new("skopeo")
         .args(["inspect", "--raw", "--tls-verify=false"])
         .arg(format!("docker://{repo}:v1"))

@@ -8,6 +8,7 @@ mod support;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Output;
+use support::gate::deployment;
 use support::{busybox, polyarch, run, unique_name, Registry};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -148,12 +149,6 @@ impl Images {
     }
 }
 
-fn deployment(name: &str, image: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {name}, namespace: shop}}\nspec:\n  template:\n    spec:\n{extra}      containers:\n      - name: {name}\n        image: {image}\n"
-    )
-}
-
 /// Runs the gate on `manifests` against [`NODES`]; returns its output and the record it
 /// wrote (`--record`; null when it wrote none).
 fn gate(dir: &Path, manifests: &[&Path], extra: &[&str]) -> (Output, Value) {
@@ -224,7 +219,7 @@ fn an_entry_whose_config_or_binary_is_another_platform_is_a_gap_for_the_pools_pu
     let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("deploy.yaml");
     let write = |image: &str, extra: &str| {
-        std::fs::write(&manifests, deployment("web", image, extra)).unwrap();
+        std::fs::write(&manifests, deployment("web", image, None, extra)).unwrap();
     };
 
     // The arm64 entry is the amd64 image: pods on the (cordoned) arm64 node would pull it.
@@ -317,10 +312,7 @@ fn attestation_entries_warn_naming_the_nodes_runtimes_and_strict_refuses() {
     let manifests = dir.path().join("deploy.yaml");
     std::fs::write(
         &manifests,
-        deployment("web", &images.tag("attested"), "").replace(
-            "        image:",
-            "        imagePullPolicy: Always\n        image:",
-        ),
+        deployment("web", &images.tag("attested"), Some("Always"), ""),
     )
     .unwrap();
 
@@ -381,12 +373,12 @@ fn an_unreadable_image_is_reported_against_its_workload_while_the_rest_is_judged
     std::fs::create_dir_all(&manifests).unwrap();
     std::fs::write(
         manifests.join("a.yaml"),
-        deployment("gone", &images.tag("nope"), ""),
+        deployment("gone", &images.tag("nope"), None, ""),
     )
     .unwrap();
     std::fs::write(
         manifests.join("b.yaml"),
-        deployment("web", &images.tag("lying"), ""),
+        deployment("web", &images.tag("lying"), None, ""),
     )
     .unwrap();
     let (text, written) = gate(dir.path(), &[&manifests], &[]);
@@ -439,7 +431,7 @@ fn pin_writes_the_manifests_read_with_every_image_pinned_to_the_digest_checked()
     let good = images.tag("good");
     let deploy = format!(
         "# Source: shop/templates/web.yaml\n{}        # keep me: the storefront\n        ports: [{{containerPort: 8080}}]\n---\n# a Service, written as is\napiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec: {{ports: [{{port: 80}}]}}\n",
-        deployment("web", &good, "")
+        deployment("web", &good, None, "")
     );
     std::fs::write(manifests.join("deploy.yaml"), &deploy).unwrap();
     let job = format!(

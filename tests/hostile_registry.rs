@@ -13,6 +13,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::gate::{deployment, Deploy};
 use support::token::TokenServer;
 use support::Registry;
 
@@ -351,25 +352,18 @@ fn timeout_bounds_a_whole_verify_and_gate() {
     assert_clean_failure("verify --timeout", &run_verify, &names, limit + SLACK);
 
     let dir = tempfile::tempdir().unwrap();
-    let manifests = dir.path().join("deploy.yaml");
-    std::fs::write(
-        &manifests,
-        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app}}\nspec:\n  template:\n    spec:\n      containers:\n      - name: app\n        image: {reference}\n"),
-    )
-    .unwrap();
-    let nodes = dir.path().join("pools.yaml");
-    std::fs::write(
-        &nodes,
-        "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
-    )
-    .unwrap();
+    let deploy = Deploy::write(
+        dir.path(),
+        &deployment("app", &reference, None, ""),
+        &[("general", "amd64", 1)],
+    );
     let run_gate = run(
         &[
             "gate",
             "--manifests",
-            manifests.to_str().unwrap(),
+            deploy.manifests.to_str().unwrap(),
             "--nodes",
-            nodes.to_str().unwrap(),
+            deploy.pools.to_str().unwrap(),
             "--timeout",
             "2s",
         ],

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::running::{processes_running, wait_until, Running, WAIT};
+use support::running::{interrupt_while_running, wait_until, Running};
 use support::{hello_context, polyarch, run, skopeo_digest, unique_name, Registry, HELLO};
 
 const PLATFORMS: &str = "[linux/amd64, linux/arm64]";
@@ -261,15 +261,10 @@ fn sigint_keeps_the_old_tag_and_cleans_up(
 
 /// Waits until the proxy's requests from index `since` on satisfy `pred`.
 fn wait_proxy(fixture: &Fixture, since: usize, what: &str, pred: impl Fn(&[String]) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !pred(&fixture.proxy.log()[since..]) {
-        assert!(
-            Instant::now() < deadline,
-            "{what} never reached the proxy: {:#?}",
-            fixture.proxy.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(
+        || pred(&fixture.proxy.log()[since..]),
+        || format!("{what} never reached the proxy: {:#?}", fixture.proxy.log()),
+    );
 }
 
 fn uploads_delayed(log: &[String]) -> bool {
@@ -453,30 +448,15 @@ fn sigint_mid_run_step_cancels_the_build_in_the_engine() {
     let containers = container_ids();
     let mut cmd = polyarch();
     cmd.args(["build", "-f"]).arg(&file).env_remove("CI");
-    let running = Running::spawn(cmd);
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || !processes_running(&sleep).is_empty(),
-        || format!("the RUN step never started:\n{}", running.stderr()),
-    );
-
-    let interrupted = Instant::now();
-    running.signal("INT");
-    let (status, stdout, stderr) = running.finish();
-    let exited = interrupted.elapsed();
-    eprintln!("exited {exited:?} after SIGINT\n{stderr}");
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    let interrupted = interrupt_while_running(cmd, &["/bin/busybox", "sleep", seconds.as_str()]);
+    let (stdout, stderr, exited) = (&interrupted.stdout, &interrupted.stderr, interrupted.exited);
     assert!(stdout.trim().is_empty(), "a record was printed: {stdout}");
     // The engine cancels the solve: polyarch waits for no build to end by itself.
     assert!(
         exited < Duration::from_secs(5),
         "exit took {exited:?}:\n{stderr}"
     );
-    wait_until(
-        || processes_running(&sleep).is_empty(),
-        || format!("the engine still runs the RUN step {WAIT:?} after the interrupt"),
-    );
-    eprintln!("RUN step gone {:?} after SIGINT", interrupted.elapsed());
+    interrupted.wait_step_gone();
     let left = run(Command::new("docker").args([
         "images",
         "-q",

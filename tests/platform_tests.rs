@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use support::running::{processes_running, wait_until, Running, WAIT};
+use support::running::interrupt_while_running;
 use support::{
     hello_context, polyarch, run, skopeo_digest, unique_name, write_project, Registry, HELLO,
 };
@@ -226,28 +226,16 @@ fn sigint_during_a_test_cancels_it_and_keeps_the_earlier_tag() {
 
     let mut command = build_command(&file, &path, &[]);
     command.env_remove("CI");
-    let running = Running::spawn(command);
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || !processes_running(&sleep).is_empty(),
-        || format!("the test never started:\n{}", running.stderr()),
-    );
-    let interrupted = Instant::now();
-    running.signal("INT");
-    let (status, _, stderr) = running.finish();
-    let exited = interrupted.elapsed();
-    eprintln!("exited {exited:?} after SIGINT\n{stderr}");
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    let interrupted =
+        interrupt_while_running(command, &["/bin/busybox", "sleep", seconds.as_str()]);
     assert!(
-        exited < Duration::from_secs(5),
-        "exit took {exited:?}:\n{stderr}"
+        interrupted.exited < Duration::from_secs(5),
+        "exit took {:?}:\n{}",
+        interrupted.exited,
+        interrupted.stderr
     );
     // The solve is cancelled in the builder: the command does not run on.
-    wait_until(
-        || processes_running(&sleep).is_empty(),
-        || format!("the test's command still runs {WAIT:?} after the interrupt"),
-    );
-    eprintln!("test command gone {:?} after SIGINT", interrupted.elapsed());
+    interrupted.wait_step_gone();
     assert_eq!(
         skopeo_digest(&format!("{repo}:v1"), None),
         earlier,

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
 use support::engines::{podman_cli, podman_host};
-use support::running::wait_until;
+use support::running::{interrupt_while_running, wait_until};
 use support::supply_chain;
 use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
 
@@ -418,20 +418,6 @@ fn podman_build_reads_secrets_and_leaves_them_nowhere() {
     assert_in_no_blob(&format!("{repo}:v1"), None, dir.path(), &[&token, &npmrc]);
 }
 
-/// Processes on this host whose command line is exactly `args` (Buildah runs RUN steps as
-/// host processes under runc).
-fn processes_running(args: &[&str]) -> bool {
-    let wanted: Vec<u8> = args
-        .iter()
-        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
-        .collect();
-    fs::read_dir("/proc").unwrap().any(|e| {
-        e.ok()
-            .and_then(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .is_some_and(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == wanted))
-    })
-}
-
 /// Buildah's build containers (`podman ps -a --external`).
 fn build_containers() -> Vec<String> {
     let out = run(podman_cli().args(["ps", "-a", "--external", "--format", "{{.ID}} {{.Names}}"]));
@@ -495,18 +481,9 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
         .arg(&file)
         .env_remove("CI")
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
-    let running = support::running::Running::spawn(command);
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || processes_running(&sleep),
-        || format!("the RUN step never started:\n{}", running.stderr()),
-    );
-    let interrupted = std::time::Instant::now();
-    running.signal("INT");
-    let (status, _, log) = running.finish();
-    let took = interrupted.elapsed();
-    eprintln!("exited {took:?} after SIGINT");
-    assert_eq!(status.code(), Some(130), "{log}");
+    let interrupted =
+        interrupt_while_running(command, &["/bin/busybox", "sleep", seconds.as_str()]);
+    let (took, log) = (interrupted.exited, &interrupted.stderr);
     assert!(
         took < std::time::Duration::from_secs(2),
         "exited {took:?} after SIGINT:\n{log}"
@@ -524,10 +501,7 @@ fn podman_ctrl_c_mid_run_step_leaves_no_build_container() {
         left()
     );
     // The step's process ends by itself; nothing is committed from it after.
-    wait_until(
-        || !processes_running(&sleep),
-        || "the RUN step never ended".to_string(),
-    );
+    interrupted.wait_step_gone();
     let settled = std::time::Instant::now() + std::time::Duration::from_secs(2);
     while std::time::Instant::now() < settled {
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -656,28 +630,16 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         .arg(&file)
         .env_remove("CI")
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
-    let running = support::running::Running::spawn(command);
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || processes_running(&sleep),
-        || format!("the test never started:\n{}", running.stderr()),
-    );
-    let interrupted = std::time::Instant::now();
-    running.signal("INT");
-    let (status, _, log) = running.finish();
-    eprintln!("exited {:?} after SIGINT", interrupted.elapsed());
-    assert_eq!(status.code(), Some(130), "{log}");
+    let interrupted =
+        interrupt_while_running(command, &["/bin/busybox", "sleep", seconds.as_str()]);
     let left = || -> Vec<String> {
         let now = test_containers();
         now.into_iter().filter(|c| !before.contains(c)).collect()
     };
+    interrupted.wait_step_gone();
     wait_until(
-        || !processes_running(&sleep) && left().is_empty(),
+        || left().is_empty(),
         || format!("a test container is left: {:?}", left()),
-    );
-    eprintln!(
-        "test container gone {:?} after SIGINT",
-        interrupted.elapsed()
     );
 
     // Ctrl-C during `verify --test` of the published tag: the container is gone by exit.
@@ -692,15 +654,7 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         .args(["verify", "--test", "-f"])
         .arg(&file)
         .env("POLYARCH_CACHE_DIR", dir.path().join("cache"));
-    let running = support::running::Running::spawn(command);
-    let sleep = ["/bin/busybox", "sleep", seconds.as_str()];
-    wait_until(
-        || processes_running(&sleep),
-        || format!("verify's test never started:\n{}", running.stderr()),
-    );
-    running.signal("INT");
-    let (status, _, log) = running.finish();
-    assert_eq!(status.code(), Some(130), "{log}");
+    interrupt_while_running(command, &["/bin/busybox", "sleep", seconds.as_str()]);
     assert_eq!(
         left(),
         Vec::<String>::new(),

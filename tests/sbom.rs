@@ -11,6 +11,7 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::gate::{deployment, Deploy};
 use support::supply_chain::assert_spdx_tools_accept;
 use support::{
     as_a_user_runs_cargo, busybox, curl, polyarch, repo_root, run, skopeo_inspect_raw, unique_name,
@@ -369,30 +370,15 @@ fn an_image_without_an_sbom_is_a_gap_for_require_sbom_and_polyarch_sbom_says_so(
     );
     let out = build(&file, &["--require-sbom"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let manifests = dir.path().join("deploy.yaml");
-    fs::write(
-        &manifests,
-        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app, namespace: shop}}\nspec:\n  template:\n    spec:\n      containers:\n      - {{name: app, image: \"{reference}\", imagePullPolicy: Always}}\n"),
-    )
-    .unwrap();
-    let nodes = dir.path().join("pools.yaml");
-    fs::write(
-        &nodes,
-        "pools:\n- {name: graviton, labels: {kubernetes.io/os: linux, kubernetes.io/arch: arm64}, count: 1}\n",
-    )
-    .unwrap();
+    let deploy = Deploy::write(
+        dir.path(),
+        &deployment("app", &reference, Some("Always"), ""),
+        &[("graviton", "arm64", 1)],
+    );
     let gate = || {
-        run(polyarch()
-            .args([
-                "gate",
-                "--require-sbom",
-                "--output-format",
-                "json",
-                "--manifests",
-            ])
-            .arg(&manifests)
-            .arg("--nodes")
-            .arg(&nodes))
+        run(deploy
+            .gate()
+            .args(["--require-sbom", "--output-format", "json"]))
     };
     let out = gate();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -677,12 +663,13 @@ fn the_crates_of_a_cargo_auditable_binary_are_those_cargo_resolved() {
     }
     let auditable = tool(
         Command::new("bash")
-            .arg(repo_root().join("scripts/cargo-auditable.sh"))
-            .arg("path"),
+            .arg(repo_root().join("scripts/crate-tool.sh"))
+            .args(["cargo-auditable", "path"]),
     );
+    // `cargo auditable` runs the `cargo-auditable` found on PATH.
     let path = format!(
         "{}:{}",
-        auditable.trim(),
+        Path::new(auditable.trim()).parent().unwrap().display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let manifest = src.join("app/Cargo.toml");

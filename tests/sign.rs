@@ -11,6 +11,7 @@ use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use support::gate::{deployment, Deploy};
 use support::supply_chain::{cosign_tree, cosign_verify};
 use support::{
     curl, hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry, HELLO,
@@ -170,26 +171,16 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     );
 
     // gate applies the same policy to the images a deploy runs.
-    let manifests = dir.path().join("deploy.yaml");
-    fs::write(
-        &manifests,
-        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: app}}\nspec:\n  template:\n    spec:\n      containers:\n      - name: app\n        image: {reference}\n"),
-    )
-    .unwrap();
-    let nodes = dir.path().join("pools.yaml");
-    fs::write(
-        &nodes,
-        "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
-    )
-    .unwrap();
+    let deploy = Deploy::write(
+        dir.path(),
+        &deployment("app", &reference, None, ""),
+        &[("general", "amd64", 1)],
+    );
     let gate = |key: &Path| {
-        run(polyarch()
-            .args(["gate", "--require-signature", "--key"])
-            .arg(key)
-            .arg("--manifests")
-            .arg(&manifests)
-            .arg("--nodes")
-            .arg(&nodes))
+        run(deploy
+            .gate()
+            .args(["--require-signature", "--key"])
+            .arg(key))
     };
     let out = gate(&public);
     assert!(
@@ -457,25 +448,15 @@ fn a_tampered_or_copied_signature_is_refused_by_verify_and_gate() {
         );
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains(why), "verify, {what}: {text}");
-        let manifests = dir.path().join("deploy.yaml");
-        fs::write(
-            &manifests,
-            format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: app}}\nspec:\n  containers:\n  - {{name: app, image: \"{reference}\", imagePullPolicy: Always}}\n"),
-        )
-        .unwrap();
-        let nodes = dir.path().join("pools.yaml");
-        fs::write(
-            &nodes,
-            "pools:\n- {name: general, labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}, count: 1}\n",
-        )
-        .unwrap();
-        let out = run(polyarch()
-            .args(["gate", "--require-signature", "--key"])
-            .arg(&public)
-            .arg("--manifests")
-            .arg(&manifests)
-            .arg("--nodes")
-            .arg(&nodes));
+        let deploy = Deploy::write(
+            dir.path(),
+            &deployment("app", reference, Some("Always"), ""),
+            &[("general", "amd64", 1)],
+        );
+        let out = run(deploy
+            .gate()
+            .args(["--require-signature", "--key"])
+            .arg(&public));
         assert_eq!(out.status.code(), Some(1), "gate, {what}: {}", stderr(&out));
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("REFUSED"),

@@ -6,6 +6,7 @@ mod support;
 
 use serde_json::Value;
 use std::path::Path;
+use support::gate::{deployment, Deploy};
 use support::{hello_context, polyarch, run, skopeo_digest, unique_name, Registry, HELLO};
 
 /// A release pipeline's project file: registry and version come from the job.
@@ -123,24 +124,12 @@ fn a_release_job_builds_from_its_variables_and_a_deploy_job_verifies_without_bui
     );
 
     // The gate, from the deploy checkout, on what was pushed.
-    let pools = deploy.path().join("pools.yaml");
-    std::fs::write(
-        &pools,
-        "pools:\n- name: general\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}\n  count: 3\n- name: graviton\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: arm64}\n  count: 2\n",
-    )
-    .unwrap();
-    let manifests = deploy.path().join("deploy.yaml");
-    std::fs::write(
-        &manifests,
-        format!("apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: api}}\nspec:\n  template:\n    spec:\n      containers:\n      - name: api\n        image: {reference}\n"),
-    )
-    .unwrap();
-    let out = run(polyarch()
-        .current_dir(deploy.path())
-        .args(["gate", "--manifests"])
-        .arg(&manifests)
-        .arg("--nodes")
-        .arg(&pools));
+    let checkout = Deploy::write(
+        deploy.path(),
+        &deployment("api", &reference, None, ""),
+        &[("general", "amd64", 3), ("graviton", "arm64", 2)],
+    );
+    let out = run(checkout.gate().current_dir(deploy.path()));
     assert_eq!(
         out.status.code(),
         Some(0),

@@ -8,6 +8,7 @@ mod support;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Output;
+use support::gate::{deployment, Deploy};
 use support::{curl, hello_context, polyarch, run, unique_name, write_project, Registry, HELLO};
 
 const INDEX: &str = "application/vnd.oci.image.index.v1+json";
@@ -357,28 +358,17 @@ fn gate_refuses_a_deploy_that_can_land_on_a_pool_its_image_does_not_cover() {
     let dir = tempfile::tempdir().unwrap();
     let repo = registry.repo(&unique_name("gate/app"));
     build(dir.path(), HELLO, &repo, "[linux/amd64]");
-    let pools = dir.path().join("pools.yaml");
-    std::fs::write(
-        &pools,
-        "pools:\n- name: general\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: amd64}\n  count: 3\n- name: graviton\n  labels: {kubernetes.io/os: linux, kubernetes.io/arch: arm64}\n  count: 2\n",
-    )
-    .unwrap();
-    let deployment = |selector: &str| {
-        format!(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: web, namespace: shop}}\nspec:\n  template:\n    spec:\n{selector}      containers:\n      - name: web\n        image: {repo}:v1\n"
-        )
-    };
-    let manifests = dir.path().join("deploy.yaml");
-    let gate = |body: String| {
-        std::fs::write(&manifests, body).unwrap();
-        run(polyarch()
-            .args(["gate", "--manifests"])
-            .arg(&manifests)
-            .arg("--nodes")
-            .arg(&pools))
+    let image = format!("{repo}:v1");
+    let gate = |selector: &str| {
+        let deploy = Deploy::write(
+            dir.path(),
+            &deployment("web", &image, None, selector),
+            &[("general", "amd64", 3), ("graviton", "arm64", 2)],
+        );
+        run(&mut deploy.gate())
     };
 
-    let refused = gate(deployment(""));
+    let refused = gate("");
     assert_eq!(
         refused.status.code(),
         Some(1),
@@ -395,9 +385,7 @@ fn gate_refuses_a_deploy_that_can_land_on_a_pool_its_image_does_not_cover() {
         "no nodeAffinity fix offered: {text}"
     );
 
-    let pinned = gate(deployment(
-        "      nodeSelector: {kubernetes.io/arch: amd64}\n",
-    ));
+    let pinned = gate("      nodeSelector: {kubernetes.io/arch: amd64}\n");
     assert_eq!(
         pinned.status.code(),
         Some(0),

@@ -1,7 +1,8 @@
-//! What a run created in the engines (temporary images, test containers), removed when it
-//! ends, fails or is interrupted.
+//! What a run created in the engines (temporary images, test and probe containers, probe
+//! images), removed when it ends, fails or is interrupted.
 
 use crate::base::progress::{Event, Reporter};
+use crate::docker::container::{self, run_to_end, ContainerError, ContainerRun, Outcome};
 use crate::docker::engine::{Engine, Product};
 use crate::docker::libpod::{self, BuildContainer};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -48,7 +49,8 @@ impl BuildStage {
 #[derive(Default, Clone)]
 pub struct Cleanup {
     images: Arc<Mutex<Vec<Temporary>>>,
-    /// Containers a test runs, by engine: removed here when the run was cut off.
+    /// Containers run (a test, an emulation probe), by engine: removed here when the run
+    /// was cut off.
     containers: Arc<Mutex<Vec<(Engine, String)>>>,
     /// Builds through libpod: what each may leave in Podman.
     libpod: Arc<Mutex<Vec<Arc<LibpodBuildRecord>>>>,
@@ -160,8 +162,8 @@ impl Cleanup {
         removed
     }
 
-    /// Records an image a build wrote (its ID): it is there already, so removing it is
-    /// never waited for.
+    /// Records an image already there (one a build wrote, by its ID; a probe image), so
+    /// removing it is never waited for.
     pub fn add_built(&self, engine: &Engine, id: &str) {
         self.images.lock().expect("cleanup lock").push(Temporary {
             engine: engine.clone(),
@@ -225,16 +227,26 @@ impl Cleanup {
         removed
     }
 
-    /// Records a container `name` on `engine`, until [`Cleanup::container_removed`].
-    pub fn add_container(&self, engine: &Engine, name: &str) {
-        let mut containers = self.containers.lock().expect("cleanup lock");
-        containers.push((engine.clone(), name.to_string()));
-    }
-
-    /// The container's own run removed it.
-    pub fn container_removed(&self, name: &str) {
-        let mut containers = self.containers.lock().expect("cleanup lock");
-        containers.retain(|(_, n)| n != name);
+    /// Runs a container on `engine` to its end or `timeout` ([`run_to_end`], which removes
+    /// it), recorded meanwhile: one cut off by an interrupt or a deadline is removed by
+    /// [`Cleanup::run`].
+    pub async fn run_container(
+        &self,
+        engine: &Engine,
+        run: ContainerRun<'_>,
+        timeout: Duration,
+    ) -> Result<Outcome, ContainerError> {
+        let name = run.name.to_string();
+        self.containers
+            .lock()
+            .expect("cleanup lock")
+            .push((engine.clone(), name.clone()));
+        let outcome = run_to_end(&engine.docker, run, timeout).await;
+        self.containers
+            .lock()
+            .expect("cleanup lock")
+            .retain(|(_, n)| *n != name);
+        outcome
     }
 
     /// Removes every container and temporary image still recorded; safe to call more than
@@ -246,7 +258,7 @@ impl Cleanup {
     pub async fn run(&self, grace: Duration, reporter: &dyn Reporter) {
         let containers = std::mem::take(&mut *self.containers.lock().expect("cleanup lock"));
         for (engine, name) in containers {
-            crate::docker::container::remove(&engine.docker, &name).await;
+            container::remove(&engine.docker, &name).await;
         }
         let builds = std::mem::take(&mut *self.libpod.lock().expect("cleanup lock"));
         for build in builds {

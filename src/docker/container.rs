@@ -1,6 +1,7 @@
 //! One container run to its end on an engine: created, started, waited for up to a
-//! deadline, its output read, then removed — also when the caller stops waiting (a
-//! dropped run removes its container in the background).
+//! deadline, its output read, then removed. A run cut off (its future dropped) leaves its
+//! container: run it through [`crate::builder::cleanup::Cleanup::run_container`], which
+//! records it for removal.
 
 use crate::base::platform::Platform;
 use bollard::errors::Error as DockerError;
@@ -61,32 +62,6 @@ pub enum ContainerError {
     NoStatus { container: String },
 }
 
-/// Removes the container when dropped, unless the run removed it itself.
-struct Removal {
-    docker: Docker,
-    name: String,
-    armed: bool,
-}
-
-impl Removal {
-    async fn now(mut self) {
-        self.armed = false;
-        remove(&self.docker, &self.name).await;
-    }
-}
-
-impl Drop for Removal {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (docker, name) = (self.docker.clone(), std::mem::take(&mut self.name));
-            runtime.spawn(async move { remove(&docker, &name).await });
-        }
-    }
-}
-
 /// Removes container `name`, running or not; one already gone is no error.
 pub async fn remove(docker: &Docker, name: &str) {
     let force = RemoveContainerOptionsBuilder::default().force(true).build();
@@ -135,14 +110,9 @@ pub async fn run_to_end(
             logs: String::new(),
         });
     }
-    let removal = Removal {
-        docker: docker.clone(),
-        name: run.name.to_string(),
-        armed: true,
-    };
     let ended = start_and_wait(docker, run.name, timeout).await;
     let logs = logs(docker, run.name).await;
-    removal.now().await;
+    remove(docker, run.name).await;
     Ok(Outcome {
         ended: ended?,
         logs,

@@ -2,6 +2,7 @@
 //! anything. `doctor` reads the same lines for its platform checks.
 
 use crate::builder::binfmt::{Emulation, Runnable};
+use crate::builder::cleanup::Cleanup;
 use crate::builder::{sticky_key, sticky_slot};
 use crate::docker::engine::Engine;
 use crate::flows::pipeline::{image_needs_emulation, BuildOptions};
@@ -54,9 +55,11 @@ pub async fn plan_report(
     options: &BuildOptions,
 ) -> Result<Vec<PlanLine>> {
     let plan = plan::plan(project, &options.images, &options.platforms, &engine.native)?;
-    let emulation = Emulation::new(engine.clone());
+    // Nothing cuts plan's probes off, so each removes its container itself: the probe
+    // images are all there is to remove.
+    let emulation = Emulation::new(engine.clone(), &Cleanup::default());
     let lines = plan_lines(project, &plan, engine, options, &emulation).await;
-    let _ = emulation.cleanup().await;
+    emulation.remove_probe_images().await;
     lines
 }
 

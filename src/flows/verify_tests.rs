@@ -33,7 +33,7 @@ pub async fn test_verified(
         return Ok(verified);
     }
     let engine = engine.await?;
-    emulate_foreign(project, &engine, &tested, reporter).await?;
+    emulate_foreign(project, &engine, &tested, cleanup, reporter).await?;
     let images: Vec<(&ImageSpec, Vec<&Pushed>)> = tested
         .iter()
         .map(|(image, pushed)| (*image, pushed.iter().collect()))
@@ -107,9 +107,10 @@ async fn emulate_foreign(
     project: &Project,
     engine: &Engine,
     tested: &[(&ImageSpec, Vec<Pushed>)],
+    cleanup: &Cleanup,
     reporter: &dyn Reporter,
 ) -> Result<()> {
-    let emulation = Emulation::new(engine.clone());
+    let emulation = Emulation::new(engine.clone(), cleanup);
     let mut ensured = Ok(());
     for (image, pushed) in tested {
         let foreign: Vec<_> = pushed
@@ -128,6 +129,6 @@ async fn emulate_foreign(
         }
     }
     // Probe images are per run; registrations stay, as a build's do.
-    let _ = emulation.cleanup().await;
+    emulation.remove_probe_images().await;
     ensured
 }

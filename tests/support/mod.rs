@@ -12,6 +12,7 @@
 pub mod binfmt;
 pub mod buildkitd;
 pub mod engines;
+pub mod gate;
 pub mod running;
 pub mod supply_chain;
 pub mod token;

@@ -101,8 +101,8 @@ impl Running {
     }
 }
 
-/// Processes on this host whose command line is exactly `args` (BuildKit runs RUN steps as
-/// host processes, outside any `docker ps` container).
+/// Processes on this host whose command line is exactly `args` (BuildKit and Buildah run
+/// RUN steps as host processes, outside any `docker ps` container).
 pub fn processes_running(args: &[&str]) -> Vec<u32> {
     let wanted: Vec<u8> = args
         .iter()
@@ -121,5 +121,51 @@ pub fn wait_until(mut done: impl FnMut() -> bool, what: impl Fn() -> String) {
     while !done() {
         assert!(Instant::now() < deadline, "{}", what());
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A run stopped by SIGINT while a host process it started was running.
+pub struct Interrupted {
+    pub stdout: String,
+    pub stderr: String,
+    /// From SIGINT to the exit.
+    pub exited: Duration,
+    signalled: Instant,
+    step: Vec<String>,
+}
+
+/// Spawns `command`, waits until a host process with the command line `step` runs (a RUN
+/// step or a test's command: a `sleep` no other test runs, so that it is this run's),
+/// sends SIGINT and waits for the exit, which must be 130 (interrupted).
+pub fn interrupt_while_running(command: Command, step: &[&str]) -> Interrupted {
+    let running = Running::spawn(command);
+    wait_until(
+        || !processes_running(step).is_empty(),
+        || format!("{step:?} never started:\n{}", running.stderr()),
+    );
+    let signalled = Instant::now();
+    running.signal("INT");
+    let (status, stdout, stderr) = running.finish();
+    let exited = signalled.elapsed();
+    eprintln!("exited {exited:?} after SIGINT\n{stderr}");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    Interrupted {
+        stdout,
+        stderr,
+        exited,
+        signalled,
+        step: step.iter().map(|a| a.to_string()).collect(),
+    }
+}
+
+impl Interrupted {
+    /// Waits until the step's process is gone: cancelled by the engine, or ended by itself.
+    pub fn wait_step_gone(&self) {
+        let step: Vec<&str> = self.step.iter().map(String::as_str).collect();
+        wait_until(
+            || processes_running(&step).is_empty(),
+            || format!("{step:?} still runs {WAIT:?} after SIGINT"),
+        );
+        eprintln!("{step:?} gone {:?} after SIGINT", self.signalled.elapsed());
     }
 }

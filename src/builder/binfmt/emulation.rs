@@ -2,7 +2,8 @@
 //! as containers, and the run's clean-up.
 
 use super::*;
-use crate::docker::container::{run_to_end, ContainerRun, Ended};
+use crate::builder::cleanup::Cleanup;
+use crate::docker::container::{ContainerRun, Ended};
 
 pub(super) struct RunOutcome {
     pub(super) exit: Option<i64>,
@@ -12,10 +13,12 @@ pub(super) struct RunOutcome {
 }
 
 /// Emulation detection and registration for one run on one engine: probe results and
-/// probe images are cached; call [`Emulation::cleanup`] at the end of the run (dropping
-/// it without does a best-effort cleanup in the background).
+/// probe images are cached; [`Emulation::remove_probe_images`] removes the images once
+/// probing is done. The containers and probe images are recorded in the run's
+/// [`Cleanup`] meanwhile, so a probe cut off leaves nothing once it runs.
 pub struct Emulation {
     pub(super) engine: Engine,
+    removal: Cleanup,
     run_id: String,
     cache: Mutex<HashMap<Platform, Runnable>>,
     details: Mutex<HashMap<Platform, String>>,
@@ -61,9 +64,10 @@ pub(super) fn tar_context(files: &[(&str, &[u8], u32)]) -> Result<Vec<u8>> {
 }
 
 impl Emulation {
-    pub fn new(engine: Engine) -> Self {
+    pub fn new(engine: Engine, cleanup: &Cleanup) -> Self {
         Emulation {
             engine,
+            removal: cleanup.clone(),
             run_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
             cache: Mutex::new(HashMap::new()),
             details: Mutex::new(HashMap::new()),
@@ -98,6 +102,8 @@ impl Emulation {
             platform: platform.clone(),
         })?;
         let tag = format!("polyarch-probe:{}-{}", self.run_id, slug(platform));
+        // Recorded first: a load cut off may still complete in the engine.
+        self.removal.add_built(&self.engine, &tag);
         self.load_scratch_image(&tag, platform, &[("probe", &elf, 0o755)], "/probe")
             .await?;
         images.insert(platform.clone(), tag.clone());
@@ -173,7 +179,10 @@ impl Emulation {
             network: Some("none"),
             host_config,
         };
-        let outcome = run_to_end(&self.engine.docker, run, timeout).await?;
+        let outcome = self
+            .removal
+            .run_container(&self.engine, run, timeout)
+            .await?;
         let (exit, refused) = match outcome.ended {
             Ended::Exited(code) => (Some(code), None),
             Ended::NotCreated(refusal) | Ended::NotStarted(refusal) => (None, Some(refusal)),
@@ -410,51 +419,12 @@ impl Emulation {
 }
 
 impl Emulation {
-    /// Removes the probe images built during this run.
-    pub async fn cleanup(&self) -> Result<()> {
+    /// Removes the probe images built during this run; one the engine would not remove
+    /// stays recorded for the run's [`Cleanup`].
+    pub async fn remove_probe_images(&self) {
         let tags: Vec<String> = self.images.lock().await.drain().map(|(_, t)| t).collect();
-        let mut errors = vec![];
         for tag in tags {
-            if let Err(e) = self
-                .engine
-                .docker
-                .remove_image(
-                    &tag,
-                    Some(RemoveImageOptionsBuilder::default().force(true).build()),
-                    None,
-                )
-                .await
-            {
-                errors.push(format!("{tag}: {e}"));
-            }
-        }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(EmulationError::Cleanup { failures: errors })
-        }
-    }
-}
-
-impl Drop for Emulation {
-    fn drop(&mut self) {
-        let tags: Vec<String> = self.images.get_mut().drain().map(|(_, t)| t).collect();
-        if tags.is_empty() {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let docker = self.engine.docker.clone();
-            handle.spawn(async move {
-                for tag in tags {
-                    let _ = docker
-                        .remove_image(
-                            &tag,
-                            Some(RemoveImageOptionsBuilder::default().force(true).build()),
-                            None,
-                        )
-                        .await;
-                }
-            });
+            self.removal.remove(&self.engine, &tag).await;
         }
     }
 }

@@ -95,8 +95,6 @@ pub enum EmulationError {
     /// The engine refused to run the probe container (not an exec format error).
     #[error("running the {platform} probe container: {refusal}")]
     ProbeRefused { platform: Platform, refusal: String },
-    #[error("removing probe images: {}", failures.join("; "))]
-    Cleanup { failures: Vec<String> },
     /// Writing an in-memory image archive failed (out of memory, an entry too long).
     #[error("{path}: {source}")]
     Archive {
@@ -116,7 +114,6 @@ impl EmulationError {
                 | EmulationError::Timeout { .. }
                 | EmulationError::Container(_)
                 | EmulationError::ProbeRefused { .. }
-                | EmulationError::Cleanup { .. }
         )
     }
 

@@ -14,9 +14,7 @@ use crate::base::progress::{Event, Phase, Reporter};
 use crate::docker::engine::Engine;
 use crate::project::BinfmtMode;
 use bollard::models::HostConfig;
-use bollard::query_parameters::{
-    CreateImageOptionsBuilder, ImportImageOptionsBuilder, RemoveImageOptionsBuilder,
-};
+use bollard::query_parameters::{CreateImageOptionsBuilder, ImportImageOptionsBuilder};
 use futures_util::StreamExt;
 use sha2::Digest;
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! HTTP), a container created for the platform, run to its end or timeout, then removed.
 
 use super::{TestError, TestOf, TestOutcome, TestStatus, OUTPUT_TAIL};
-use crate::docker::container::{run_to_end, ContainerRun, Ended};
+use crate::docker::container::{ContainerRun, Ended};
 use crate::docker::engine::Engine;
 use crate::docker::libpod::{self, PullAccess};
 use crate::project::Network;
@@ -61,10 +61,10 @@ pub(super) async fn test_in_container(
         },
         host_config: Default::default(),
     };
-    cleanup.add_container(engine, &name);
-    let outcome = run_to_end(&engine.docker, run, test.timeout).await;
-    cleanup.container_removed(&name);
-    let outcome = outcome.map_err(|e| TestError::Lost(e.to_string()))?;
+    let outcome = cleanup
+        .run_container(engine, run, test.timeout)
+        .await
+        .map_err(|e| TestError::Lost(e.to_string()))?;
     let seconds = started.elapsed().as_secs_f64();
     let mut tail = last_lines(&outcome.logs);
     let (status, exit_code) = match outcome.ended {

@@ -5,6 +5,7 @@ use super::BuildOptions;
 use crate::base::dockerfile;
 use crate::base::progress::{Event, Reporter};
 use crate::builder::binfmt::{Emulation, EmulationStatus};
+use crate::builder::cleanup::Cleanup;
 use crate::builder::Builders;
 use crate::docker::buildkit::daemon::DaemonError;
 use crate::docker::engine::{Engine, Standalone};
@@ -96,6 +97,8 @@ pub(super) struct EmulationPlan<'a> {
     remembered: HashSet<(String, Platform)>,
     /// Serialises re-checks, so two builds never register the same emulator at once.
     recheck: tokio::sync::Mutex<()>,
+    /// The run's: what a probe cut off leaves is removed with the rest.
+    cleanup: Cleanup,
 }
 
 impl<'a> EmulationPlan<'a> {
@@ -106,6 +109,7 @@ impl<'a> EmulationPlan<'a> {
         plan: &plan::Plan<'_>,
         options: &'a BuildOptions,
         builders: &Builders,
+        cleanup: &Cleanup,
         reporter: &dyn Reporter,
     ) -> Result<EmulationPlan<'a>> {
         let mut state = EmulationPlan {
@@ -115,6 +119,7 @@ impl<'a> EmulationPlan<'a> {
             emulated: HashSet::new(),
             remembered: HashSet::new(),
             recheck: tokio::sync::Mutex::new(()),
+            cleanup: cleanup.clone(),
         };
         // One per engine, so images sharing a platform share its probe.
         let mut emulations: HashMap<String, Emulation> = HashMap::new();
@@ -123,7 +128,7 @@ impl<'a> EmulationPlan<'a> {
             .await;
         // Probe images are per run; registrations stay, as binfmt --install's do.
         for emulation in emulations.values() {
-            let _ = emulation.cleanup().await;
+            emulation.remove_probe_images().await;
         }
         state.memory.save();
         prepared.map(|()| state)
@@ -208,7 +213,7 @@ impl<'a> EmulationPlan<'a> {
             None => {
                 let emulation = emulations
                     .entry(engine.endpoint.clone())
-                    .or_insert_with(|| Emulation::new(engine.clone()));
+                    .or_insert_with(|| Emulation::new(engine.clone(), &self.cleanup));
                 self.ensure(emulation, platform, mode, reporter).await
             }
         }
@@ -277,12 +282,12 @@ impl<'a> EmulationPlan<'a> {
             ),
         });
         self.memory.forget(&engine.identity, &unit.platform);
-        let emulation = Emulation::new(engine.clone());
+        let emulation = Emulation::new(engine.clone(), &self.cleanup);
         let mode = binfmt_mode(self.project, unit.image, self.options);
         let status = self
             .ensure(&emulation, &unit.platform, mode, reporter)
             .await;
-        let _ = emulation.cleanup().await;
+        emulation.remove_probe_images().await;
         self.memory.save();
         Ok(matches!(status?, EmulationStatus::Emulated { .. }))
     }

@@ -119,7 +119,8 @@ async fn build_and_push_all<'a>(
     if let Destination::Registry(registry) = &destination {
         registry.remember_blob_places(blobs.clone());
     }
-    let emulation = EmulationPlan::prepare(project, &plan, options, &builders, reporter).await?;
+    let emulation =
+        EmulationPlan::prepare(project, &plan, options, &builders, cleanup, reporter).await?;
 
     let run = Run::open(options, cleanup, &builders, reporter);
     let run = &run;

@@ -246,7 +246,7 @@ pub(super) fn shape(name: &str, fields: &Fields) -> Result<Map<String, Value>> {
     for key in ["cache-from", "cache-to"] {
         let entries = list(key)?
             .iter()
-            .map(|c| cache(c).map_err(|m| Problem::at(at(key), m)))
+            .map(|c| typed_fields(c, "registry", "ref").map_err(|m| Problem::at(at(key), m)))
             .collect::<Result<Vec<_>>>()?;
         put_list(&mut out, key, remove_dupes(entries));
     }
@@ -267,7 +267,7 @@ pub(super) fn shape(name: &str, fields: &Fields) -> Result<Map<String, Value>> {
     put_list(&mut out, "platforms", strings(list("platforms")?));
     let outputs = list("output")?
         .iter()
-        .map(|o| output(o).map_err(|m| Problem::at(at("output"), m)))
+        .map(|o| typed_fields(o, "local", "dest").map_err(|m| Problem::at(at("output"), m)))
         .collect::<Result<Vec<_>>>()?;
     put_list(&mut out, "output", remove_dupes(outputs));
     for key in ["pull", "no-cache"] {
@@ -376,11 +376,18 @@ fn attest(value: &str) -> std::result::Result<Value, String> {
     Ok(Value::Object(out))
 }
 
-fn cache(value: &str) -> std::result::Result<Value, String> {
+/// A `cache-from`, `cache-to` or `output` entry as bake parses it: `type=…` with more
+/// `key=value` fields (keys lowercased), or one bare value, which bake reads as the field
+/// `bare_key` of type `bare_type` (a registry cache's `ref`, a local output's `dest`).
+fn typed_fields(
+    value: &str,
+    bare_type: &str,
+    bare_key: &str,
+) -> std::result::Result<Value, String> {
     let fields = fields(value)?;
     if let [one] = fields.as_slice() {
         if !one.contains('=') {
-            return Ok(json!({ "type": "registry", "ref": one }));
+            return Ok(json!({ "type": bare_type, bare_key: one }));
         }
     }
     let mut out = Map::new();
@@ -391,27 +398,7 @@ fn cache(value: &str) -> std::result::Result<Value, String> {
         out.insert(key.to_lowercase(), v.into());
     }
     if !out.contains_key("type") {
-        return Err(format!("type required for {value:?}"));
-    }
-    Ok(Value::Object(out))
-}
-
-fn output(value: &str) -> std::result::Result<Value, String> {
-    let fields = fields(value)?;
-    if let [one] = fields.as_slice() {
-        if !one.contains('=') {
-            return Ok(json!({ "type": "local", "dest": one }));
-        }
-    }
-    let mut out = Map::new();
-    for field in &fields {
-        let (key, v) = field
-            .split_once('=')
-            .ok_or_else(|| format!("invalid value {field}"))?;
-        out.insert(key.to_lowercase(), v.into());
-    }
-    if !out.contains_key("type") {
-        return Err(format!("type is required for output {value:?}"));
+        return Err(format!("type is required for {value:?}"));
     }
     Ok(Value::Object(out))
 }
@@ -486,4 +473,38 @@ fn remove_dupes(mut items: Vec<Value>) -> Vec<Value> {
         }
     }
     items
+}
+
+#[cfg(test)]
+mod tests {
+    use super::typed_fields;
+    use serde_json::json;
+
+    #[test]
+    fn a_bare_value_is_the_default_types_field() {
+        assert_eq!(
+            typed_fields("registry.test/app:cache", "registry", "ref"),
+            Ok(json!({ "type": "registry", "ref": "registry.test/app:cache" }))
+        );
+        assert_eq!(
+            typed_fields("out", "local", "dest"),
+            Ok(json!({ "type": "local", "dest": "out" }))
+        );
+    }
+
+    #[test]
+    fn fields_keep_their_values_under_lowercased_keys() {
+        assert_eq!(
+            typed_fields(r#"Type=oci,DEST=a,"annotation=x=1,2""#, "local", "dest"),
+            Ok(json!({ "type": "oci", "dest": "a", "annotation": "x=1,2" }))
+        );
+    }
+
+    #[test]
+    fn fields_without_a_type_or_without_a_value_are_refused() {
+        assert!(typed_fields("ref=registry.test/app", "registry", "ref")
+            .is_err_and(|e| e.contains("type is required")));
+        assert!(typed_fields("type=registry,ref", "registry", "ref")
+            .is_err_and(|e| e.contains("invalid value ref")));
+    }
 }
