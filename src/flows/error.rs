@@ -178,7 +178,9 @@ impl From<crate::project::ProjectError> for Error {
                 message,
             },
             ProjectError::Usage(message) => Error::Usage(message),
-            ProjectError::Read { path, source } => Error::Io { path, source },
+            ProjectError::Read { path, source } | ProjectError::Write { path, source } => {
+                Error::Io { path, source }
+            }
         }
     }
 }
