@@ -513,7 +513,8 @@ fn init_writes_a_polyarch_yaml_that_plans_as_the_original() {
             init.args(["--from", file]);
         }
         // bake builds a target without platforms for this machine; polyarch needs them.
-        let set: Vec<polyarch::project::Override> = vec!["*.platforms=linux/amd64".parse().unwrap()];
+        let set: Vec<polyarch::project::Override> =
+            vec!["*.platforms=linux/amd64".parse().unwrap()];
         let out = with_case(
             init.args(&targets)
                 .args(["--set", "*.platforms=linux/amd64"])

@@ -417,7 +417,12 @@ pub struct InitArgs {
     /// targets they read as `target:` contexts are written too.
     pub targets: Vec<String>,
     /// Where to write it; `-` writes to standard output.
-    #[arg(short = 'o', long = "output", value_name = "PATH", default_value = "polyarch.yaml")]
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "PATH",
+        default_value = "polyarch.yaml"
+    )]
     pub output: PathBuf,
     /// Overwrite the output file if it exists.
     #[arg(long)]

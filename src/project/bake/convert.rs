@@ -30,7 +30,10 @@ impl Converted {
     /// the files it was written from); a reader never sees it half written.
     pub fn write(&self, path: &Path, force: bool) -> Result<()> {
         let same = |source: &PathBuf| {
-            source.canonicalize().ok().is_some_and(|s| path.canonicalize().ok() == Some(s))
+            source
+                .canonicalize()
+                .ok()
+                .is_some_and(|s| path.canonicalize().ok() == Some(s))
         };
         if self.sources.iter().any(same) {
             return Err(ProjectError::Usage(format!(
@@ -77,8 +80,8 @@ pub(in crate::project) fn convert(
     let definition = read(cx, files, options)?;
     let kind = files[0].0;
     let groups = flatten_groups(&definition).map_err(|p| problem(cx, p))?;
-    let mut names = chosen(kind, &definition, &groups, options.targets)
-        .map_err(|p| problem(cx, p))?;
+    let mut names =
+        chosen(kind, &definition, &groups, options.targets).map_err(|p| problem(cx, p))?;
     let linked = linked_targets(&definition, &mut names);
     // Refused here exactly as `plan` would refuse the original.
     project(
@@ -93,7 +96,10 @@ pub(in crate::project) fn convert(
     let mut raws = Vec::new();
     for name in &names {
         let fields = definition.target(name).expect("chosen names exist");
-        raws.push((name.clone(), image(kind, name, fields).map_err(|p| problem(cx, p))?));
+        raws.push((
+            name.clone(),
+            image(kind, name, fields).map_err(|p| problem(cx, p))?,
+        ));
     }
     let mut raw = RawProject {
         version: None,
@@ -174,7 +180,11 @@ fn header(
         &format!(
             "Written by `polyarch init` from {}{}.",
             sources.join(", "),
-            if sources.len() > 1 { " (merged in bake's order)" } else { "" }
+            if sources.len() > 1 {
+                " (merged in bake's order)"
+            } else {
+                ""
+            }
         ),
     );
     out.comment(
@@ -211,9 +221,7 @@ fn header(
     );
     let named: Vec<String> = groups
         .iter()
-        .filter(|(g, members)| {
-            *g != "default" && members.iter().all(|m| names.contains(m))
-        })
+        .filter(|(g, members)| *g != "default" && members.iter().all(|m| names.contains(m)))
         .map(|(g, members)| format!("  {g}: {}", members.join(" ")))
         .collect();
     if !named.is_empty() {
@@ -320,12 +328,16 @@ fn write_image(out: &mut Writer, raw: RawImage, fields: &super::Fields, rebase: 
             }
         }
     }
-    map(out, i, "contexts", contexts, |written| {
-        match NamedContext::parse(written, Path::new("")) {
+    map(
+        out,
+        i,
+        "contexts",
+        contexts,
+        |written| match NamedContext::parse(written, Path::new("")) {
             Ok(NamedContext::Dir(_)) => rebase.path(written),
             _ => written.to_string(),
-        }
-    });
+        },
+    );
     if let Some(network) = network {
         out.line(i, &format!("network: {}", value(&network)));
     }
@@ -468,7 +480,9 @@ fn lexical(path: &Path) -> PathBuf {
     for component in path.components() {
         match component {
             Component::CurDir => {}
-            Component::ParentDir if matches!(out.components().next_back(), Some(Component::Normal(_))) => {
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
                 out.pop();
             }
             other => out.push(other),
@@ -524,9 +538,10 @@ fn plain(text: &str) -> bool {
         return false;
     };
     let word = (first.is_ascii_alphanumeric() || matches!(first, '/' | '.' | '_'))
-        && text
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '_' | '-' | ':' | '@' | '+' | '='))
+        && text.chars().all(|c| {
+            c.is_ascii_alphanumeric()
+                || matches!(c, '/' | '.' | '_' | '-' | ':' | '@' | '+' | '=' | '$')
+        })
         && !text.ends_with(':');
     // YAML 1.1 readers (editors, linters) take these as booleans, and digits with
     // these as numbers, times or dates.
@@ -534,9 +549,10 @@ fn plain(text: &str) -> bool {
         text.to_ascii_lowercase().as_str(),
         "y" | "n" | "yes" | "no" | "on" | "off" | "true" | "false" | "null"
     ) || (text.contains(|c: char| c.is_ascii_digit())
-        && text
-            .chars()
-            .all(|c| c.is_ascii_hexdigit() || matches!(c, '+' | '-' | '.' | '_' | ':' | 'x' | 'X' | 'o' | 'O')));
+        && text.chars().all(|c| {
+            c.is_ascii_hexdigit()
+                || matches!(c, '+' | '-' | '.' | '_' | ':' | 'x' | 'X' | 'o' | 'O')
+        }));
     word && !ambiguous
         && serde_norway::from_str::<serde_norway::Value>(text)
             .is_ok_and(|v| v.as_str() == Some(text))
@@ -548,22 +564,83 @@ mod tests {
 
     /// Strings YAML would read otherwise, or not at all, unquoted.
     const ODD: &[&str] = &[
-        "", " ", "true", "False", "yes", "NO", "on", "y", "null", "~", "1", "1.10", "0x1F",
-        "0o17", "1e3", ".inf", "-.inf", ".NaN", "12:30", "2024-01-01", "+1", "-", "-x", "?",
-        ":", "a:", "a: b", "#x", "a #b", "[a]", "{a}", "a,b", "*x", "&x", "!x", "%x", "@x",
-        "`x`", "|", ">", "'q'", "\"q\"", "back\\slash", "line\nbreak", "tab\there", "\r",
-        "\u{0}", "\u{7f}", "\u{85}", "\u{feff}bom", "\u{2028}", "émoji 🦀", " lead", "trail ",
-        "$HOME", "${TAG}", "$$", "a$", "=", "a=b", "type=registry,ref=r/c:x,mode=max",
-        "linux/arm64/v8", "reg.example.com:5000/team/app", "docker-image://alpine:3.20",
+        "",
+        " ",
+        "true",
+        "False",
+        "yes",
+        "NO",
+        "on",
+        "y",
+        "null",
+        "~",
+        "1",
+        "1.10",
+        "0x1F",
+        "0o17",
+        "1e3",
+        ".inf",
+        "-.inf",
+        ".NaN",
+        "12:30",
+        "2024-01-01",
+        "+1",
+        "-",
+        "-x",
+        "?",
+        ":",
+        "a:",
+        "a: b",
+        "#x",
+        "a #b",
+        "[a]",
+        "{a}",
+        "a,b",
+        "*x",
+        "&x",
+        "!x",
+        "%x",
+        "@x",
+        "`x`",
+        "|",
+        ">",
+        "'q'",
+        "\"q\"",
+        "back\\slash",
+        "line\nbreak",
+        "tab\there",
+        "\r",
+        "\u{0}",
+        "\u{7f}",
+        "\u{85}",
+        "\u{feff}bom",
+        "\u{2028}",
+        "émoji 🦀",
+        " lead",
+        "trail ",
+        "$HOME",
+        "${TAG}",
+        "$$",
+        "a$",
+        "=",
+        "a=b",
+        "type=registry,ref=r/c:x,mode=max",
+        "linux/arm64/v8",
+        "reg.example.com:5000/team/app",
+        "docker-image://alpine:3.20",
     ];
 
     /// Deterministic strings of the characters YAML treats specially.
     fn generated() -> Vec<String> {
-        let alphabet: Vec<char> = "ab1.-_:#,[]{}&*!|>'\"%@` \t\n\\$=?~/\u{85}é".chars().collect();
+        let alphabet: Vec<char> = "ab1.-_:#,[]{}&*!|>'\"%@` \t\n\\$=?~/\u{85}é"
+            .chars()
+            .collect();
         let mut seed: u64 = 40;
         (0..2000)
             .map(|_| {
-                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let len = (seed >> 60) as usize;
                 (0..len)
                     .map(|k| alphabet[((seed >> (k * 4 % 56)) as usize) % alphabet.len()])
@@ -575,13 +652,26 @@ mod tests {
     #[test]
     fn odd_strings_round_trip_as_keys_values_and_list_items() {
         for text in ODD.iter().map(|s| s.to_string()).chain(generated()) {
-            let document = format!("{}: {}\nlist: [{}, x]\n", key(&text), key(&text), key(&text));
+            let document = format!(
+                "{}: {}\nlist: [{}, x]\n",
+                key(&text),
+                key(&text),
+                key(&text)
+            );
             let read: serde_norway::Value = serde_norway::from_str(&document)
                 .unwrap_or_else(|e| panic!("{text:?} as {document:?}: {e}"));
             let map = read.as_mapping().expect("a mapping");
             let (k, v) = map.iter().next().expect("one entry");
-            assert_eq!(k.as_str(), Some(text.as_str()), "key {text:?} in {document:?}");
-            assert_eq!(v.as_str(), Some(text.as_str()), "value {text:?} in {document:?}");
+            assert_eq!(
+                k.as_str(),
+                Some(text.as_str()),
+                "key {text:?} in {document:?}"
+            );
+            assert_eq!(
+                v.as_str(),
+                Some(text.as_str()),
+                "value {text:?} in {document:?}"
+            );
             assert_eq!(
                 read["list"][0].as_str(),
                 Some(text.as_str()),
@@ -592,7 +682,14 @@ mod tests {
 
     #[test]
     fn references_paths_and_platforms_stay_plain() {
-        for text in ["reg.example.com/team/app", "v1.2.3", "linux/arm64/v8", "./src", "app-debug-2-1", "KEY=id_test"] {
+        for text in [
+            "reg.example.com/team/app",
+            "v1.2.3",
+            "linux/arm64/v8",
+            "./src",
+            "app-debug-2-1",
+            "KEY=id_test",
+        ] {
             assert_eq!(key(text), text);
         }
         assert_eq!(value("a$b"), "a$$b");

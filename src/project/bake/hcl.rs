@@ -310,7 +310,10 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                 None => Value::String(String::new()),
             };
             let (source, value) = match env(&variable.name) {
-                Some(text) => (Source::Env(variable.name.clone()), typed_like(&default, text)),
+                Some(text) => (
+                    Source::Env(variable.name.clone()),
+                    typed_like(&default, text),
+                ),
                 None => (Source::Default(variable.name.clone()), default),
             };
             variables.push((source, Some(to_json(&value))));
@@ -406,7 +409,11 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                 .collect();
             (
                 t.name.clone(),
-                format!("from the matrix of target {} ({})", t.block, values.join(", ")),
+                format!(
+                    "from the matrix of target {} ({})",
+                    t.block,
+                    values.join(", ")
+                ),
             )
         })
         .collect();

@@ -15,8 +15,8 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-pub use convert::Converted;
 pub(super) use convert::convert;
+pub use convert::Converted;
 
 mod compose;
 mod convert;
