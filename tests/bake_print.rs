@@ -559,7 +559,6 @@ fn init_writes_a_polyarch_yaml_that_plans_as_the_original() {
                     env: &env,
                     targets,
                     overrides: &set,
-                    ..LoadOptions::default()
                 },
             )
             .unwrap_or_else(|e| panic!("{}: the original does not load: {e}", case.name))

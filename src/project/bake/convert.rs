@@ -320,10 +320,10 @@ fn write_image(out: &mut Writer, raw: RawImage, fields: &super::Fields, rebase: 
     }
     if let Some(Entries(contexts)) = &contexts {
         for (name, written) in contexts {
-            if written.starts_with(TARGET_PREFIX) {
+            if let Some(target) = written.strip_prefix(TARGET_PREFIX) {
                 out.comment(
                     i,
-                    &format!("{name}: polyarch builds and pushes {} first and reads it by digest, where bake builds it into the cache only", &written[TARGET_PREFIX.len()..]),
+                    &format!("{name}: polyarch builds and pushes {target} first and reads it by digest, where bake builds it into the cache only"),
                 );
             }
         }
