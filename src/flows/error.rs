@@ -393,6 +393,11 @@ mod tests {
             source: std::io::ErrorKind::PermissionDenied.into(),
         };
         assert_eq!(exit_of(read), exit::FAILURE);
+        let write = ProjectError::Write {
+            path: "polyarch.yaml".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(exit_of(write), exit::FAILURE);
     }
 
     #[test]
