@@ -484,3 +484,133 @@ fn a_refused_variable_fails_both() {
         "{stderr}"
     );
 }
+
+/// `polyarch init` over every case above: the polyarch.yaml it writes (in another
+/// directory, read with an empty environment) declares the images the original plans,
+/// each with the same settings: tags, platforms, context, Dockerfile, args, labels,
+/// annotations, secrets, SSH, cache, named contexts, switches.
+#[test]
+fn init_writes_a_polyarch_yaml_that_plans_as_the_original() {
+    use polyarch::project::{ImageSpec, LoadOptions, Project, Purpose};
+    let mut failures = Vec::new();
+    for case in CASES {
+        let dir = prepare(case);
+        let (files, targets): (Vec<&str>, Vec<String>) = {
+            let mut files = Vec::new();
+            let mut targets = Vec::new();
+            let mut args = case.args.iter();
+            while let Some(arg) = args.next() {
+                match *arg {
+                    "-f" => files.push(*args.next().unwrap()),
+                    name => targets.push(name.to_string()),
+                }
+            }
+            (files, targets)
+        };
+        let mut init = polyarch();
+        init.arg("init");
+        for file in &files {
+            init.args(["--from", file]);
+        }
+        // bake builds a target without platforms for this machine; polyarch needs them.
+        let set: Vec<polyarch::project::Override> =
+            vec!["*.platforms=linux/amd64".parse().unwrap()];
+        let out = with_case(
+            init.args(&targets)
+                .args(["--set", "*.platforms=linux/amd64"])
+                .args(["-o", "out/deep/polyarch.yaml"]),
+            dir.path(),
+            case,
+        );
+        if !out.status.success() {
+            failures.push(format!(
+                "{}: polyarch init failed: {}",
+                case.name,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+            continue;
+        }
+        let written = dir.path().join("out/deep/polyarch.yaml");
+        let generated = Project::load(
+            &written,
+            &LoadOptions {
+                purpose: Purpose::Verify,
+                env: &|_| None,
+                ..LoadOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{}: the written file does not load: {e}", case.name));
+        let names: Vec<String> = generated.images.iter().map(|i| i.name.clone()).collect();
+        let paths: Vec<std::path::PathBuf> = match files.as_slice() {
+            [] => case.files.iter().map(|(f, _)| dir.path().join(f)).collect(),
+            given => given.iter().map(|f| dir.path().join(f)).collect(),
+        };
+        let env = |name: &str| {
+            case.env
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        let load = |targets: &[String]| {
+            Project::load_files(
+                &paths,
+                &LoadOptions {
+                    purpose: Purpose::Verify,
+                    env: &env,
+                    targets,
+                    overrides: &set,
+                },
+            )
+            .unwrap_or_else(|e| panic!("{}: the original does not load: {e}", case.name))
+        };
+        for planned in &load(&targets).images {
+            if !names.contains(&planned.name) {
+                failures.push(format!("{}: {} is not written", case.name, planned.name));
+            }
+        }
+        let original = load(&names);
+        let view = |image: &ImageSpec| {
+            use polyarch::docker::buildkit::secrets::SecretSource;
+            use polyarch::docker::buildkit::ssh::AgentSocket;
+            use polyarch::project::contexts::NamedContext;
+            use polyarch::project::Origin;
+            let real = |p: &std::path::Path| p.canonicalize().unwrap_or(p.to_path_buf());
+            let mut image = image.clone();
+            image.context = real(&image.context);
+            for secret in image.secrets.values_mut() {
+                secret.origin = Origin::Field(String::new());
+                if let SecretSource::File(path) = &secret.source {
+                    secret.source = SecretSource::File(real(path));
+                }
+            }
+            for agent in image.ssh.values_mut() {
+                agent.origin = Origin::Field(String::new());
+                if let AgentSocket::Path(path) = &agent.socket {
+                    agent.socket = AgentSocket::Path(real(path));
+                }
+            }
+            for context in image.contexts.values_mut() {
+                if let NamedContext::Dir(path) = context {
+                    *context = NamedContext::Dir(real(path));
+                }
+            }
+            format!("{image:#?}")
+        };
+        for (theirs, mine) in original.images.iter().zip(&generated.images) {
+            if view(theirs) != view(mine) {
+                failures.push(format!(
+                    "{}: image {}:\n  original: {}\n  written:  {}\n{}",
+                    case.name,
+                    theirs.name,
+                    view(theirs),
+                    view(mine),
+                    std::fs::read_to_string(&written).unwrap()
+                ));
+            }
+        }
+        if original.images.len() != generated.images.len() {
+            failures.push(format!("{}: image counts differ", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -104,6 +104,9 @@ pub enum Command {
     Assemble(AssembleArgs),
     /// Show, without building, how each image × platform would build on this engine.
     Plan(PlanArgs),
+    /// Write the polyarch.yaml equivalent to bake or compose files, with comments where
+    /// a value was computed or its meaning differs from bake's.
+    Init(InitArgs),
     /// Check engine, BuildKit, emulation and registries in one go; exit 0 only when all
     /// declared work can run.
     Doctor(DoctorArgs),
@@ -402,6 +405,32 @@ pub struct PlanArgs {
     /// does (JSON: group, target) instead of the plan; no engine is asked.
     #[arg(long, conflicts_with_all = ["set", "binfmt"])]
     pub print: bool,
+}
+
+#[derive(clap::Args)]
+pub struct InitArgs {
+    /// A bake or compose file to convert; several are merged in bake's order, as several
+    /// -f are. Default: bake's own files found here (docker-bake.hcl, compose.yaml, …).
+    #[arg(long = "from", value_name = "FILE")]
+    pub from: Vec<PathBuf>,
+    /// Targets or groups to write (bake's default group when none are named); the
+    /// targets they read as `target:` contexts are written too.
+    pub targets: Vec<String>,
+    /// Where to write it; `-` writes to standard output.
+    #[arg(
+        short = 'o',
+        long = "output",
+        value_name = "PATH",
+        default_value = "polyarch.yaml"
+    )]
+    pub output: PathBuf,
+    /// Overwrite the output file if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// Override a resolved value before it is written: IMAGE.FIELD=VALUE, as for plan
+    /// (e.g. `'*.platforms=linux/amd64,linux/arm64'` where bake's targets have none).
+    #[arg(long = "set", value_name = "IMAGE.FIELD=VALUE")]
+    pub set: Vec<Override>,
 }
 
 #[derive(clap::Args)]

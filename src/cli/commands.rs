@@ -49,6 +49,7 @@ pub async fn run(command: Command) -> Result<i32, Error> {
             until_interrupted(&interrupt, within(limit, "gate".into(), gate(args))).await
         }
         Command::Plan(args) => plan(args).await,
+        Command::Init(args) => init(args),
         Command::Sbom(args) => sbom(args).await,
         Command::Doctor(args) => doctor(args).await,
         Command::Schema(SchemaArgs { which }) => {
@@ -639,6 +640,44 @@ async fn plan(args: PlanArgs) -> Result<i32, Error> {
             serde_json::to_string_pretty(&lines).expect("serialises")
         ),
         _ => super::render::print(&super::render::doctor::render_plan(&lines)),
+    }
+    Ok(exit::COVERED)
+}
+
+fn init(args: InitArgs) -> Result<i32, Error> {
+    let from = match args.from.as_slice() {
+        [] => polyarch::project::DEFAULT_FILES[1..]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|f| f.is_file())
+            .collect(),
+        given => given.to_vec(),
+    };
+    if from.is_empty() {
+        return Err(Error::Usage(
+            "init: no bake or compose file here (docker-bake.hcl, compose.yaml, …); pass --from FILE".into(),
+        ));
+    }
+    let to_stdout = args.output == Path::new("-");
+    let dest = match args.output.parent() {
+        Some(dir) if !to_stdout && !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let converted = Project::convert_bake(
+        &from,
+        &loading(Purpose::Verify, &args.set, &args.targets),
+        &dest,
+    )?;
+    if to_stdout {
+        print!("{}", converted.text);
+    } else {
+        converted.write(&args.output, args.force)?;
+        eprintln!(
+            "wrote {} ({}); check it with `polyarch plan -f {}`",
+            args.output.display(),
+            converted.images.join(", "),
+            args.output.display()
+        );
     }
     Ok(exit::COVERED)
 }

@@ -186,7 +186,9 @@ impl From<crate::project::ProjectError> for Error {
                 message,
             },
             ProjectError::Usage(message) => Error::Usage(message),
-            ProjectError::Read { path, source } => Error::Io { path, source },
+            ProjectError::Read { path, source } | ProjectError::Write { path, source } => {
+                Error::Io { path, source }
+            }
         }
     }
 }
@@ -400,6 +402,11 @@ mod tests {
             source: std::io::ErrorKind::PermissionDenied.into(),
         };
         assert_eq!(exit_of(read), exit::FAILURE);
+        let write = ProjectError::Write {
+            path: "polyarch.yaml".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        };
+        assert_eq!(exit_of(write), exit::FAILURE);
     }
 
     #[test]

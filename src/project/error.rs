@@ -1,6 +1,6 @@
 //! What went wrong with a project: a mistake in its file, a command-line value it cannot
 //! take, or a file it names that cannot be read. The crate-wide `Error` keeps the kind:
-//! `File` and `Usage` exit 2, `Read` 3.
+//! `File` and `Usage` exit 2, `Read` and `Write` 3.
 
 use std::path::PathBuf;
 
@@ -20,6 +20,13 @@ pub enum ProjectError {
     /// A file the project names (an image's Dockerfile) that cannot be read.
     #[error("{}: {source}", path.display())]
     Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A project file `init` writes that cannot be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,

@@ -35,7 +35,7 @@ mod raw;
 pub mod source_date_epoch;
 mod values;
 
-pub use bake::DEFAULT_FILES;
+pub use bake::{Converted, DEFAULT_FILES};
 use checks::Cx;
 use diagnostics::q;
 pub use error::ProjectError;
@@ -517,6 +517,18 @@ impl Project {
         bake::print(&mut cx, &files, options)
     }
 
+    /// `polyarch init --from`: bake or compose files written as the `polyarch.yaml` that
+    /// plans as they do (the targets `options.targets` names, or bake's `default` group),
+    /// its relative paths holding from `dest`, the directory it is to be written in.
+    pub fn convert_bake(
+        paths: &[PathBuf],
+        options: &LoadOptions,
+        dest: &Path,
+    ) -> Result<Converted> {
+        let (mut cx, files) = Project::bake_files(paths, options)?;
+        bake::convert(&mut cx, paths, &files, options, dest)
+    }
+
     fn bake_files(
         paths: &[PathBuf],
         options: &LoadOptions,
@@ -525,7 +537,7 @@ impl Project {
         for path in paths {
             let Some(kind) = bake::Kind::of(path) else {
                 return Err(ProjectError::Usage(format!(
-                    "{} is polyarch's own format, which is read alone: several -f and plan --print take bake and compose files",
+                    "{} is polyarch's own format, which is read alone: several -f, plan --print and init --from take bake and compose files",
                     path.display()
                 )));
             };

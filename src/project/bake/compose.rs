@@ -2,7 +2,7 @@
 //! its first tag, and `x-bake` adds bake's own fields.
 
 use super::{Definition, Fields, Problem};
-use crate::project::values::{interpolate, Lookup};
+use crate::project::values::{interpolate, Lookup, Source};
 use serde_json::{Map, Value};
 
 type Result<T> = std::result::Result<T, Problem>;
@@ -44,7 +44,8 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
     let mut file: Value = serde_norway::from_str(text)
         .map_err(|e| Problem::at("", format!("is not valid YAML ({e}); fix the syntax")))?;
     // compose interpolates `${VAR}` before it reads anything, as polyarch.yaml does.
-    expand(&mut file, String::new(), env)?;
+    let mut used = Vec::new();
+    expand(&mut file, String::new(), env, &mut used)?;
     let services = match file.get("services") {
         Some(Value::Object(services)) => services.clone(),
         Some(_) => return Err(Problem::at("services", "is not a mapping of services")),
@@ -141,18 +142,27 @@ pub(super) fn read(text: &str, env: Lookup) -> Result<Definition> {
             vec![("default".to_string(), all)]
         },
         targets,
+        variables: used.into_iter().map(|source| (source, None)).collect(),
+        origins: Vec::new(),
     })
 }
 
-fn expand(value: &mut Value, field: String, env: Lookup) -> Result<()> {
+/// Interpolates every string of `value`; each variable read is added to `used` once.
+fn expand(value: &mut Value, field: String, env: Lookup, used: &mut Vec<Source>) -> Result<()> {
     match value {
         Value::String(s) if s.contains('$') => {
-            *s = interpolate(s, env, &mut Vec::new())
+            let mut read = Vec::new();
+            *s = interpolate(s, env, &mut read)
                 .map_err(|why| Problem::at(field, why.to_string()))?;
+            for source in read {
+                if !used.contains(&source) {
+                    used.push(source);
+                }
+            }
         }
         Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
-                expand(item, format!("{field}[{i}]"), env)?;
+                expand(item, format!("{field}[{i}]"), env, used)?;
             }
         }
         Value::Object(map) => {
@@ -161,7 +171,7 @@ fn expand(value: &mut Value, field: String, env: Lookup) -> Result<()> {
                     true => key.clone(),
                     false => format!("{field}.{key}"),
                 };
-                expand(item, at, env)?;
+                expand(item, at, env, used)?;
             }
         }
         _ => {}

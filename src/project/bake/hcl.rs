@@ -4,7 +4,7 @@
 
 use super::functions::{self, UserFunction};
 use super::{Definition, Fields, Problem};
-use crate::project::values::Lookup;
+use crate::project::values::{Lookup, Source};
 use hcl::eval::{Context, ErrorKind, Evaluate};
 use hcl::{Body, Expression, Value};
 use serde_json::Value as Json;
@@ -293,6 +293,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     context.declare_var("BAKE_CMD_CONTEXT", "cwd://");
     context.declare_var("BAKE_LOCAL_PLATFORM", local_platform());
     let mut pending: Vec<&Variable> = blocks.variables.iter().collect();
+    let mut variables = Vec::new();
     while !pending.is_empty() {
         functions::set_scope(&context);
         let mut stuck = None;
@@ -308,10 +309,14 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                 },
                 None => Value::String(String::new()),
             };
-            let value = match env(&variable.name) {
-                Some(text) => typed_like(&default, text),
-                None => default,
+            let (source, value) = match env(&variable.name) {
+                Some(text) => (
+                    Source::Env(variable.name.clone()),
+                    typed_like(&default, text),
+                ),
+                None => (Source::Default(variable.name.clone()), default),
             };
+            variables.push((source, Some(to_json(&value))));
             context.declare_var(variable.name.clone(), value);
             false
         });
@@ -392,6 +397,26 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     }
 
     let (targets, renamed) = expand_matrices(&blocks.targets, &context)?;
+    let mut origins: Vec<(String, String)> = targets
+        .iter()
+        .filter(|t| !t.locals.is_empty())
+        .map(|t| {
+            let values: Vec<String> = t
+                .locals
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{k} = {}", to_json(v)))
+                .collect();
+            (
+                t.name.clone(),
+                format!(
+                    "from the matrix of target {} ({})",
+                    t.block,
+                    values.join(", ")
+                ),
+            )
+        })
+        .collect();
     for (name, members) in renamed {
         if !groups.iter().any(|(g, _)| *g == name) {
             groups.push((name, members));
@@ -454,14 +479,17 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     }
     let own: Vec<(String, Fields)> = own
         .into_iter()
-        .map(|(name, fields)| {
-            let json = serde_json::to_value(Value::Object(fields)).expect("HCL values are JSON");
-            match json {
-                Json::Object(map) => (name, map),
-                _ => unreachable!("an object stays an object"),
-            }
+        .map(|(name, fields)| match to_json(&Value::Object(fields)) {
+            Json::Object(map) => (name, map),
+            _ => unreachable!("an object stays an object"),
         })
         .collect();
+    for (name, fields) in &own {
+        if let Some(Json::Array(parents)) = fields.get("inherits") {
+            let parents: Vec<&str> = parents.iter().filter_map(Json::as_str).collect();
+            origins.push((name.clone(), format!("inherits {}", parents.join(", "))));
+        }
+    }
     let mut targets = Vec::new();
     for (name, _) in &own {
         targets.push((name.clone(), inherited(&own, name, &mut Vec::new())?));
@@ -470,13 +498,21 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         groups,
         targets,
         descriptions,
+        variables,
+        origins,
     })
+}
+
+fn to_json(value: &Value) -> Json {
+    serde_json::to_value(value).expect("HCL values are JSON")
 }
 
 /// One target to evaluate: a block, or one combination of a block's `matrix`, with the
 /// matrix's values in scope.
 struct Expanded<'a> {
     name: String,
+    /// The block's own name (a matrix's combinations are renamed).
+    block: &'a String,
     attributes: Vec<(&'a String, &'a Expression)>,
     locals: Vec<(String, Value)>,
 }
@@ -515,6 +551,7 @@ fn expand_matrices<'a>(
             }
             out.push(Expanded {
                 name: name.clone(),
+                block: name,
                 attributes: rest(),
                 locals: Vec::new(),
             });
@@ -597,6 +634,7 @@ fn expand_matrices<'a>(
             names.push(renamed_to.clone());
             out.push(Expanded {
                 name: renamed_to,
+                block: name,
                 attributes: rest(),
                 locals,
             });

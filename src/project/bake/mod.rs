@@ -15,7 +15,11 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub(super) use convert::convert;
+pub use convert::Converted;
+
 mod compose;
+mod convert;
 mod functions;
 mod hcl;
 mod print;
@@ -79,6 +83,11 @@ pub(super) struct Definition {
     pub(super) targets: Vec<(String, Fields)>,
     /// Groups' descriptions, for `plan --print`.
     pub(super) descriptions: Vec<(String, String)>,
+    /// The variables the files read, for `init`'s comments: whether the environment set
+    /// each, and an HCL variable's value (compose's `${…}` may give a name several).
+    pub(super) variables: Vec<(values::Source, Option<Value>)>,
+    /// How a target came to be, for `init`'s comments: its matrix, its `inherits`.
+    pub(super) origins: Vec<(String, String)>,
 }
 
 impl Definition {
@@ -190,6 +199,8 @@ fn merge_definition(into: &mut Definition, from: Definition) {
         }
     }
     into.descriptions.extend(from.descriptions);
+    into.variables.extend(from.variables);
+    into.origins.extend(from.origins);
 }
 
 /// The chosen targets as a project's images.

@@ -459,6 +459,13 @@ pub struct Override {
     value: String,
 }
 
+impl std::fmt::Display for Override {
+    /// As given on the command line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 impl std::str::FromStr for Override {
     type Err = String;
     fn from_str(text: &str) -> std::result::Result<Self, String> {
