@@ -241,6 +241,23 @@ fn project(
                 }
             },
         )?;
+    // bake builds a target without platforms for the machine it runs on; polyarch builds
+    // only the platforms it is told, so it asks for them in the file's own terms.
+    let unplatformed = raw
+        .images
+        .iter()
+        .flat_map(|i| &i.0)
+        .find(|(_, i)| i.platforms.is_none());
+    if let Some((name, _)) = unplatformed {
+        let example = match kind {
+            Kind::Compose => "platforms: [linux/amd64, linux/arm64]",
+            Kind::Hcl | Kind::Json => "platforms = [\"linux/amd64\", \"linux/arm64\"]",
+        };
+        return Err(cx.err(
+            kind.field(name, "platforms"),
+            format!("missing: polyarch builds the platforms it is told, not the machine's own as bake does; add `{example}`, or pass --set '{name}.platforms=linux/amd64,linux/arm64'"),
+        ));
+    }
     let mut project = cx.project(raw).map_err(|e| match e {
         ProjectError::File {
             file,

@@ -176,6 +176,11 @@ fn what_polyarch_cannot_honour_is_refused_by_name() {
             "",
         ),
         (target("args = { \"A B\" = \"1\" }"), "target.app.args.A B", "not a build argument name"),
+        (
+            "group \"default\" { targets = [\"app\"] }\ntarget \"app\" {\n  tags = [\"reg.example.com/app:v1\"]\n}\n".into(),
+            "target.app.platforms",
+            "--set 'app.platforms=linux/amd64,linux/arm64'",
+        ),
     ];
     for (text, field, wording) in &cases {
         match load("docker-bake.hcl", text, &[]) {
