@@ -707,3 +707,80 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         "verify --test left its container"
     );
 }
+
+/// `--output oci:DIR` on Podman: both platforms of one libpod build in one OCI layout
+/// (nothing pushed), which skopeo reads back as one index and from which Podman runs each
+/// platform (the RUN step ran on that architecture).
+#[test]
+fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
+    // Also keeps the images pulled here out of the other tests' before/after lists.
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    // Podman names what it pulls from a layout after its path, which must be lower-case.
+    let dir = tempfile::Builder::new()
+        .prefix(&unique_name("pmoci"))
+        .rand_bytes(0)
+        .tempdir()
+        .unwrap();
+    // Never reached: the layout is the destination.
+    let file = project(dir.path(), &unique_name("pmoci"), "127.0.0.1:1/podman/oci");
+    let layout = dir.path().join("layout");
+    let out = run(on_podman()
+        .args([
+            "build",
+            "--binfmt",
+            "auto",
+            "--output-format",
+            "json",
+            "--output",
+        ])
+        .arg(format!("oci:{}", layout.display()))
+        .arg("-f")
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+
+    let reference = format!("oci:{}:v1", layout.display());
+    let inspected = run(Command::new("skopeo").args(["inspect", "--raw", &reference]));
+    assert!(inspected.status.success(), "skopeo: {}", stderr(&inspected));
+    let index: Value = serde_json::from_slice(&inspected.stdout).expect("index");
+    let mut platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an index: {index:#}"))
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
+        .collect();
+    platforms.sort();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
+
+    for (platform, arch) in [("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")] {
+        let pulled = run(podman_cli().args(["pull", "-q", "--platform", platform, &reference]));
+        assert!(pulled.status.success(), "podman pull: {}", stderr(&pulled));
+        let id = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
+        let ran = run(podman_cli().args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            &id,
+        ]));
+        let _ = run(podman_cli().args(["rmi", "-f", &id]));
+        assert!(
+            ran.status.success(),
+            "podman run {platform}: {}",
+            stderr(&ran)
+        );
+        assert_eq!(String::from_utf8_lossy(&ran.stdout).trim(), arch);
+    }
+}
