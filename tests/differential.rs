@@ -4,7 +4,9 @@
 //! `inputs_key` becomes.
 //!
 //! Each case is a pure function of (seed, case index) and the engine's Dockerfile
-//! frontend (`COPY --link` and heredocs only where it knows them): a random context
+//! frontend (`COPY --link` and heredocs only where it knows them: not Docker 20.10's, not
+//! Podman 4.3's Buildah 1.28), built with SOURCE_DATE_EPOCH where the engine keeps no
+//! build cache (Podman: two builds of a tree differ in their times): a random context
 //! (files, empty and hidden directories, symlinks inside, outside, dangling and in
 //! loops, modes 0644/0755/0600, zero-length and up to 2 MiB files, names with blanks and
 //! unicode, a local tar), random `.dockerignore` / `<Dockerfile>.dockerignore`, a random
