@@ -375,7 +375,8 @@ fn is_full_id(text: &str) -> bool {
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
-fn is_short_id(text: &str) -> bool {
+/// An image ID as Buildah shortens it in its output and history comments.
+pub(crate) fn is_short_id(text: &str) -> bool {
     (11..=12).contains(&text.len())
         && text
             .bytes()
