@@ -784,3 +784,35 @@ fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
         assert_eq!(String::from_utf8_lossy(&ran.stdout).trim(), arch);
     }
 }
+
+/// A rerun trusts the emulation verdict an earlier run remembered. With the emulator gone
+/// since (a reboot does that), Podman's build meets exec format error: polyarch probes
+/// again, registers QEMU and builds, as on Docker.
+#[test]
+fn podman_rerun_registers_qemu_again_when_the_emulator_went_away() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = project(
+        dir.path(),
+        &unique_name("pmqemu"),
+        &registry.repo(&unique_name("podman/qemu")),
+    );
+    build_on_podman(&file, None);
+    for (name, content) in support::binfmt::entries() {
+        if name.contains("aarch64") || content.contains("aarch64") {
+            support::binfmt::unregister(&name);
+        }
+    }
+    // A changed file, so that the RUN step runs again.
+    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    let (log, rerun) = build_on_podman(&file, None);
+    assert!(
+        log.contains("linux/arm64: the emulator an earlier run found")
+            && log.contains("is gone; probing again"),
+        "{log}"
+    );
+    let arm = &rerun["images"][0]["platforms"][1];
+    assert_eq!(arm["platform"], "linux/arm64", "{rerun:#}");
+    assert_eq!(arm["build"]["emulated"], true, "{rerun:#}");
+}
