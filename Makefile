@@ -15,6 +15,8 @@ CARGO ?= cargo
 TEST_THREADS ?= 2
 # extra libtest arguments, e.g. TEST_ARGS="--skip some::test"
 TEST_ARGS ?=
+# Random cases of the differential test on Podman (the other engines run its default 24).
+PODMAN_DIFF_CASES ?= 6
 # The integration tests that talk to the engine (build, export, emulation, sessions);
 # the others (verify, gate, values, …) read registries and files only.
 ENGINE_TESTS ?= --test binfmt --test build --test builders --test dependencies \
@@ -53,7 +55,9 @@ docs-gen:
 # `netns_` tests bring their own Docker 26.1 on a test host (tests/remote_builders.rs)
 # and run once. Then the integration tests whose outcome depends on the engine
 # (ENGINE_TESTS) on Docker 28.5 with the containerd store (scripts/engine28.sh), and the
-# `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh).
+# `podman_` tests (tests/podman.rs) once, on Podman 4.3's API (scripts/podman.sh), then the
+# differential test there with PODMAN_DIFF_CASES cases and no buildx comparison (Podman has
+# no BuildKit for buildx to build on).
 # The `buildkitd_` tests (tests/buildkitd*.rs) build on daemons (some beside the
 # machine's engine), and the `buildx_reference_` tests (tests/buildx_reference.rs) pick
 # Docker 28.5 and its buildx themselves, so they run in the first pass only.
@@ -65,6 +69,9 @@ test: env docs fuzz-check
 	  $(CARGO) test $(ENGINE_TESTS) --no-fail-fast -- --test-threads=$(TEST_THREADS) --skip netns_ --skip podman_ $(TEST_ARGS)
 	DOCKER_HOST=$$(bash scripts/podman.sh host) \
 	  $(CARGO) test --test podman --no-fail-fast -- --test-threads=$(TEST_THREADS) $(TEST_ARGS)
+	DOCKER_HOST=$$(bash scripts/podman.sh host) POLYARCH_DIFF_CASES=$(PODMAN_DIFF_CASES) \
+	  POLYARCH_DIFF_COMPARE_EVERY=0 \
+	  $(CARGO) test --test differential --no-fail-fast -- --exact differential $(TEST_ARGS)
 
 # The fuzz targets (fuzz/, nightly only to run) are checked to compile on stable, by `make
 # test` too: they call the library by path and went stale unnoticed twice.

@@ -4,7 +4,9 @@
 //! `inputs_key` becomes.
 //!
 //! Each case is a pure function of (seed, case index) and the engine's Dockerfile
-//! frontend (`COPY --link` and heredocs only where it knows them): a random context
+//! frontend (`COPY --link` and heredocs only where it knows them: not Docker 20.10's, not
+//! Podman 4.3's Buildah 1.28), built with SOURCE_DATE_EPOCH where the engine keeps no
+//! build cache (Podman: two builds of a tree differ in their times): a random context
 //! (files, empty and hidden directories, symlinks inside, outside, dangling and in
 //! loops, modes 0644/0755/0600, zero-length and up to 2 MiB files, names with blanks and
 //! unicode, a local tar), random `.dockerignore` / `<Dockerfile>.dockerignore`, a random
@@ -78,6 +80,8 @@ use runner::{CaseResult, Env, Outcome};
 const DEFAULT_SEED: u64 = 0x13;
 const DEFAULT_CASES: u64 = 24;
 const DEFAULT_COMPARE_EVERY: u64 = 4;
+/// SOURCE_DATE_EPOCH of the cases on an engine without a build cache.
+const CASE_EPOCH: u64 = 1_700_000_000;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -228,40 +232,60 @@ fn cases_are_a_function_of_seed_and_index() {
 
 // ------------------------------------------------------------ the engine test
 
-/// A tiny build through polyarch itself, written to an OCI layout (nothing pushed):
-/// Ok when it built, else the error line.
-fn probe_build(
-    bin: &Path,
-    work: &Path,
-    docker_host: Option<&str>,
-    dockerfile: &str,
-) -> Result<(), String> {
-    let dir = tempfile::tempdir_in(work).unwrap();
-    fs::create_dir(dir.path().join("ctx")).unwrap();
-    fs::write(dir.path().join("ctx/Dockerfile"), dockerfile).unwrap();
-    fs::write(
-        dir.path().join("polyarch.yaml"),
-        "version: 1\nimages:\n  probe:\n    repository: 127.0.0.1:1/unused/probe\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64]\n",
-    )
-    .unwrap();
-    let mut cmd = Command::new(bin);
-    cmd.args(["build", "-f"])
-        .arg(dir.path().join("polyarch.yaml"))
-        .arg("--output")
-        .arg(format!("oci:{}", dir.path().join("out").display()))
-        .env("POLYARCH_CACHE_DIR", dir.path().join("cache"))
-        .stdin(Stdio::null());
-    if let Some(h) = docker_host {
-        cmd.env("DOCKER_HOST", h);
+/// A tiny project through polyarch itself, in a directory of its own under `work`.
+struct Probe {
+    dir: tempfile::TempDir,
+}
+
+impl Probe {
+    fn new(work: &Path, dockerfile: &str) -> Probe {
+        let dir = tempfile::tempdir_in(work).unwrap();
+        fs::create_dir(dir.path().join("ctx")).unwrap();
+        fs::write(dir.path().join("ctx/Dockerfile"), dockerfile).unwrap();
+        fs::write(
+            dir.path().join("polyarch.yaml"),
+            "version: 1\nimages:\n  probe:\n    repository: 127.0.0.1:1/unused/probe\n    tags: [v1]\n    context: ctx\n    platforms: [linux/amd64]\n",
+        )
+        .unwrap();
+        Probe { dir }
     }
-    let out = cmd.output().expect("run polyarch");
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr)
-            .lines()
-            .last()
-            .unwrap_or_default()
+
+    /// Builds it to the OCI layout `layout` (nothing pushed), with `extra` arguments: the
+    /// index's digest when it built, else the error line.
+    fn build(
+        &self,
+        bin: &Path,
+        docker_host: Option<&str>,
+        layout: &str,
+        extra: &[&str],
+    ) -> Result<String, String> {
+        let dir = self.dir.path();
+        let mut cmd = Command::new(bin);
+        cmd.args(["build", "-f"])
+            .arg(dir.join("polyarch.yaml"))
+            .arg("--output")
+            .arg(format!("oci:{}", dir.join(layout).display()))
+            .args(extra)
+            .env("POLYARCH_CACHE_DIR", dir.join("cache"))
+            .env_remove("SOURCE_DATE_EPOCH")
+            .stdin(Stdio::null());
+        if let Some(h) = docker_host {
+            cmd.env("DOCKER_HOST", h);
+        }
+        let out = cmd.output().expect("run polyarch");
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or_default()
+                .to_string());
+        }
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(dir.join(layout).join("index.json")).unwrap())
+                .unwrap();
+        Ok(index["manifests"][0]["digest"]
+            .as_str()
+            .unwrap()
             .to_string())
     }
 }
@@ -519,39 +543,46 @@ fn differential() {
         .tempdir()
         .unwrap();
     let docker_host = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
-    if let Err(e) = probe_build(
-        &bin,
-        work.path(),
-        docker_host.as_deref(),
-        "FROM scratch\nCOPY Dockerfile /x\n",
-    ) {
-        panic!("polyarch cannot build the simplest Dockerfile here: {e}");
-    }
-    // The built-in Dockerfile frontend knows `COPY --link` and heredocs (Engine 23+).
-    let modern = probe_build(
-        &bin,
-        work.path(),
-        docker_host.as_deref(),
-        "FROM scratch\nCOPY --link <<EOF /x\nhi\nEOF\n",
-    )
-    .is_ok();
+    let simplest = Probe::new(work.path(), "FROM scratch\nCOPY Dockerfile /x\n");
+    let built = simplest.build(&bin, docker_host.as_deref(), "first", &[]);
+    let rebuilt = simplest.build(&bin, docker_host.as_deref(), "again", &["--rebuild"]);
+    let (built, rebuilt) = match (built, rebuilt) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            panic!("polyarch cannot build the simplest Dockerfile here: {e}")
+        }
+    };
+    // An engine without a build cache (Podman's libpod build) writes each build with its
+    // own times, so a rerun that reuses an image and `--rebuild` could never publish one
+    // digest: there every build of the cases gets SOURCE_DATE_EPOCH.
+    let epoch = (built != rebuilt).then_some(CASE_EPOCH);
+    // The Dockerfile frontend knows `COPY --link` and heredocs (Engine 23+; not Docker
+    // 20.10's built-in one, nor Podman 4.3's Buildah 1.28).
+    let modern = Probe::new(work.path(), "FROM scratch\nCOPY --link <<EOF /x\nhi\nEOF\n")
+        .build(&bin, docker_host.as_deref(), "out", &[])
+        .is_ok();
     let mut env = Env {
         registry_host: registry.host.clone(),
         bin,
         work: work.path().to_path_buf(),
         docker_host: docker_host.clone(),
         modern,
+        epoch,
         buildx: None,
     };
     if compare_every > 0 {
         env.buildx = buildx_setup(&env);
     }
     eprintln!(
-        "[differential] seed {seed:#x}, cases {first}..{}, engine {} {} (frontend: {}), buildx comparison: {}",
+        "[differential] seed {seed:#x}, cases {first}..{}, engine {} {} (frontend: {}; {}), buildx comparison: {}",
         first + cases,
         docker_host.as_deref().unwrap_or("default"),
         engine_version(docker_host.as_deref()),
         if modern { "--link and heredocs" } else { "no --link, no heredocs" },
+        match epoch {
+            Some(e) => format!("no build cache: SOURCE_DATE_EPOCH={e}"),
+            None => "build cache".into(),
+        },
         match &env.buildx {
             Some(bx) => format!("every {compare_every}th case, --output type={}", bx.output),
             None => "off".into(),

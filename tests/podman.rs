@@ -661,3 +661,112 @@ fn podman_tests_each_platform_in_a_container_before_any_tag_moves() {
         "verify --test left its container"
     );
 }
+
+/// `--output oci:DIR` on Podman: both platforms of one libpod build in one OCI layout
+/// (nothing pushed), which skopeo reads back as one index and from which Podman runs each
+/// platform (the RUN step ran on that architecture).
+#[test]
+fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
+    // Also keeps the images pulled here out of the other tests' before/after lists.
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    // Podman names what it pulls from a layout after its path, which must be lower-case.
+    let dir = tempfile::Builder::new()
+        .prefix(&unique_name("pmoci"))
+        .rand_bytes(0)
+        .tempdir()
+        .unwrap();
+    // Never reached: the layout is the destination.
+    let file = project(dir.path(), &unique_name("pmoci"), "127.0.0.1:1/podman/oci");
+    let layout = dir.path().join("layout");
+    let out = run(on_podman()
+        .args([
+            "build",
+            "--binfmt",
+            "auto",
+            "--output-format",
+            "json",
+            "--output",
+        ])
+        .arg(format!("oci:{}", layout.display()))
+        .arg("-f")
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", dir.path().join("cache")));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let record: Value = serde_json::from_slice(&out.stdout).expect("record");
+    assert_eq!(record["covered"], true, "{record:#}");
+
+    let reference = format!("oci:{}:v1", layout.display());
+    let inspected = run(Command::new("skopeo").args(["inspect", "--raw", &reference]));
+    assert!(inspected.status.success(), "skopeo: {}", stderr(&inspected));
+    let index: Value = serde_json::from_slice(&inspected.stdout).expect("index");
+    let mut platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an index: {index:#}"))
+        .iter()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap(),
+                m["platform"]["architecture"].as_str().unwrap()
+            )
+        })
+        .collect();
+    platforms.sort();
+    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
+
+    for (platform, arch) in [("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")] {
+        let pulled = run(podman_cli().args(["pull", "-q", "--platform", platform, &reference]));
+        assert!(pulled.status.success(), "podman pull: {}", stderr(&pulled));
+        let id = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
+        let ran = run(podman_cli().args([
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--ulimit",
+            "nofile=1024:1024",
+            "--ulimit",
+            "nproc=1024:1024",
+            &id,
+        ]));
+        let _ = run(podman_cli().args(["rmi", "-f", &id]));
+        assert!(
+            ran.status.success(),
+            "podman run {platform}: {}",
+            stderr(&ran)
+        );
+        assert_eq!(String::from_utf8_lossy(&ran.stdout).trim(), arch);
+    }
+}
+
+/// A rerun trusts the emulation verdict an earlier run remembered. With the emulator gone
+/// since (a reboot does that), Podman's build meets exec format error: polyarch probes
+/// again, registers QEMU and builds, as on Docker.
+#[test]
+fn podman_rerun_registers_qemu_again_when_the_emulator_went_away() {
+    let _binfmt = support::binfmt::BinfmtGuard::save();
+    let registry = Registry::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = project(
+        dir.path(),
+        &unique_name("pmqemu"),
+        &registry.repo(&unique_name("podman/qemu")),
+    );
+    build_on_podman(&file, None);
+    for (name, content) in support::binfmt::entries() {
+        if name.contains("aarch64") || content.contains("aarch64") {
+            support::binfmt::unregister(&name);
+        }
+    }
+    // A changed file, so that the RUN step runs again.
+    fs::write(dir.path().join("ctx/nonce"), unique_name("changed")).unwrap();
+    let (log, rerun) = build_on_podman(&file, None);
+    assert!(
+        log.contains("linux/arm64: the emulator an earlier run found")
+            && log.contains("is gone; probing again"),
+        "{log}"
+    );
+    let arm = &rerun["images"][0]["platforms"][1];
+    assert_eq!(arm["platform"], "linux/arm64", "{rerun:#}");
+    assert_eq!(arm["build"]["emulated"], true, "{rerun:#}");
+}

@@ -292,6 +292,11 @@ fn json(value: &impl serde::Serialize) -> String {
 struct PlatformLines<'a> {
     logs: Vec<BuildLog<'a>>,
     last: usize,
+    /// The emulated platform that spoke last, and whether a RUN step of the build met
+    /// `exec format error` (Buildah says so unprefixed: the emulated platform's, whose
+    /// emulator is missing, not the one that spoke last).
+    last_foreign: Option<usize>,
+    exec_format_error: bool,
     /// The full IDs of the images written, in the order they were told.
     ids: Vec<String>,
 }
@@ -308,6 +313,8 @@ impl<'a> PlatformLines<'a> {
         PlatformLines {
             logs,
             last: 0,
+            last_foreign: None,
+            exec_format_error: false,
             ids: Vec::new(),
         }
     }
@@ -321,8 +328,16 @@ impl<'a> PlatformLines<'a> {
             let (index, rest) = self.split_platform(line);
             if let Some(index) = index {
                 self.last = index;
+                if self.logs[index].foreign {
+                    self.last_foreign = Some(index);
+                }
             }
-            let log = &mut self.logs[self.last];
+            let mut speaker = self.last;
+            if index.is_none() && rest.contains("exec format error") {
+                self.exec_format_error = true;
+                speaker = self.last_foreign.unwrap_or(speaker);
+            }
+            let log = &mut self.logs[speaker];
             if let Some((n, m, name)) = buildah_step(rest) {
                 log.step(name, n, Some(m));
             }
@@ -354,9 +369,14 @@ impl<'a> PlatformLines<'a> {
         }
     }
 
-    /// The log that explains a failure: the platform that spoke last.
+    /// The log that explains a failure: the emulated platform's after `exec format error`,
+    /// else the platform that spoke last.
     fn failed_log(&mut self) -> &mut BuildLog<'a> {
-        &mut self.logs[self.last]
+        let index = match (self.exec_format_error, self.last_foreign) {
+            (true, Some(foreign)) => foreign,
+            _ => self.last,
+        };
+        &mut self.logs[index]
     }
 }
 
@@ -375,7 +395,8 @@ fn is_full_id(text: &str) -> bool {
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
-fn is_short_id(text: &str) -> bool {
+/// An image ID as Buildah shortens it in its output and history comments.
+pub(crate) fn is_short_id(text: &str) -> bool {
     (11..=12).contains(&text.len())
         && text
             .bytes()
@@ -443,6 +464,40 @@ mod tests {
             .iter()
             .any(|e| matches!(e, Event::Log { platform, line, .. }
             if platform.to_string() == "linux/arm64" && line.starts_with("Copying config"))));
+    }
+
+    #[test]
+    fn an_unprefixed_exec_format_error_is_the_emulated_platforms_missing_emulator() {
+        let platforms: Vec<Platform> = vec![
+            "linux/amd64".parse().unwrap(),
+            "linux/arm64".parse().unwrap(),
+        ];
+        let heard = Heard::default();
+        let stage = BuildStage::default();
+        let native: Platform = "linux/amd64".parse().unwrap();
+        let mut lines = PlatformLines::new("app", &platforms, &native, &stage, &heard);
+        for text in [
+            "[linux/arm64] STEP 2/3: RUN [\"/bin/busybox\", \"true\"]\n",
+            "[linux/amd64] STEP 2/3: RUN [\"/bin/busybox\", \"true\"]\n",
+            "exec /bin/busybox: exec format error\n",
+            "[linux/amd64] STEP 3/3: CMD [\"true\"]\n",
+        ] {
+            lines.consume(text);
+        }
+        let failed = lines
+            .failed_log()
+            .failure("while running runtime: exit status 1", |m| {
+                BuilderError::Build {
+                    image: "app".into(),
+                    platform: "linux/amd64,linux/arm64".into(),
+                    source: BuildError::StepFailed(m),
+                }
+            });
+        assert!(
+            matches!(&failed, BuilderError::Emulation(e)
+                if matches!(**e, crate::builder::binfmt::EmulationError::ExecFormat { ref platform } if platform.to_string() == "linux/arm64")),
+            "{failed:?}"
+        );
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub use classic::classic_context_digest;
 use classic::*;
 pub use default_engine::default_engine;
 pub use error::{BuildError, BuilderError};
+pub(crate) use libpod_build::is_short_id;
 pub use libpod_build::{build_with_libpod, LibpodBuild, LibpodBuilt};
 pub use seam::Builder;
 

@@ -24,6 +24,8 @@ pub struct Env {
     pub docker_host: Option<String>,
     /// That engine's Dockerfile frontend knows `COPY --link` and heredocs.
     pub modern: bool,
+    /// SOURCE_DATE_EPOCH for every build, where the engine keeps no build cache.
+    pub epoch: Option<u64>,
     /// The Docker CLI for the comparison, when available.
     pub buildx: Option<Buildx>,
 }
@@ -223,7 +225,11 @@ pub fn run_polyarch(
         .args(extra)
         .env("POLYARCH_CACHE_DIR", cache)
         .env("CI", "true")
+        .env_remove("SOURCE_DATE_EPOCH")
         .stdin(Stdio::null());
+    if let Some(epoch) = env.epoch {
+        cmd.env("SOURCE_DATE_EPOCH", epoch.to_string());
+    }
     match docker_host {
         Some(h) => {
             cmd.env("DOCKER_HOST", h);

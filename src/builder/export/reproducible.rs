@@ -226,7 +226,10 @@ pub enum ReproducibleError {
 }
 
 /// The image config with `created` and every history entry's `created` at the epoch, and
-/// `rootfs.diff_ids` replaced; its bytes (keys sorted, compact) are deterministic.
+/// `rootfs.diff_ids` replaced; its bytes (keys sorted, compact) are deterministic. A
+/// history comment naming a base by image ID is dropped: Buildah writes `FROM <short ID>`
+/// for a stage built FROM an earlier one, whose image holds that stage's build times, so
+/// two builds of one tree would differ in it (seen on Podman 4.3).
 pub fn normalise_config(
     config: &[u8],
     epoch: u64,
@@ -245,6 +248,13 @@ pub fn normalise_config(
     if let Some(history) = object.get_mut("history").and_then(|h| h.as_array_mut()) {
         for entry in history.iter_mut().filter_map(|e| e.as_object_mut()) {
             entry.insert("created".into(), created.clone().into());
+            let names_an_id = entry
+                .get("comment")
+                .and_then(|c| c.as_str()?.strip_prefix("FROM "))
+                .is_some_and(crate::builder::is_short_id);
+            if names_an_id {
+                entry.remove("comment");
+            }
         }
     }
     let rootfs = object
@@ -392,12 +402,19 @@ mod tests {
 
     #[test]
     fn the_config_gets_the_epoch_and_the_new_diff_ids() {
-        let config = br#"{"architecture":"amd64","os":"linux","created":"2026-12-03T10:00:00.123Z","history":[{"created":"2026-12-03T10:00:00Z","created_by":"COPY"}],"rootfs":{"type":"layers","diff_ids":["sha256:old"]}}"#;
+        let config = br#"{"architecture":"amd64","os":"linux","created":"2026-12-03T10:00:00.123Z","history":[{"created":"2026-12-03T10:00:00Z","created_by":"COPY","comment":"FROM docker.io/library/base"},{"created":"2026-12-03T10:00:01Z","created_by":"COPY","comment":"FROM 6198bc72cb3b"}],"rootfs":{"type":"layers","diff_ids":["sha256:old"]}}"#;
         let out = normalise_config(config, 1_700_000_000, &["sha256:new".into()]).unwrap();
         let value: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(value["created"], "2023-11-14T22:13:20Z");
         assert_eq!(value["history"][0]["created"], "2023-11-14T22:13:20Z");
         assert_eq!(value["history"][0]["created_by"], "COPY");
+        // A base named by reference stays; one named by an ID of this build's is dropped.
+        assert_eq!(
+            value["history"][0]["comment"],
+            "FROM docker.io/library/base"
+        );
+        assert_eq!(value["history"][1]["created"], "2023-11-14T22:13:20Z");
+        assert!(value["history"][1].get("comment").is_none(), "{value}");
         assert_eq!(value["rootfs"]["diff_ids"][0], "sha256:new");
         assert!(normalise_config(b"[]", 1, &[]).is_err());
     }

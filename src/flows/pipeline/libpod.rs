@@ -2,6 +2,7 @@
 //! platform image exported from Podman and pushed by digest by polyarch, as the classic
 //! builder's are.
 
+use super::retry::missing_emulation;
 use super::unit::{push_built, report_phase, reuse, warn_if_emulated, Reuse};
 use super::Shared;
 use crate::base::progress::Phase;
@@ -67,7 +68,7 @@ pub(super) async fn build_and_push_image(
         report_phase(run, unit, Phase::Build, message);
     }
     let hashes = run.replays.hashes();
-    let build = LibpodBuild {
+    let build = || LibpodBuild {
         spec: image,
         platforms: &platforms,
         run_id: &run.id,
@@ -75,7 +76,25 @@ pub(super) async fn build_and_push_image(
         reporter: run.reporter,
         hashes: &hashes,
     };
-    let built = builder::build_with_libpod(engine, build, run.cleanup).await?;
+    // A remembered emulation verdict the build proves wrong is probed again (registering
+    // QEMU, per the mode) and the build retried once, as on Docker.
+    let built = match builder::build_with_libpod(engine, build(), run.cleanup)
+        .await
+        .map_err(Error::from)
+    {
+        Err(error)
+            if missing_emulation(&error)
+                && to_build.iter().any(|(u, ..)| emulation.was_remembered(u)) =>
+        {
+            for (unit, _, emulated) in &mut to_build {
+                if emulation.was_remembered(unit) {
+                    *emulated = emulation.recheck(engine, unit, run.reporter).await?;
+                }
+            }
+            builder::build_with_libpod(engine, build(), run.cleanup).await?
+        }
+        outcome => outcome?,
+    };
     // Each platform image is exported and pushed at once; its copy in Podman is removed
     // as its upload ends.
     let pushes =
