@@ -242,13 +242,16 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
         "[linux/amd64, linux/arm64]",
     );
     let key = fixtures.join("cosign.key");
+    // Its own memory: what the rerun below remembers of the key is this test's alone.
+    let cache = tempfile::tempdir().unwrap();
     let build = |password: &str| {
         run(polyarch()
             .args(["build", "-f"])
             .arg(&file)
             .arg("--sign-key")
             .arg(&key)
-            .env("COSIGN_PASSWORD", password))
+            .env("COSIGN_PASSWORD", password)
+            .env("POLYARCH_CACHE_DIR", cache.path()))
     };
     let out = build("wrong");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
@@ -274,6 +277,17 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     sign::check(&found[0], &digest.parse().unwrap(), &keys).unwrap();
     let out = cosign_verify(&fixtures.join("cosign.pub"), &reference);
     assert!(out.status.success(), "cosign verify: {}", stderr(&out));
+
+    // A rerun with nothing new to sign never opens the key (its public half is
+    // remembered): even a wrong password goes unasked, and every signature is kept.
+    let out = build("wrong");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let kept = stderr(&out)
+        .lines()
+        .filter(|l| l.contains("already has a signature by key") && l.ends_with("kept"))
+        .count();
+    assert_eq!(kept, 3, "{}", stderr(&out));
+    assert_eq!(bundles(&registry, &repo, &digest).len(), found.len());
 }
 
 #[test]

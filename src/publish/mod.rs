@@ -168,37 +168,58 @@ async fn attach_all(
             attach_sbom(destination, image, p, reporter).await?;
         }
         if let Some(key) = &image.signer {
-            let subject = serde_json::json!({
-                "mediaType": oci::OCI_MANIFEST,
-                "digest": p.entry.digest,
-                "size": p.entry.size,
-            });
-            attach_signature(destination, image, key, Some(p), subject, reporter).await?;
+            attach_signature(destination, image, key, Some(p), index, reporter).await?;
         }
         Ok::<_, PublishError>(())
     }));
     platforms.await.into_iter().collect::<Result<()>>()?;
     if let Some(key) = &image.signer {
-        let subject = serde_json::json!({
-            "mediaType": index.media_type,
-            "digest": index.digest,
-            "size": index.bytes.len(),
-        });
-        attach_signature(destination, image, key, None, subject, reporter).await?;
+        attach_signature(destination, image, key, None, index, reporter).await?;
     }
     Ok(())
 }
 
-/// Signs the manifest `subject` (a platform's `p`, or with none the index); the key,
-/// opened beside the build, is waited for here.
+/// Signs a platform's manifest `p`, or with none the index, unless a signature by the
+/// key's remembered public half is there already; the key, opened beside the build, is
+/// waited for only to sign.
 async fn attach_signature(
     destination: &impl ImageStore,
     image: &ImageSpec,
     key: &sign::OpeningKey,
     p: Option<&Pushed>,
-    subject: serde_json::Value,
+    index: &oci::ManifestBlob,
     reporter: &dyn Reporter,
 ) -> Result<()> {
+    if let Some(public) = &key.remembered {
+        let digest = match p {
+            Some(p) => &p.entry.digest,
+            None => &index.digest,
+        };
+        if destination.signed_by(image, digest, public).await? {
+            reporter.report(Event::Phase {
+                image: image.name.clone(),
+                platform: p.map(|p| p.platform.clone()),
+                phase: Phase::Publish,
+                message: format!(
+                    "{digest} already has a signature by key {} attached; kept",
+                    public.fingerprint
+                ),
+            });
+            return Ok(());
+        }
+    }
+    let subject = match p {
+        Some(p) => serde_json::json!({
+            "mediaType": oci::OCI_MANIFEST,
+            "digest": p.entry.digest,
+            "size": p.entry.size,
+        }),
+        None => serde_json::json!({
+            "mediaType": index.media_type,
+            "digest": index.digest,
+            "size": index.bytes.len(),
+        }),
+    };
     let key = key.opened().await.map_err(PublishError::SigningKey)?;
     let referrer = sign::sign(&key, subject);
     let how = destination.attach(image, &referrer).await?;
@@ -634,6 +655,14 @@ mod tests {
             self.store
                 .has_attached(image, subject, predicate_type)
                 .await
+        }
+        async fn signed_by(
+            &self,
+            image: &ImageSpec,
+            subject: &crate::base::digest::Digest,
+            key: &sign::PublicKey,
+        ) -> std::result::Result<bool, StoreError> {
+            self.store.signed_by(image, subject, key).await
         }
         async fn catalog(
             &self,

@@ -1,6 +1,7 @@
 //! Signing and public keys: a PKCS#8 ECDSA P-256 PEM, or the encrypted private key
 //! `cosign generate-key-pair` writes (scrypt, then NaCl secretbox, around a PKCS#8 DER).
 
+use crate::base::memory::Store;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
 use crypto_secretbox::aead::{Aead, KeyInit};
@@ -173,6 +174,17 @@ impl Closed {
 /// Only a wrong password waits until the first signature (before any tag moves).
 pub struct OpeningKey {
     opening: Shared<BoxFuture<'static, Opened>>,
+    /// Its public half, remembered from an earlier run that opened the same file: a
+    /// manifest it already signed needs no opening at all.
+    pub remembered: Option<PublicKey>,
+}
+
+/// Public keys of the signing key files opened before, by the SHA-256 of the file's
+/// bytes: the base64 of the public key's DER. A stale or foreign entry can only make a
+/// run trust a signature that verifies with that key, which `--require-signature` and
+/// `gate` check again.
+fn remembered_keys() -> Store<String> {
+    Store::open("signing-keys.json")
 }
 
 type Opened = Result<Arc<SigningKey>, Arc<KeyError>>;
@@ -186,11 +198,35 @@ impl std::fmt::Debug for OpeningKey {
 impl OpeningKey {
     /// Reads and checks the key at `path` now; opens it in the background.
     pub fn start(path: &Path, password: Option<&str>) -> Result<OpeningKey, KeyError> {
-        let closed = Closed::parse(path, &read(path)?, password)?;
+        let text = read(path)?;
+        let closed = Closed::parse(path, &text, password)?;
+        let file = format!("sha256:{:x}", Sha256::digest(text.as_bytes()));
+        let memory = remembered_keys();
+        let remembered = memory
+            .get(&file)
+            .and_then(|der| BASE64.decode(der).ok())
+            .and_then(|der| ecdsa::VerifyingKey::from_public_key_der(&der).ok())
+            .map(|key| PublicKey {
+                fingerprint: fingerprint(&key),
+                key,
+                path: path.to_path_buf(),
+            });
+        let known = remembered.is_some();
         let (send, receive) = tokio::sync::oneshot::channel();
         // A plain thread, not the runtime's blocking pool: a run that never signs exits
         // without waiting for it.
-        std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
+        std::thread::spawn(move || {
+            let opened = closed.open();
+            if let (Ok(key), false) = (&opened, known) {
+                let der = key
+                    .public_key()
+                    .to_public_key_der()
+                    .expect("a P-256 public key encodes");
+                memory.put(file, BASE64.encode(der.as_bytes()));
+                memory.save();
+            }
+            send.send(opened.map(Arc::new).map_err(Arc::new))
+        });
         let path = path.to_path_buf();
         let opening = async move {
             receive.await.unwrap_or_else(|_| {
@@ -202,6 +238,7 @@ impl OpeningKey {
         };
         Ok(OpeningKey {
             opening: opening.boxed().shared(),
+            remembered,
         })
     }
 

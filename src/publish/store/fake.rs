@@ -170,6 +170,21 @@ impl ImageStore for FakeStore {
         )))
     }
 
+    /// A bundle attached to `subject` counts: the fake keeps no signatures to check.
+    async fn signed_by(
+        &self,
+        _: &ImageSpec,
+        subject: &Digest,
+        _: &crate::sign::PublicKey,
+    ) -> Result<bool> {
+        Ok(self
+            .attached
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(s, p)| s == subject.as_str() && p.is_empty()))
+    }
+
     async fn has_attached(
         &self,
         _: &ImageSpec,

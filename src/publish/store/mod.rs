@@ -17,8 +17,9 @@ use crate::project::ImageSpec;
 use crate::publish::layout::{LayoutSource, OciLayout};
 use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::sbom::{self, Catalog};
+use crate::sign::PublicKey;
 use crate::verify::coverage_record::ImageCoverage;
-use crate::verify::{self, ReadMemory, Target};
+use crate::verify::{self, ReadMemory, RegistrySource, Target};
 use oci_client::Reference;
 use std::future::Future;
 
@@ -85,6 +86,14 @@ pub trait ImageStore {
         image: &ImageSpec,
         subject: &Digest,
         predicate_type: &str,
+    ) -> impl Future<Output = Result<bool>>;
+    /// Whether a signature that `key` verifies is attached to the manifest `subject`
+    /// already: a rerun keeps it, and need not open the signing key.
+    fn signed_by(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+        key: &PublicKey,
     ) -> impl Future<Output = Result<bool>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
@@ -254,6 +263,32 @@ impl ImageStore for Destination {
                 Ok(attachment::attached(&listed)
                     .iter()
                     .any(|a| a.predicate_type.as_deref() == Some(predicate_type)))
+            }
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
+        }
+    }
+
+    async fn signed_by(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+        key: &PublicKey,
+    ) -> Result<bool> {
+        match self {
+            Destination::Registry(registry) => {
+                let source = RegistrySource {
+                    registry,
+                    reference: image.first_tag()?,
+                    memory: &(),
+                    pushed: None,
+                };
+                let keys = std::slice::from_ref(key);
+                Ok(verify::signed::signature(&source, subject, keys)
+                    .await?
+                    .is_ok())
             }
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
