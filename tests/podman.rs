@@ -11,7 +11,9 @@ use std::process::{Command, Output};
 use support::engines::{podman_cli, podman_host};
 use support::running::{interrupt_while_running, wait_until};
 use support::supply_chain;
-use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+use support::{
+    hello_context, platforms_of, polyarch, run, skopeo_inspect_raw, unique_name, Registry,
+};
 
 /// busybox per platform, a nonce so no other build made these layers, and a RUN step that
 /// writes the architecture it ran on (QEMU for arm64 on this host).
@@ -124,18 +126,7 @@ fn podman_two_platform_build_with_a_qemu_run_step_is_one_index_podman_runs() {
 
     // skopeo reads back one index with exactly the two platforms.
     let index = skopeo_inspect_raw(&format!("{repo}:v1"));
-    let mut platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not an index: {index:#}"))
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let mut platforms = platforms_of(&index);
     platforms.sort();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
 
@@ -699,18 +690,7 @@ fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
     let inspected = run(Command::new("skopeo").args(["inspect", "--raw", &reference]));
     assert!(inspected.status.success(), "skopeo: {}", stderr(&inspected));
     let index: Value = serde_json::from_slice(&inspected.stdout).expect("index");
-    let mut platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not an index: {index:#}"))
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let mut platforms = platforms_of(&index);
     platforms.sort();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
 
