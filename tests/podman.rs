@@ -55,10 +55,11 @@ fn on_podman() -> Command {
     cmd
 }
 
-/// `podman run --platform P REF` on the service's storage: what the image prints. Rootful
-/// Podman's default open-files limit is refused on this kind of host, so ask for less.
-fn podman_run(platform: &str, reference: &str) -> String {
-    let out = run(podman_cli().args([
+/// `podman run --rm` without network on the service's storage, the image still to add.
+/// Rootful Podman's default open-files limit is refused on this kind of host, so ask for less.
+fn podman_run_command() -> Command {
+    let mut cmd = podman_cli();
+    cmd.args([
         "run",
         "--rm",
         "--network",
@@ -67,6 +68,13 @@ fn podman_run(platform: &str, reference: &str) -> String {
         "nofile=1024:1024",
         "--ulimit",
         "nproc=1024:1024",
+    ]);
+    cmd
+}
+
+/// `podman run --platform P REF`, pulled from the registry: what the image prints.
+fn podman_run(platform: &str, reference: &str) -> String {
+    let out = run(podman_run_command().args([
         "--tls-verify=false",
         "--pull",
         "always",
@@ -698,17 +706,7 @@ fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
         let pulled = run(podman_cli().args(["pull", "-q", "--platform", platform, &reference]));
         assert!(pulled.status.success(), "podman pull: {}", stderr(&pulled));
         let id = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
-        let ran = run(podman_cli().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            &id,
-        ]));
+        let ran = run(podman_run_command().arg(&id));
         let _ = run(podman_cli().args(["rmi", "-f", &id]));
         assert!(
             ran.status.success(),
