@@ -4,32 +4,13 @@
 
 mod support;
 
-use std::process::{Command, Output};
-use support::{hello_context, polyarch, run, unique_name, Registry, HELLO};
+use std::process::Output;
+use support::{
+    hello_context, platforms_of, polyarch, run, skopeo_inspect_raw, unique_name, Registry, HELLO,
+};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The platforms of the index a tag names, read back by skopeo.
-fn index_platforms(reference: &str) -> Vec<String> {
-    let out = run(Command::new("skopeo")
-        .args(["inspect", "--raw", "--tls-verify=false"])
-        .arg(format!("docker://{reference}")));
-    assert!(out.status.success(), "skopeo: {}", stderr(&out));
-    let index: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    index["manifests"]
-        .as_array()
-        .expect("an index")
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect()
 }
 
 #[test]
@@ -72,10 +53,13 @@ target "tool" {{
         .env("CI", "true"));
     assert_eq!(out.status.code(), Some(0), "build: {}", stderr(&out));
     assert_eq!(
-        index_platforms(&format!("{app}:v1")),
+        platforms_of(&skopeo_inspect_raw(&format!("{app}:v1"))),
         ["linux/amd64", "linux/arm64"]
     );
-    assert_eq!(index_platforms(&format!("{tool}:v1")), ["linux/arm64"]);
+    assert_eq!(
+        platforms_of(&skopeo_inspect_raw(&format!("{tool}:v1"))),
+        ["linux/arm64"]
+    );
 }
 
 #[test]

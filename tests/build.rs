@@ -6,8 +6,8 @@ mod support;
 use serde_json::Value;
 use std::process::{Command, Output};
 use support::{
-    hello_context, polyarch, run, skopeo_config, skopeo_digest, skopeo_inspect_raw, unique_name,
-    write_project, Registry, HELLO,
+    hello_context, platforms_of, polyarch, run, skopeo_config, skopeo_digest, skopeo_inspect_raw,
+    unique_name, write_project, Registry, HELLO,
 };
 
 fn stderr(out: &Output) -> String {
@@ -62,18 +62,8 @@ fn two_platform_image_is_one_index_with_exactly_the_declared_platforms() {
         index["mediaType"],
         "application/vnd.oci.image.index.v1+json"
     );
+    assert_eq!(platforms_of(&index), ["linux/amd64", "linux/arm64"]);
     let manifests = index["manifests"].as_array().unwrap();
-    let platforms: Vec<String> = manifests
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
     assert!(
         manifests.iter().all(|m| m.get("annotations").is_none()),
         "attestation-like entries: {index}"

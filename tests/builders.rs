@@ -19,7 +19,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{hello_context, polyarch, run, skopeo_config, skopeo_inspect_raw, unique_name};
+use support::{
+    hello_context, platforms_of, polyarch, run, skopeo_config, skopeo_inspect_raw, unique_name,
+};
 use support::{Registry, HELLO};
 
 const DEFAULT_ENDPOINT: &str = "unix:///var/run/docker.sock";
@@ -264,18 +266,7 @@ fn second_native_builder_builds_its_platform_in_parallel() {
 
     // The index is complete and each entry's config says its platform.
     let index = skopeo_inspect_raw(&format!("{repo}:v1"));
-    let mut platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let mut platforms = platforms_of(&index);
     platforms.sort();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index}");
     for arch in ["amd64", "arm64"] {

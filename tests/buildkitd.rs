@@ -245,19 +245,11 @@ fn buildkitd_builds_two_platforms_with_a_qemu_run_and_no_docker_engine() {
 
     // An independent client reads one index with both platforms.
     let index = support::skopeo_inspect_raw(&format!("{repo}:v1"));
-    let platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index}");
+    assert_eq!(
+        support::platforms_of(&index),
+        ["linux/amd64", "linux/arm64"],
+        "{index}"
+    );
     let arm64 = support::skopeo_config(&format!("{repo}:v1"), "arm64", None);
     assert_eq!(arm64["architecture"], "arm64", "{arm64}");
 

@@ -6,7 +6,7 @@
 mod support;
 
 use std::process::{Command, Output};
-use support::{hello_context, polyarch, run, unique_name, Registry, HELLO};
+use support::{hello_context, platforms_of, polyarch, run, unique_name, Registry, HELLO};
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
@@ -43,19 +43,7 @@ fn the_buildx_line_pushes_one_index_of_its_platforms_and_writes_buildx_metadata(
 
     // Read back by an independent client: one index of exactly the two platforms.
     let (digest, size, index) = raw_index(&v1);
-    let platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(platforms, ["linux/amd64", "linux/arm64"]);
+    assert_eq!(platforms_of(&index), ["linux/amd64", "linux/arm64"]);
     assert_eq!(raw_index(&latest).0, digest, "both tags name the index");
 
     // buildx's keys, with the values the registry shows.

@@ -163,7 +163,7 @@ fn comparable(config: &Value) -> Value {
 /// the one image buildx pushes unindexed for a single platform without attestations.
 fn platforms(reference: &str) -> Vec<String> {
     let index = support::skopeo_inspect_raw(reference);
-    let Some(entries) = index["manifests"].as_array() else {
+    if !index["manifests"].is_array() {
         let out = run(Command::new("skopeo")
             .args(["inspect", "--config", "--tls-verify=false"])
             .arg(format!("docker://{reference}")));
@@ -178,16 +178,9 @@ fn platforms(reference: &str) -> Vec<String> {
             config["os"].as_str().unwrap(),
             config["architecture"].as_str().unwrap()
         )];
-    };
-    entries
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap_or_default(),
-                m["platform"]["architecture"].as_str().unwrap_or_default()
-            )
-        })
+    }
+    support::platforms_of(&index)
+        .into_iter()
         .filter(|p| p != "unknown/unknown")
         .collect()
 }

@@ -11,7 +11,9 @@ use std::process::{Command, Output};
 use support::engines::{podman_cli, podman_host};
 use support::running::{interrupt_while_running, wait_until};
 use support::supply_chain;
-use support::{hello_context, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+use support::{
+    hello_context, platforms_of, polyarch, run, skopeo_inspect_raw, unique_name, Registry,
+};
 
 /// busybox per platform, a nonce so no other build made these layers, and a RUN step that
 /// writes the architecture it ran on (QEMU for arm64 on this host).
@@ -53,10 +55,11 @@ fn on_podman() -> Command {
     cmd
 }
 
-/// `podman run --platform P REF` on the service's storage: what the image prints. Rootful
-/// Podman's default open-files limit is refused on this kind of host, so ask for less.
-fn podman_run(platform: &str, reference: &str) -> String {
-    let out = run(podman_cli().args([
+/// `podman run --rm` without network on the service's storage, the image still to add.
+/// Rootful Podman's default open-files limit is refused on this kind of host, so ask for less.
+fn podman_run_command() -> Command {
+    let mut cmd = podman_cli();
+    cmd.args([
         "run",
         "--rm",
         "--network",
@@ -65,6 +68,13 @@ fn podman_run(platform: &str, reference: &str) -> String {
         "nofile=1024:1024",
         "--ulimit",
         "nproc=1024:1024",
+    ]);
+    cmd
+}
+
+/// `podman run --platform P REF`, pulled from the registry: what the image prints.
+fn podman_run(platform: &str, reference: &str) -> String {
+    let out = run(podman_run_command().args([
         "--tls-verify=false",
         "--pull",
         "always",
@@ -124,18 +134,7 @@ fn podman_two_platform_build_with_a_qemu_run_step_is_one_index_podman_runs() {
 
     // skopeo reads back one index with exactly the two platforms.
     let index = skopeo_inspect_raw(&format!("{repo}:v1"));
-    let mut platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not an index: {index:#}"))
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let mut platforms = platforms_of(&index);
     platforms.sort();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
 
@@ -699,18 +698,7 @@ fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
     let inspected = run(Command::new("skopeo").args(["inspect", "--raw", &reference]));
     assert!(inspected.status.success(), "skopeo: {}", stderr(&inspected));
     let index: Value = serde_json::from_slice(&inspected.stdout).expect("index");
-    let mut platforms: Vec<String> = index["manifests"]
-        .as_array()
-        .unwrap_or_else(|| panic!("not an index: {index:#}"))
-        .iter()
-        .map(|m| {
-            format!(
-                "{}/{}",
-                m["platform"]["os"].as_str().unwrap(),
-                m["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let mut platforms = platforms_of(&index);
     platforms.sort();
     assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index:#}");
 
@@ -718,17 +706,7 @@ fn podman_two_platform_build_to_an_oci_layout_is_one_index_podman_runs() {
         let pulled = run(podman_cli().args(["pull", "-q", "--platform", platform, &reference]));
         assert!(pulled.status.success(), "podman pull: {}", stderr(&pulled));
         let id = String::from_utf8_lossy(&pulled.stdout).trim().to_string();
-        let ran = run(podman_cli().args([
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--ulimit",
-            "nofile=1024:1024",
-            "--ulimit",
-            "nproc=1024:1024",
-            &id,
-        ]));
+        let ran = run(podman_run_command().arg(&id));
         let _ = run(podman_cli().args(["rmi", "-f", &id]));
         assert!(
             ran.status.success(),

@@ -14,8 +14,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use support::{
-    curl, hello_context, http_status, polyarch, run, skopeo_inspect_raw, unique_name, Registry,
-    HELLO,
+    curl, hello_context, http_status, platforms_of, polyarch, run, skopeo_inspect_raw, unique_name,
+    Registry, HELLO,
 };
 
 const SLSA: &str = "https://slsa.dev/provenance/v1";
@@ -57,17 +57,11 @@ fn verify(reference: &str, extra: &[&str]) -> Output {
 fn platform_entries(reference: &str) -> Vec<Value> {
     let index = skopeo_inspect_raw(reference);
     let entries = index["manifests"].as_array().unwrap().clone();
-    let platforms: Vec<String> = entries
-        .iter()
-        .map(|e| {
-            format!(
-                "{}/{}",
-                e["platform"]["os"].as_str().unwrap(),
-                e["platform"]["architecture"].as_str().unwrap()
-            )
-        })
-        .collect();
-    assert_eq!(platforms, ["linux/amd64", "linux/arm64"], "{index}");
+    assert_eq!(
+        platforms_of(&index),
+        ["linux/amd64", "linux/arm64"],
+        "{index}"
+    );
     assert!(
         entries.iter().all(
             |e| e["mediaType"] == "application/vnd.oci.image.manifest.v1+json"

@@ -408,6 +408,12 @@ mod tests {
     use super::*;
     use crate::base::progress::Event;
 
+    fn amd64_and_arm64() -> Vec<Platform> {
+        ["linux/amd64", "linux/arm64"]
+            .map(|p| p.parse().unwrap())
+            .to_vec()
+    }
+
     #[derive(Default)]
     struct Heard(std::sync::Mutex<Vec<Event>>);
 
@@ -419,14 +425,10 @@ mod tests {
 
     #[test]
     fn buildahs_lines_go_to_their_platform_and_name_the_images_written() {
-        let platforms: Vec<Platform> = vec![
-            "linux/amd64".parse().unwrap(),
-            "linux/arm64".parse().unwrap(),
-        ];
-        let heard = Heard::default();
-        let stage = BuildStage::default();
-        let native: Platform = "linux/amd64".parse().unwrap();
-        let mut lines = PlatformLines::new("app", &platforms, &native, &stage, &heard);
+        let platforms = amd64_and_arm64();
+        let (heard, stage) = (Heard::default(), BuildStage::default());
+        // amd64 is the machine's own platform; arm64 is emulated.
+        let mut lines = PlatformLines::new("app", &platforms, &platforms[0], &stage, &heard);
         let amd = "a".repeat(64);
         let arm = "b".repeat(64);
         let mut seen = Vec::new();
@@ -468,14 +470,10 @@ mod tests {
 
     #[test]
     fn an_unprefixed_exec_format_error_is_the_emulated_platforms_missing_emulator() {
-        let platforms: Vec<Platform> = vec![
-            "linux/amd64".parse().unwrap(),
-            "linux/arm64".parse().unwrap(),
-        ];
-        let heard = Heard::default();
-        let stage = BuildStage::default();
-        let native: Platform = "linux/amd64".parse().unwrap();
-        let mut lines = PlatformLines::new("app", &platforms, &native, &stage, &heard);
+        let platforms = amd64_and_arm64();
+        let (heard, stage) = (Heard::default(), BuildStage::default());
+        // amd64 is the machine's own platform; arm64 is emulated.
+        let mut lines = PlatformLines::new("app", &platforms, &platforms[0], &stage, &heard);
         for text in [
             "[linux/arm64] STEP 2/3: RUN [\"/bin/busybox\", \"true\"]\n",
             "[linux/amd64] STEP 2/3: RUN [\"/bin/busybox\", \"true\"]\n",
@@ -507,10 +505,7 @@ mod tests {
             target: Some("app".into()),
             ..crate::project::test_image("v1")
         };
-        let platforms: Vec<Platform> = vec![
-            "linux/amd64".parse().unwrap(),
-            "linux/arm64".parse().unwrap(),
-        ];
+        let platforms = amd64_and_arm64();
         let args = HashMap::from([("A".to_string(), "1".to_string())]);
         let query = libpod_query(&spec, &platforms, &args, false);
         let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())

@@ -5,7 +5,7 @@
 //!   htpasswd auth and/or TLS; killed on drop.
 //! * [`polyarch`]: a `Command` for the binary under test.
 //! * [`busybox`]: path of the static busybox fixture for an architecture.
-//! * [`skopeo_inspect_raw`], [`skopeo_config`]: read back what was pushed.
+//! * [`skopeo_inspect_raw`], [`platforms_of`], [`skopeo_config`]: read back what was pushed.
 //! * [`unique_name`]: collision-free names for repositories, tags, images.
 #![allow(dead_code)]
 
@@ -116,6 +116,25 @@ fn docker_ref(reference: &str) -> String {
 /// or index exactly as the registry serves it.
 pub fn skopeo_inspect_raw(reference: &str) -> serde_json::Value {
     skopeo_inspect_raw_creds(reference, None)
+}
+
+/// The `os/architecture` of each entry of an index (as [`skopeo_inspect_raw`] reads it), in
+/// the index's order: what a user names with `--platform`, so without the variant.
+pub fn platforms_of(index: &serde_json::Value) -> Vec<String> {
+    index["manifests"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an index: {index:#}"))
+        .iter()
+        .map(|m| {
+            match (
+                m["platform"]["os"].as_str(),
+                m["platform"]["architecture"].as_str(),
+            ) {
+                (Some(os), Some(arch)) => format!("{os}/{arch}"),
+                _ => panic!("an entry without a platform: {index:#}"),
+            }
+        })
+        .collect()
 }
 
 /// Like [`skopeo_inspect_raw`] with `--creds user:pass`.

@@ -4,10 +4,10 @@
 //! validates, so the written file plans as the original does. Comments say what was
 //! computed and where polyarch's meaning differs from bake's.
 
-use super::{chosen, flatten_groups, image, problem, project, read, Definition, Kind};
+use super::{chosen, flatten_groups, problem, project, raw_project, read, Definition, Kind};
 use crate::project::checks::Cx;
 use crate::project::contexts::{NamedContext, TARGET_PREFIX};
-use crate::project::raw::{Entries, RawCache, RawImage, RawProject, RawSecret};
+use crate::project::raw::{Entries, RawCache, RawImage, RawSecret};
 use crate::project::values::{self, Source};
 use crate::project::{LoadOptions, ProjectError, Result};
 use serde_json::Value;
@@ -93,22 +93,7 @@ pub(in crate::project) fn convert(
             ..*options
         },
     )?;
-    let mut raws = Vec::new();
-    for name in &names {
-        let fields = definition.target(name).expect("chosen names exist");
-        raws.push((
-            name.clone(),
-            image(kind, name, fields).map_err(|p| problem(cx, p))?,
-        ));
-    }
-    let mut raw = RawProject {
-        version: None,
-        binfmt: None,
-        binfmt_image: None,
-        reproducible: None,
-        builders: None,
-        images: Some(Entries(raws)),
-    };
+    let mut raw = raw_project(kind, &definition, &names).map_err(|p| problem(cx, p))?;
     // `project` above applied and checked these same `--set` values.
     values::apply_overrides(&mut raw, &cx.file, options.overrides)
         .expect("overrides applied once already");

@@ -218,19 +218,7 @@ fn project(
     };
     let groups = flatten_groups(definition).map_err(problem)?;
     let chosen = chosen(kind, definition, &groups, options.targets).map_err(problem)?;
-    let mut images = Vec::new();
-    for name in &chosen {
-        let fields = definition.target(name).expect("chosen names exist");
-        images.push((name.clone(), image(kind, name, fields).map_err(problem)?));
-    }
-    let mut raw = RawProject {
-        version: None,
-        binfmt: None,
-        binfmt_image: None,
-        reproducible: None,
-        builders: None,
-        images: Some(Entries(images)),
-    };
+    let mut raw = raw_project(kind, definition, &chosen).map_err(problem)?;
     // Each reader has interpolated its strings: a `$` left over is meant literally.
     cx.values =
         values::apply_overrides(&mut raw, &file, options.overrides).map_err(
@@ -448,6 +436,27 @@ const FIELDS: &[&str] = &[
     "description",
     "inherits",
 ];
+
+/// The named targets as a `polyarch.yaml` of only images: bake has no project-wide fields.
+fn raw_project(
+    kind: Kind,
+    definition: &Definition,
+    names: &[String],
+) -> std::result::Result<RawProject, Problem> {
+    let mut images = Vec::new();
+    for name in names {
+        let fields = definition.target(name).expect("chosen names exist");
+        images.push((name.clone(), image(kind, name, fields)?));
+    }
+    Ok(RawProject {
+        version: None,
+        binfmt: None,
+        binfmt_image: None,
+        reproducible: None,
+        builders: None,
+        images: Some(Entries(images)),
+    })
+}
 
 /// One target's fields as a `polyarch.yaml` image, or the field refused and why.
 fn image(kind: Kind, name: &str, fields: &Fields) -> std::result::Result<RawImage, Problem> {
