@@ -147,8 +147,9 @@ pub async fn publish_all(
 /// manifest, then signs the index, all before any tag moves: a tag never points at an
 /// index whose attachments are missing. The platforms at once, each one's attachments in
 /// turn, as they share its subject's tag schema index (`sha256-<hex>`), which each
-/// attachment reads, extends and writes back. The index last, so its signature vouches
-/// for manifests that are signed themselves.
+/// attachment reads, extends and writes back. The index is signed last, so its signature
+/// vouches for manifests that are signed themselves; whether it is signed already is
+/// asked beside the platforms.
 async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -168,63 +169,116 @@ async fn attach_all(
             attach_sbom(destination, image, p, reporter).await?;
         }
         if let Some(key) = &image.signer {
-            attach_signature(destination, image, key, Some(p), index, reporter).await?;
+            let subject = Subject::Platform(p);
+            if !signed_already(destination, image, key, &subject, reporter).await? {
+                sign_subject(destination, image, key, &subject, reporter).await?;
+            }
         }
         Ok::<_, PublishError>(())
     }));
-    platforms.await.into_iter().collect::<Result<()>>()?;
-    if let Some(key) = &image.signer {
-        attach_signature(destination, image, key, None, index, reporter).await?;
+    let Some(key) = &image.signer else {
+        return platforms.await.into_iter().collect();
+    };
+    let subject = Subject::Index(index);
+    let (platforms, index_signed) = futures_util::future::join(
+        platforms,
+        signed_already(destination, image, key, &subject, reporter),
+    )
+    .await;
+    platforms.into_iter().collect::<Result<()>>()?;
+    if !index_signed? {
+        sign_subject(destination, image, key, &subject, reporter).await?;
     }
     Ok(())
 }
 
-/// Signs a platform's manifest `p`, or with none the index, unless a signature by the
-/// key's remembered public half is there already; the key, opened beside the build, is
-/// waited for only to sign.
-async fn attach_signature(
+/// What a signature signs: a platform's manifest, or the index.
+enum Subject<'a> {
+    Platform(&'a Pushed),
+    Index(&'a oci::ManifestBlob),
+}
+
+impl Subject<'_> {
+    fn digest(&self) -> &crate::base::digest::Digest {
+        match self {
+            Subject::Platform(p) => &p.entry.digest,
+            Subject::Index(index) => &index.digest,
+        }
+    }
+
+    fn platform(&self) -> Option<&Pushed> {
+        match self {
+            Subject::Platform(p) => Some(p),
+            Subject::Index(_) => None,
+        }
+    }
+
+    fn descriptor(&self) -> serde_json::Value {
+        match self {
+            Subject::Platform(p) => serde_json::json!({
+                "mediaType": oci::OCI_MANIFEST,
+                "digest": p.entry.digest,
+                "size": p.entry.size,
+            }),
+            Subject::Index(index) => serde_json::json!({
+                "mediaType": index.media_type,
+                "digest": index.digest,
+                "size": index.bytes.len(),
+            }),
+        }
+    }
+}
+
+/// Whether `subject` carries a signature by the key's remembered public half already
+/// (kept, and said so); false when the key's public half is not known yet.
+async fn signed_already(
     destination: &impl ImageStore,
     image: &ImageSpec,
     key: &sign::OpeningKey,
-    p: Option<&Pushed>,
-    index: &oci::ManifestBlob,
+    subject: &Subject<'_>,
+    reporter: &dyn Reporter,
+) -> Result<bool> {
+    let Some(public) = &key.remembered else {
+        return Ok(false);
+    };
+    let digest = subject.digest();
+    let made = key.made_before(&image.repository, digest);
+    if !destination
+        .signed_by(image, digest, public, made.as_ref())
+        .await?
+    {
+        return Ok(false);
+    }
+    reporter.report(Event::Phase {
+        image: image.name.clone(),
+        platform: subject.platform().map(|p| p.platform.clone()),
+        phase: Phase::Publish,
+        message: format!(
+            "{digest} already has a signature by key {} attached; kept",
+            public.fingerprint
+        ),
+    });
+    Ok(true)
+}
+
+/// Signs `subject`; the key, opened beside the build, is waited for here.
+async fn sign_subject(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    opening: &sign::OpeningKey,
+    subject: &Subject<'_>,
     reporter: &dyn Reporter,
 ) -> Result<()> {
-    if let Some(public) = &key.remembered {
-        let digest = match p {
-            Some(p) => &p.entry.digest,
-            None => &index.digest,
-        };
-        if destination.signed_by(image, digest, public).await? {
-            reporter.report(Event::Phase {
-                image: image.name.clone(),
-                platform: p.map(|p| p.platform.clone()),
-                phase: Phase::Publish,
-                message: format!(
-                    "{digest} already has a signature by key {} attached; kept",
-                    public.fingerprint
-                ),
-            });
-            return Ok(());
-        }
-    }
-    let subject = match p {
-        Some(p) => serde_json::json!({
-            "mediaType": oci::OCI_MANIFEST,
-            "digest": p.entry.digest,
-            "size": p.entry.size,
-        }),
-        None => serde_json::json!({
-            "mediaType": index.media_type,
-            "digest": index.digest,
-            "size": index.bytes.len(),
-        }),
-    };
-    let key = key.opened().await.map_err(PublishError::SigningKey)?;
-    let referrer = sign::sign(&key, subject);
+    let key = opening.opened().await.map_err(PublishError::SigningKey)?;
+    let referrer = sign::sign(&key, subject.descriptor());
     let how = destination.attach(image, &referrer).await?;
+    opening.remember_made(
+        &image.repository,
+        subject.digest(),
+        &referrer.manifest.digest,
+    );
     let what = format!("a signature by key {}", key.fingerprint);
-    report_attached(image, p, &what, &referrer, &how, reporter);
+    report_attached(image, subject.platform(), &what, &referrer, &how, reporter);
     Ok(())
 }
 
@@ -661,8 +715,9 @@ mod tests {
             image: &ImageSpec,
             subject: &crate::base::digest::Digest,
             key: &sign::PublicKey,
+            made: Option<&crate::base::digest::Digest>,
         ) -> std::result::Result<bool, StoreError> {
-            self.store.signed_by(image, subject, key).await
+            self.store.signed_by(image, subject, key, made).await
         }
         async fn catalog(
             &self,

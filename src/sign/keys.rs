@@ -1,6 +1,7 @@
 //! Signing and public keys: a PKCS#8 ECDSA P-256 PEM, or the encrypted private key
 //! `cosign generate-key-pair` writes (scrypt, then NaCl secretbox, around a PKCS#8 DER).
 
+use crate::base::digest::Digest;
 use crate::base::memory::Store;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -177,6 +178,11 @@ pub struct OpeningKey {
     /// Its public half, remembered from an earlier run that opened the same file: a
     /// manifest it already signed needs no opening at all.
     pub remembered: Option<PublicKey>,
+    /// The signatures it attached before, by key file, repository and subject: the
+    /// referrer manifest's digest, which a listing names without its bundle being read.
+    made: Store<Digest>,
+    /// The SHA-256 of the key file.
+    file: String,
 }
 
 /// Public keys of the signing key files opened before, by the SHA-256 of the file's
@@ -215,6 +221,7 @@ impl OpeningKey {
         let (send, receive) = tokio::sync::oneshot::channel();
         // A plain thread, not the runtime's blocking pool: a run that never signs exits
         // without waiting for it.
+        let entry = file.clone();
         std::thread::spawn(move || {
             let opened = closed.open();
             if let (Ok(key), false) = (&opened, known) {
@@ -222,7 +229,7 @@ impl OpeningKey {
                     .public_key()
                     .to_public_key_der()
                     .expect("a P-256 public key encodes");
-                memory.put(file, BASE64.encode(der.as_bytes()));
+                memory.put(entry, BASE64.encode(der.as_bytes()));
                 memory.save();
             }
             send.send(opened.map(Arc::new).map_err(Arc::new))
@@ -238,8 +245,25 @@ impl OpeningKey {
         };
         Ok(OpeningKey {
             opening: opening.boxed().shared(),
+            made: Store::open("signatures.json"),
+            file,
             remembered,
         })
+    }
+
+    /// The referrer this key attached to `subject` in `repository` before, if any.
+    pub fn made_before(&self, repository: &str, subject: &Digest) -> Option<Digest> {
+        self.made
+            .get(&format!("{} {repository}@{subject}", self.file))
+    }
+
+    /// Remembers the referrer this key's signature of `subject` is attached as.
+    pub fn remember_made(&self, repository: &str, subject: &Digest, referrer: &Digest) {
+        self.made.put(
+            format!("{} {repository}@{subject}", self.file),
+            referrer.clone(),
+        );
+        self.made.save();
     }
 
     /// The opened key, waiting for the opening (once, however many ask).

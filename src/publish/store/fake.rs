@@ -176,6 +176,7 @@ impl ImageStore for FakeStore {
         _: &ImageSpec,
         subject: &Digest,
         _: &crate::sign::PublicKey,
+        _: Option<&Digest>,
     ) -> Result<bool> {
         Ok(self
             .attached

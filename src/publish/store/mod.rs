@@ -88,12 +88,15 @@ pub trait ImageStore {
         predicate_type: &str,
     ) -> impl Future<Output = Result<bool>>;
     /// Whether a signature that `key` verifies is attached to the manifest `subject`
-    /// already: a rerun keeps it, and need not open the signing key.
+    /// already: a rerun keeps it, and need not open the signing key. `made`, the
+    /// referrer this key attached before, counts when listed, unread (its digest is its
+    /// content).
     fn signed_by(
         &self,
         image: &ImageSpec,
         subject: &Digest,
         key: &PublicKey,
+        made: Option<&Digest>,
     ) -> impl Future<Output = Result<bool>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
@@ -276,12 +279,20 @@ impl ImageStore for Destination {
         image: &ImageSpec,
         subject: &Digest,
         key: &PublicKey,
+        made: Option<&Digest>,
     ) -> Result<bool> {
         match self {
             Destination::Registry(registry) => {
+                let reference = image.first_tag()?;
+                if let Some(made) = made {
+                    let listed = registry.referrers(&reference, subject).await?;
+                    if listed.iter().any(|d| d["digest"] == made.as_str()) {
+                        return Ok(true);
+                    }
+                }
                 let source = RegistrySource {
                     registry,
-                    reference: image.first_tag()?,
+                    reference,
                     memory: &(),
                     pushed: None,
                 };
