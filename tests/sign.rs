@@ -284,7 +284,7 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     assert!(out.status.success(), "{}", stderr(&out));
     let kept = stderr(&out)
         .lines()
-        .filter(|l| l.contains("already has a signature by key") && l.ends_with("kept"))
+        .filter(|l| l.contains("already has this key's signature") && l.ends_with("kept"))
         .count();
     assert_eq!(kept, 3, "{}", stderr(&out));
     assert_eq!(bundles(&registry, &repo, &digest).len(), found.len());

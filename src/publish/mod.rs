@@ -229,8 +229,8 @@ impl Subject<'_> {
     }
 }
 
-/// Whether `subject` carries a signature by the key's remembered public half already
-/// (kept, and said so); false when the key's public half is not known yet.
+/// Whether `subject` is listed with the signature this key attached to it before (kept,
+/// and said so).
 async fn signed_already(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -238,25 +238,18 @@ async fn signed_already(
     subject: &Subject<'_>,
     reporter: &dyn Reporter,
 ) -> Result<bool> {
-    let Some(public) = &key.remembered else {
+    let digest = subject.digest();
+    let Some(made) = key.made_before(&image.repository, digest) else {
         return Ok(false);
     };
-    let digest = subject.digest();
-    let made = key.made_before(&image.repository, digest);
-    if !destination
-        .signed_by(image, digest, public, made.as_ref())
-        .await?
-    {
+    if !destination.lists(image, digest, &made).await? {
         return Ok(false);
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
         platform: subject.platform().map(|p| p.platform.clone()),
         phase: Phase::Publish,
-        message: format!(
-            "{digest} already has a signature by key {} attached; kept",
-            public.fingerprint
-        ),
+        message: format!("{digest} already has this key's signature {made} attached; kept"),
     });
     Ok(true)
 }
@@ -710,14 +703,13 @@ mod tests {
                 .has_attached(image, subject, predicate_type)
                 .await
         }
-        async fn signed_by(
+        async fn lists(
             &self,
             image: &ImageSpec,
             subject: &crate::base::digest::Digest,
-            key: &sign::PublicKey,
-            made: Option<&crate::base::digest::Digest>,
+            referrer: &crate::base::digest::Digest,
         ) -> std::result::Result<bool, StoreError> {
-            self.store.signed_by(image, subject, key, made).await
+            self.store.lists(image, subject, referrer).await
         }
         async fn catalog(
             &self,

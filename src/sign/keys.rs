@@ -175,22 +175,13 @@ impl Closed {
 /// Only a wrong password waits until the first signature (before any tag moves).
 pub struct OpeningKey {
     opening: Shared<BoxFuture<'static, Opened>>,
-    /// Its public half, remembered from an earlier run that opened the same file: a
-    /// manifest it already signed needs no opening at all.
-    pub remembered: Option<PublicKey>,
     /// The signatures it attached before, by key file, repository and subject: the
-    /// referrer manifest's digest, which a listing names without its bundle being read.
+    /// referrer manifest's digest. Its digest is its content, so a referrers listing
+    /// that names it says the manifest is signed by this key, with nothing opened or
+    /// read; a manifest signed before but forgotten is signed again, to the same bytes.
     made: Store<Digest>,
     /// The SHA-256 of the key file.
     file: String,
-}
-
-/// Public keys of the signing key files opened before, by the SHA-256 of the file's
-/// bytes: the base64 of the public key's DER. A stale or foreign entry can only make a
-/// run trust a signature that verifies with that key, which `--require-signature` and
-/// `gate` check again.
-fn remembered_keys() -> Store<String> {
-    Store::open("signing-keys.json")
 }
 
 type Opened = Result<Arc<SigningKey>, Arc<KeyError>>;
@@ -207,33 +198,10 @@ impl OpeningKey {
         let text = read(path)?;
         let closed = Closed::parse(path, &text, password)?;
         let file = format!("sha256:{:x}", Sha256::digest(text.as_bytes()));
-        let memory = remembered_keys();
-        let remembered = memory
-            .get(&file)
-            .and_then(|der| BASE64.decode(der).ok())
-            .and_then(|der| ecdsa::VerifyingKey::from_public_key_der(&der).ok())
-            .map(|key| PublicKey {
-                fingerprint: fingerprint(&key),
-                key,
-                path: path.to_path_buf(),
-            });
-        let known = remembered.is_some();
         let (send, receive) = tokio::sync::oneshot::channel();
         // A plain thread, not the runtime's blocking pool: a run that never signs exits
         // without waiting for it.
-        let entry = file.clone();
-        std::thread::spawn(move || {
-            let opened = closed.open();
-            if let (Ok(key), false) = (&opened, known) {
-                let der = key
-                    .public_key()
-                    .to_public_key_der()
-                    .expect("a P-256 public key encodes");
-                memory.put(entry, BASE64.encode(der.as_bytes()));
-                memory.save();
-            }
-            send.send(opened.map(Arc::new).map_err(Arc::new))
-        });
+        std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
         let path = path.to_path_buf();
         let opening = async move {
             receive.await.unwrap_or_else(|_| {
@@ -247,7 +215,6 @@ impl OpeningKey {
             opening: opening.boxed().shared(),
             made: Store::open("signatures.json"),
             file,
-            remembered,
         })
     }
 

@@ -170,14 +170,8 @@ impl ImageStore for FakeStore {
         )))
     }
 
-    /// A bundle attached to `subject` counts: the fake keeps no signatures to check.
-    async fn signed_by(
-        &self,
-        _: &ImageSpec,
-        subject: &Digest,
-        _: &crate::sign::PublicKey,
-        _: Option<&Digest>,
-    ) -> Result<bool> {
+    /// A bundle attached to `subject` counts: the fake keeps no referrer digests.
+    async fn lists(&self, _: &ImageSpec, subject: &Digest, _: &Digest) -> Result<bool> {
         Ok(self
             .attached
             .lock()

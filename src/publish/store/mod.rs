@@ -17,9 +17,8 @@ use crate::project::ImageSpec;
 use crate::publish::layout::{LayoutSource, OciLayout};
 use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, RegistryOptions};
 use crate::sbom::{self, Catalog};
-use crate::sign::PublicKey;
 use crate::verify::coverage_record::ImageCoverage;
-use crate::verify::{self, ReadMemory, RegistrySource, Target};
+use crate::verify::{self, ReadMemory, Target};
 use oci_client::Reference;
 use std::future::Future;
 
@@ -87,16 +86,12 @@ pub trait ImageStore {
         subject: &Digest,
         predicate_type: &str,
     ) -> impl Future<Output = Result<bool>>;
-    /// Whether a signature that `key` verifies is attached to the manifest `subject`
-    /// already: a rerun keeps it, and need not open the signing key. `made`, the
-    /// referrer this key attached before, counts when listed, unread (its digest is its
-    /// content).
-    fn signed_by(
+    /// Whether the referrer `referrer` is listed for the manifest `subject`.
+    fn lists(
         &self,
         image: &ImageSpec,
         subject: &Digest,
-        key: &PublicKey,
-        made: Option<&Digest>,
+        referrer: &Digest,
     ) -> impl Future<Output = Result<bool>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
@@ -274,32 +269,11 @@ impl ImageStore for Destination {
         }
     }
 
-    async fn signed_by(
-        &self,
-        image: &ImageSpec,
-        subject: &Digest,
-        key: &PublicKey,
-        made: Option<&Digest>,
-    ) -> Result<bool> {
+    async fn lists(&self, image: &ImageSpec, subject: &Digest, referrer: &Digest) -> Result<bool> {
         match self {
             Destination::Registry(registry) => {
-                let reference = image.first_tag()?;
-                if let Some(made) = made {
-                    let listed = registry.referrers(&reference, subject).await?;
-                    if listed.iter().any(|d| d["digest"] == made.as_str()) {
-                        return Ok(true);
-                    }
-                }
-                let source = RegistrySource {
-                    registry,
-                    reference,
-                    memory: &(),
-                    pushed: None,
-                };
-                let keys = std::slice::from_ref(key);
-                Ok(verify::signed::signature(&source, subject, keys)
-                    .await?
-                    .is_ok())
+                let listed = registry.referrers(&image.first_tag()?, subject).await?;
+                Ok(listed.iter().any(|d| d["digest"] == referrer.as_str()))
             }
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
