@@ -170,11 +170,14 @@ impl Closed {
 }
 
 /// A signing key for a run: read and checked when the run starts, so a missing file or
-/// password is refused before anything builds, and opened on a thread of its own, so
-/// a cold build hides the scrypt behind its solve and a warm rerun behind its reads.
-/// Only a wrong password waits until the first signature (before any tag moves).
+/// password is refused before anything builds, and opened on a thread of its own once a
+/// build starts, so a cold build hides the scrypt behind its solve and a warm rerun that
+/// signs nothing new never pays it. Only a wrong password waits until the first
+/// signature (before any tag moves).
 pub struct OpeningKey {
     opening: Shared<BoxFuture<'static, Opened>>,
+    /// The key and where its opening goes, until [`OpeningKey::begin`] starts it.
+    unopened: std::sync::Mutex<Option<(Closed, tokio::sync::oneshot::Sender<Opened>)>>,
     /// The signatures it attached before, by key file, repository and subject: the
     /// referrer manifest's digest. Its digest is its content, so a referrers listing
     /// that names it says the manifest is signed by this key, with nothing opened or
@@ -199,9 +202,6 @@ impl OpeningKey {
         let closed = Closed::parse(path, &text, password)?;
         let file = format!("sha256:{:x}", Sha256::digest(text.as_bytes()));
         let (send, receive) = tokio::sync::oneshot::channel();
-        // A plain thread, not the runtime's blocking pool: a run that never signs exits
-        // without waiting for it.
-        std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
         let path = path.to_path_buf();
         let opening = async move {
             receive.await.unwrap_or_else(|_| {
@@ -213,9 +213,20 @@ impl OpeningKey {
         };
         Ok(OpeningKey {
             opening: opening.boxed().shared(),
+            unopened: std::sync::Mutex::new(Some((closed, send))),
             made: Store::open("signatures.json"),
             file,
         })
+    }
+
+    /// Starts opening the key on a thread of its own, once: when a build starts (it
+    /// hides the scrypt), or at the first signature. A plain thread, not the runtime's
+    /// blocking pool, so a run that never signs exits without waiting for it.
+    pub fn begin(&self) {
+        let unopened = self.unopened.lock().expect("key lock").take();
+        if let Some((closed, send)) = unopened {
+            std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
+        }
     }
 
     /// The referrer this key attached to `subject` in `repository` before, if any.
@@ -235,6 +246,7 @@ impl OpeningKey {
 
     /// The opened key, waiting for the opening (once, however many ask).
     pub async fn opened(&self) -> Opened {
+        self.begin();
         self.opening.clone().await
     }
 }

@@ -3,9 +3,8 @@
 //! builder's are.
 
 use super::retry::missing_emulation;
-use super::unit::{push_built, report_phase, reuse, warn_if_emulated, Reuse};
+use super::unit::{build_starts, push_built, reuse, Reuse};
 use super::Shared;
-use crate::base::progress::Phase;
 use crate::builder::{self, Builders, LibpodBuild};
 use crate::docker::engine::{Engine, Product};
 use crate::project::plan::Unit;
@@ -60,12 +59,11 @@ pub(super) async fn build_and_push_image(
     let platforms: Vec<Platform> = to_build.iter().map(|(u, ..)| u.platform.clone()).collect();
     let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     for (unit, _, emulated) in &to_build {
-        warn_if_emulated(unit, *emulated, run.reporter);
         let message = format!(
             "building with Podman's libpod build ({} in one build)",
             names.join(", ")
         );
-        report_phase(run, unit, Phase::Build, message);
+        build_starts(run, unit, *emulated, message);
     }
     let hashes = run.replays.hashes();
     let build = || LibpodBuild {

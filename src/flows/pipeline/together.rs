@@ -3,8 +3,8 @@
 
 use super::retry::missing_emulation;
 use super::unit::{
-    build_info, build_unit, building, check_platform, pusher, reads, remember, remember_pushed,
-    report_phase, reuse, warn_if_emulated, Reuse,
+    build_info, build_starts, build_unit, building, check_platform, pusher, reads, remember,
+    remember_pushed, report_phase, reuse, Reuse,
 };
 use super::{Run, Shared};
 use crate::base::oci::{self, ConfigPlatform, IndexEntry};
@@ -109,13 +109,12 @@ async fn build_together(
     let platforms: Vec<Platform> = units.iter().map(|(u, ..)| u.platform.clone()).collect();
     let names: Vec<String> = platforms.iter().map(Platform::to_string).collect();
     for (unit, _, emulated) in units {
-        warn_if_emulated(unit, *emulated, run.reporter);
         let message = format!(
             "building {} ({} in one solve)",
             building(engine),
             names.join(", ")
         );
-        report_phase(run, unit, Phase::Build, message);
+        build_starts(run, unit, *emulated, message);
     }
     let built =
         builder::build_platforms(engine, image, &platforms, &image.repository, run.reporter)

@@ -143,7 +143,17 @@ pub(super) fn report_phase(run: &Run<'_>, unit: &Unit<'_>, phase: Phase, message
     });
 }
 
-pub(super) fn warn_if_emulated(unit: &Unit<'_>, emulated: bool, reporter: &dyn Reporter) {
+/// A platform's build starts: says so (and that it is emulated, where it is), and starts
+/// opening the image's signing key, whose scrypt the build then hides.
+pub(super) fn build_starts(run: &Run<'_>, unit: &Unit<'_>, emulated: bool, message: String) {
+    warn_if_emulated(unit, emulated, run.reporter);
+    if let Some(key) = &unit.image.signer {
+        key.begin();
+    }
+    report_phase(run, unit, Phase::Build, message);
+}
+
+fn warn_if_emulated(unit: &Unit<'_>, emulated: bool, reporter: &dyn Reporter) {
     if emulated {
         reporter.report(Event::Warning {
             message: format!(
@@ -224,11 +234,10 @@ pub(super) async fn build_unit(
     run: &Run<'_>,
 ) -> Result<Pushed> {
     let image = unit.image;
-    warn_if_emulated(unit, emulated, run.reporter);
-    report_phase(
+    build_starts(
         run,
         unit,
-        Phase::Build,
+        emulated,
         format!("building {}", building(builder)),
     );
     let output = build_output(builder, store, image, run);
