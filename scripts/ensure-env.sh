@@ -159,11 +159,47 @@ ensure_engine() {
   die "could not start dockerd; see $dockerd_log"
 }
 
+# ---------------------------------------------------------------- background builds
+# BuildKit, cargo-auditable and mdBook take minutes each to build on a fresh machine and
+# need only their sources: each runs beside the rest of the set-up (and beside `make
+# test`'s own compiles), and the script waits for them at its end, printing each one's
+# output under its name.
+jobs_dir="$(mktemp -d)"
+declare -A job_pids=()
+in_background() {
+  local name="$1"
+  shift
+  "$@" >"$jobs_dir/$name.log" 2>&1 &
+  job_pids[$name]=$!
+}
+wait_for_background() {
+  local name failed=()
+  for name in "${!job_pids[@]}"; do
+    wait "${job_pids[$name]}" || failed+=("$name")
+    sed "s/^/[$name] /" "$jobs_dir/$name.log" >&2
+  done
+  rm -rf "$jobs_dir"
+  [[ ${#failed[@]} -eq 0 ]] || die "failed: ${failed[*]} (output above)"
+}
+
 # ---------------------------------------------------------------- main
+if [[ "$mode" == test ]]; then
+  # cargo-auditable from crates.io, for tests/sbom.rs's cross-check of Rust binaries' crates.
+  in_background cargo-auditable bash "$root/scripts/crate-tool.sh" cargo-auditable install
+  # mdBook for `make docs` (the book under docs/), built from crates.io the first time.
+  if [[ "${POLYARCH_SKIP_MDBOOK:-}" != 1 ]]; then
+    in_background mdbook bash "$root/scripts/crate-tool.sh" mdbook install
+  fi
+fi
 install_missing
 if [[ "${POLYARCH_SKIP_ENGINE:-}" != 1 ]]; then ensure_engine; fi
 if [[ "${POLYARCH_SKIP_FIXTURES:-}" != 1 ]]; then bash "$root/fixtures/fetch-busybox.sh"; fi
 if [[ "$mode" == demo ]]; then log "ok (demo)"; exit 0; fi
+# A standalone buildkitd, built from Debian's archive (with the Go just installed) the
+# first time.
+if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
+  in_background buildkitd bash "$root/scripts/buildkitd.sh" start
+fi
 
 # The tests' token server (tests/support/token-server.py) signs with Python's cryptography.
 if ! python3 -c 'import cryptography' 2>/dev/null; then
@@ -193,16 +229,7 @@ fi
 if [[ "${POLYARCH_SKIP_PODMAN:-}" != 1 ]]; then
   bash "$root/scripts/podman.sh" start >/dev/null
 fi
-# A standalone buildkitd, built from Debian's archive the first time.
-if [[ "${POLYARCH_SKIP_BUILDKITD:-}" != 1 ]]; then
-  bash "$root/scripts/buildkitd.sh" start >/dev/null
-fi
 # cosign 3.1.1 from Debian sid, for tests/sign.rs's cross-check.
 bash "$root/scripts/cosign.sh" >/dev/null
-# cargo-auditable from crates.io, for tests/sbom.rs's cross-check of Rust binaries' crates.
-bash "$root/scripts/crate-tool.sh" cargo-auditable install
-# mdBook for `make docs` (the book under docs/), built from crates.io the first time.
-if [[ "${POLYARCH_SKIP_MDBOOK:-}" != 1 ]]; then
-  bash "$root/scripts/crate-tool.sh" mdbook install
-fi
+wait_for_background
 log "ok"
