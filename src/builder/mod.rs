@@ -214,7 +214,10 @@ async fn build_once(engine: &Engine, unit: UnitBuild<'_>, stage: &BuildStage) ->
     };
     let into = layout.as_ref().map(|file| file.path());
     let (error, solved, sent_context) = run_build(engine, unit, &tag, into, &mut log).await?;
-    if let Some(stopped) = error.or_else(|| log.vertex_error.take().map(Stopped::Failed)) {
+    // A solve BuildKit answered with success succeeded, whatever its steps said: a step
+    // shared by two requests reports "context canceled" for the one whose wait was cut
+    // short, and buildx builds on too.
+    if let Some(stopped) = error {
         return stopped_build(&mut log, &stopped, spec, platform, output);
     }
     let (transfers, exporter_response) = solved

@@ -34,33 +34,31 @@ pub async fn build_platforms(
         let exporter = registry_exporter(engine, repository, spec);
         solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
     };
-    let (stopped, failed) = match solved {
-        Ok(solved) => match logs.failed() {
-            None => {
-                let digest =
-                    pushed_manifest_digest(&solved.exporter_response).ok_or_else(|| {
-                        BuilderError::Build {
-                            image: spec.name.clone(),
-                            platform: platform_list(platforms),
-                            source: BuildError::Answer(format!(
-                            "the engine pushed to {repository} but did not say which index ({:?})",
-                            solved.exporter_response
-                        )),
-                        }
-                    })?;
-                return Ok(BuiltIndex {
-                    digest,
-                    seconds: started.elapsed().as_secs_f64(),
-                    transfers: solved.transfers,
-                });
-            }
-            Some(index) => (
-                Stopped::Failed(logs.logs[index].vertex_error.clone().unwrap_or_default()),
-                index,
-            ),
-        },
-        Err(error) => (Stopped::from(error), logs.failed().unwrap_or(0)),
+    // A solve BuildKit answered with success succeeded, whatever its steps said: the
+    // platforms' requests share the steps they have in common (a base image's layers
+    // both copy from), and the one whose wait was cut short reports "context canceled"
+    // for it, as buildx shows (CANCELED) and builds on.
+    let error = match solved {
+        Ok(solved) => {
+            let digest = pushed_manifest_digest(&solved.exporter_response).ok_or_else(|| {
+                BuilderError::Build {
+                    image: spec.name.clone(),
+                    platform: platform_list(platforms),
+                    source: BuildError::Answer(format!(
+                        "the engine pushed to {repository} but did not say which index ({:?})",
+                        solved.exporter_response
+                    )),
+                }
+            })?;
+            return Ok(BuiltIndex {
+                digest,
+                seconds: started.elapsed().as_secs_f64(),
+                transfers: solved.transfers,
+            });
+        }
+        Err(error) => error,
     };
+    let (stopped, failed) = (Stopped::from(error), logs.failed().unwrap_or(0));
     let log = &mut logs.logs[failed];
     let platform = log.platform;
     let shared = log.shared_failure;
