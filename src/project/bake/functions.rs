@@ -8,7 +8,8 @@
 
 use super::Problem;
 use base64::Engine as _;
-use hcl::eval::{Context, Evaluate, FuncArgs, FuncDef, ParamType};
+use super::eval;
+use hcl::eval::{Context, FuncArgs, FuncDef, ParamType};
 use hcl::{Expression, Number, Value};
 use std::cell::RefCell;
 
@@ -70,13 +71,16 @@ fn call_user(slot: usize, args: FuncArgs) -> Result<Value> {
             function.name
         ))
     } else {
-        function
-            .result
-            .evaluate(&scope)
+        eval::evaluate(&function.result, &scope)
             .map_err(|e| format!("in {}(): {e}", function.name))
     };
     DEPTH.with(|d| *d.borrow_mut() -= 1);
     result
+}
+
+/// The file's function of that name.
+pub(super) fn user(name: &str) -> Option<UserFunction> {
+    USER.with(|u| u.borrow().iter().find(|f| f.name == name).cloned())
 }
 
 /// The context with bake's standard library and the file's functions, which see the
@@ -117,6 +121,7 @@ pub(super) const NAMES: &[&str] = &[
     "base64decode",
     "base64encode",
     "basename",
+    "can",
     "ceil",
     "chomp",
     "chunklist",
@@ -191,6 +196,7 @@ pub(super) const NAMES: &[&str] = &[
     "trimprefix",
     "trimspace",
     "trimsuffix",
+    "try",
     "unixtimestampparse",
     "upper",
     "urlencode",
@@ -1234,8 +1240,7 @@ mod tests {
     fn eval(expression: &str) -> String {
         let context = context(&[]).unwrap();
         let e: Expression = expression.parse().unwrap();
-        let v = e
-            .evaluate(&context)
+        let v = eval::evaluate(&e, &context)
             .unwrap_or_else(|e| panic!("{expression}: {e}"));
         match v {
             Value::String(x) => x,
