@@ -130,7 +130,11 @@ pub(super) fn evaluate(expression: &Expression, context: &Context) -> Result<Val
                     other => other.clone(),
                 });
             }
-            elements.into_iter().collect::<Template>().evaluate(context).map(Value::String)
+            elements
+                .into_iter()
+                .collect::<Template>()
+                .evaluate(context)
+                .map(Value::String)
         }
         other => other.evaluate(context),
     }
@@ -147,18 +151,20 @@ fn call_try(call: &FuncCall, context: &Context) -> Result<Value> {
         return Err(refused("at least one argument is required".into()));
     }
     if call.expand_final {
-        return Err(refused("takes expressions, not an expanded list (…)".into()));
+        return Err(refused(
+            "takes expressions, not an expanded list (…)".into(),
+        ));
     }
-    wait_for(&call.args)?;
+    wait_for(&call.args, context)?;
     let mut why = Vec::new();
-    for arg in &call.args {
+    for (n, arg) in call.args.iter().enumerate() {
         match evaluate(arg, context) {
             Ok(value) => return Ok(value),
-            Err(e) => why.push(e.to_string()),
+            Err(e) => why.push(format!("{}: {e}", n + 1)),
         }
     }
     Err(refused(format!(
-        "no expression succeeded ({}); at least one expression must produce a successful result",
+        "no expression succeeded ({})",
         why.join("; ")
     )))
 }
@@ -167,7 +173,7 @@ fn call_try(call: &FuncCall, context: &Context) -> Result<Value> {
 fn call_can(call: &FuncCall, context: &Context) -> Result<Value> {
     match call.args.as_slice() {
         [arg] if !call.expand_final => {
-            wait_for(std::slice::from_ref(arg))?;
+            wait_for(std::slice::from_ref(arg), context)?;
             Ok(Value::Bool(evaluate(arg, context).is_ok()))
         }
         _ => Err(ErrorKind::FuncCall(call.name.clone(), "takes one expression".into()).into()),
@@ -372,8 +378,9 @@ fn directive_mentions_try(directive: &Directive) -> bool {
 }
 
 /// The error a name of `args` still waiting gives (what it gives unresolved), if any: the
-/// names the file's functions they call read count too.
-fn wait_for(args: &[Expression]) -> Result<()> {
+/// names the file's functions they call read count too. A name `context` holds (a `for`'s,
+/// a function's parameter, a variable resolved earlier in this round) waits for nothing.
+fn wait_for(args: &[Expression], context: &Context) -> Result<()> {
     WAITING.with(|waiting| {
         let waiting = waiting.borrow();
         if waiting.variables.is_empty() && waiting.fields.is_empty() {
@@ -381,7 +388,8 @@ fn wait_for(args: &[Expression]) -> Result<()> {
         }
         let mut seen = Vec::new();
         for arg in args {
-            if let ControlFlow::Break(e) = waits(arg, &mut Vec::new(), &waiting, &mut seen) {
+            let mut bound = Vec::new();
+            if let ControlFlow::Break(e) = waits(arg, &mut bound, &waiting, &mut seen, context) {
                 return Err(e);
             }
         }
@@ -394,11 +402,16 @@ fn waits(
     bound: &mut Vec<String>,
     waiting: &Waiting,
     seen: &mut Vec<String>,
+    context: &Context,
 ) -> ControlFlow<Error> {
     each_within(expression, bound, &mut |e, bound| {
         let free = |name: &str| !bound.iter().any(|b| b == name);
         match e {
-            Expression::Variable(v) if free(v) && waiting.variables.iter().any(|w| w == v.as_str()) => {
+            Expression::Variable(v)
+                if free(v)
+                    && waiting.variables.iter().any(|w| w == v.as_str())
+                    && e.evaluate(context).is_err() =>
+            {
                 ControlFlow::Break(ErrorKind::UndefinedVar(v.clone().into_inner()).into())
             }
             Expression::Traversal(t) => match (&t.expr, t.operators.as_slice()) {
@@ -430,7 +443,7 @@ fn waits(
                     Some(function) => {
                         let mut params = function.params.clone();
                         params.extend(function.variadic.clone());
-                        waits(&function.result, &mut params, waiting, seen)
+                        waits(&function.result, &mut params, waiting, seen, context)
                     }
                     None => ControlFlow::Continue(()),
                 }
@@ -438,4 +451,133 @@ fn waits(
             _ => ControlFlow::Continue(()),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::project::bake::functions::UserFunction;
+
+    /// `expression` evaluated with the standard library, `M = { key = "v" }`, `TAG =
+    /// "v1.2"`, and the file's `functions`.
+    fn eval_with(expression: &str, functions: &[UserFunction]) -> Result<Value> {
+        let mut context = functions::context(functions).unwrap();
+        context.declare_var("M", Value::Object([("key".into(), "v".into())].into()));
+        context.declare_var("TAG", "v1.2");
+        functions::set_scope(&context);
+        let e: Expression = expression.parse().unwrap();
+        evaluate(&e, &context)
+    }
+
+    fn eval(expression: &str) -> Result<Value> {
+        eval_with(expression, &[])
+    }
+
+    fn json(expression: &str) -> String {
+        let value = eval(expression).unwrap_or_else(|e| panic!("{expression}: {e}"));
+        serde_json::to_string(&value).unwrap()
+    }
+
+    #[test]
+    fn try_gives_its_first_argument_that_evaluates() {
+        let cases = [
+            (r#"try(M.key, "d")"#, r#""v""#),
+            (r#"try(M.nope, "d")"#, r#""d""#),
+            (r#"try(M["nope"], NOPE, 3)"#, "3"),
+            (r#"try(null, "d")"#, "null"),
+            (r#"try(try(M.a, M.b), try(M.c, "inner"))"#, r#""inner""#),
+            (r#"upper(try(M.nope, "d"))"#, r#""D""#),
+            (r#"try(regex("^v([0-9]+)", TAG)[0], "dev")"#, r#""1""#),
+            (
+                r#"[for k in ["key", "x"] : try(M[k], "-")]"#,
+                r#"["v","-"]"#,
+            ),
+            (
+                r#"{for k in ["key", "x"] : k => try(M[k], "-") if k != "y"}"#,
+                r#"{"key":"v","x":"-"}"#,
+            ),
+            (
+                r#"{for k in ["a", "b"] : "g" => try(k, 0)...}"#,
+                r#"{"g":["a","b"]}"#,
+            ),
+            (r#""tag-${try(M.nope, "q")}-${TAG}""#, r#""tag-q-v1.2""#),
+            (r#""${try(M.nope, ["x"])}""#, r#"["x"]"#),
+            (r#"true ? try(M.key, 1) : NOPE"#, r#""v""#),
+            (
+                r#"{ (try(M.key, "k")) = try(M.nope, 1) + 1 }"#,
+                r#"{"v":2}"#,
+            ),
+            (r#"["a", "b"][try(M.nope, 1)]"#, r#""b""#),
+        ];
+        for (expression, want) in cases {
+            assert_eq!(json(expression), want, "{expression}");
+        }
+    }
+
+    #[test]
+    fn can_tells_whether_its_argument_evaluates() {
+        assert_eq!(json(r#"can(regex("^v[0-9]", TAG))"#), "true");
+        assert_eq!(json(r#"can(regex("^w[0-9]", TAG))"#), "false");
+        assert_eq!(json("can(NOPE)"), "false");
+        assert_eq!(json("[for x in [1, M] : can(x.key)]"), "[false,true]");
+    }
+
+    #[test]
+    fn a_try_whose_every_argument_fails_says_why() {
+        let e = eval("try(M.nope, NOPE)").unwrap_err();
+        let ErrorKind::FuncCall(name, why) = e.kind() else {
+            panic!("{e}")
+        };
+        assert_eq!(name.name.as_str(), "try");
+        assert!(why.starts_with("no expression succeeded (1: "), "{why}");
+        assert!(matches!(
+            eval("try()").unwrap_err().kind(),
+            ErrorKind::FuncCall(..)
+        ));
+        assert!(matches!(
+            eval("can(1, 2)").unwrap_err().kind(),
+            ErrorKind::FuncCall(..)
+        ));
+        // A try inside a %{…} directive is refused, not guessed.
+        assert!(matches!(
+            eval(r#""%{ for x in ["a"] }${try(x, "")}%{ endfor }""#)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Message(_)
+        ));
+    }
+
+    #[test]
+    fn a_try_naming_a_name_not_resolved_yet_fails_as_the_name_would() {
+        let function = UserFunction {
+            name: "later".into(),
+            params: vec!["p".into()],
+            variadic: None,
+            result: "try(LATER, p)".parse().unwrap(),
+        };
+        set_waiting(Waiting {
+            variables: vec!["LATER".into(), "p".into()],
+            fields: vec![("app".into(), "tags".into())],
+        });
+        let waited = |expression: &str| eval_with(expression, &[function.clone()]);
+        assert!(matches!(
+            waited(r#"try(LATER, "d")"#).unwrap_err().kind(),
+            ErrorKind::UndefinedVar(name) if name.as_str() == "LATER"
+        ));
+        assert!(matches!(
+            waited(r#"can(target.app.tags)"#).unwrap_err().kind(),
+            ErrorKind::NoSuchKey(key) if key == "tags"
+        ));
+        assert!(waited(r#"try(target.app, {})"#).is_err());
+        assert!(waited(r#"try(later(1), "d")"#).is_err());
+        // Another field, a name a `for` or a function parameter binds: no wait.
+        assert!(waited(r#"try(target.app.args, "d")"#).is_ok());
+        assert!(waited(r#"[for LATER in [1] : try(LATER, 0)]"#).is_ok());
+        set_waiting(Waiting {
+            variables: vec!["p".into()],
+            fields: Vec::new(),
+        });
+        assert_eq!(waited("later(7)").unwrap(), Value::from(7));
+        set_waiting(Waiting::default());
+    }
 }

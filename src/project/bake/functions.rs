@@ -6,9 +6,9 @@
 //! capture its body: each is given one of [`SLOTS`], a `fn` that finds its definition,
 //! and the scope it is evaluated in, in this thread's [`USER`] and [`SCOPE`].
 
+use super::eval;
 use super::Problem;
 use base64::Engine as _;
-use super::eval;
 use hcl::eval::{Context, FuncArgs, FuncDef, ParamType};
 use hcl::{Expression, Number, Value};
 use std::cell::RefCell;
@@ -71,8 +71,7 @@ fn call_user(slot: usize, args: FuncArgs) -> Result<Value> {
             function.name
         ))
     } else {
-        eval::evaluate(&function.result, &scope)
-            .map_err(|e| format!("in {}(): {e}", function.name))
+        eval::evaluate(&function.result, &scope).map_err(|e| format!("in {}(): {e}", function.name))
     };
     DEPTH.with(|d| *d.borrow_mut() -= 1);
     result
@@ -1240,8 +1239,7 @@ mod tests {
     fn eval(expression: &str) -> String {
         let context = context(&[]).unwrap();
         let e: Expression = expression.parse().unwrap();
-        let v = eval::evaluate(&e, &context)
-            .unwrap_or_else(|e| panic!("{expression}: {e}"));
+        let v = eval::evaluate(&e, &context).unwrap_or_else(|e| panic!("{expression}: {e}"));
         match v {
             Value::String(x) => x,
             other => json_encode(&other),

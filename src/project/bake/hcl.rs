@@ -2,10 +2,10 @@
 //! `validation`, the environment's value by the variable's name), `${}` interpolation,
 //! a part of bake's standard library, `target.NAME.attr` references, then `inherits`.
 
+use super::eval::{self, evaluate, Waiting};
 use super::functions::{self, UserFunction};
 use super::{Definition, Fields, Problem};
 use crate::project::values::{Lookup, Source};
-use super::eval::{self, evaluate, Waiting};
 use hcl::eval::{Context, ErrorKind};
 use hcl::{Body, Expression, Value};
 use serde_json::Value as Json;
@@ -445,7 +445,10 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                 own.iter()
                     .zip(&targets)
                     .map(|((name, fields), target)| {
-                        (name.clone(), Value::Object(as_referenced(name, fields, target)))
+                        (
+                            name.clone(),
+                            Value::Object(as_referenced(name, fields, target)),
+                        )
                     })
                     .collect(),
             ),
@@ -631,8 +634,8 @@ fn expand_matrices<'a>(
             continue;
         };
         let field = format!("target.{name}.matrix");
-        let Value::Object(axes) = evaluate(matrix, context)
-            .map_err(|e| evaluation(field.clone(), &e))?
+        let Value::Object(axes) =
+            evaluate(matrix, context).map_err(|e| evaluation(field.clone(), &e))?
         else {
             return Err(Problem::at(
                 field,
@@ -865,6 +868,9 @@ fn evaluation(field: String, e: &hcl::eval::Error) -> Problem {
         ErrorKind::UndefinedFunc(name) => format!(
             "calls {name}(), a function polyarch does not provide (it has {}); compute the value in a variable, or set it from the environment",
             super::functions::NAMES.join(", ")
+        ),
+        ErrorKind::FuncCall(name, why) if name.name.as_str() == "try" => format!(
+            "calls try(), and {why}; at least one expression must produce a successful result: end it with a fallback that always does"
         ),
         _ => format!("cannot be evaluated ({e}); fix the expression"),
     };
