@@ -559,7 +559,7 @@ mod tests {
             variables: vec!["LATER".into(), "p".into()],
             fields: vec![("app".into(), "tags".into())],
         });
-        let waited = |expression: &str| eval_with(expression, &[function.clone()]);
+        let waited = |expression: &str| eval_with(expression, std::slice::from_ref(&function));
         assert!(matches!(
             waited(r#"try(LATER, "d")"#).unwrap_err().kind(),
             ErrorKind::UndefinedVar(name) if name.as_str() == "LATER"
