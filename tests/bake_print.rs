@@ -543,6 +543,24 @@ fn plan_print_refuses_what_polyarch_cannot_honour() {
     );
 }
 
+/// Runs `case` through both, which must fail: bake saying `bake_says`, polyarch with
+/// exit 2 and `we_say` on stderr.
+fn fails_both(case: &Case, bake_says: &str, we_say: &str) {
+    let dir = prepare(case);
+    let bake = with_case(
+        docker28_client().args(["buildx", "bake", "--print"]),
+        dir.path(),
+        case,
+    );
+    assert!(!bake.status.success(), "bake accepted {:?}", case.name);
+    let stderr = String::from_utf8_lossy(&bake.stderr);
+    assert!(stderr.contains(bake_says), "{stderr}");
+    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
+    assert_eq!(ours.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    assert!(stderr.contains(we_say), "{stderr}");
+}
+
 /// A variable its validation refuses fails both: bake with its message, polyarch with
 /// exit 2 naming the variable and the same message.
 #[test]
@@ -553,20 +571,10 @@ fn a_refused_variable_fails_both() {
         args: &[],
         env: &[("PORT", "80")],
     };
-    let dir = prepare(case);
-    let bake = with_case(
-        docker28_client().args(["buildx", "bake", "--print"]),
-        dir.path(),
+    fails_both(
         case,
-    );
-    assert!(!bake.status.success(), "bake accepted PORT=80");
-    assert!(String::from_utf8_lossy(&bake.stderr).contains("PORT must be above 1024"));
-    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
-    assert_eq!(ours.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&ours.stderr);
-    assert!(
-        stderr.contains("variable.PORT.validation: PORT must be above 1024"),
-        "{stderr}"
+        "PORT must be above 1024",
+        "variable.PORT.validation: PORT must be above 1024",
     );
 }
 
@@ -588,22 +596,10 @@ target "default" {
         args: &[],
         env: &[],
     };
-    let dir = prepare(case);
-    let bake = with_case(
-        docker28_client().args(["buildx", "bake", "--print"]),
-        dir.path(),
+    fails_both(
         case,
-    );
-    assert!(!bake.status.success(), "bake accepted the failing try");
-    assert!(String::from_utf8_lossy(&bake.stderr).contains("no expression succeeded"));
-    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
-    assert_eq!(ours.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&ours.stderr);
-    assert!(
-        stderr.contains(
-            "docker-bake.hcl: target.default.tags: calls try(), and no expression succeeded"
-        ),
-        "{stderr}"
+        "no expression succeeded",
+        "docker-bake.hcl: target.default.tags: calls try(), and no expression succeeded",
     );
 }
 
