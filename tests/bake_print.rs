@@ -261,6 +261,63 @@ target "app" {
 }
 "#;
 
+/// try() and can(): fallbacks hit and not, in variable defaults, a validation, a user
+/// function, target fields, a `for`, a matrix and its name; forward references
+/// (`LATER`, `target.app.args.APP` from `worker`) resolved before a try may fall back.
+const TRY: &str = r#"
+variable "REGISTRY" { default = try(CUSTOM_REGISTRY, "reg.example.com") }
+variable "TAG" { default = "v1.2.3" }
+variable "VERSIONS" { default = { app = "1.0" } }
+variable "EXTRA" { default = try(VERSIONS.extra, "none") }
+variable "APPV" { default = try(VERSIONS["app"], "0") }
+variable "LATER" { default = try(DECLARED_AFTER, "early") }
+variable "DECLARED_AFTER" { default = "late" }
+variable "PORT" {
+  default = "8080"
+  validation {
+    condition = can(regex("^[0-9]+$", PORT))
+    error_message = "PORT must be a number"
+  }
+}
+function "version_of" {
+  params = [name]
+  result = try(VERSIONS[name], "0.0")
+}
+group "default" { targets = ["worker", "app", "flavours"] }
+target "worker" {
+  tags = try(target.worker-tags.tags, ["${REGISTRY}/worker:${APPV}"])
+  labels = { "from.app" = try(target.app.args.APP, "none"), "port" = PORT }
+  platforms = try(target.app.platforms, ["linux/amd64"])
+}
+target "base" {
+  tags = ["reg.example.com/base:1"]
+  platforms = ["linux/amd64", "linux/arm64"]
+}
+target "app" {
+  tags = ["${REGISTRY}/app:${TAG}", "${REGISTRY}/app:${try(regex("^v([0-9]+)", TAG)[0], "dev")}"]
+  platforms = try(target.base.platforms, ["linux/amd64"])
+  args = {
+    EXTRA = EXTRA
+    APPV = APPV
+    LATER = LATER
+    RELEASE = can(regex("^v[0-9]", TAG))
+    SNAPSHOT = can(regex("-snapshot$", TAG))
+    WORKER = version_of("worker")
+    APP = version_of("app")
+    BASE_ARGS = jsonencode(try(target.base.args, {}))
+    MISSING = try(target.nope.tags[0], "no target")
+    LIST = join(",", [for k in ["app", "worker"] : try(VERSIONS[k], "-")])
+    NESTED = try(try(VERSIONS.a, VERSIONS.b), try(VERSIONS.c, "inner"))
+  }
+}
+target "flavours" {
+  name = "flavour-${f}"
+  matrix = { f = try(FLAVOURS, ["slim", "full"]) }
+  tags = ["reg.example.com/flavour:${f}-${try({ slim = "s" }[f], f)}"]
+  args = { OK = can({ slim = "s" }[f]) }
+}
+"#;
+
 const CASES: &[Case] = &[
     Case {
         name: "every target field, groups, inherits, variables, target.NAME.attr",
@@ -330,6 +387,18 @@ const CASES: &[Case] = &[
         files: &[("docker-bake.hcl", CONTEXTS)],
         args: &[],
         env: &[],
+    },
+    Case {
+        name: "try and can",
+        files: &[("docker-bake.hcl", TRY)],
+        args: &[],
+        env: &[],
+    },
+    Case {
+        name: "try and can, other fallbacks taken from the environment's values",
+        files: &[("docker-bake.hcl", TRY)],
+        args: &[],
+        env: &[("TAG", "1.0-snapshot"), ("PORT", "9090")],
     },
 ];
 
@@ -474,6 +543,24 @@ fn plan_print_refuses_what_polyarch_cannot_honour() {
     );
 }
 
+/// Runs `case` through both, which must fail: bake saying `bake_says`, polyarch with
+/// exit 2 and `we_say` on stderr.
+fn fails_both(case: &Case, bake_says: &str, we_say: &str) {
+    let dir = prepare(case);
+    let bake = with_case(
+        docker28_client().args(["buildx", "bake", "--print"]),
+        dir.path(),
+        case,
+    );
+    assert!(!bake.status.success(), "bake accepted {:?}", case.name);
+    let stderr = String::from_utf8_lossy(&bake.stderr);
+    assert!(stderr.contains(bake_says), "{stderr}");
+    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
+    assert_eq!(ours.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    assert!(stderr.contains(we_say), "{stderr}");
+}
+
 /// A variable its validation refuses fails both: bake with its message, polyarch with
 /// exit 2 naming the variable and the same message.
 #[test]
@@ -484,20 +571,35 @@ fn a_refused_variable_fails_both() {
         args: &[],
         env: &[("PORT", "80")],
     };
-    let dir = prepare(case);
-    let bake = with_case(
-        docker28_client().args(["buildx", "bake", "--print"]),
-        dir.path(),
+    fails_both(
         case,
+        "PORT must be above 1024",
+        "variable.PORT.validation: PORT must be above 1024",
     );
-    assert!(!bake.status.success(), "bake accepted PORT=80");
-    assert!(String::from_utf8_lossy(&bake.stderr).contains("PORT must be above 1024"));
-    let ours = with_case(polyarch().args(["plan", "--print"]), dir.path(), case);
-    assert_eq!(ours.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&ours.stderr);
-    assert!(
-        stderr.contains("variable.PORT.validation: PORT must be above 1024"),
-        "{stderr}"
+}
+
+/// A try() none of whose expressions succeeds fails both: bake saying no expression
+/// succeeded, polyarch with exit 2 naming the field and saying the same.
+#[test]
+fn a_try_with_no_expression_that_succeeds_fails_both() {
+    let case = &Case {
+        name: "every try expression fails",
+        files: &[(
+            "docker-bake.hcl",
+            r#"
+variable "VERSIONS" { default = { app = "1.0" } }
+target "default" {
+  tags = ["reg.example.com/app:${try(VERSIONS.worker, UNDECLARED)}"]
+}
+"#,
+        )],
+        args: &[],
+        env: &[],
+    };
+    fails_both(
+        case,
+        "no expression succeeded",
+        "docker-bake.hcl: target.default.tags: calls try(), and no expression succeeded",
     );
 }
 

@@ -6,9 +6,10 @@
 //! capture its body: each is given one of [`SLOTS`], a `fn` that finds its definition,
 //! and the scope it is evaluated in, in this thread's [`USER`] and [`SCOPE`].
 
+use super::eval;
 use super::Problem;
 use base64::Engine as _;
-use hcl::eval::{Context, Evaluate, FuncArgs, FuncDef, ParamType};
+use hcl::eval::{Context, FuncArgs, FuncDef, ParamType};
 use hcl::{Expression, Number, Value};
 use std::cell::RefCell;
 
@@ -70,13 +71,15 @@ fn call_user(slot: usize, args: FuncArgs) -> Result<Value> {
             function.name
         ))
     } else {
-        function
-            .result
-            .evaluate(&scope)
-            .map_err(|e| format!("in {}(): {e}", function.name))
+        eval::evaluate(&function.result, &scope).map_err(|e| format!("in {}(): {e}", function.name))
     };
     DEPTH.with(|d| *d.borrow_mut() -= 1);
     result
+}
+
+/// The file's function of that name.
+pub(super) fn user(name: &str) -> Option<UserFunction> {
+    USER.with(|u| u.borrow().iter().find(|f| f.name == name).cloned())
 }
 
 /// The context with bake's standard library and the file's functions, which see the
@@ -117,6 +120,7 @@ pub(super) const NAMES: &[&str] = &[
     "base64decode",
     "base64encode",
     "basename",
+    "can",
     "ceil",
     "chomp",
     "chunklist",
@@ -191,6 +195,7 @@ pub(super) const NAMES: &[&str] = &[
     "trimprefix",
     "trimspace",
     "trimsuffix",
+    "try",
     "unixtimestampparse",
     "upper",
     "urlencode",
@@ -1234,9 +1239,7 @@ mod tests {
     fn eval(expression: &str) -> String {
         let context = context(&[]).unwrap();
         let e: Expression = expression.parse().unwrap();
-        let v = e
-            .evaluate(&context)
-            .unwrap_or_else(|e| panic!("{expression}: {e}"));
+        let v = eval::evaluate(&e, &context).unwrap_or_else(|e| panic!("{expression}: {e}"));
         match v {
             Value::String(x) => x,
             other => json_encode(&other),

@@ -2,10 +2,11 @@
 //! `validation`, the environment's value by the variable's name), `${}` interpolation,
 //! a part of bake's standard library, `target.NAME.attr` references, then `inherits`.
 
+use super::eval::{self, evaluate, Waiting};
 use super::functions::{self, UserFunction};
 use super::{Definition, Fields, Problem};
 use crate::project::values::{Lookup, Source};
-use hcl::eval::{Context, ErrorKind, Evaluate};
+use hcl::eval::{Context, ErrorKind};
 use hcl::{Body, Expression, Value};
 use serde_json::Value as Json;
 
@@ -296,11 +297,15 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
     let mut variables = Vec::new();
     while !pending.is_empty() {
         functions::set_scope(&context);
+        eval::set_waiting(Waiting {
+            variables: pending.iter().map(|v| v.name.clone()).collect(),
+            fields: Vec::new(),
+        });
         let mut stuck = None;
         let before = pending.len();
         pending.retain(|variable| {
             let default = match &variable.default {
-                Some(expression) => match expression.evaluate(&context) {
+                Some(expression) => match evaluate(expression, &context) {
                     Ok(value) => value,
                     Err(e) => {
                         stuck.get_or_insert((variable.name.clone(), e));
@@ -326,15 +331,16 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         }
     }
     functions::set_scope(&context);
+    eval::set_waiting(Waiting::default());
     for variable in &blocks.variables {
         for (condition, message) in &variable.validations {
             let field = format!("variable.{}.validation", variable.name);
-            match condition.evaluate(&context) {
+            match evaluate(condition, &context) {
                 Ok(Value::Bool(true)) => {}
                 Ok(Value::Bool(false)) => {
                     let said = message
                         .as_ref()
-                        .and_then(|m| m.evaluate(&context).ok())
+                        .and_then(|m| evaluate(m, &context).ok())
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_else(|| "the value is refused by its validation".into());
                     return Err(Problem::at(
@@ -361,8 +367,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
             let field = format!("group.{name}.{key}");
             match key.as_str() {
                 "targets" => {
-                    let value = expression
-                        .evaluate(&context)
+                    let value = evaluate(expression, &context)
                         .map_err(|e| evaluation(field.clone(), &e))?;
                     let Value::Array(items) = value else {
                         return Err(Problem::at(
@@ -381,7 +386,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
                     }
                 }
                 "description" => {
-                    if let Ok(Value::String(d)) = expression.evaluate(&context) {
+                    if let Ok(Value::String(d)) = evaluate(expression, &context) {
                         descriptions.push((name.clone(), d));
                     }
                 }
@@ -438,21 +443,34 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
             "target",
             Value::Object(
                 own.iter()
-                    .map(|(name, fields)| (name.clone(), Value::Object(fields.clone())))
+                    .zip(&targets)
+                    .map(|((name, fields), target)| {
+                        (
+                            name.clone(),
+                            Value::Object(as_referenced(name, fields, target)),
+                        )
+                    })
                     .collect(),
             ),
         );
+        eval::set_waiting(Waiting {
+            variables: Vec::new(),
+            fields: pending
+                .iter()
+                .map(|(i, key, _)| (own[*i].0.clone(), (*key).clone()))
+                .collect(),
+        });
         let before = pending.len();
         let mut stuck = None;
         pending.retain(|(i, key, expression)| {
             let evaluated = match targets[*i].locals.as_slice() {
-                [] => expression.evaluate(&scope),
+                [] => evaluate(expression, &scope),
                 locals => {
                     let mut scope = scope.clone();
                     for (k, v) in locals {
                         scope.declare_var(k.clone(), v.clone());
                     }
-                    expression.evaluate(&scope)
+                    evaluate(expression, &scope)
                 }
             };
             match evaluated {
@@ -477,6 +495,7 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
             return Err(evaluation(field, &e));
         }
     }
+    eval::set_waiting(Waiting::default());
     let own: Vec<(String, Fields)> = own
         .into_iter()
         .map(|(name, fields)| match to_json(&Value::Object(fields)) {
@@ -502,6 +521,63 @@ fn resolve(blocks: Blocks, env: Lookup) -> Result<Definition> {
         origins,
     })
 }
+
+/// A target as `target.NAME` reads it: its fields evaluated so far and, as bake decodes
+/// a block into its whole Target, each field the block does not set as bake's empty value
+/// (null; an empty list or text for some), so `try(target.base.tags, …)` gives null.
+fn as_referenced(
+    name: &str,
+    fields: &hcl::Map<String, Value>,
+    target: &Expanded,
+) -> hcl::Map<String, Value> {
+    let mut all = fields.clone();
+    for field in TARGET_FIELDS {
+        if !target.attributes.iter().any(|(key, _)| key == field) && !all.contains_key(*field) {
+            let unset = match *field {
+                "attest" | "cache-from" | "cache-to" | "output" | "secret" | "ssh" => {
+                    Value::Array(Vec::new())
+                }
+                "description" => Value::String(String::new()),
+                "name" => Value::String(name.to_string()),
+                _ => Value::Null,
+            };
+            all.insert((*field).to_string(), unset);
+        }
+    }
+    all
+}
+
+/// The fields of bake's Target (buildx's bake.Target, as `target.NAME` shows them).
+const TARGET_FIELDS: &[&str] = &[
+    "annotations",
+    "args",
+    "attest",
+    "cache-from",
+    "cache-to",
+    "call",
+    "context",
+    "contexts",
+    "description",
+    "dockerfile",
+    "dockerfile-inline",
+    "entitlements",
+    "extra-hosts",
+    "inherits",
+    "labels",
+    "name",
+    "network",
+    "no-cache",
+    "no-cache-filter",
+    "output",
+    "platforms",
+    "pull",
+    "secret",
+    "shm-size",
+    "ssh",
+    "tags",
+    "target",
+    "ulimits",
+];
 
 fn to_json(value: &Value) -> Json {
     serde_json::to_value(value).expect("HCL values are JSON")
@@ -558,9 +634,8 @@ fn expand_matrices<'a>(
             continue;
         };
         let field = format!("target.{name}.matrix");
-        let Value::Object(axes) = matrix
-            .evaluate(context)
-            .map_err(|e| evaluation(field.clone(), &e))?
+        let Value::Object(axes) =
+            evaluate(matrix, context).map_err(|e| evaluation(field.clone(), &e))?
         else {
             return Err(Problem::at(
                 field,
@@ -598,8 +673,7 @@ fn expand_matrices<'a>(
                     for (k, v) in &locals {
                         scope.declare_var(k.clone(), v.clone());
                     }
-                    match expression
-                        .evaluate(&scope)
+                    match evaluate(expression, &scope)
                         .map_err(|e| evaluation(format!("target.{name}.name"), &e))?
                     {
                         Value::String(s) => s,
@@ -794,6 +868,9 @@ fn evaluation(field: String, e: &hcl::eval::Error) -> Problem {
         ErrorKind::UndefinedFunc(name) => format!(
             "calls {name}(), a function polyarch does not provide (it has {}); compute the value in a variable, or set it from the environment",
             super::functions::NAMES.join(", ")
+        ),
+        ErrorKind::FuncCall(name, why) if name.name.as_str() == "try" => format!(
+            "calls try(), and {why}; at least one expression must produce a successful result: end it with a fallback that always does"
         ),
         _ => format!("cannot be evaluated ({e}); fix the expression"),
     };

@@ -20,6 +20,7 @@ pub use convert::Converted;
 
 mod compose;
 mod convert;
+mod eval;
 mod functions;
 mod hcl;
 mod print;

@@ -98,6 +98,18 @@ fn bake_files_resolve_as_bake_does() {
             &[r#"app reg.example.com/app v9 linux/riscv64 {"N": "1"} Dockerfile -"#],
         ),
         (
+            // try() in bake's JSON form; a field the target does not set reads as null, as
+            // bake's does, and a target's field is read once it is resolved, never skipped.
+            "docker-bake.json",
+            r#"{"variable": {"V": {"default": {"a": "1"}}, "TAG": {"default": "dev"}},
+                "target": {
+                  "app": {"tags": ["reg.example.com/app:${try(V.b, TAG)}"], "platforms": "${try(target.base.platforms, [])}",
+                          "args": {"D": "${jsonencode(try(target.base.dockerfile, 1))}", "A": "${try(V.a, 0)}"}},
+                  "base": {"tags": ["reg.example.com/base:1"], "platforms": ["linux/s390x"]}}}"#,
+            &["app"],
+            &[r#"app reg.example.com/app v9 linux/s390x {"A": "1", "D": "null"} Dockerfile -"#],
+        ),
+        (
             "compose.yaml",
             "services:\n  web:\n    image: reg.example.com/web:v1\n    build:\n      context: .\n      dockerfile: web.Dockerfile\n      args: [X=1]\n      target: prod\n      platforms: [linux/amd64]\n      tags: [reg.example.com/web:latest]\n  db:\n    image: postgres\n",
             &[],
