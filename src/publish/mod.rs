@@ -8,7 +8,7 @@ pub mod layout;
 pub mod provenance;
 pub mod store;
 
-use crate::base::attachment::{Referrer, SPDX_DOCUMENT};
+use crate::base::attachment::{Referrer, Referrers, SPDX_DOCUMENT};
 use crate::base::oci::{self, IndexEntry};
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::base::reference::ReferenceError;
@@ -147,9 +147,10 @@ pub async fn publish_all(
 /// manifest, then signs the index, all before any tag moves: a tag never points at an
 /// index whose attachments are missing. The platforms at once, each one's attachments in
 /// turn, as they share its subject's tag schema index (`sha256-<hex>`), which each
-/// attachment reads, extends and writes back. The index is signed last, so its signature
-/// vouches for manifests that are signed themselves; whether it is signed already is
-/// asked beside the platforms.
+/// attachment extends and writes back. Each subject's referrers are listed once, and what
+/// attaches to it reads and extends that listing. The index is signed last, so its
+/// signature vouches for manifests that are signed themselves; its referrers are listed
+/// beside the platforms.
 async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -157,21 +158,25 @@ async fn attach_all(
     index: &oci::ManifestBlob,
     reporter: &dyn Reporter,
 ) -> Result<()> {
+    if !(image.provenance || image.sbom || image.signer.is_some()) {
+        return Ok(());
+    }
     let invocation = uuid::Uuid::new_v4().to_string();
     let platforms = join_all(pushed.iter().map(|p| async {
+        let mut referrers = destination.referrers(image, &p.entry.digest).await?;
         if image.provenance {
             let statement = provenance::statement(image, p, &invocation);
             let referrer = provenance::referrer(p, &statement);
-            let how = destination.attach(image, &referrer).await?;
+            let how = destination.attach(image, &mut referrers, &referrer).await?;
             report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
         }
         if image.sbom {
-            attach_sbom(destination, image, p, reporter).await?;
+            attach_sbom(destination, image, p, &mut referrers, reporter).await?;
         }
         if let Some(key) = &image.signer {
             let subject = Subject::Platform(p);
-            if !signed_already(destination, image, key, &subject, reporter).await? {
-                sign_subject(destination, image, key, &subject, reporter).await?;
+            if !signed_already(image, key, &subject, &referrers, reporter) {
+                sign_subject(destination, image, key, &subject, &mut referrers, reporter).await?;
             }
         }
         Ok::<_, PublishError>(())
@@ -180,14 +185,12 @@ async fn attach_all(
         return platforms.await.into_iter().collect();
     };
     let subject = Subject::Index(index);
-    let (platforms, index_signed) = futures_util::future::join(
-        platforms,
-        signed_already(destination, image, key, &subject, reporter),
-    )
-    .await;
+    let (platforms, referrers) =
+        futures_util::future::join(platforms, destination.referrers(image, &index.digest)).await;
     platforms.into_iter().collect::<Result<()>>()?;
-    if !index_signed? {
-        sign_subject(destination, image, key, &subject, reporter).await?;
+    let mut referrers = referrers?;
+    if !signed_already(image, key, &subject, &referrers, reporter) {
+        sign_subject(destination, image, key, &subject, &mut referrers, reporter).await?;
     }
     Ok(())
 }
@@ -229,21 +232,21 @@ impl Subject<'_> {
     }
 }
 
-/// Whether `subject` is listed with the signature this key attached to it before (kept,
-/// and said so).
-async fn signed_already(
-    destination: &impl ImageStore,
+/// Whether `referrers`, those of `subject`, list the signature this key attached to it
+/// before (kept, and said so).
+fn signed_already(
     image: &ImageSpec,
     key: &sign::OpeningKey,
     subject: &Subject<'_>,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<bool> {
+) -> bool {
     let digest = subject.digest();
     let Some(made) = key.made_before(&image.repository, digest) else {
-        return Ok(false);
+        return false;
     };
-    if !destination.lists(image, digest, &made).await? {
-        return Ok(false);
+    if !referrers.lists(&made) {
+        return false;
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -251,20 +254,22 @@ async fn signed_already(
         phase: Phase::Publish,
         message: format!("{digest} already has this key's signature {made} attached; kept"),
     });
-    Ok(true)
+    true
 }
 
-/// Signs `subject`; the key, opened beside the build, is waited for here.
+/// Signs `subject`, whose referrers are `referrers`; the key, opened beside the build, is
+/// waited for here.
 async fn sign_subject(
     destination: &impl ImageStore,
     image: &ImageSpec,
     opening: &sign::OpeningKey,
     subject: &Subject<'_>,
+    referrers: &mut Referrers,
     reporter: &dyn Reporter,
 ) -> Result<()> {
     let key = opening.opened().await.map_err(PublishError::SigningKey)?;
     let referrer = sign::sign(&key, subject.descriptor());
-    let how = destination.attach(image, &referrer).await?;
+    let how = destination.attach(image, referrers, &referrer).await?;
     opening.remember_made(
         &image.repository,
         subject.digest(),
@@ -312,13 +317,11 @@ async fn attach_sbom(
     destination: &impl ImageStore,
     image: &ImageSpec,
     p: &Pushed,
+    referrers: &mut Referrers,
     reporter: &dyn Reporter,
 ) -> Result<()> {
     let subject = &p.entry.digest;
-    if destination
-        .has_attached(image, subject, SPDX_DOCUMENT)
-        .await?
-    {
+    if referrers.has_statement(SPDX_DOCUMENT) {
         reporter.report(Event::Phase {
             image: image.name.clone(),
             platform: Some(p.platform.clone()),
@@ -347,7 +350,7 @@ async fn attach_sbom(
     };
     let statement = spdx::statement(&about, spdx::document(&about, &catalog));
     let referrer = Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT);
-    let how = destination.attach(image, &referrer).await?;
+    let how = destination.attach(image, referrers, &referrer).await?;
     let what = format!("an SBOM of {} packages", catalog.packages.len());
     report_attached(image, Some(p), &what, &referrer, &how, reporter);
     Ok(())
@@ -607,6 +610,53 @@ mod tests {
         assert_eq!(store.attached.lock().unwrap().len(), 4);
     }
 
+    /// Provenance, an SBOM and a signature on every platform, and the index signed.
+    fn with_everything(tags: &str) -> ImageSpec {
+        let key = sign::OpeningKey::opened_for_tests(sign::SigningKey::random());
+        ImageSpec {
+            sbom: true,
+            signer: Some(std::sync::Arc::new(key)),
+            ..with_provenance(tags)
+        }
+    }
+
+    /// How many times `counts` says each of `subjects` was counted.
+    fn counted(
+        counts: &std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+        subjects: &[&str],
+    ) -> Vec<usize> {
+        let counts = counts.lock().unwrap();
+        subjects
+            .iter()
+            .map(|s| counts.get(*s).copied().unwrap_or(0))
+            .collect()
+    }
+
+    /// A signed build asks the registry for each subject's referrers once, cold or warm:
+    /// the SBOM's and the signature's checks and every attach share that listing.
+    #[tokio::test]
+    async fn each_subjects_referrers_are_listed_once_a_run() {
+        let (store, image) = (FakeStore::default(), with_everything("v1"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let subjects = [
+            units[0].entry.digest.as_str(),
+            units[1].entry.digest.as_str(),
+            coverage.digest.as_str(),
+        ];
+        assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(store.attached.lock().unwrap().len(), 7);
+        // A rerun lists each once again, and finds everything there.
+        store.listings.lock().unwrap().clear();
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(store.attached.lock().unwrap().len(), 7);
+    }
+
     #[tokio::test]
     async fn without_provenance_nothing_is_attached() {
         let (store, image) = (FakeStore::default(), image("v1"));
@@ -615,6 +665,7 @@ mod tests {
             .await
             .unwrap();
         assert!(store.calls().iter().all(|c| !c.starts_with("attach")));
+        assert!(store.listings.lock().unwrap().is_empty());
     }
 
     /// A store whose `current` answers only once `images` publishes ask at the same time.
@@ -686,30 +737,20 @@ mod tests {
         ) -> std::result::Result<(), StoreError> {
             self.store.tag(image, tag, index).await
         }
+        async fn referrers(
+            &self,
+            image: &ImageSpec,
+            subject: &crate::base::digest::Digest,
+        ) -> std::result::Result<Referrers, StoreError> {
+            self.store.referrers(image, subject).await
+        }
         async fn attach(
             &self,
             image: &ImageSpec,
-            referrer: &crate::base::attachment::Referrer,
+            referrers: &mut Referrers,
+            referrer: &Referrer,
         ) -> std::result::Result<Attachment, StoreError> {
-            self.store.attach(image, referrer).await
-        }
-        async fn has_attached(
-            &self,
-            image: &ImageSpec,
-            subject: &crate::base::digest::Digest,
-            predicate_type: &str,
-        ) -> std::result::Result<bool, StoreError> {
-            self.store
-                .has_attached(image, subject, predicate_type)
-                .await
-        }
-        async fn lists(
-            &self,
-            image: &ImageSpec,
-            subject: &crate::base::digest::Digest,
-            referrer: &crate::base::digest::Digest,
-        ) -> std::result::Result<bool, StoreError> {
-            self.store.lists(image, subject, referrer).await
+            self.store.attach(image, referrers, referrer).await
         }
         async fn catalog(
             &self,

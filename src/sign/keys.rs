@@ -229,6 +229,19 @@ impl OpeningKey {
         }
     }
 
+    /// `key`, already open, remembering what it signs in memory only: for tests of the
+    /// flows that sign.
+    #[cfg(test)]
+    pub(crate) fn opened_for_tests(key: SigningKey) -> OpeningKey {
+        let opened: Opened = Ok(Arc::new(key));
+        OpeningKey {
+            opening: async move { opened }.boxed().shared(),
+            unopened: std::sync::Mutex::new(None),
+            made: Store::in_memory(),
+            file: "sha256:test".into(),
+        }
+    }
+
     /// The referrer this key attached to `subject` in `repository` before, if any.
     pub fn made_before(&self, repository: &str, subject: &Digest) -> Option<Digest> {
         self.made

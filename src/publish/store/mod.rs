@@ -7,7 +7,7 @@ pub(crate) mod fake;
 
 pub use error::StoreError;
 
-use crate::base::attachment::{self, Referrer};
+use crate::base::attachment::{self, ListedBy, Referrer, Referrers};
 use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
@@ -70,29 +70,22 @@ pub trait ImageStore {
         tag: &str,
         index: &ManifestBlob,
     ) -> impl Future<Output = Result<()>>;
-    /// Attaches `referrer` to its subject, a platform manifest of `image`: its blobs and
-    /// manifest by digest, then listed among the subject's referrers. No tag of the
-    /// image moves.
+    /// What is attached to the manifest `subject` of `image`, listed once: the attaches
+    /// that follow read and extend it instead of listing again.
+    fn referrers(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+    ) -> impl Future<Output = Result<Referrers>>;
+    /// Attaches `referrer` to its subject, a manifest of `image` whose referrers are
+    /// `referrers` (which then list it too): its blobs and manifest by digest, then listed
+    /// among the subject's referrers. No tag of the image moves.
     fn attach(
         &self,
         image: &ImageSpec,
+        referrers: &mut Referrers,
         referrer: &Referrer,
     ) -> impl Future<Output = Result<Attachment>>;
-    /// Whether a statement of `predicate_type` is attached to the platform manifest
-    /// `subject` already: a rerun keeps it, and need not make it again.
-    fn has_attached(
-        &self,
-        image: &ImageSpec,
-        subject: &Digest,
-        predicate_type: &str,
-    ) -> impl Future<Output = Result<bool>>;
-    /// Whether the referrer `referrer` is listed for the manifest `subject`.
-    fn lists(
-        &self,
-        image: &ImageSpec,
-        subject: &Digest,
-        referrer: &Digest,
-    ) -> impl Future<Output = Result<bool>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
     fn catalog(
@@ -238,10 +231,9 @@ impl ImageStore for Destination {
         }
     }
 
-    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+    async fn referrers(&self, image: &ImageSpec, subject: &Digest) -> Result<Referrers> {
         match self {
-            Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
-            // Layout readers (skopeo, containerd) have no referrers convention to follow.
+            Destination::Registry(r) => Ok(r.referrers(&image.first_tag()?, subject).await?),
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
                 image: image.name.clone(),
@@ -249,32 +241,15 @@ impl ImageStore for Destination {
         }
     }
 
-    async fn has_attached(
+    async fn attach(
         &self,
         image: &ImageSpec,
-        subject: &Digest,
-        predicate_type: &str,
-    ) -> Result<bool> {
+        referrers: &mut Referrers,
+        referrer: &Referrer,
+    ) -> Result<Attachment> {
         match self {
-            Destination::Registry(r) => {
-                let listed = r.referrers(&image.first_tag()?, subject).await?;
-                Ok(attachment::attached(&listed)
-                    .iter()
-                    .any(|a| a.predicate_type.as_deref() == Some(predicate_type)))
-            }
-            Destination::Layout(l) => Err(StoreError::AttachInLayout {
-                dir: l.dir.clone(),
-                image: image.name.clone(),
-            }),
-        }
-    }
-
-    async fn lists(&self, image: &ImageSpec, subject: &Digest, referrer: &Digest) -> Result<bool> {
-        match self {
-            Destination::Registry(registry) => {
-                let listed = registry.referrers(&image.first_tag()?, subject).await?;
-                Ok(listed.iter().any(|d| d["digest"] == referrer.as_str()))
-            }
+            Destination::Registry(r) => attach_in_registry(r, image, referrers, referrer).await,
+            // Layout readers (skopeo, containerd) have no referrers convention to follow.
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
                 image: image.name.clone(),
@@ -322,17 +297,17 @@ impl ImageStore for Destination {
 
 /// Pushes a referrer, then lists it for its subject: a registry with the referrers API
 /// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
-/// keeping what that index held. The listing after the push stands in for the spec's
-/// `OCI-Subject` response header, which oci-client does not hand back.
+/// keeping what that index held. `referrers`, listed before, say which, and take it in.
 async fn attach_in_registry(
     registry: &Registry,
     image: &ImageSpec,
+    referrers: &mut Referrers,
     referrer: &Referrer,
 ) -> Result<Attachment> {
-    let reference = image.first_tag()?;
-    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
+    if referrer.already_in(referrers) {
         return Ok(Attachment::Kept);
     }
+    let reference = image.first_tag()?;
     for (bytes, digest) in &referrer.blobs {
         registry.push_blob_bytes(&reference, bytes, digest).await?;
     }
@@ -341,17 +316,13 @@ async fn attach_in_registry(
         .push_manifest(&by_digest, &referrer.manifest)
         .await
         .map_err(|e| refused(e, referrer))?;
-    let listed = registry.referrers(&reference, &referrer.subject).await?;
-    if listed
-        .iter()
-        .any(|d| d["digest"] == referrer.manifest.digest.as_str())
-    {
+    referrers.add(referrer.descriptor());
+    if referrers.by == ListedBy::Api {
         return Ok(Attachment::Registry);
     }
     let tag = attachment::referrers_tag(&referrer.subject);
-    let index = attachment::tag_schema_index(listed, referrer.descriptor());
     registry
-        .push_manifest(&image.tagged(&tag)?, &index)
+        .push_manifest(&image.tagged(&tag)?, &referrers.tag_schema_index())
         .await
         .map_err(|e| refused(e, referrer))?;
     Ok(Attachment::TagSchema(tag))
