@@ -145,12 +145,11 @@ pub async fn publish_all(
 
 /// Attaches what the image asks for (provenance, an SBOM, a signature) to every platform
 /// manifest, then signs the index, all before any tag moves: a tag never points at an
-/// index whose attachments are missing. The platforms at once, each one's attachments in
-/// turn, as they share its subject's tag schema index (`sha256-<hex>`), which each
-/// attachment extends and writes back. Each subject's referrers are listed once, and what
-/// attaches to it reads and extends that listing. The index is signed last, so its
-/// signature vouches for manifests that are signed themselves; its referrers are listed
-/// beside the platforms.
+/// index whose attachments are missing. The platforms at once. Each subject's referrers
+/// are listed once; what it needs is made against that listing, then attached together,
+/// so its tag schema index (`sha256-<hex>`) is written once. The index is signed last,
+/// so its signature vouches for manifests that are signed themselves; its referrers are
+/// listed beside the platforms.
 async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -162,25 +161,11 @@ async fn attach_all(
         return Ok(());
     }
     let invocation = uuid::Uuid::new_v4().to_string();
-    let platforms = join_all(pushed.iter().map(|p| async {
-        let mut referrers = destination.referrers(image, &p.entry.digest).await?;
-        if image.provenance {
-            let statement = provenance::statement(image, p, &invocation);
-            let referrer = provenance::referrer(p, &statement);
-            let how = destination.attach(image, &mut referrers, &referrer).await?;
-            report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
-        }
-        if image.sbom {
-            attach_sbom(destination, image, p, &mut referrers, reporter).await?;
-        }
-        if let Some(key) = &image.signer {
-            let subject = Subject::Platform(p);
-            if !signed_already(image, key, &subject, &referrers, reporter) {
-                sign_subject(destination, image, key, &subject, &mut referrers, reporter).await?;
-            }
-        }
-        Ok::<_, PublishError>(())
-    }));
+    let platforms = join_all(
+        pushed
+            .iter()
+            .map(|p| attach_to_platform(destination, image, p, &invocation, reporter)),
+    );
     let Some(key) = &image.signer else {
         return platforms.await.into_iter().collect();
     };
@@ -189,8 +174,104 @@ async fn attach_all(
         futures_util::future::join(platforms, destination.referrers(image, &index.digest)).await;
     platforms.into_iter().collect::<Result<()>>()?;
     let mut referrers = referrers?;
-    if !signed_already(image, key, &subject, &referrers, reporter) {
-        sign_subject(destination, image, key, &subject, &mut referrers, reporter).await?;
+    let signature = signature(image, key, &subject, &referrers, reporter).await?;
+    attach_to(
+        destination,
+        image,
+        &subject,
+        &mut referrers,
+        Vec::new(),
+        signature,
+        reporter,
+    )
+    .await
+}
+
+/// A referrer made for a subject, and what to call it once attached.
+struct Attaching {
+    referrer: Referrer,
+    what: String,
+}
+
+/// What the image asks for on one platform manifest: its provenance, its SBOM (its
+/// layers read while the signing key finishes opening) and its signature, attached
+/// together.
+async fn attach_to_platform(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    p: &Pushed,
+    invocation: &str,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let subject = Subject::Platform(p);
+    let mut referrers = destination.referrers(image, subject.digest()).await?;
+    let mut attaching = Vec::new();
+    if image.provenance {
+        let statement = provenance::statement(image, p, invocation);
+        attaching.push(Attaching {
+            referrer: provenance::referrer(p, &statement),
+            what: "SLSA provenance".into(),
+        });
+    }
+    let sbom = async {
+        match image.sbom {
+            true => sbom(destination, image, p, &referrers, reporter).await,
+            false => Ok(None),
+        }
+    };
+    let signature = async {
+        match &image.signer {
+            Some(key) => signature(image, key, &subject, &referrers, reporter).await,
+            None => Ok(None),
+        }
+    };
+    let (sbom, signature) = futures_util::future::join(sbom, signature).await;
+    attaching.extend(sbom?);
+    let signature = signature?;
+    attach_to(
+        destination,
+        image,
+        &subject,
+        &mut referrers,
+        attaching,
+        signature,
+        reporter,
+    )
+    .await
+}
+
+/// Attaches what was made for `subject` (whose referrers are `referrers`) at once, says
+/// how each came to be attached, and remembers the signature among them as the key's.
+async fn attach_to(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    subject: &Subject<'_>,
+    referrers: &mut Referrers,
+    mut attaching: Vec<Attaching>,
+    signature: Option<Attaching>,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let signed = signature
+        .as_ref()
+        .map(|s| s.referrer.manifest.digest.clone());
+    attaching.extend(signature);
+    if attaching.is_empty() {
+        return Ok(());
+    }
+    let made: Vec<&Referrer> = attaching.iter().map(|a| &a.referrer).collect();
+    let how = destination.attach(image, referrers, &made).await?;
+    if let (Some(key), Some(signed)) = (&image.signer, signed) {
+        key.remember_made(&image.repository, subject.digest(), &signed);
+    }
+    for (attached, how) in attaching.iter().zip(&how) {
+        report_attached(
+            image,
+            subject.platform(),
+            &attached.what,
+            &attached.referrer,
+            how,
+            reporter,
+        );
     }
     Ok(())
 }
@@ -257,27 +338,23 @@ fn signed_already(
     true
 }
 
-/// Signs `subject`, whose referrers are `referrers`; the key, opened beside the build, is
-/// waited for here.
-async fn sign_subject(
-    destination: &impl ImageStore,
+/// This key's signature of `subject`, unless `referrers` (its referrers) list the one it
+/// made before. The key, opened beside the build, is waited for here.
+async fn signature(
     image: &ImageSpec,
-    opening: &sign::OpeningKey,
+    key: &sign::OpeningKey,
     subject: &Subject<'_>,
-    referrers: &mut Referrers,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<()> {
-    let key = opening.opened().await.map_err(PublishError::SigningKey)?;
-    let referrer = sign::sign(&key, subject.descriptor());
-    let how = destination.attach(image, referrers, &referrer).await?;
-    opening.remember_made(
-        &image.repository,
-        subject.digest(),
-        &referrer.manifest.digest,
-    );
-    let what = format!("a signature by key {}", key.fingerprint);
-    report_attached(image, subject.platform(), &what, &referrer, &how, reporter);
-    Ok(())
+) -> Result<Option<Attaching>> {
+    if signed_already(image, key, subject, referrers, reporter) {
+        return Ok(None);
+    }
+    let opened = key.opened().await.map_err(PublishError::SigningKey)?;
+    Ok(Some(Attaching {
+        referrer: sign::sign(&opened, subject.descriptor()),
+        what: format!("a signature by key {}", opened.fingerprint),
+    }))
 }
 
 /// Says how a referrer came to be attached to a platform manifest (or, with no `p`, to
@@ -310,16 +387,15 @@ fn report_attached(
     });
 }
 
-/// Attaches an SPDX SBOM, made from its layers, to every platform manifest of the image
-/// before any tag moves. A manifest that has one keeps it: its layers are not read again.
-/// The platforms' layers are read at once.
-async fn attach_sbom(
+/// An SPDX SBOM of the platform manifest, made from its layers, unless `referrers` (its
+/// referrers) list one: it is kept, and its layers are not read again.
+async fn sbom(
     destination: &impl ImageStore,
     image: &ImageSpec,
     p: &Pushed,
-    referrers: &mut Referrers,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<()> {
+) -> Result<Option<Attaching>> {
     let subject = &p.entry.digest;
     if referrers.has_statement(SPDX_DOCUMENT) {
         reporter.report(Event::Phase {
@@ -328,7 +404,7 @@ async fn attach_sbom(
             phase: Phase::Publish,
             message: format!("{subject} already has an SBOM attached; kept"),
         });
-        return Ok(());
+        return Ok(None);
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -349,11 +425,10 @@ async fn attach_sbom(
         created: created.as_deref(),
     };
     let statement = spdx::statement(&about, spdx::document(&about, &catalog));
-    let referrer = Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT);
-    let how = destination.attach(image, referrers, &referrer).await?;
-    let what = format!("an SBOM of {} packages", catalog.packages.len());
-    report_attached(image, Some(p), &what, &referrer, &how, reporter);
-    Ok(())
+    Ok(Some(Attaching {
+        referrer: Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT),
+        what: format!("an SBOM of {} packages", catalog.packages.len()),
+    }))
 }
 
 #[cfg(test)]
@@ -633,11 +708,24 @@ mod tests {
     }
 
     /// A signed build asks the registry for each subject's referrers once, cold or warm:
-    /// the SBOM's and the signature's checks and every attach share that listing.
+    /// the SBOM's and the signature's checks and the attach share that listing. Cold, each
+    /// subject's referrers tag schema index is written once, for all its attachments,
+    /// keeping what it listed; warm, it is not written at all.
     #[tokio::test]
-    async fn each_subjects_referrers_are_listed_once_a_run() {
+    async fn each_subject_is_listed_once_and_its_tag_schema_index_written_at_most_once() {
         let (store, image) = (FakeStore::default(), with_everything("v1"));
         let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let cosigned = serde_json::json!({
+            "mediaType": oci::OCI_MANIFEST,
+            "digest": format!("sha256:{}", "c".repeat(64)),
+            "size": 300,
+            "artifactType": crate::base::attachment::SIGSTORE_BUNDLE,
+        });
+        store
+            .indexes
+            .lock()
+            .unwrap()
+            .insert(units[0].entry.digest.to_string(), vec![cosigned.clone()]);
         let coverage = run(&store, &image, &units, &CancellationToken::new())
             .await
             .unwrap();
@@ -647,13 +735,18 @@ mod tests {
             coverage.digest.as_str(),
         ];
         assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(counted(&store.index_puts, &subjects), [1, 1, 1]);
         assert_eq!(store.attached.lock().unwrap().len(), 7);
-        // A rerun lists each once again, and finds everything there.
+        let kept = store.indexes.lock().unwrap()[subjects[0]].clone();
+        assert_eq!((kept.len(), &kept[0]), (4, &cosigned));
+        // A rerun lists each once again, finds everything there, and writes nothing.
         store.listings.lock().unwrap().clear();
+        store.index_puts.lock().unwrap().clear();
         run(&store, &image, &units, &CancellationToken::new())
             .await
             .unwrap();
         assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(counted(&store.index_puts, &subjects), [0, 0, 0]);
         assert_eq!(store.attached.lock().unwrap().len(), 7);
     }
 
@@ -748,9 +841,9 @@ mod tests {
             &self,
             image: &ImageSpec,
             referrers: &mut Referrers,
-            referrer: &Referrer,
-        ) -> std::result::Result<Attachment, StoreError> {
-            self.store.attach(image, referrers, referrer).await
+            attaching: &[&Referrer],
+        ) -> std::result::Result<Vec<Attachment>, StoreError> {
+            self.store.attach(image, referrers, attaching).await
         }
         async fn catalog(
             &self,

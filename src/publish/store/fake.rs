@@ -171,30 +171,38 @@ impl ImageStore for FakeStore {
         &self,
         image: &ImageSpec,
         referrers: &mut Referrers,
-        referrer: &Referrer,
-    ) -> Result<Attachment> {
+        attaching: &[&Referrer],
+    ) -> Result<Vec<Attachment>> {
         if self.refuse_attach {
             return Err(refused(image, "attach a referrer"));
         }
-        // As a registry: a subject keeps the statement of a predicate type it has.
-        if referrer.already_in(referrers) {
-            return Ok(Attachment::Kept);
+        let subject = referrers.subject.to_string();
+        let mut how = Vec::new();
+        for referrer in attaching {
+            // As a registry: a subject keeps the statement of a predicate type it has.
+            if referrer.already_in(referrers) {
+                how.push(Attachment::Kept);
+                continue;
+            }
+            self.attached
+                .lock()
+                .unwrap()
+                .push((subject.clone(), referrer.predicate_type.clone()));
+            referrers.add(referrer.descriptor());
+            how.push(Attachment::TagSchema(attachment::referrers_tag(
+                &referrers.subject,
+            )));
         }
-        let subject = referrer.subject.to_string();
+        if how.iter().all(|h| *h == Attachment::Kept) {
+            return Ok(how);
+        }
         self.calls.lock().unwrap().push(format!("attach {subject}"));
-        self.attached
-            .lock()
-            .unwrap()
-            .push((subject.clone(), referrer.predicate_type.clone()));
-        referrers.add(referrer.descriptor());
         self.indexes
             .lock()
             .unwrap()
             .insert(subject.clone(), referrers.listed.clone());
         *self.index_puts.lock().unwrap().entry(subject).or_default() += 1;
-        Ok(Attachment::TagSchema(attachment::referrers_tag(
-            &referrer.subject,
-        )))
+        Ok(how)
     }
 
     /// Every platform image holds one Debian package.

@@ -19,7 +19,9 @@ use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, Regist
 use crate::sbom::{self, Catalog};
 use crate::verify::coverage_record::ImageCoverage;
 use crate::verify::{self, ReadMemory, Target};
+use futures_util::future::try_join_all;
 use oci_client::Reference;
+use std::collections::BTreeMap;
 use std::future::Future;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -77,15 +79,17 @@ pub trait ImageStore {
         image: &ImageSpec,
         subject: &Digest,
     ) -> impl Future<Output = Result<Referrers>>;
-    /// Attaches `referrer` to its subject, a manifest of `image` whose referrers are
-    /// `referrers` (which then list it too): its blobs and manifest by digest, then listed
-    /// among the subject's referrers. No tag of the image moves.
+    /// Attaches `attaching`, referrers of one manifest of `image` whose referrers are
+    /// `referrers` (which then list them too), each one not listed already: their blobs,
+    /// then their manifests by digest, then listed among the subject's referrers, in
+    /// one write of its tag schema index where that lists them. How each came to be
+    /// attached, in order. No tag of the image moves.
     fn attach(
         &self,
         image: &ImageSpec,
         referrers: &mut Referrers,
-        referrer: &Referrer,
-    ) -> impl Future<Output = Result<Attachment>>;
+        attaching: &[&Referrer],
+    ) -> impl Future<Output = Result<Vec<Attachment>>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
     fn catalog(
@@ -245,10 +249,10 @@ impl ImageStore for Destination {
         &self,
         image: &ImageSpec,
         referrers: &mut Referrers,
-        referrer: &Referrer,
-    ) -> Result<Attachment> {
+        attaching: &[&Referrer],
+    ) -> Result<Vec<Attachment>> {
         match self {
-            Destination::Registry(r) => attach_in_registry(r, image, referrers, referrer).await,
+            Destination::Registry(r) => attach_in_registry(r, image, referrers, attaching).await,
             // Layout readers (skopeo, containerd) have no referrers convention to follow.
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
@@ -295,37 +299,70 @@ impl ImageStore for Destination {
     }
 }
 
-/// Pushes a referrer, then lists it for its subject: a registry with the referrers API
-/// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
-/// keeping what that index held. `referrers`, listed before, say which, and take it in.
+/// Pushes the referrers of one subject that `referrers` (listed before) do not hold, then
+/// lists them: a registry with the referrers API lists them by itself; otherwise the tag
+/// schema's index (`sha256-<hex>`) is written once for all of them, keeping what it held.
+/// Every blob is in before any manifest, and every manifest before the index.
 async fn attach_in_registry(
     registry: &Registry,
     image: &ImageSpec,
     referrers: &mut Referrers,
-    referrer: &Referrer,
-) -> Result<Attachment> {
-    if referrer.already_in(referrers) {
-        return Ok(Attachment::Kept);
-    }
+    attaching: &[&Referrer],
+) -> Result<Vec<Attachment>> {
+    let kept: Vec<bool> = attaching.iter().map(|r| r.already_in(referrers)).collect();
+    let new: Vec<&Referrer> = attaching
+        .iter()
+        .zip(&kept)
+        .filter(|(_, kept)| !**kept)
+        .map(|(r, _)| *r)
+        .collect();
+    let Some(first) = new.first() else {
+        return Ok(vec![Attachment::Kept; attaching.len()]);
+    };
     let reference = image.first_tag()?;
-    for (bytes, digest) in &referrer.blobs {
-        registry.push_blob_bytes(&reference, bytes, digest).await?;
+    // Each blob once (they share the empty config), all at once; then the manifests.
+    let blobs: BTreeMap<&Digest, &[u8]> = new
+        .iter()
+        .flat_map(|r| &r.blobs)
+        .map(|(bytes, digest)| (digest, bytes.as_slice()))
+        .collect();
+    try_join_all(
+        blobs
+            .into_iter()
+            .map(|(digest, bytes)| registry.push_blob_bytes(&reference, bytes, digest)),
+    )
+    .await?;
+    try_join_all(new.iter().map(|referrer| {
+        let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
+        async move {
+            registry
+                .push_manifest(&by_digest, &referrer.manifest)
+                .await
+                .map_err(|e| refused(e, referrer))
+        }
+    }))
+    .await?;
+    for referrer in &new {
+        referrers.add(referrer.descriptor());
     }
-    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
-    registry
-        .push_manifest(&by_digest, &referrer.manifest)
-        .await
-        .map_err(|e| refused(e, referrer))?;
-    referrers.add(referrer.descriptor());
-    if referrers.by == ListedBy::Api {
-        return Ok(Attachment::Registry);
-    }
-    let tag = attachment::referrers_tag(&referrer.subject);
-    registry
-        .push_manifest(&image.tagged(&tag)?, &referrers.tag_schema_index())
-        .await
-        .map_err(|e| refused(e, referrer))?;
-    Ok(Attachment::TagSchema(tag))
+    let how = match referrers.by {
+        ListedBy::Api => Attachment::Registry,
+        ListedBy::TagSchema => {
+            let tag = attachment::referrers_tag(&referrers.subject);
+            registry
+                .push_manifest(&image.tagged(&tag)?, &referrers.tag_schema_index())
+                .await
+                .map_err(|e| refused(e, first))?;
+            Attachment::TagSchema(tag)
+        }
+    };
+    Ok(kept
+        .into_iter()
+        .map(|kept| match kept {
+            true => Attachment::Kept,
+            false => how.clone(),
+        })
+        .collect())
 }
 
 /// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
