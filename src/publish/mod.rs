@@ -128,7 +128,8 @@ pub async fn publish(
 /// Publishes every image of a run at once: each image's round trips (tags, read-back)
 /// depend on no other image's, so ten images take about as long as one. Every publish that
 /// began runs to its end (a tag that moved has its siblings follow); the first failure in
-/// `images` order is the run's.
+/// `images` order is the run's. The signatures made are written down once, after every
+/// publish ended, whether or not they all succeeded.
 pub async fn publish_all(
     destination: &impl ImageStore,
     images: &[(&ImageSpec, Vec<&Pushed>)],
@@ -139,8 +140,13 @@ pub async fn publish_all(
     let published =
         futures_util::future::join_all(images.iter().map(|(image, pushed)| {
             publish(destination, image, pushed, memory, interrupt, reporter)
-        }));
-    published.await.into_iter().collect()
+        }))
+        .await;
+    // Images signed by one key share it; a second save of it writes nothing.
+    for signer in images.iter().filter_map(|(image, _)| image.signer.as_ref()) {
+        signer.save_made();
+    }
+    published.into_iter().collect()
 }
 
 /// Attaches what the image asks for (provenance, an SBOM, a signature) to every platform
@@ -687,7 +693,7 @@ mod tests {
 
     /// Provenance, an SBOM and a signature on every platform, and the index signed.
     fn with_everything(tags: &str) -> ImageSpec {
-        let key = sign::OpeningKey::opened_for_tests(sign::SigningKey::random());
+        let key = sign::OpeningKey::opened_for_tests(sign::SigningKey::random(), None);
         ImageSpec {
             sbom: true,
             signer: Some(std::sync::Arc::new(key)),
@@ -911,6 +917,57 @@ mod tests {
             store.store.tag_of("v2"),
             Some(coverage[1].digest.to_string())
         );
+    }
+
+    /// The signatures a run made are written down once its publishing ends, and those of
+    /// an image that then failed too: a rerun finds them attached and signs nothing.
+    #[tokio::test]
+    async fn signatures_are_written_down_once_publishing_ends_even_when_an_image_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("signatures.json");
+        let key = |made: &std::path::Path| {
+            let key = sign::OpeningKey::opened_for_tests(
+                sign::SigningKey::random(),
+                Some(made.to_path_buf()),
+            );
+            Some(std::sync::Arc::new(key))
+        };
+        let signer = key(&file);
+        let [(api, units), (web, web_units)] = two_images();
+        let api = ImageSpec {
+            signer: signer.clone(),
+            ..api
+        };
+        let web = ImageSpec {
+            repository: "127.0.0.1:5000/web".into(),
+            signer,
+            ..web
+        };
+        // One publish alone remembers, and writes nothing yet.
+        run(
+            &FakeStore::default(),
+            &api,
+            &units,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert!(!file.exists());
+        let store = FakeStore {
+            refuse_tag: Some("v1".into()),
+            ..FakeStore::default()
+        };
+        let images = [(api, units), (web, web_units)];
+        let outcome = publish_both(&store, &images).await;
+        assert!(outcome.is_err(), "{outcome:?}");
+        // Read back by another run (the same key file: the test key's memory).
+        let reread = key(&file).unwrap();
+        for (image, units) in &images {
+            for unit in units {
+                let made = reread.made_before(&image.repository, &unit.entry.digest);
+                assert!(made.is_some(), "{} {}", image.name, unit.platform);
+            }
+        }
     }
 
     #[tokio::test]
