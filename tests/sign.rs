@@ -244,29 +244,38 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     let key = fixtures.join("cosign.key");
     // Its own memory: what the rerun below remembers of the key is this test's alone.
     let cache = tempfile::tempdir().unwrap();
-    let build = |password: &str| {
+    let build_with = |password: &str, extra: &[&str]| {
         run(polyarch()
             .args(["build", "-f"])
             .arg(&file)
             .arg("--sign-key")
             .arg(&key)
+            .args(extra)
             .env("COSIGN_PASSWORD", password)
             .env("POLYARCH_CACHE_DIR", cache.path()))
     };
-    let out = build("wrong");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let build = |password: &str| build_with(password, &[]);
     // The key opens beside the build, so a wrong password is found at the first
-    // signature: after the platform manifests are pushed, before the tag moves.
-    let text = stderr(&out);
-    let last = text.trim().lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("error: ")
-            && last.contains("cosign.key")
-            && last.contains("COSIGN_PASSWORD"),
-        "{text}"
-    );
-    let tag = format!("/v2/{repo}/manifests/v1");
-    assert_eq!(support::http_status(registry.port, &tag), Some(404));
+    // signature: after the platform manifests are pushed, before the tag moves. With
+    // --require-signature too: the key that checks the signatures is only waited for
+    // once there is something to check.
+    for extra in [&[][..], &["--require-signature"]] {
+        let out = build_with("wrong", extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        let text = stderr(&out);
+        let last = text.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: ")
+                && last.contains("cosign.key")
+                && last.contains("COSIGN_PASSWORD"),
+            "{extra:?}: {text}"
+        );
+        // Both platforms got done first (pushed, or on the second run found pushed).
+        let done = text.lines().filter(|l| l.contains(" [done] ")).count();
+        assert_eq!(done, 2, "{extra:?}: {text}");
+        let tag = format!("/v2/{repo}/manifests/v1");
+        assert_eq!(support::http_status(registry.port, &tag), Some(404));
+    }
 
     let out = build("polyarch-fixture");
     assert!(out.status.success(), "{}", stderr(&out));
