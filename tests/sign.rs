@@ -4,10 +4,14 @@
 //! provenance. Checked by polyarch's own code and by cosign 3 (scripts/cosign.sh fetches
 //! Debian sid's), with a key generated here and one made by `cosign generate-key-pair`.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use polyarch::sign::{self, PublicKey};
+use proxy::Proxy;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -553,4 +557,76 @@ fn a_tampered_or_copied_signature_is_refused_by_verify_and_gate() {
         .arg(&public)
         .args([signed.as_str(), "--platform", "linux/amd64"]));
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A build with provenance, an SBOM and a signature writes each subject's referrers tag
+/// (the distribution registry has no referrers API) once, listing all its attachments,
+/// and a rerun that finds them all writes none.
+#[test]
+fn each_subjects_referrers_tag_is_written_once_for_all_its_attachments() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let (key, _) = openssl_key(dir.path(), "signer");
+    let repo = unique_name("demo/sign-once");
+    let file = support::write_project(
+        dir.path(),
+        &proxy.repo(&repo),
+        "[v1]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        run(polyarch()
+            .args(["build", "--provenance", "--sbom", "--sign-key"])
+            .arg(&key)
+            .arg("-f")
+            .arg(&file)
+            .env("POLYARCH_CACHE_DIR", cache.path()))
+    };
+    // Referrers tag → how many times it was written, from the requests since `from`.
+    let written = |from: usize| {
+        let mut writes = BTreeMap::<String, usize>::new();
+        for line in &proxy.log()[from..] {
+            let Some(target) = line.strip_prefix("PUT ") else {
+                continue;
+            };
+            if let Some((_, tag)) = target.split_once("/manifests/sha256-") {
+                let tag = tag.split_whitespace().next().unwrap_or_default();
+                *writes.entry(format!("sha256-{tag}")).or_default() += 1;
+            }
+        }
+        writes
+    };
+    let out = build();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let index = skopeo_inspect_raw(&reference);
+    let subjects = std::iter::once(support::skopeo_digest(&reference, None)).chain(
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["digest"].as_str().unwrap().to_string()),
+    );
+    let tags: Vec<String> = subjects.map(|s| s.replacen(':', "-", 1)).collect();
+    let once: BTreeMap<String, usize> = tags.iter().map(|t| (t.clone(), 1)).collect();
+    assert_eq!(written(0), once, "{:#?}", proxy.log());
+    // Each platform's one index lists its provenance, SBOM and signature; the index's,
+    // its signature.
+    for (n, tag) in tags.iter().enumerate() {
+        let listed = skopeo_inspect_raw(&format!("{}:{tag}", registry.repo(&repo)));
+        let expected = if n == 0 { 1 } else { 3 };
+        assert_eq!(
+            listed["manifests"].as_array().unwrap().len(),
+            expected,
+            "{listed}"
+        );
+    }
+
+    let before = proxy.log().len();
+    let out = build();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(written(before), BTreeMap::new(), "{}", stderr(&out));
 }
