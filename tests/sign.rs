@@ -71,6 +71,20 @@ fn bundles(registry: &Registry, repo: &str, subject: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// What polyarch signs of the image at `reference`: its index's digest, then each
+/// platform manifest's.
+fn subjects(reference: &str) -> Vec<String> {
+    let index = skopeo_inspect_raw(reference);
+    let platforms = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["digest"].as_str().unwrap().to_string());
+    std::iter::once(support::skopeo_digest(reference, None))
+        .chain(platforms)
+        .collect()
+}
+
 #[test]
 fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     let registry = Registry::start();
@@ -92,17 +106,9 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     let out = run(polyarch().args(["build", "-f"]).arg(&file));
     assert!(out.status.success(), "{}", stderr(&out));
 
-    let index = skopeo_inspect_raw(&reference);
-    let index_digest = support::skopeo_digest(&reference, None);
-    let mut subjects = vec![index_digest.clone()];
-    subjects.extend(
-        index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["digest"].as_str().unwrap().to_string()),
-    );
-    assert_eq!(subjects.len(), 3, "{index}");
+    let subjects = subjects(&reference);
+    let index_digest = subjects[0].clone();
+    assert_eq!(subjects.len(), 3, "{subjects:?}");
     let keys = [PublicKey::load(&public).unwrap()];
     let others = [PublicKey::load(&other).unwrap()];
     for subject in &subjects {
@@ -343,15 +349,7 @@ fn verify_refuses_an_unsigned_image_and_cosign_and_polyarch_keep_each_others_ent
     )
     .unwrap();
     let cosign = support::supply_chain::cosign();
-    let index = skopeo_inspect_raw(&reference);
-    let digests = std::iter::once(support::skopeo_digest(&reference, None)).chain(
-        index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["digest"].as_str().unwrap().to_string()),
-    );
-    for digest in digests {
+    for digest in subjects(&reference) {
         let out = run(Command::new(&cosign)
             .args([
                 "sign",
@@ -602,15 +600,10 @@ fn each_subjects_referrers_tag_is_written_once_for_all_its_attachments() {
     let out = build();
     assert!(out.status.success(), "{}", stderr(&out));
     let reference = format!("{}:v1", registry.repo(&repo));
-    let index = skopeo_inspect_raw(&reference);
-    let subjects = std::iter::once(support::skopeo_digest(&reference, None)).chain(
-        index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["digest"].as_str().unwrap().to_string()),
-    );
-    let tags: Vec<String> = subjects.map(|s| s.replacen(':', "-", 1)).collect();
+    let tags: Vec<String> = subjects(&reference)
+        .iter()
+        .map(|s| s.replacen(':', "-", 1))
+        .collect();
     let once: BTreeMap<String, usize> = tags.iter().map(|t| (t.clone(), 1)).collect();
     assert_eq!(written(0), once, "{:#?}", proxy.log());
     // Each platform's one index lists its provenance, SBOM and signature; the index's,
