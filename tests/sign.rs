@@ -4,10 +4,14 @@
 //! provenance. Checked by polyarch's own code and by cosign 3 (scripts/cosign.sh fetches
 //! Debian sid's), with a key generated here and one made by `cosign generate-key-pair`.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
 use polyarch::sign::{self, PublicKey};
+use proxy::Proxy;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -67,6 +71,20 @@ fn bundles(registry: &Registry, repo: &str, subject: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// What polyarch signs of the image at `reference`: its index's digest, then each
+/// platform manifest's.
+fn subjects(reference: &str) -> Vec<String> {
+    let index = skopeo_inspect_raw(reference);
+    let platforms = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["digest"].as_str().unwrap().to_string());
+    std::iter::once(support::skopeo_digest(reference, None))
+        .chain(platforms)
+        .collect()
+}
+
 #[test]
 fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     let registry = Registry::start();
@@ -88,17 +106,9 @@ fn the_index_and_each_platform_are_signed_as_cosign_verifies() {
     let out = run(polyarch().args(["build", "-f"]).arg(&file));
     assert!(out.status.success(), "{}", stderr(&out));
 
-    let index = skopeo_inspect_raw(&reference);
-    let index_digest = support::skopeo_digest(&reference, None);
-    let mut subjects = vec![index_digest.clone()];
-    subjects.extend(
-        index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["digest"].as_str().unwrap().to_string()),
-    );
-    assert_eq!(subjects.len(), 3, "{index}");
+    let subjects = subjects(&reference);
+    let index_digest = subjects[0].clone();
+    assert_eq!(subjects.len(), 3, "{subjects:?}");
     let keys = [PublicKey::load(&public).unwrap()];
     let others = [PublicKey::load(&other).unwrap()];
     for subject in &subjects {
@@ -244,29 +254,38 @@ fn a_cosign_key_signs_with_its_password_and_a_wrong_one_is_refused() {
     let key = fixtures.join("cosign.key");
     // Its own memory: what the rerun below remembers of the key is this test's alone.
     let cache = tempfile::tempdir().unwrap();
-    let build = |password: &str| {
+    let build_with = |password: &str, extra: &[&str]| {
         run(polyarch()
             .args(["build", "-f"])
             .arg(&file)
             .arg("--sign-key")
             .arg(&key)
+            .args(extra)
             .env("COSIGN_PASSWORD", password)
             .env("POLYARCH_CACHE_DIR", cache.path()))
     };
-    let out = build("wrong");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let build = |password: &str| build_with(password, &[]);
     // The key opens beside the build, so a wrong password is found at the first
-    // signature: after the platform manifests are pushed, before the tag moves.
-    let text = stderr(&out);
-    let last = text.trim().lines().last().unwrap_or_default();
-    assert!(
-        last.starts_with("error: ")
-            && last.contains("cosign.key")
-            && last.contains("COSIGN_PASSWORD"),
-        "{text}"
-    );
-    let tag = format!("/v2/{repo}/manifests/v1");
-    assert_eq!(support::http_status(registry.port, &tag), Some(404));
+    // signature: after the platform manifests are pushed, before the tag moves. With
+    // --require-signature too: the key that checks the signatures is only waited for
+    // once there is something to check.
+    for extra in [&[][..], &["--require-signature"]] {
+        let out = build_with("wrong", extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", stderr(&out));
+        let text = stderr(&out);
+        let last = text.trim().lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("error: ")
+                && last.contains("cosign.key")
+                && last.contains("COSIGN_PASSWORD"),
+            "{extra:?}: {text}"
+        );
+        // Both platforms got done first (pushed, or on the second run found pushed).
+        let done = text.lines().filter(|l| l.contains(" [done] ")).count();
+        assert_eq!(done, 2, "{extra:?}: {text}");
+        let tag = format!("/v2/{repo}/manifests/v1");
+        assert_eq!(support::http_status(registry.port, &tag), Some(404));
+    }
 
     let out = build("polyarch-fixture");
     assert!(out.status.success(), "{}", stderr(&out));
@@ -330,15 +349,7 @@ fn verify_refuses_an_unsigned_image_and_cosign_and_polyarch_keep_each_others_ent
     )
     .unwrap();
     let cosign = support::supply_chain::cosign();
-    let index = skopeo_inspect_raw(&reference);
-    let digests = std::iter::once(support::skopeo_digest(&reference, None)).chain(
-        index["manifests"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e["digest"].as_str().unwrap().to_string()),
-    );
-    for digest in digests {
+    for digest in subjects(&reference) {
         let out = run(Command::new(&cosign)
             .args([
                 "sign",
@@ -544,4 +555,71 @@ fn a_tampered_or_copied_signature_is_refused_by_verify_and_gate() {
         .arg(&public)
         .args([signed.as_str(), "--platform", "linux/amd64"]));
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A build with provenance, an SBOM and a signature writes each subject's referrers tag
+/// (the distribution registry has no referrers API) once, listing all its attachments,
+/// and a rerun that finds them all writes none.
+#[test]
+fn each_subjects_referrers_tag_is_written_once_for_all_its_attachments() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let (key, _) = openssl_key(dir.path(), "signer");
+    let repo = unique_name("demo/sign-once");
+    let file = support::write_project(
+        dir.path(),
+        &proxy.repo(&repo),
+        "[v1]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let build = || {
+        run(polyarch()
+            .args(["build", "--provenance", "--sbom", "--sign-key"])
+            .arg(&key)
+            .arg("-f")
+            .arg(&file)
+            .env("POLYARCH_CACHE_DIR", cache.path()))
+    };
+    // Referrers tag → how many times it was written, from the requests since `from`.
+    let written = |from: usize| {
+        let mut writes = BTreeMap::<String, usize>::new();
+        for line in &proxy.log()[from..] {
+            let Some(target) = line.strip_prefix("PUT ") else {
+                continue;
+            };
+            if let Some((_, tag)) = target.split_once("/manifests/sha256-") {
+                let tag = tag.split_whitespace().next().unwrap_or_default();
+                *writes.entry(format!("sha256-{tag}")).or_default() += 1;
+            }
+        }
+        writes
+    };
+    let out = build();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = format!("{}:v1", registry.repo(&repo));
+    let tags: Vec<String> = subjects(&reference)
+        .iter()
+        .map(|s| s.replacen(':', "-", 1))
+        .collect();
+    let once: BTreeMap<String, usize> = tags.iter().map(|t| (t.clone(), 1)).collect();
+    assert_eq!(written(0), once, "{:#?}", proxy.log());
+    // Each platform's one index lists its provenance, SBOM and signature; the index's,
+    // its signature.
+    for (n, tag) in tags.iter().enumerate() {
+        let listed = skopeo_inspect_raw(&format!("{}:{tag}", registry.repo(&repo)));
+        let expected = if n == 0 { 1 } else { 3 };
+        assert_eq!(
+            listed["manifests"].as_array().unwrap().len(),
+            expected,
+            "{listed}"
+        );
+    }
+
+    let before = proxy.log().len();
+    let out = build();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(written(before), BTreeMap::new(), "{}", stderr(&out));
 }

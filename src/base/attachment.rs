@@ -161,20 +161,16 @@ impl Referrer {
         })
     }
 
-    /// Whether `listed` (a referrers listing of the subject) already holds it: a statement
+    /// Whether `referrers` (those of its subject) already hold it: a statement
     /// of this predicate type (a platform image keeps the provenance it has, so a rebuild
     /// to the same digest or a rerun adds no second one), or this very signature (ECDSA
     /// signing is deterministic here, so the same key signs a digest alike every time,
     /// while another key's signature is added beside it).
-    pub fn already_in(&self, listed: &[Value]) -> bool {
-        if self.artifact_type != IN_TOTO {
-            return listed
-                .iter()
-                .any(|d| d["digest"] == self.manifest.digest.as_str());
+    pub fn already_in(&self, referrers: &Referrers) -> bool {
+        match self.artifact_type {
+            IN_TOTO => referrers.has_statement(&self.predicate_type),
+            _ => referrers.lists(&self.manifest.digest),
         }
-        attached(listed)
-            .iter()
-            .any(|a| a.predicate_type.as_deref() == Some(self.predicate_type.as_str()))
     }
 }
 
@@ -183,24 +179,57 @@ pub fn referrers_tag(subject: &Digest) -> String {
     format!("{}-{}", subject.algorithm(), subject.hex())
 }
 
-/// The tag schema's index after adding `descriptor`: every entry it had is kept, one with
-/// the same digest replaced.
-pub fn tag_schema_index(listed: Vec<Value>, descriptor: Value) -> ManifestBlob {
-    let mut manifests: Vec<Value> = listed
-        .into_iter()
-        .filter(|d| d["digest"] != descriptor["digest"])
-        .collect();
-    manifests.push(descriptor);
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": oci::OCI_INDEX,
-        "manifests": manifests,
-    });
-    let bytes = serde_json::to_vec(&index).expect("an index serialises");
-    ManifestBlob {
-        digest: Digest::of(&bytes),
-        bytes,
-        media_type: oci::OCI_INDEX,
+/// Where a subject's referrers are listed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListedBy {
+    /// The registry's referrers API, which lists a manifest pushed with a subject by itself.
+    Api,
+    /// The referrers tag schema's index (`sha256-<hex>`), which whoever attaches rewrites.
+    TagSchema,
+}
+
+/// What is attached to one subject, listed once: whatever attaches to it next reads and
+/// extends this, rather than asking the registry again.
+#[derive(Debug, Clone)]
+pub struct Referrers {
+    pub subject: Digest,
+    /// The descriptors listed.
+    pub listed: Vec<Value>,
+    pub by: ListedBy,
+}
+
+impl Referrers {
+    /// Whether a statement of `predicate_type` is listed.
+    pub fn has_statement(&self, predicate_type: &str) -> bool {
+        attached(&self.listed)
+            .iter()
+            .any(|a| a.predicate_type.as_deref() == Some(predicate_type))
+    }
+
+    /// Whether the referrer manifest `digest` is listed.
+    pub fn lists(&self, digest: &Digest) -> bool {
+        self.listed.iter().any(|d| d["digest"] == digest.as_str())
+    }
+
+    /// Lists `descriptor` too: every entry is kept, one with the same digest replaced.
+    pub fn add(&mut self, descriptor: Value) {
+        self.listed.retain(|d| d["digest"] != descriptor["digest"]);
+        self.listed.push(descriptor);
+    }
+
+    /// The tag schema's index of what is listed.
+    pub fn tag_schema_index(&self) -> ManifestBlob {
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": oci::OCI_INDEX,
+            "manifests": self.listed,
+        });
+        let bytes = serde_json::to_vec(&index).expect("an index serialises");
+        ManifestBlob {
+            digest: Digest::of(&bytes),
+            bytes,
+            media_type: oci::OCI_INDEX,
+        }
     }
 }
 

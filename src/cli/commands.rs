@@ -206,9 +206,11 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
             "--require-signature: a --push-by-digest part has no index to check; check the assembled index with `polyarch verify -f polyarch.yaml --require-signature`".into(),
         ));
     }
-    // Known before anything builds: a missing key is a usage error, not a late gap.
+    // Known before anything builds: a missing key is a usage error, not a late gap. The
+    // keys themselves are awaited only to check, after the build (a signing key opens
+    // beside it).
     let signing = match require_signature {
-        true => signing_keys(&project, &images, true, &public_keys(&keys)?).await?,
+        true => signature_checks(&project, &images, true, &public_keys(&keys)?)?,
         false => BTreeMap::new(),
     };
     let options = BuildOptions {
@@ -223,7 +225,7 @@ async fn build(args: BuildArgs, interrupt: &CancellationToken) -> Result<i32, Er
         skip_tests: no_test,
         interrupt: interrupt.clone(),
     };
-    run_build(&project, &options, push_by_digest, &signing, &output).await
+    run_build(&project, &options, push_by_digest, signing, &output).await
 }
 
 /// Builds (the whole job, or `--push-by-digest`'s part), then removes what the run left in
@@ -232,7 +234,7 @@ async fn run_build(
     project: &Project,
     options: &BuildOptions,
     push_by_digest: bool,
-    signing: &BTreeMap<String, Vec<PublicKey>>,
+    signing: BTreeMap<String, CheckKeys>,
     output: &Output,
 ) -> Result<i32, Error> {
     let reporter = reporter(output);
@@ -257,7 +259,8 @@ async fn run_build(
     drop(reporter);
     let mut record = outcome?;
     if !signing.is_empty() {
-        polyarch::flows::signatures::require(&mut record, signing, &options.registry).await?;
+        let signing = check_keys(signing).await?;
+        polyarch::flows::signatures::require(&mut record, &signing, &options.registry).await?;
     }
     finish(&record.with_values(project), output)
 }
@@ -495,7 +498,8 @@ async fn verify(args: VerifyArgs, cleanup: &Cleanup) -> Result<i32, Error> {
         (images, Some(file)) => {
             let project = Project::load(file, &loading(Purpose::Verify, &args.set, images))?;
             let images = &project.expand(images);
-            signing = signing_keys(&project, images, args.require_signature, &public).await?;
+            let keys = signature_checks(&project, images, args.require_signature, &public)?;
+            signing = check_keys(keys).await?;
             let verified = polyarch::flows::verify_by_name::verify_project(
                 &project,
                 images,
@@ -737,15 +741,27 @@ fn public_keys(paths: &[PathBuf]) -> Result<Vec<PublicKey>, Error> {
         .collect()
 }
 
-/// With -f, which images' signatures are checked and with which keys: every image with
-/// `--require-signature`, and an image with `sign:` anyway; `--key` when given, else the
-/// public half of the image's own signing key (a cosign key opened with COSIGN_PASSWORD).
-async fn signing_keys(
+/// Where the public keys that check an image's signatures come from.
+enum CheckKeys {
+    /// `--key`.
+    Given(Vec<PublicKey>),
+    /// The public half of the image's signing key, opened for this build.
+    Signer(PathBuf, std::sync::Arc<polyarch::sign::OpeningKey>),
+    /// The public half of the image's signing key file, opened with COSIGN_PASSWORD.
+    File(PathBuf),
+}
+
+/// With -f, which images' signatures are checked and where their keys come from: every
+/// image with `--require-signature`, and an image with `sign:` anyway; `--key` when
+/// given, else the public half of the image's own signing key. Decided before anything
+/// runs (an image with no key to check with is a usage error), while the keys themselves
+/// are only needed once there is something to check ([`check_keys`]).
+fn signature_checks(
     project: &Project,
     selected: &[String],
     required: bool,
     public: &[PublicKey],
-) -> Result<BTreeMap<String, Vec<PublicKey>>, Error> {
+) -> Result<BTreeMap<String, CheckKeys>, Error> {
     let mut out = BTreeMap::new();
     let images = project
         .images
@@ -753,18 +769,11 @@ async fn signing_keys(
         .filter(|i| selected.is_empty() || selected.contains(&i.name));
     for image in images {
         let keys = match (&image.sign_key, &image.signer) {
-            _ if !public.is_empty() && (required || image.sign_key.is_some()) => public.to_vec(),
-            // Opened for this build (its password may have come from stdin).
-            (Some(path), Some(signer)) => {
-                let opened = signer.opened().await.map_err(Error::SigningKey)?;
-                vec![opened.public(path)]
+            _ if !public.is_empty() && (required || image.sign_key.is_some()) => {
+                CheckKeys::Given(public.to_vec())
             }
-            (Some(path), None) => {
-                let password = std::env::var("COSIGN_PASSWORD").ok();
-                let key = polyarch::sign::SigningKey::load(path, password.as_deref())
-                    .map_err(|e| Error::Usage(e.to_string()))?;
-                vec![key.public(path)]
-            }
+            (Some(path), Some(signer)) => CheckKeys::Signer(path.clone(), signer.clone()),
+            (Some(path), None) => CheckKeys::File(path.clone()),
             (None, _) if required => {
                 return Err(Error::Usage(format!(
                     "--require-signature: image {} has no `sign:` key to check its signatures with; pass --key PUB.pem",
@@ -774,6 +783,32 @@ async fn signing_keys(
             (None, _) => continue,
         };
         out.insert(image.name.clone(), keys);
+    }
+    Ok(out)
+}
+
+/// The public keys of [`signature_checks`]: a build's signing key is waited for (it opened
+/// beside the build), a key file is opened here.
+async fn check_keys(
+    checks: BTreeMap<String, CheckKeys>,
+) -> Result<BTreeMap<String, Vec<PublicKey>>, Error> {
+    let mut out = BTreeMap::new();
+    for (image, keys) in checks {
+        let keys = match keys {
+            CheckKeys::Given(keys) => keys,
+            // Opened for this build (its password may have come from stdin).
+            CheckKeys::Signer(path, signer) => {
+                let opened = signer.opened().await.map_err(Error::SigningKey)?;
+                vec![opened.public(&path)]
+            }
+            CheckKeys::File(path) => {
+                let password = std::env::var("COSIGN_PASSWORD").ok();
+                let key = polyarch::sign::SigningKey::load(&path, password.as_deref())
+                    .map_err(|e| Error::Usage(e.to_string()))?;
+                vec![key.public(&path)]
+            }
+        };
+        out.insert(image, keys);
     }
     Ok(out)
 }

@@ -8,7 +8,7 @@ pub mod layout;
 pub mod provenance;
 pub mod store;
 
-use crate::base::attachment::{Referrer, SPDX_DOCUMENT};
+use crate::base::attachment::{Referrer, Referrers, SPDX_DOCUMENT};
 use crate::base::oci::{self, IndexEntry};
 use crate::base::progress::{Event, Phase, Reporter};
 use crate::base::reference::ReferenceError;
@@ -128,7 +128,8 @@ pub async fn publish(
 /// Publishes every image of a run at once: each image's round trips (tags, read-back)
 /// depend on no other image's, so ten images take about as long as one. Every publish that
 /// began runs to its end (a tag that moved has its siblings follow); the first failure in
-/// `images` order is the run's.
+/// `images` order is the run's. The signatures made are written down once, after every
+/// publish ended, whether or not they all succeeded.
 pub async fn publish_all(
     destination: &impl ImageStore,
     images: &[(&ImageSpec, Vec<&Pushed>)],
@@ -139,17 +140,22 @@ pub async fn publish_all(
     let published =
         futures_util::future::join_all(images.iter().map(|(image, pushed)| {
             publish(destination, image, pushed, memory, interrupt, reporter)
-        }));
-    published.await.into_iter().collect()
+        }))
+        .await;
+    // Images signed by one key share it; a second save of it writes nothing.
+    for signer in images.iter().filter_map(|(image, _)| image.signer.as_ref()) {
+        signer.save_made();
+    }
+    published.into_iter().collect()
 }
 
 /// Attaches what the image asks for (provenance, an SBOM, a signature) to every platform
 /// manifest, then signs the index, all before any tag moves: a tag never points at an
-/// index whose attachments are missing. The platforms at once, each one's attachments in
-/// turn, as they share its subject's tag schema index (`sha256-<hex>`), which each
-/// attachment reads, extends and writes back. The index is signed last, so its signature
-/// vouches for manifests that are signed themselves; whether it is signed already is
-/// asked beside the platforms.
+/// index whose attachments are missing. The platforms at once. Each subject's referrers
+/// are listed once; what it needs is made against that listing, then attached together,
+/// so its tag schema index (`sha256-<hex>`) is written once. The index is signed last,
+/// so its signature vouches for manifests that are signed themselves; its referrers are
+/// listed beside the platforms.
 async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -157,37 +163,121 @@ async fn attach_all(
     index: &oci::ManifestBlob,
     reporter: &dyn Reporter,
 ) -> Result<()> {
+    if !(image.provenance || image.sbom || image.signer.is_some()) {
+        return Ok(());
+    }
     let invocation = uuid::Uuid::new_v4().to_string();
-    let platforms = join_all(pushed.iter().map(|p| async {
-        if image.provenance {
-            let statement = provenance::statement(image, p, &invocation);
-            let referrer = provenance::referrer(p, &statement);
-            let how = destination.attach(image, &referrer).await?;
-            report_attached(image, Some(p), "SLSA provenance", &referrer, &how, reporter);
-        }
-        if image.sbom {
-            attach_sbom(destination, image, p, reporter).await?;
-        }
-        if let Some(key) = &image.signer {
-            let subject = Subject::Platform(p);
-            if !signed_already(destination, image, key, &subject, reporter).await? {
-                sign_subject(destination, image, key, &subject, reporter).await?;
-            }
-        }
-        Ok::<_, PublishError>(())
-    }));
+    let platforms = join_all(
+        pushed
+            .iter()
+            .map(|p| attach_to_platform(destination, image, p, &invocation, reporter)),
+    );
     let Some(key) = &image.signer else {
         return platforms.await.into_iter().collect();
     };
     let subject = Subject::Index(index);
-    let (platforms, index_signed) = futures_util::future::join(
-        platforms,
-        signed_already(destination, image, key, &subject, reporter),
-    )
-    .await;
+    let (platforms, referrers) =
+        futures_util::future::join(platforms, destination.referrers(image, &index.digest)).await;
     platforms.into_iter().collect::<Result<()>>()?;
-    if !index_signed? {
-        sign_subject(destination, image, key, &subject, reporter).await?;
+    let mut referrers = referrers?;
+    let signature = signature(image, key, &subject, &referrers, reporter).await?;
+    attach_to(
+        destination,
+        image,
+        &subject,
+        &mut referrers,
+        Vec::new(),
+        signature,
+        reporter,
+    )
+    .await
+}
+
+/// A referrer made for a subject, and what to call it once attached.
+struct Attaching {
+    referrer: Referrer,
+    what: String,
+}
+
+/// What the image asks for on one platform manifest: its provenance, its SBOM (its
+/// layers read while the signing key finishes opening) and its signature, attached
+/// together.
+async fn attach_to_platform(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    p: &Pushed,
+    invocation: &str,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let subject = Subject::Platform(p);
+    let mut referrers = destination.referrers(image, subject.digest()).await?;
+    let mut attaching = Vec::new();
+    if image.provenance {
+        let statement = provenance::statement(image, p, invocation);
+        attaching.push(Attaching {
+            referrer: provenance::referrer(p, &statement),
+            what: "SLSA provenance".into(),
+        });
+    }
+    let sbom = async {
+        match image.sbom {
+            true => sbom(destination, image, p, &referrers, reporter).await,
+            false => Ok(None),
+        }
+    };
+    let signature = async {
+        match &image.signer {
+            Some(key) => signature(image, key, &subject, &referrers, reporter).await,
+            None => Ok(None),
+        }
+    };
+    let (sbom, signature) = futures_util::future::join(sbom, signature).await;
+    attaching.extend(sbom?);
+    let signature = signature?;
+    attach_to(
+        destination,
+        image,
+        &subject,
+        &mut referrers,
+        attaching,
+        signature,
+        reporter,
+    )
+    .await
+}
+
+/// Attaches what was made for `subject` (whose referrers are `referrers`) at once, says
+/// how each came to be attached, and remembers the signature among them as the key's.
+async fn attach_to(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    subject: &Subject<'_>,
+    referrers: &mut Referrers,
+    mut attaching: Vec<Attaching>,
+    signature: Option<Attaching>,
+    reporter: &dyn Reporter,
+) -> Result<()> {
+    let signed = signature
+        .as_ref()
+        .map(|s| s.referrer.manifest.digest.clone());
+    attaching.extend(signature);
+    if attaching.is_empty() {
+        return Ok(());
+    }
+    let made: Vec<&Referrer> = attaching.iter().map(|a| &a.referrer).collect();
+    let how = destination.attach(image, referrers, &made).await?;
+    if let (Some(key), Some(signed)) = (&image.signer, signed) {
+        key.remember_made(&image.repository, subject.digest(), &signed);
+    }
+    for (attached, how) in attaching.iter().zip(&how) {
+        report_attached(
+            image,
+            subject.platform(),
+            &attached.what,
+            &attached.referrer,
+            how,
+            reporter,
+        );
     }
     Ok(())
 }
@@ -229,21 +319,21 @@ impl Subject<'_> {
     }
 }
 
-/// Whether `subject` is listed with the signature this key attached to it before (kept,
-/// and said so).
-async fn signed_already(
-    destination: &impl ImageStore,
+/// Whether `referrers`, those of `subject`, list the signature this key attached to it
+/// before (kept, and said so).
+fn signed_already(
     image: &ImageSpec,
     key: &sign::OpeningKey,
     subject: &Subject<'_>,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<bool> {
+) -> bool {
     let digest = subject.digest();
     let Some(made) = key.made_before(&image.repository, digest) else {
-        return Ok(false);
+        return false;
     };
-    if !destination.lists(image, digest, &made).await? {
-        return Ok(false);
+    if !referrers.lists(&made) {
+        return false;
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -251,28 +341,26 @@ async fn signed_already(
         phase: Phase::Publish,
         message: format!("{digest} already has this key's signature {made} attached; kept"),
     });
-    Ok(true)
+    true
 }
 
-/// Signs `subject`; the key, opened beside the build, is waited for here.
-async fn sign_subject(
-    destination: &impl ImageStore,
+/// This key's signature of `subject`, unless `referrers` (its referrers) list the one it
+/// made before. The key, opened beside the build, is waited for here.
+async fn signature(
     image: &ImageSpec,
-    opening: &sign::OpeningKey,
+    key: &sign::OpeningKey,
     subject: &Subject<'_>,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<()> {
-    let key = opening.opened().await.map_err(PublishError::SigningKey)?;
-    let referrer = sign::sign(&key, subject.descriptor());
-    let how = destination.attach(image, &referrer).await?;
-    opening.remember_made(
-        &image.repository,
-        subject.digest(),
-        &referrer.manifest.digest,
-    );
-    let what = format!("a signature by key {}", key.fingerprint);
-    report_attached(image, subject.platform(), &what, &referrer, &how, reporter);
-    Ok(())
+) -> Result<Option<Attaching>> {
+    if signed_already(image, key, subject, referrers, reporter) {
+        return Ok(None);
+    }
+    let opened = key.opened().await.map_err(PublishError::SigningKey)?;
+    Ok(Some(Attaching {
+        referrer: sign::sign(&opened, subject.descriptor()),
+        what: format!("a signature by key {}", opened.fingerprint),
+    }))
 }
 
 /// Says how a referrer came to be attached to a platform manifest (or, with no `p`, to
@@ -305,27 +393,24 @@ fn report_attached(
     });
 }
 
-/// Attaches an SPDX SBOM, made from its layers, to every platform manifest of the image
-/// before any tag moves. A manifest that has one keeps it: its layers are not read again.
-/// The platforms' layers are read at once.
-async fn attach_sbom(
+/// An SPDX SBOM of the platform manifest, made from its layers, unless `referrers` (its
+/// referrers) list one: it is kept, and its layers are not read again.
+async fn sbom(
     destination: &impl ImageStore,
     image: &ImageSpec,
     p: &Pushed,
+    referrers: &Referrers,
     reporter: &dyn Reporter,
-) -> Result<()> {
+) -> Result<Option<Attaching>> {
     let subject = &p.entry.digest;
-    if destination
-        .has_attached(image, subject, SPDX_DOCUMENT)
-        .await?
-    {
+    if referrers.has_statement(SPDX_DOCUMENT) {
         reporter.report(Event::Phase {
             image: image.name.clone(),
             platform: Some(p.platform.clone()),
             phase: Phase::Publish,
             message: format!("{subject} already has an SBOM attached; kept"),
         });
-        return Ok(());
+        return Ok(None);
     }
     reporter.report(Event::Phase {
         image: image.name.clone(),
@@ -346,11 +431,10 @@ async fn attach_sbom(
         created: created.as_deref(),
     };
     let statement = spdx::statement(&about, spdx::document(&about, &catalog));
-    let referrer = Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT);
-    let how = destination.attach(image, &referrer).await?;
-    let what = format!("an SBOM of {} packages", catalog.packages.len());
-    report_attached(image, Some(p), &what, &referrer, &how, reporter);
-    Ok(())
+    Ok(Some(Attaching {
+        referrer: Referrer::in_toto(subject, p.entry.size, &statement, SPDX_DOCUMENT),
+        what: format!("an SBOM of {} packages", catalog.packages.len()),
+    }))
 }
 
 #[cfg(test)]
@@ -607,6 +691,71 @@ mod tests {
         assert_eq!(store.attached.lock().unwrap().len(), 4);
     }
 
+    /// Provenance, an SBOM and a signature on every platform, and the index signed.
+    fn with_everything(tags: &str) -> ImageSpec {
+        let key = sign::OpeningKey::opened_for_tests(sign::SigningKey::random(), None);
+        ImageSpec {
+            sbom: true,
+            signer: Some(std::sync::Arc::new(key)),
+            ..with_provenance(tags)
+        }
+    }
+
+    /// How many times `counts` says each of `subjects` was counted.
+    fn counted(
+        counts: &std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+        subjects: &[&str],
+    ) -> Vec<usize> {
+        let counts = counts.lock().unwrap();
+        subjects
+            .iter()
+            .map(|s| counts.get(*s).copied().unwrap_or(0))
+            .collect()
+    }
+
+    /// A signed build asks the registry for each subject's referrers once, cold or warm:
+    /// the SBOM's and the signature's checks and the attach share that listing. Cold, each
+    /// subject's referrers tag schema index is written once, for all its attachments,
+    /// keeping what it listed; warm, it is not written at all.
+    #[tokio::test]
+    async fn each_subject_is_listed_once_and_its_tag_schema_index_written_at_most_once() {
+        let (store, image) = (FakeStore::default(), with_everything("v1"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        let cosigned = serde_json::json!({
+            "mediaType": oci::OCI_MANIFEST,
+            "digest": format!("sha256:{}", "c".repeat(64)),
+            "size": 300,
+            "artifactType": crate::base::attachment::SIGSTORE_BUNDLE,
+        });
+        store
+            .indexes
+            .lock()
+            .unwrap()
+            .insert(units[0].entry.digest.to_string(), vec![cosigned.clone()]);
+        let coverage = run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        let subjects = [
+            units[0].entry.digest.as_str(),
+            units[1].entry.digest.as_str(),
+            coverage.digest.as_str(),
+        ];
+        assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(counted(&store.index_puts, &subjects), [1, 1, 1]);
+        assert_eq!(store.attached.lock().unwrap().len(), 7);
+        let kept = store.indexes.lock().unwrap()[subjects[0]].clone();
+        assert_eq!((kept.len(), &kept[0]), (4, &cosigned));
+        // A rerun lists each once again, finds everything there, and writes nothing.
+        store.listings.lock().unwrap().clear();
+        store.index_puts.lock().unwrap().clear();
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(counted(&store.listings, &subjects), [1, 1, 1]);
+        assert_eq!(counted(&store.index_puts, &subjects), [0, 0, 0]);
+        assert_eq!(store.attached.lock().unwrap().len(), 7);
+    }
+
     #[tokio::test]
     async fn without_provenance_nothing_is_attached() {
         let (store, image) = (FakeStore::default(), image("v1"));
@@ -615,6 +764,7 @@ mod tests {
             .await
             .unwrap();
         assert!(store.calls().iter().all(|c| !c.starts_with("attach")));
+        assert!(store.listings.lock().unwrap().is_empty());
     }
 
     /// A store whose `current` answers only once `images` publishes ask at the same time.
@@ -686,30 +836,20 @@ mod tests {
         ) -> std::result::Result<(), StoreError> {
             self.store.tag(image, tag, index).await
         }
+        async fn referrers(
+            &self,
+            image: &ImageSpec,
+            subject: &crate::base::digest::Digest,
+        ) -> std::result::Result<Referrers, StoreError> {
+            self.store.referrers(image, subject).await
+        }
         async fn attach(
             &self,
             image: &ImageSpec,
-            referrer: &crate::base::attachment::Referrer,
-        ) -> std::result::Result<Attachment, StoreError> {
-            self.store.attach(image, referrer).await
-        }
-        async fn has_attached(
-            &self,
-            image: &ImageSpec,
-            subject: &crate::base::digest::Digest,
-            predicate_type: &str,
-        ) -> std::result::Result<bool, StoreError> {
-            self.store
-                .has_attached(image, subject, predicate_type)
-                .await
-        }
-        async fn lists(
-            &self,
-            image: &ImageSpec,
-            subject: &crate::base::digest::Digest,
-            referrer: &crate::base::digest::Digest,
-        ) -> std::result::Result<bool, StoreError> {
-            self.store.lists(image, subject, referrer).await
+            referrers: &mut Referrers,
+            attaching: &[&Referrer],
+        ) -> std::result::Result<Vec<Attachment>, StoreError> {
+            self.store.attach(image, referrers, attaching).await
         }
         async fn catalog(
             &self,
@@ -777,6 +917,57 @@ mod tests {
             store.store.tag_of("v2"),
             Some(coverage[1].digest.to_string())
         );
+    }
+
+    /// The signatures a run made are written down once its publishing ends, and those of
+    /// an image that then failed too: a rerun finds them attached and signs nothing.
+    #[tokio::test]
+    async fn signatures_are_written_down_once_publishing_ends_even_when_an_image_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("signatures.json");
+        let key = |made: &std::path::Path| {
+            let key = sign::OpeningKey::opened_for_tests(
+                sign::SigningKey::random(),
+                Some(made.to_path_buf()),
+            );
+            Some(std::sync::Arc::new(key))
+        };
+        let signer = key(&file);
+        let [(api, units), (web, web_units)] = two_images();
+        let api = ImageSpec {
+            signer: signer.clone(),
+            ..api
+        };
+        let web = ImageSpec {
+            repository: "127.0.0.1:5000/web".into(),
+            signer,
+            ..web
+        };
+        // One publish alone remembers, and writes nothing yet.
+        run(
+            &FakeStore::default(),
+            &api,
+            &units,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        assert!(!file.exists());
+        let store = FakeStore {
+            refuse_tag: Some("v1".into()),
+            ..FakeStore::default()
+        };
+        let images = [(api, units), (web, web_units)];
+        let outcome = publish_both(&store, &images).await;
+        assert!(outcome.is_err(), "{outcome:?}");
+        // Read back by another run (the same key file: the test key's memory).
+        let reread = key(&file).unwrap();
+        for (image, units) in &images {
+            for unit in units {
+                let made = reread.made_before(&image.repository, &unit.entry.digest);
+                assert!(made.is_some(), "{} {}", image.name, unit.platform);
+            }
+        }
     }
 
     #[tokio::test]

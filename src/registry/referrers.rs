@@ -4,27 +4,33 @@
 
 use super::body::read_json;
 use super::{ClientError, ListingError, Registry, RegistryError, Result};
+use crate::base::attachment::{self, ListedBy, Referrers};
 use crate::base::digest::Digest;
-use crate::base::{attachment, oci};
+use crate::base::oci;
 use futures_util::future::{join, join_all};
 use oci_client::Reference;
 use serde_json::Value;
 use std::collections::HashSet;
 
 impl Registry {
-    /// The descriptors listed as referrers of `subject` in the reference's repository; an
-    /// empty list when nothing is attached.
-    pub async fn referrers(&self, reference: &Reference, subject: &Digest) -> Result<Vec<Value>> {
+    /// The referrers of `subject` in the reference's repository (none listed when nothing
+    /// is attached), and whether the API or the tag schema lists them.
+    pub async fn referrers(&self, reference: &Reference, subject: &Digest) -> Result<Referrers> {
         // Both asked at once: a registry without the API costs no extra round trip.
         let (api, by_tag) = join(
             self.referrers_api(reference, subject),
             self.referrers_by_tag(reference, subject),
         )
         .await;
-        match api? {
-            Some(listed) => Ok(listed),
-            None => by_tag,
-        }
+        let (listed, by) = match api? {
+            Some(listed) => (listed, ListedBy::Api),
+            None => (by_tag?, ListedBy::TagSchema),
+        };
+        Ok(Referrers {
+            subject: subject.clone(),
+            listed,
+            by,
+        })
     }
 
     /// [`Registry::referrers`] of each of `subjects`, in order. Beside the referrers API

@@ -87,8 +87,8 @@ pub async fn attached_document(
     reference: &Reference,
     subject: &Digest,
 ) -> Result<Option<Value>> {
-    let listed = registry.referrers(reference, subject).await?;
-    for found in attachment::attached(&listed)
+    let referrers = registry.referrers(reference, subject).await?;
+    for found in attachment::attached(&referrers.listed)
         .into_iter()
         .filter(|a| a.is_sbom())
     {

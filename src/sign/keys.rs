@@ -229,18 +229,37 @@ impl OpeningKey {
         }
     }
 
+    /// `key`, already open, remembering what it signs in `made` (a signatures.json),
+    /// else in memory only: for tests of the flows that sign.
+    #[cfg(test)]
+    pub(crate) fn opened_for_tests(key: SigningKey, made: Option<PathBuf>) -> OpeningKey {
+        let opened: Opened = Ok(Arc::new(key));
+        OpeningKey {
+            opening: async move { opened }.boxed().shared(),
+            unopened: std::sync::Mutex::new(None),
+            made: Store::at(made),
+            file: "sha256:test".into(),
+        }
+    }
+
     /// The referrer this key attached to `subject` in `repository` before, if any.
     pub fn made_before(&self, repository: &str, subject: &Digest) -> Option<Digest> {
         self.made
             .get(&format!("{} {repository}@{subject}", self.file))
     }
 
-    /// Remembers the referrer this key's signature of `subject` is attached as.
+    /// Remembers the referrer this key's signature of `subject` is attached as, until
+    /// [`OpeningKey::save_made`].
     pub fn remember_made(&self, repository: &str, subject: &Digest, referrer: &Digest) {
         self.made.put(
             format!("{} {repository}@{subject}", self.file),
             referrer.clone(),
         );
+    }
+
+    /// Writes down (signatures.json) the signatures remembered since it was read, once a
+    /// run's publishing ends; nothing when there are none.
+    pub fn save_made(&self) {
         self.made.save();
     }
 

@@ -118,7 +118,10 @@ impl ContentSource for RegistrySource<'_> {
     }
 
     async fn referrers(&self, digest: &Digest) -> Result<Vec<serde_json::Value>, ClientError> {
-        self.registry.referrers(&self.reference, digest).await
+        self.registry
+            .referrers(&self.reference, digest)
+            .await
+            .map(|r| r.listed)
     }
 
     async fn referrers_of(

@@ -2,7 +2,7 @@
 
 use super::{Attachment, ImageStore};
 use super::{Result, StoreError};
-use crate::base::attachment::{self, Referrer};
+use crate::base::attachment::{self, ListedBy, Referrer, Referrers};
 use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
@@ -28,6 +28,12 @@ pub(crate) struct FakeStore {
     pub(crate) refuse_attach: bool,
     /// `(subject, predicate type)` of every referrer attached.
     pub(crate) attached: Mutex<Vec<(String, String)>>,
+    /// Each subject's referrers tag schema index: the descriptors it lists.
+    pub(crate) indexes: Mutex<BTreeMap<String, Vec<serde_json::Value>>>,
+    /// How many times each subject's referrers were listed.
+    pub(crate) listings: Mutex<BTreeMap<String, usize>>,
+    /// How many times each subject's referrers tag schema index was written.
+    pub(crate) index_puts: Mutex<BTreeMap<String, usize>>,
 }
 
 impl FakeStore {
@@ -145,53 +151,58 @@ impl ImageStore for FakeStore {
         Ok(())
     }
 
-    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+    /// As a registry without the referrers API: the tag schema's index lists them.
+    async fn referrers(&self, _: &ImageSpec, subject: &Digest) -> Result<Referrers> {
+        *self
+            .listings
+            .lock()
+            .unwrap()
+            .entry(subject.to_string())
+            .or_default() += 1;
+        let listed = self.indexes.lock().unwrap().get(subject.as_str()).cloned();
+        Ok(Referrers {
+            subject: subject.clone(),
+            listed: listed.unwrap_or_default(),
+            by: ListedBy::TagSchema,
+        })
+    }
+
+    async fn attach(
+        &self,
+        image: &ImageSpec,
+        referrers: &mut Referrers,
+        attaching: &[&Referrer],
+    ) -> Result<Vec<Attachment>> {
         if self.refuse_attach {
             return Err(refused(image, "attach a referrer"));
         }
-        let kept = (
-            referrer.subject.to_string(),
-            referrer.predicate_type.clone(),
-        );
-        // As a registry: a subject keeps the statement of a predicate type it has.
-        if self.attached.lock().unwrap().contains(&kept) {
-            return Ok(Attachment::Kept);
+        let subject = referrers.subject.to_string();
+        let mut how = Vec::new();
+        for referrer in attaching {
+            // As a registry: a subject keeps the statement of a predicate type it has.
+            if referrer.already_in(referrers) {
+                how.push(Attachment::Kept);
+                continue;
+            }
+            self.attached
+                .lock()
+                .unwrap()
+                .push((subject.clone(), referrer.predicate_type.clone()));
+            referrers.add(referrer.descriptor());
+            how.push(Attachment::TagSchema(attachment::referrers_tag(
+                &referrers.subject,
+            )));
         }
-        self.calls
+        if how.iter().all(|h| *h == Attachment::Kept) {
+            return Ok(how);
+        }
+        self.calls.lock().unwrap().push(format!("attach {subject}"));
+        self.indexes
             .lock()
             .unwrap()
-            .push(format!("attach {}", referrer.subject));
-        self.attached.lock().unwrap().push((
-            referrer.subject.to_string(),
-            referrer.predicate_type.clone(),
-        ));
-        Ok(Attachment::TagSchema(attachment::referrers_tag(
-            &referrer.subject,
-        )))
-    }
-
-    /// A bundle attached to `subject` counts: the fake keeps no referrer digests.
-    async fn lists(&self, _: &ImageSpec, subject: &Digest, _: &Digest) -> Result<bool> {
-        Ok(self
-            .attached
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(s, p)| s == subject.as_str() && p.is_empty()))
-    }
-
-    async fn has_attached(
-        &self,
-        _: &ImageSpec,
-        subject: &Digest,
-        predicate_type: &str,
-    ) -> Result<bool> {
-        Ok(self
-            .attached
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(s, p)| s == subject.as_str() && p == predicate_type))
+            .insert(subject.clone(), referrers.listed.clone());
+        *self.index_puts.lock().unwrap().entry(subject).or_default() += 1;
+        Ok(how)
     }
 
     /// Every platform image holds one Debian package.

@@ -7,7 +7,7 @@ pub(crate) mod fake;
 
 pub use error::StoreError;
 
-use crate::base::attachment::{self, Referrer};
+use crate::base::attachment::{self, ListedBy, Referrer, Referrers};
 use crate::base::digest::Digest;
 use crate::base::oci::ManifestBlob;
 use crate::base::progress::Reporter;
@@ -19,7 +19,9 @@ use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, Regist
 use crate::sbom::{self, Catalog};
 use crate::verify::coverage_record::ImageCoverage;
 use crate::verify::{self, ReadMemory, Target};
+use futures_util::future::try_join_all;
 use oci_client::Reference;
+use std::collections::BTreeMap;
 use std::future::Future;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -70,29 +72,24 @@ pub trait ImageStore {
         tag: &str,
         index: &ManifestBlob,
     ) -> impl Future<Output = Result<()>>;
-    /// Attaches `referrer` to its subject, a platform manifest of `image`: its blobs and
-    /// manifest by digest, then listed among the subject's referrers. No tag of the
-    /// image moves.
+    /// What is attached to the manifest `subject` of `image`, listed once: the attaches
+    /// that follow read and extend it instead of listing again.
+    fn referrers(
+        &self,
+        image: &ImageSpec,
+        subject: &Digest,
+    ) -> impl Future<Output = Result<Referrers>>;
+    /// Attaches `attaching`, referrers of one manifest of `image` whose referrers are
+    /// `referrers` (which then list them too), each one not listed already: their blobs,
+    /// then their manifests by digest, then listed among the subject's referrers, in
+    /// one write of its tag schema index where that lists them. How each came to be
+    /// attached, in order. No tag of the image moves.
     fn attach(
         &self,
         image: &ImageSpec,
-        referrer: &Referrer,
-    ) -> impl Future<Output = Result<Attachment>>;
-    /// Whether a statement of `predicate_type` is attached to the platform manifest
-    /// `subject` already: a rerun keeps it, and need not make it again.
-    fn has_attached(
-        &self,
-        image: &ImageSpec,
-        subject: &Digest,
-        predicate_type: &str,
-    ) -> impl Future<Output = Result<bool>>;
-    /// Whether the referrer `referrer` is listed for the manifest `subject`.
-    fn lists(
-        &self,
-        image: &ImageSpec,
-        subject: &Digest,
-        referrer: &Digest,
-    ) -> impl Future<Output = Result<bool>>;
+        referrers: &mut Referrers,
+        attaching: &[&Referrer],
+    ) -> impl Future<Output = Result<Vec<Attachment>>>;
     /// What the platform manifest `subject` installs, read from its layers as the store
     /// holds them (whichever engine pushed them), and its config's creation time.
     fn catalog(
@@ -238,10 +235,9 @@ impl ImageStore for Destination {
         }
     }
 
-    async fn attach(&self, image: &ImageSpec, referrer: &Referrer) -> Result<Attachment> {
+    async fn referrers(&self, image: &ImageSpec, subject: &Digest) -> Result<Referrers> {
         match self {
-            Destination::Registry(r) => attach_in_registry(r, image, referrer).await,
-            // Layout readers (skopeo, containerd) have no referrers convention to follow.
+            Destination::Registry(r) => Ok(r.referrers(&image.first_tag()?, subject).await?),
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
                 image: image.name.clone(),
@@ -249,32 +245,15 @@ impl ImageStore for Destination {
         }
     }
 
-    async fn has_attached(
+    async fn attach(
         &self,
         image: &ImageSpec,
-        subject: &Digest,
-        predicate_type: &str,
-    ) -> Result<bool> {
+        referrers: &mut Referrers,
+        attaching: &[&Referrer],
+    ) -> Result<Vec<Attachment>> {
         match self {
-            Destination::Registry(r) => {
-                let listed = r.referrers(&image.first_tag()?, subject).await?;
-                Ok(attachment::attached(&listed)
-                    .iter()
-                    .any(|a| a.predicate_type.as_deref() == Some(predicate_type)))
-            }
-            Destination::Layout(l) => Err(StoreError::AttachInLayout {
-                dir: l.dir.clone(),
-                image: image.name.clone(),
-            }),
-        }
-    }
-
-    async fn lists(&self, image: &ImageSpec, subject: &Digest, referrer: &Digest) -> Result<bool> {
-        match self {
-            Destination::Registry(registry) => {
-                let listed = registry.referrers(&image.first_tag()?, subject).await?;
-                Ok(listed.iter().any(|d| d["digest"] == referrer.as_str()))
-            }
+            Destination::Registry(r) => attach_in_registry(r, image, referrers, attaching).await,
+            // Layout readers (skopeo, containerd) have no referrers convention to follow.
             Destination::Layout(l) => Err(StoreError::AttachInLayout {
                 dir: l.dir.clone(),
                 image: image.name.clone(),
@@ -320,41 +299,70 @@ impl ImageStore for Destination {
     }
 }
 
-/// Pushes a referrer, then lists it for its subject: a registry with the referrers API
-/// lists it by itself; otherwise it is added to the tag schema's index (`sha256-<hex>`),
-/// keeping what that index held. The listing after the push stands in for the spec's
-/// `OCI-Subject` response header, which oci-client does not hand back.
+/// Pushes the referrers of one subject that `referrers` (listed before) do not hold, then
+/// lists them: a registry with the referrers API lists them by itself; otherwise the tag
+/// schema's index (`sha256-<hex>`) is written once for all of them, keeping what it held.
+/// Every blob is in before any manifest, and every manifest before the index.
 async fn attach_in_registry(
     registry: &Registry,
     image: &ImageSpec,
-    referrer: &Referrer,
-) -> Result<Attachment> {
-    let reference = image.first_tag()?;
-    if referrer.already_in(&registry.referrers(&reference, &referrer.subject).await?) {
-        return Ok(Attachment::Kept);
-    }
-    for (bytes, digest) in &referrer.blobs {
-        registry.push_blob_bytes(&reference, bytes, digest).await?;
-    }
-    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
-    registry
-        .push_manifest(&by_digest, &referrer.manifest)
-        .await
-        .map_err(|e| refused(e, referrer))?;
-    let listed = registry.referrers(&reference, &referrer.subject).await?;
-    if listed
+    referrers: &mut Referrers,
+    attaching: &[&Referrer],
+) -> Result<Vec<Attachment>> {
+    let kept: Vec<bool> = attaching.iter().map(|r| r.already_in(referrers)).collect();
+    let new: Vec<&Referrer> = attaching
         .iter()
-        .any(|d| d["digest"] == referrer.manifest.digest.as_str())
-    {
-        return Ok(Attachment::Registry);
+        .zip(&kept)
+        .filter(|(_, kept)| !**kept)
+        .map(|(r, _)| *r)
+        .collect();
+    let Some(first) = new.first() else {
+        return Ok(vec![Attachment::Kept; attaching.len()]);
+    };
+    let reference = image.first_tag()?;
+    // Each blob once (they share the empty config), all at once; then the manifests.
+    let blobs: BTreeMap<&Digest, &[u8]> = new
+        .iter()
+        .flat_map(|r| &r.blobs)
+        .map(|(bytes, digest)| (digest, bytes.as_slice()))
+        .collect();
+    try_join_all(
+        blobs
+            .into_iter()
+            .map(|(digest, bytes)| registry.push_blob_bytes(&reference, bytes, digest)),
+    )
+    .await?;
+    try_join_all(new.iter().map(|referrer| {
+        let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
+        async move {
+            registry
+                .push_manifest(&by_digest, &referrer.manifest)
+                .await
+                .map_err(|e| refused(e, referrer))
+        }
+    }))
+    .await?;
+    for referrer in &new {
+        referrers.add(referrer.descriptor());
     }
-    let tag = attachment::referrers_tag(&referrer.subject);
-    let index = attachment::tag_schema_index(listed, referrer.descriptor());
-    registry
-        .push_manifest(&image.tagged(&tag)?, &index)
-        .await
-        .map_err(|e| refused(e, referrer))?;
-    Ok(Attachment::TagSchema(tag))
+    let how = match referrers.by {
+        ListedBy::Api => Attachment::Registry,
+        ListedBy::TagSchema => {
+            let tag = attachment::referrers_tag(&referrers.subject);
+            registry
+                .push_manifest(&image.tagged(&tag)?, &referrers.tag_schema_index())
+                .await
+                .map_err(|e| refused(e, first))?;
+            Attachment::TagSchema(tag)
+        }
+    };
+    Ok(kept
+        .into_iter()
+        .map(|kept| match kept {
+            true => Attachment::Kept,
+            false => how.clone(),
+        })
+        .collect())
 }
 
 /// A registry that refuses OCI 1.1 artifacts (`artifactType`, `subject`, the empty config)
