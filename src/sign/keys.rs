@@ -244,17 +244,19 @@ impl OpeningKey {
 
     /// The referrer this key attached to `subject` in `repository` before, if any.
     pub fn made_before(&self, repository: &str, subject: &Digest) -> Option<Digest> {
-        self.made
-            .get(&format!("{} {repository}@{subject}", self.file))
+        self.made.get(&self.made_key(repository, subject))
     }
 
     /// Remembers the referrer this key's signature of `subject` is attached as, until
     /// [`OpeningKey::save_made`].
     pub fn remember_made(&self, repository: &str, subject: &Digest, referrer: &Digest) {
-        self.made.put(
-            format!("{} {repository}@{subject}", self.file),
-            referrer.clone(),
-        );
+        self.made
+            .put(self.made_key(repository, subject), referrer.clone());
+    }
+
+    /// signatures.json's key for this key's signature of `subject` in `repository`.
+    fn made_key(&self, repository: &str, subject: &Digest) -> String {
+        format!("{} {repository}@{subject}", self.file)
     }
 
     /// Writes down (signatures.json) the signatures remembered since it was read, once a
