@@ -531,7 +531,12 @@ fn as_referenced(
     target: &Expanded,
 ) -> hcl::Map<String, Value> {
     let mut all = fields.clone();
-    for field in TARGET_FIELDS {
+    // Every field of bake's Target (buildx's bake.Target): those polyarch reads, those it
+    // refuses, and the name.
+    let fields = super::FIELDS
+        .iter()
+        .chain(super::REFUSED.iter().map(|(field, _)| field));
+    for field in fields.chain(&["name"]) {
         if !target.attributes.iter().any(|(key, _)| key == field) && !all.contains_key(*field) {
             let unset = match *field {
                 "attest" | "cache-from" | "cache-to" | "output" | "secret" | "ssh" => {
@@ -546,38 +551,6 @@ fn as_referenced(
     }
     all
 }
-
-/// The fields of bake's Target (buildx's bake.Target, as `target.NAME` shows them).
-const TARGET_FIELDS: &[&str] = &[
-    "annotations",
-    "args",
-    "attest",
-    "cache-from",
-    "cache-to",
-    "call",
-    "context",
-    "contexts",
-    "description",
-    "dockerfile",
-    "dockerfile-inline",
-    "entitlements",
-    "extra-hosts",
-    "inherits",
-    "labels",
-    "name",
-    "network",
-    "no-cache",
-    "no-cache-filter",
-    "output",
-    "platforms",
-    "pull",
-    "secret",
-    "shm-size",
-    "ssh",
-    "tags",
-    "target",
-    "ulimits",
-];
 
 fn to_json(value: &Value) -> Json {
     serde_json::to_value(value).expect("HCL values are JSON")
