@@ -128,14 +128,15 @@ impl<'de> Deserialize<'de> for Digest {
 
 /// A hash in the algorithm of the digest it will be compared with (a registry may name
 /// layers by sha384 or sha512).
-enum Hasher {
+/// A digest being computed in a given digest's algorithm, a piece at a time.
+pub enum Hasher {
     Sha256(Sha256),
     Sha384(Sha384),
     Sha512(Sha512),
 }
 
 impl Hasher {
-    fn like(digest: &Digest) -> Hasher {
+    pub fn like(digest: &Digest) -> Hasher {
         match digest.algorithm() {
             "sha384" => Hasher::Sha384(Sha384::new()),
             "sha512" => Hasher::Sha512(Sha512::new()),
@@ -143,7 +144,7 @@ impl Hasher {
         }
     }
 
-    fn update(&mut self, bytes: &[u8]) {
+    pub fn update(&mut self, bytes: &[u8]) {
         match self {
             Hasher::Sha256(h) => h.update(bytes),
             Hasher::Sha384(h) => h.update(bytes),
@@ -151,7 +152,7 @@ impl Hasher {
         }
     }
 
-    fn finish(self) -> Digest {
+    pub fn finish(self) -> Digest {
         let (algorithm, hex) = match self {
             Hasher::Sha256(h) => ("sha256", hex::encode(h.finalize())),
             Hasher::Sha384(h) => ("sha384", hex::encode(h.finalize())),

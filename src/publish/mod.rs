@@ -150,12 +150,11 @@ pub async fn publish_all(
 }
 
 /// Attaches what the image asks for (provenance, an SBOM, a signature) to every platform
-/// manifest, then signs the index, all before any tag moves: a tag never points at an
-/// index whose attachments are missing. The platforms at once. Each subject's referrers
-/// are listed once; what it needs is made against that listing, then attached together,
-/// so its tag schema index (`sha256-<hex>`) is written once. The index is signed last,
-/// so its signature vouches for manifests that are signed themselves; its referrers are
-/// listed beside the platforms.
+/// manifest, and signs the index, all before any tag moves: a tag never points at an
+/// index whose attachments are missing. The platforms and the index at once: the index's
+/// signature names only its digest, so it need not wait for the platforms' SBOMs. Each
+/// subject's referrers are listed once; what it needs is made against that listing, then
+/// attached together, so its tag schema index (`sha256-<hex>`) is written once.
 async fn attach_all(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -172,25 +171,27 @@ async fn attach_all(
             .iter()
             .map(|p| attach_to_platform(destination, image, p, &invocation, reporter)),
     );
-    let Some(key) = &image.signer else {
-        return platforms.await.into_iter().collect();
+    let index_signed = async {
+        let Some(key) = &image.signer else {
+            return Ok(());
+        };
+        let subject = Subject::Index(index);
+        let mut referrers = destination.referrers(image, &index.digest).await?;
+        let signature = signature(image, key, &subject, &referrers, reporter).await?;
+        attach_to(
+            destination,
+            image,
+            &subject,
+            &mut referrers,
+            Vec::new(),
+            signature,
+            reporter,
+        )
+        .await
     };
-    let subject = Subject::Index(index);
-    let (platforms, referrers) =
-        futures_util::future::join(platforms, destination.referrers(image, &index.digest)).await;
+    let (platforms, index_signed) = futures_util::future::join(platforms, index_signed).await;
     platforms.into_iter().collect::<Result<()>>()?;
-    let mut referrers = referrers?;
-    let signature = signature(image, key, &subject, &referrers, reporter).await?;
-    attach_to(
-        destination,
-        image,
-        &subject,
-        &mut referrers,
-        Vec::new(),
-        signature,
-        reporter,
-    )
-    .await
+    index_signed
 }
 
 /// A referrer made for a subject, and what to call it once attached.

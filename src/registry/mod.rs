@@ -186,7 +186,12 @@ pub struct Inner {
     in_flight: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Where earlier runs put each blob, when the caller keeps that between runs.
     places: OnceLock<Arc<dyn BlobPlaces>>,
+    /// What this run derived from a blob's bytes, by kind and digest: each derived once,
+    /// however many images and platforms hold the blob (see [`Registry::derived`]).
+    derived: Mutex<HashMap<(std::any::TypeId, String), Arc<Derived>>>,
 }
+
+type Derived = tokio::sync::OnceCell<Arc<dyn std::any::Any + Send + Sync>>;
 
 /// How a loopback or insecure registry is spoken to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,6 +249,7 @@ impl Registry {
             challenges: Mutex::default(),
             tokens: Mutex::default(),
             manifests: Mutex::default(),
+            derived: Mutex::default(),
             auths: Mutex::default(),
             cli_credentials: options.credentials.clone(),
             retry: options.retry.unwrap_or_else(RetryPolicy::from_env),
@@ -684,6 +690,39 @@ impl Registry {
     fn deadline_for(&self, size: u64) -> Duration {
         self.deadline + Duration::from_secs(size / MIN_TRANSFER_RATE)
     }
+
+    /// The `T` this run derived from the blob `digest`, derived now by `derive` if none
+    /// was: a blob's digest names its bytes, so what was read from them once holds for
+    /// every image that holds it. Callers that ask at once wait for one derivation; one
+    /// that fails is tried again by the next caller.
+    pub async fn derived<T, E, F>(
+        &self,
+        digest: &Digest,
+        derive: impl FnOnce() -> F,
+    ) -> std::result::Result<Arc<T>, E>
+    where
+        T: std::any::Any + Send + Sync,
+        F: Future<Output = std::result::Result<T, E>>,
+    {
+        let key = (std::any::TypeId::of::<T>(), digest.to_string());
+        let cell = self
+            .derived
+            .lock()
+            .expect("derived lock")
+            .entry(key)
+            .or_default()
+            .clone();
+        let value = cell
+            .get_or_try_init(|| async {
+                let value: Arc<dyn std::any::Any + Send + Sync> = Arc::new(derive().await?);
+                Ok(value)
+            })
+            .await?;
+        // Keyed by its type: what is found is a `T`.
+        Ok(Arc::clone(value)
+            .downcast::<T>()
+            .unwrap_or_else(|_| unreachable!("derived values are keyed by their type")))
+    }
 }
 
 /// `work` within `deadline`; past it the attempt has timed out.
@@ -699,6 +738,39 @@ async fn within<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Platforms that share a layer ask for what it holds at once: it is derived once; a
+    /// derivation that fails is not remembered, and the next caller derives it again.
+    #[tokio::test]
+    async fn what_a_blob_holds_is_derived_once_per_run_and_a_failure_is_tried_again() {
+        let registry = Registry::new(&[], &RegistryOptions::default()).unwrap();
+        let digest: Digest = format!("sha256:{}", "a".repeat(64)).parse().unwrap();
+        let derivations = std::sync::atomic::AtomicUsize::new(0);
+        let derive = || async {
+            derivations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            Ok::<_, String>(7u32)
+        };
+        let (a, b) = tokio::join!(
+            registry.derived(&digest, derive),
+            registry.derived(&digest, derive)
+        );
+        assert_eq!((*a.unwrap(), *b.unwrap()), (7, 7));
+        assert_eq!(derivations.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Another kind of value of the same blob is its own.
+        let other = registry.derived(&digest, || async { Ok::<_, String>("text") });
+        assert_eq!(*other.await.unwrap(), "text");
+
+        let failing: Digest = format!("sha256:{}", "b".repeat(64)).parse().unwrap();
+        let failed = registry
+            .derived(&failing, || async {
+                Err::<u32, _>("the layer was cut short")
+            })
+            .await;
+        assert_eq!(failed.unwrap_err(), "the layer was cut short");
+        let again = registry.derived(&failing, || async { Ok::<u32, &str>(8) });
+        assert_eq!(*again.await.unwrap(), 8);
+    }
 
     /// `SSL_CERT_FILE` is often the whole system bundle: a run that only speaks plain HTTP
     /// (a loopback `verify`) must not read it; a path that is not there is refused up front.

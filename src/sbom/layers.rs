@@ -9,7 +9,7 @@ use super::{apk, binary, dpkg, os_release, rpm, Distro, Package};
 use crate::base::image_path::{below, join, normalize, split_parent};
 use crate::base::layer_limits::LayerLimit;
 use crate::base::layer_stream::{Metered, Stop};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
 /// Longest entry name and link target: Linux's PATH_MAX.
@@ -48,13 +48,6 @@ impl<R: Read> Read for Data<'_, R> {
     }
 }
 
-/// The merged view of the layers read so far, for the paths the catalogers keep.
-#[derive(Default)]
-pub(super) struct Tree {
-    pub(super) found: BTreeMap<String, Found>,
-    spool: Option<std::fs::File>,
-}
-
 /// What the catalogers read at a path.
 #[derive(Clone, Copy)]
 enum Wanted {
@@ -86,15 +79,102 @@ fn wanted(path: &str, mode: u32) -> Option<Wanted> {
     })
 }
 
+/// What one layer holds for the catalogers, read on its own: what it puts at the paths
+/// they keep, and what it hides of the layers below. Its digest names it, so a layer that
+/// several images (or platforms) share is read once and laid over each one's lower layers.
+#[derive(Debug, Default)]
+pub struct LayerFacts {
+    /// The kept paths this layer puts something at.
+    kept: BTreeMap<String, Held>,
+    /// The other non-directory paths it puts something at, hashed: each hides what lower
+    /// layers kept at it and below it. Hashes, not names, so a layer of a million files
+    /// costs 8 MiB, not its listing (a collision, at 64 bits, is not a practical risk).
+    hides: HashSet<u64>,
+    whiteouts: Vec<String>,
+    opaques: Vec<String>,
+}
+
+/// What a layer puts at a kept path.
+#[derive(Debug, Clone)]
+enum Held {
+    Found(Found),
+    /// A hard link to a path the layer itself does not hold: it holds what the layers
+    /// below hold there.
+    LinkBelow(String),
+}
+
+fn path_hash(path: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: the same path hashes alike in every layer.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// `path` and every directory above it.
+fn self_and_parents(path: &str) -> impl Iterator<Item = &str> {
+    std::iter::successors(Some(path), |p| match p.rfind('/') {
+        Some(i) => Some(&p[..i]),
+        None => None,
+    })
+}
+
+/// The merged view of the layers laid so far, for the paths the catalogers keep.
+#[derive(Default)]
+pub(super) struct Tree {
+    pub(super) found: BTreeMap<String, Found>,
+}
+
 impl Tree {
-    /// Reads one (decompressed) layer tar, then lays it over the layers below.
-    pub(super) fn apply_layer(&mut self, reader: impl Read) -> Result<(), Stop> {
+    /// Lays one layer over the layers below.
+    pub(super) fn lay(&mut self, layer: &LayerFacts) {
+        // A hard link holds what its target held when it was linked: below this layer.
+        let linked: Vec<(&String, Option<Found>)> = layer
+            .kept
+            .iter()
+            .map(|(path, held)| match held {
+                Held::Found(found) => (path, Some(found.clone())),
+                Held::LinkBelow(target) => (path, self.found.get(target).cloned()),
+            })
+            .collect();
+        for path in &layer.whiteouts {
+            self.remove_subtree(path, true);
+        }
+        for dir in &layer.opaques {
+            self.remove_subtree(dir, false);
+        }
+        if !layer.hides.is_empty() {
+            self.found.retain(|kept, _| {
+                !self_and_parents(kept).any(|p| layer.hides.contains(&path_hash(p)))
+            });
+        }
+        for (path, found) in linked {
+            self.remove_subtree(path, true);
+            if let Some(found) = found {
+                self.found.insert(path.clone(), found);
+            }
+        }
+    }
+
+    fn remove_subtree(&mut self, path: &str, include_self: bool) {
+        if include_self {
+            self.found.remove(path);
+        }
+        for key in below(&self.found, path) {
+            self.found.remove(&key);
+        }
+    }
+}
+
+impl LayerFacts {
+    /// Reads one (decompressed) layer tar.
+    pub(super) fn read(reader: impl Read) -> Result<LayerFacts, Stop> {
         let reader = Metered::new(reader, MAX_ENTRY_HEADERS);
         let headers = reader.counter();
         let mut archive = tar::Archive::new(reader);
-        // A path this layer puts something at: what it holds for the catalogers, if anything.
-        let mut upper: BTreeMap<String, Option<Found>> = BTreeMap::new();
-        let (mut whiteouts, mut opaques) = (Vec::new(), Vec::new());
+        let mut facts = LayerFacts::default();
+        // Where binaries are spooled, made at the first one.
+        let mut spool = None;
         let mut entries = archive.entries_with_seek()?;
         loop {
             // Only what the tar crate reads to find the next entry counts as headers.
@@ -112,17 +192,17 @@ impl Tree {
             };
             let (dir, name) = split_parent(&path);
             if name == ".wh..wh..opq" {
-                opaques.push(dir.to_string());
+                facts.opaques.push(dir.to_string());
                 continue;
             }
             if let Some(hidden) = name.strip_prefix(".wh.") {
                 if !hidden.is_empty() {
-                    whiteouts.push(join(dir, hidden));
+                    facts.whiteouts.push(join(dir, hidden));
                 }
                 continue;
             }
             use tar::EntryType as T;
-            let found = match entry.header().entry_type() {
+            let held = match entry.header().entry_type() {
                 T::Directory => continue,
                 T::Regular | T::Continuous => {
                     let mode = entry.header().mode().unwrap_or(0);
@@ -132,139 +212,114 @@ impl Tree {
                                 entry: &mut entry,
                                 headers: &headers,
                             };
-                            self.read(what, &path, &mut data)?
+                            read_file(what, &path, &mut data, &mut spool)?.map(Held::Found)
                         }
                         None => None,
                     }
                 }
                 T::Link => {
-                    // A hard link holds what its target held when it was linked.
                     let target = entry.link_name_bytes().and_then(|t| {
                         (t.len() <= MAX_NAME)
                             .then(|| normalize(&String::from_utf8_lossy(&t)))
                             .flatten()
                     });
-                    target.and_then(|t| match upper.get(&t) {
-                        Some(found) => found.clone(),
-                        None => self.found.get(&t).cloned(),
+                    target.and_then(|t| match facts.kept.get(&t) {
+                        Some(held) => Some(held.clone()),
+                        None if facts.hides.contains(&path_hash(&t)) => None,
+                        None => Some(Held::LinkBelow(t)),
                     })
                 }
                 _ => None,
             };
-            // Something the catalogers skip matters only where it hides what they kept.
-            if found.is_some() || self.holds(&path) || upper.contains_key(&path) {
-                upper.insert(path, found);
+            match held {
+                Some(held) => {
+                    facts.kept.insert(path, held);
+                }
+                None => {
+                    facts.kept.remove(&path);
+                    facts.hides.insert(path_hash(&path));
+                }
             }
         }
-        for path in whiteouts {
-            self.remove_subtree(&path, true);
-        }
-        for dir in opaques {
-            self.remove_subtree(&dir, false);
-        }
-        for (path, found) in upper {
-            self.remove_subtree(&path, true);
-            if let Some(found) = found {
-                self.found.insert(path, found);
-            }
-        }
-        Ok(())
+        Ok(facts)
     }
+}
 
-    /// Whether a kept path is `path` or below it.
-    fn holds(&self, path: &str) -> bool {
-        let prefix = format!("{path}/");
-        self.found.contains_key(path)
-            || self
-                .found
-                .range(prefix.clone()..)
-                .next()
-                .is_some_and(|(k, _)| k.starts_with(&prefix))
-    }
+/// Reads a wanted file's contents (the entry's data, streamed).
+fn read_file(
+    what: Wanted,
+    path: &str,
+    entry: &mut impl Read,
+    spool: &mut Option<std::fs::File>,
+) -> Result<Option<Found>, Stop> {
+    let source = format!("/{path}");
+    let small = |entry: &mut dyn Read| -> io::Result<Option<Vec<u8>>> {
+        let mut bytes = Vec::new();
+        entry.take(MAX_DATABASE + 1).read_to_end(&mut bytes)?;
+        Ok((bytes.len() as u64 <= MAX_DATABASE).then_some(bytes))
+    };
+    let too_large = || {
+        Found::NotRead(format!(
+            "{source} is larger than {} MiB; not read",
+            MAX_DATABASE >> 20
+        ))
+    };
+    Ok(Some(match what {
+        Wanted::Dpkg => match small(entry)? {
+            Some(bytes) => Found::Packages(dpkg::parse(&bytes, &source), None),
+            None => too_large(),
+        },
+        Wanted::Apk => match small(entry)? {
+            Some(bytes) => Found::Packages(apk::parse(&bytes, &source), None),
+            None => too_large(),
+        },
+        Wanted::OsRelease => match small(entry)? {
+            Some(bytes) => Found::OsRelease(os_release::parse(&bytes)),
+            None => too_large(),
+        },
+        Wanted::Rpm => return rpm_sqlite(&source, entry),
+        Wanted::Unread(what) => Found::NotRead(format!("{source} is {what}, which is not read")),
+        Wanted::Binary => return binary(&source, entry, spool),
+    }))
+}
 
-    fn remove_subtree(&mut self, path: &str, include_self: bool) {
-        if include_self {
-            self.found.remove(path);
-        }
-        for key in below(&self.found, path) {
-            self.found.remove(&key);
+/// An executable file: if it is an ELF, spooled to the temporary file and read for
+/// embedded packages.
+fn binary(
+    source: &str,
+    entry: &mut impl Read,
+    spool: &mut Option<std::fs::File>,
+) -> Result<Option<Found>, Stop> {
+    let mut magic = [0u8; 4];
+    let mut n = 0;
+    while n < magic.len() {
+        match entry.read(&mut magic[n..])? {
+            0 => return Ok(None),
+            k => n += k,
         }
     }
-
-    /// Reads a wanted file's contents (the entry's data, streamed).
-    fn read(
-        &mut self,
-        what: Wanted,
-        path: &str,
-        entry: &mut impl Read,
-    ) -> Result<Option<Found>, Stop> {
-        let source = format!("/{path}");
-        let small = |entry: &mut dyn Read| -> io::Result<Option<Vec<u8>>> {
-            let mut bytes = Vec::new();
-            entry.take(MAX_DATABASE + 1).read_to_end(&mut bytes)?;
-            Ok((bytes.len() as u64 <= MAX_DATABASE).then_some(bytes))
-        };
-        let too_large = || {
-            Found::NotRead(format!(
-                "{source} is larger than {} MiB; not read",
-                MAX_DATABASE >> 20
-            ))
-        };
-        Ok(Some(match what {
-            Wanted::Dpkg => match small(entry)? {
-                Some(bytes) => Found::Packages(dpkg::parse(&bytes, &source), None),
-                None => too_large(),
-            },
-            Wanted::Apk => match small(entry)? {
-                Some(bytes) => Found::Packages(apk::parse(&bytes, &source), None),
-                None => too_large(),
-            },
-            Wanted::OsRelease => match small(entry)? {
-                Some(bytes) => Found::OsRelease(os_release::parse(&bytes)),
-                None => too_large(),
-            },
-            Wanted::Rpm => return rpm_sqlite(&source, entry),
-            Wanted::Unread(what) => {
-                Found::NotRead(format!("{source} is {what}, which is not read"))
-            }
-            Wanted::Binary => return self.binary(&source, entry),
-        }))
+    if &magic != b"\x7fELF" {
+        return Ok(None);
     }
-
-    /// An executable file: if it is an ELF, spooled to the temporary file and read for
-    /// embedded packages.
-    fn binary(&mut self, source: &str, entry: &mut impl Read) -> Result<Option<Found>, Stop> {
-        let mut magic = [0u8; 4];
-        let mut n = 0;
-        while n < magic.len() {
-            match entry.read(&mut magic[n..])? {
-                0 => return Ok(None),
-                k => n += k,
-            }
-        }
-        if &magic != b"\x7fELF" {
-            return Ok(None);
-        }
-        let spool = match &mut self.spool {
-            Some(file) => file,
-            empty => empty.insert(tempfile::tempfile()?),
-        };
-        spool.set_len(0)?;
-        spool.seek(SeekFrom::Start(0))?;
-        spool.write_all(&magic)?;
-        let copied = io::copy(&mut entry.take(MAX_BINARY), spool)?;
-        if copied == MAX_BINARY {
-            return Ok(Some(Found::NotRead(format!(
-                "{source} is larger than {} GiB; not read for embedded packages",
-                MAX_BINARY >> 30
-            ))));
-        }
-        Ok(match binary::packages(spool, source)? {
-            Ok(packages) if packages.is_empty() => None,
-            Ok(packages) => Some(Found::Packages(packages, None)),
-            Err(why) => Some(Found::NotRead(format!("{source} {why}"))),
-        })
+    let spool = match spool {
+        Some(file) => file,
+        empty => empty.insert(tempfile::tempfile()?),
+    };
+    spool.set_len(0)?;
+    spool.seek(SeekFrom::Start(0))?;
+    spool.write_all(&magic)?;
+    let copied = io::copy(&mut entry.take(MAX_BINARY), spool)?;
+    if copied == MAX_BINARY {
+        return Ok(Some(Found::NotRead(format!(
+            "{source} is larger than {} GiB; not read for embedded packages",
+            MAX_BINARY >> 30
+        ))));
     }
+    Ok(match binary::packages(spool, source)? {
+        Ok(packages) if packages.is_empty() => None,
+        Ok(packages) => Some(Found::Packages(packages, None)),
+        Err(why) => Some(Found::NotRead(format!("{source} {why}"))),
+    })
 }
 
 /// An RPM sqlite database: spooled to a temporary file of its own (SQLite opens a path),

@@ -21,6 +21,7 @@ use crate::base::layer_limits::LayerLimit;
 use crate::base::layer_stream::{apply_layers, Stop};
 use crate::base::text::one_line;
 use crate::registry::ClientError;
+pub use layers::LayerFacts;
 use layers::{Found, Tree};
 use std::io::{self, Read};
 
@@ -114,13 +115,37 @@ pub enum LayersError {
 /// read once, to its end.
 pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError> {
     let mut tree = Tree::default();
-    match apply_layers(layers, |layer| tree.apply_layer(layer)) {
-        Ok(()) => {}
-        Err((layer, Stop::Unreadable(error))) => {
-            return Err(LayersError::Unreadable { layer, error })
-        }
-        Err((layer, Stop::Refused(limit))) => return Err(LayersError::Refused { layer, limit }),
+    apply_layers(layers, |layer| {
+        tree.lay(&LayerFacts::read(layer)?);
+        Ok(())
+    })
+    .map_err(|(layer, stop)| LayersError::at(layer, stop))?;
+    Ok(cataloged(tree))
+}
+
+/// Reads one layer tar (decompressed or gzip) on its own, to its end, as the `n`th
+/// (1-based) layer of an image: what it holds for the catalogers, to lay over the layers
+/// below it with [`lay_layers`].
+pub fn read_layer(n: usize, layer: Box<dyn Read + Send>) -> Result<LayerFacts, LayersError> {
+    let mut facts = None;
+    apply_layers(vec![layer], |layer| {
+        facts = Some(LayerFacts::read(layer)?);
+        Ok(())
+    })
+    .map_err(|(_, stop)| LayersError::at(n, stop))?;
+    Ok(facts.unwrap_or_default())
+}
+
+/// Catalogs an image from its layers read one by one ([`read_layer`]), in rootfs order.
+pub fn lay_layers(layers: &[std::sync::Arc<LayerFacts>]) -> Catalog {
+    let mut tree = Tree::default();
+    for layer in layers {
+        tree.lay(layer);
     }
+    cataloged(tree)
+}
+
+fn cataloged(tree: Tree) -> Catalog {
     let mut catalog = Catalog::default();
     // /etc/os-release wins over /usr/lib/os-release, which it usually links to.
     for (path, found) in tree.found.into_iter().rev() {
@@ -139,7 +164,16 @@ pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError
     catalog.packages.sort();
     catalog.packages.dedup();
     catalog.warnings.sort();
-    Ok(catalog)
+    catalog
+}
+
+impl LayersError {
+    fn at(layer: usize, stop: Stop) -> LayersError {
+        match stop {
+            Stop::Unreadable(error) => LayersError::Unreadable { layer, error },
+            Stop::Refused(limit) => LayersError::Refused { layer, limit },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,14 +1,16 @@
 //! An image's SBOM against a registry: made from its layers, streamed from the registry by
 //! digest (whichever engine built it), or read back from what is attached to it.
 
-use super::{catalog, Catalog, LayersError, SbomError};
+use super::{lay_layers, read_layer, Catalog, LayerFacts, LayersError, SbomError};
 use crate::base::attachment::{self, IN_TOTO, SPDX_DOCUMENT};
 use crate::base::digest::Digest;
 use crate::base::text::one_line;
 use crate::registry::Registry;
 use crate::verify::remote_layers::read_layers;
+use futures_util::{StreamExt, TryStreamExt};
 use oci_client::Reference;
 use serde_json::Value;
+use std::sync::Arc;
 
 type Result<T, E = SbomError> = std::result::Result<T, E>;
 
@@ -34,12 +36,6 @@ pub async fn catalog_of(
                 |e: crate::base::digest::DigestError| content("its manifest", e.to_string()),
             )
         };
-    let config = registry
-        .get_json_blob(&at, &digest_of(&manifest["config"])?)
-        .await?;
-    let created = serde_json::from_slice::<Value>(&config)
-        .ok()
-        .and_then(|c| c["created"].as_str().map(str::to_string));
     let mut layers = Vec::new();
     let mut skipped = Vec::new();
     for layer in manifest["layers"].as_array().into_iter().flatten() {
@@ -52,32 +48,63 @@ pub async fn catalog_of(
         }
         layers.push(digest);
     }
-    let read = read_layers(registry, &at, &layers, catalog).await?;
-    let mut catalog = match read {
-        Ok(Ok(catalog)) => catalog,
-        Ok(Err(LayersError::Unreadable { layer, error })) => {
-            return Err(SbomError::Layer {
-                reference: at.to_string(),
-                layer,
-                reason: one_line(&error.to_string()),
-            })
-        }
-        Ok(Err(LayersError::Refused { layer, limit })) => {
-            return Err(SbomError::Refused {
-                reference: at.to_string(),
-                layer,
-                limit,
-            })
-        }
-        Err(source) => {
-            return Err(SbomError::Reader {
-                reference: at.to_string(),
-                source,
-            })
-        }
-    };
+    let config = digest_of(&manifest["config"])?;
+    let config = registry.get_json_blob(&at, &config);
+    // The layers at once (a few at a time), each read on its own: one that another
+    // platform or image of the run holds too is read once.
+    let read = futures_util::stream::iter(layers.iter().enumerate())
+        .map(|(i, digest)| layer_facts(registry, &at, i + 1, digest))
+        .buffered(LAYERS_AT_ONCE)
+        .try_collect::<Vec<_>>();
+    let (config, read) = futures_util::future::join(config, read).await;
+    let created = serde_json::from_slice::<Value>(&config?)
+        .ok()
+        .and_then(|c| c["created"].as_str().map(str::to_string));
+    let mut catalog = lay_layers(&read?);
     catalog.warnings.extend(skipped);
     Ok((catalog, created))
+}
+
+/// Layers read at once for one image: reading is CPU work (hashing, gunzip), and each
+/// stream holds its buffers.
+const LAYERS_AT_ONCE: usize = 4;
+
+/// What the `n`th layer of the image at `at` holds, read from the registry (and hashed)
+/// unless this run read that layer already.
+async fn layer_facts(
+    registry: &Registry,
+    at: &Reference,
+    n: usize,
+    digest: &Digest,
+) -> Result<Arc<LayerFacts>> {
+    registry
+        .derived(digest, || async {
+            let read = read_layers(
+                registry,
+                at,
+                std::slice::from_ref(digest),
+                move |mut one| read_layer(n, one.remove(0)),
+            )
+            .await?;
+            match read {
+                Ok(Ok(facts)) => Ok(facts),
+                Ok(Err(LayersError::Unreadable { layer, error })) => Err(SbomError::Layer {
+                    reference: at.to_string(),
+                    layer,
+                    reason: one_line(&error.to_string()),
+                }),
+                Ok(Err(LayersError::Refused { layer, limit })) => Err(SbomError::Refused {
+                    reference: at.to_string(),
+                    layer,
+                    limit,
+                }),
+                Err(source) => Err(SbomError::Reader {
+                    reference: at.to_string(),
+                    source,
+                }),
+            }
+        })
+        .await
 }
 
 /// The SPDX document attached to the platform manifest `subject`; None when none is.

@@ -302,3 +302,90 @@ fn files_larger_than_the_header_limit_are_read_whole() {
     let found = read(vec![top]).unwrap();
     assert_eq!(found.packages.len(), 4, "{:?}", found.packages);
 }
+
+/// A layer tar holding one hard link `path` → `target`.
+fn hard_link(path: &str, target: &str) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Link);
+    header.set_size(0);
+    builder.append_link(&mut header, path, target).unwrap();
+    builder.into_inner().unwrap()
+}
+
+#[test]
+fn a_later_file_hides_what_was_kept_at_its_path_and_below_it_and_links_hold_their_target() {
+    let go = binary::tests::elf(&[(
+        ".go.buildinfo",
+        golang::tests::section("go1.22.2", golang::tests::MODINFO),
+    )]);
+    let tools = layer(&[
+        ("usr/local/bin/tool", 0o755, Some(&go)),
+        ("opt/tools/tool", 0o755, Some(&go)),
+    ]);
+    let sources = |found: &Catalog| {
+        let sources: std::collections::BTreeSet<String> =
+            found.packages.iter().map(|p| p.source.clone()).collect();
+        sources.into_iter().collect::<Vec<_>>()
+    };
+    // A script over the binary, and a file where its directory was.
+    let over = layer(&[
+        ("usr/local/bin/tool", 0o755, Some(b"#!/bin/sh\n")),
+        ("opt/tools", 0o644, Some(b"a file now")),
+    ]);
+    assert!(read(vec![tools.clone(), over]).unwrap().packages.is_empty());
+    // A hard link to a binary of a lower layer holds its packages, even once the binary
+    // is deleted; one to a path its own layer replaced holds what replaced it.
+    let linked = hard_link("usr/bin/tool", "usr/local/bin/tool");
+    let deleted = layer(&[
+        ("usr/local/bin/.wh.tool", 0o644, Some(b"")),
+        ("opt/.wh.tools", 0o644, Some(b"")),
+    ]);
+    let found = read(vec![tools.clone(), linked, deleted]).unwrap();
+    assert_eq!(sources(&found), ["/usr/local/bin/tool"]);
+    assert!(!found.packages.is_empty());
+    let mut replaced = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(0o644);
+    header.set_size(4);
+    replaced
+        .append_data(&mut header, "usr/local/bin/tool", &b"text"[..])
+        .unwrap();
+    let mut link = tar::Header::new_gnu();
+    link.set_entry_type(tar::EntryType::Link);
+    link.set_size(0);
+    replaced
+        .append_link(&mut link, "usr/bin/tool", "usr/local/bin/tool")
+        .unwrap();
+    let replaced = replaced.into_inner().unwrap();
+    assert_eq!(
+        sources(&read(vec![tools, replaced]).unwrap()),
+        ["/opt/tools/tool"]
+    );
+}
+
+/// Layers read one by one and laid in order catalog an image as reading them in one go
+/// does, whatever a layer shared with another image holds.
+#[test]
+fn layers_read_one_by_one_and_laid_in_order_catalog_as_read_together() {
+    let upper = layer(&[
+        ("var/lib/dpkg/.wh.status", 0o644, Some(b"")),
+        ("lib/apk/db/installed", 0o644, Some(b"P:busybox\nV:1.36\n")),
+    ]);
+    let layers = vec![base(), upper];
+    let one_by_one: Vec<std::sync::Arc<LayerFacts>> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let reader = Box::new(io::Cursor::new(l.clone())) as Box<dyn Read + Send>;
+            std::sync::Arc::new(read_layer(i + 1, reader).unwrap())
+        })
+        .collect();
+    assert_eq!(lay_layers(&one_by_one), read(layers).unwrap());
+    let broken =
+        Box::new(io::Cursor::new(gzip(b"not a tar")[..10].to_vec())) as Box<dyn Read + Send>;
+    assert!(matches!(
+        read_layer(3, broken),
+        Err(LayersError::Unreadable { layer: 3, .. })
+    ));
+}

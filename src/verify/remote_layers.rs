@@ -4,12 +4,13 @@
 //! the ones its manifest names and a layer past one of `--deep`'s limits among them; what
 //! it cannot read is a [`Finding::Unreadable`].
 
-use crate::base::digest::{first_mismatch, Digest, HashingReader};
+use crate::base::digest::{first_mismatch, Digest, Hasher};
 use crate::base::platform::Platform;
 use crate::builder::export::ChannelReader;
 use crate::registry::{ClientError, RegistryError};
 use crate::verify::entrypoint::{self, DeepReport, Finding};
 use std::io::{self, Read};
+use std::sync::OnceLock;
 
 /// Streams an image's layers from the registry, one after another (bounded memory), and
 /// runs [`entrypoint::inspect`] on them. gzip layers are decompressed (by media type or magic);
@@ -82,20 +83,18 @@ pub async fn read_layers<T: Send + 'static>(
 ) -> Result<Result<T, tokio::task::JoinError>, ClientError> {
     let mut senders = Vec::new();
     let mut readers: Vec<Box<dyn Read + Send>> = Vec::new();
-    let mut hashed = Vec::new();
-    for digest in wanted {
+    for _ in wanted {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         senders.push(tx);
-        let (reader, seen) = HashingReader::new(ChannelReader::new(rx), digest);
-        readers.push(Box::new(reader));
-        hashed.push(seen);
+        readers.push(Box::new(ChannelReader::new(rx)));
     }
+    // Hashed as they arrive, beside the consumer's gunzip and tar reading.
+    let hashed: Vec<OnceLock<Digest>> = wanted.iter().map(|_| OnceLock::new()).collect();
     let consumer = tokio::task::spawn_blocking(move || consume(readers));
-    let pump = pump_layers(registry, reference, wanted, senders);
+    let pump = pump_layers(registry, reference, wanted, senders, &hashed);
     let (pumped, consumed) = tokio::join!(pump, consumer);
     pumped?;
-    if let Some((digest, computed)) = first_mismatch(wanted.iter().zip(hashed.iter().map(|s| &**s)))
-    {
+    if let Some((digest, computed)) = first_mismatch(wanted.iter().zip(&hashed)) {
         return Err(ClientError::registry(
             reference.registry(),
             RegistryError::LayerDigest {
@@ -109,24 +108,28 @@ pub async fn read_layers<T: Send + 'static>(
 }
 
 /// Streams each wanted layer from the registry to the inspector's reader, until the
-/// inspector stops reading; a failed read is handed to the inspector too.
+/// inspector stops reading; a failed read is handed to the inspector too. What a layer's
+/// bytes hash to is left in `hashed` once all of them were handed over.
 async fn pump_layers(
     registry: &crate::registry::Registry,
     reference: &oci_client::Reference,
     wanted: &[Digest],
     senders: Vec<tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>>,
+    hashed: &[OnceLock<Digest>],
 ) -> Result<(), ClientError> {
     use futures_util::StreamExt;
-    for (digest, tx) in wanted.iter().zip(senders) {
+    for ((digest, tx), hashed) in wanted.iter().zip(senders).zip(hashed) {
         if tx.is_closed() {
             // The inspector has stopped reading (it reached a verdict or failed).
             return Ok(());
         }
         let stream = registry.blob_stream(reference, digest).await?;
         let mut stream = std::pin::pin!(stream);
+        let mut hasher = Hasher::like(digest);
         while let Some(chunk) = stream.next().await {
             match chunk {
                 Ok(bytes) => {
+                    hasher.update(&bytes);
                     if tx.send(Ok(bytes)).await.is_err() {
                         return Ok(());
                     }
@@ -143,6 +146,7 @@ async fn pump_layers(
                 }
             }
         }
+        let _ = hashed.set(hasher.finish());
     }
     Ok(())
 }
