@@ -5,8 +5,11 @@
 //! API: the tag schema), read back by `polyarch sbom` and `verify --sbom`, and validated
 //! by the SPDX project's own `pyspdxtools`; on whichever engine `DOCKER_HOST` names.
 
+#[path = "support/proxy.rs"]
+mod proxy;
 mod support;
 
+use proxy::Proxy;
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,8 +17,8 @@ use std::process::{Command, Output};
 use support::gate::{deployment, Deploy};
 use support::supply_chain::assert_spdx_tools_accept;
 use support::{
-    as_a_user_runs_cargo, busybox, curl, polyarch, repo_root, run, skopeo_inspect_raw, unique_name,
-    Registry,
+    as_a_user_runs_cargo, busybox, curl, hello_context, polyarch, repo_root, run,
+    skopeo_inspect_raw, unique_name, write_project, Registry, HELLO,
 };
 
 const SPDX: &str = "https://spdx.dev/Document";
@@ -775,4 +778,68 @@ fn the_deb_packages_of_the_hosts_own_dpkg_database_are_those_dpkg_query_lists() 
         .collect();
     found.sort();
     assert_eq!(found, wanted);
+}
+
+/// A layer both platforms hold (the same file copied into each) is read from the registry
+/// once for their two SBOMs; every other layer once too.
+#[test]
+fn a_layer_both_platforms_share_is_read_once_for_their_sboms() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(
+        dir.path(),
+        &format!("{HELLO}COPY shared.txt /etc/shared.txt\n"),
+    );
+    fs::write(
+        dir.path().join("shared.txt"),
+        "the same on every platform\n",
+    )
+    .unwrap();
+    let repo = unique_name("demo/sbom-shared");
+    let file = write_project(
+        dir.path(),
+        &proxy.repo(&repo),
+        "[v1]",
+        "[linux/amd64, linux/arm64]",
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let out = run(polyarch()
+        .args(["build", "--sbom", "-f"])
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", cache.path()));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let index = skopeo_inspect_raw(&format!("{}:v1", registry.repo(&repo)));
+    let layers: Vec<Vec<String>> = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            let digest = entry["digest"].as_str().unwrap();
+            let manifest = skopeo_inspect_raw(&format!("{}@{digest}", registry.repo(&repo)));
+            manifest["layers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| l["digest"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect();
+    assert_eq!(layers.len(), 2, "{index}");
+    let shared: Vec<&String> = layers[0].iter().filter(|d| layers[1].contains(d)).collect();
+    assert_eq!(shared.len(), 1, "{layers:?}");
+    let log = proxy.log();
+    let reads = |digest: &str| {
+        log.iter()
+            .filter(|line| line.starts_with("GET ") && line.contains(&format!("/blobs/{digest}")))
+            .count()
+    };
+    for digest in layers.iter().flatten() {
+        assert_eq!(reads(digest), 1, "{digest}: {log:#?}");
+    }
 }
