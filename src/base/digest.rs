@@ -128,7 +128,6 @@ impl<'de> Deserialize<'de> for Digest {
 
 /// A hash in the algorithm of the digest it will be compared with (a registry may name
 /// layers by sha384 or sha512).
-/// A digest being computed in a given digest's algorithm, a piece at a time.
 pub enum Hasher {
     Sha256(Sha256),
     Sha384(Sha384),

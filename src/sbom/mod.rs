@@ -114,13 +114,12 @@ pub enum LayersError {
 /// Catalogs an image from its layer tars (decompressed or gzip) in rootfs order, each
 /// read once, to its end.
 pub fn catalog(layers: Vec<Box<dyn Read + Send>>) -> Result<Catalog, LayersError> {
-    let mut tree = Tree::default();
-    apply_layers(layers, |layer| {
-        tree.lay(&LayerFacts::read(layer)?);
-        Ok(())
-    })
-    .map_err(|(layer, stop)| LayersError::at(layer, stop))?;
-    Ok(cataloged(tree))
+    let read = layers
+        .into_iter()
+        .enumerate()
+        .map(|(i, layer)| read_layer(i + 1, layer).map(std::sync::Arc::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(lay_layers(&read))
 }
 
 /// Reads one layer tar (decompressed or gzip) on its own, to its end, as the `n`th
