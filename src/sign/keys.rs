@@ -225,7 +225,10 @@ impl OpeningKey {
     pub fn begin(&self) {
         let unopened = self.unopened.lock().expect("key lock").take();
         if let Some((closed, send)) = unopened {
-            std::thread::spawn(move || send.send(closed.open().map(Arc::new).map_err(Arc::new)));
+            std::thread::spawn(move || {
+                yield_to_the_build();
+                send.send(closed.open().map(Arc::new).map_err(Arc::new))
+            });
         }
     }
 
@@ -269,6 +272,18 @@ impl OpeningKey {
     pub async fn opened(&self) -> Opened {
         self.begin();
         self.opening.clone().await
+    }
+}
+
+/// Lowers the calling thread to the lowest CPU priority (nice 19; on Linux the nice value
+/// is per thread): the scrypt it runs beside a cold build then takes only CPU the engine
+/// leaves idle, instead of slowing the build's export on a machine with few cores. The
+/// signature waits for it only once the engine is done. Best effort: a refusal leaves the
+/// thread as it was.
+fn yield_to_the_build() {
+    #[cfg(target_os = "linux")]
+    {
+        let _ = rustix::process::setpriority_process(Some(rustix::thread::gettid()), 19);
     }
 }
 
@@ -437,6 +452,20 @@ mod tests {
         let public = PublicKey::load(&fixture("cosign.pub")).unwrap();
         assert_eq!(key.public_key(), public.key);
         assert_eq!(key.fingerprint, public.fingerprint);
+    }
+
+    /// The scrypt's thread runs at the lowest priority, and only that thread.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_key_opens_on_a_thread_that_yields_to_everything_else() {
+        let priority = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
+        let before = priority().unwrap();
+        let opening = std::thread::spawn(move || {
+            yield_to_the_build();
+            priority().unwrap()
+        });
+        assert_eq!(opening.join().unwrap(), 19);
+        assert_eq!(priority().unwrap(), before);
     }
 
     #[test]
