@@ -27,8 +27,8 @@
 #   BENCH_NO_BUILD=1     use the existing target/release/polyarch (no cargo build)
 #   BENCH_BIN=PATH       time this polyarch binary instead (no cargo build; e.g. a "before" copy)
 #
-# Disk: the images a run tags are removed at its end; what the engines' build caches keep
-# is not (other users share them): several GB a run, mostly in Docker 20.10's, where the
+# Disk: the images a run tags are removed at its end; what Docker 20.10's build cache keeps
+# is not (other users share it): several GB a run, where the
 # context synced for the memory figure (5 GiB) and the 1 GiB layers stay. Three runs and
 # a day's harness builds filled this machine's disk on 2026-12-06 (build caches: 43 GB on
 # 20.10, 11 GB on 26.1, 6 GB on 28.5); `docker builder prune` on each engine gives it back.
@@ -37,12 +37,14 @@
 #     2-image x 2-platform push, polyarch vs `docker buildx bake` on Docker 26.1.
 #
 # Fairness (see results.md): every cold run gets a fresh nonce file as the first
-# Dockerfile step (so every later step misses the build cache, for both contenders,
-# without pruning the engines' caches, which other users share), a fresh 20 MB random
-# blob (so no layer can be deduplicated by the registry) and a fresh repository.
-# polyarch gets a private POLYARCH_CACHE_DIR per figure. Before every timed run, `sync`
-# writes back what earlier runs (and the new context) left dirty in the page cache,
-# outside the timing, so no run pays for another's writes.
+# Dockerfile step (so every later step misses the build cache, for both contenders), a
+# fresh 20 MB random blob (so no layer can be deduplicated by the registry) and a fresh
+# repository. polyarch gets a private POLYARCH_CACHE_DIR per figure. Contenders take
+# turns (reversed order on even iterations), and the build caches of the bench's own
+# engines (26.1, 28.5) are emptied before each iteration: every run leaves the engine a
+# little slower for the next. Before every timed run, `sync` writes back what earlier
+# runs (and the new context) left dirty in the page cache, outside the timing, and the
+# bench waits for idle CPUs, so no run pays for another's writes or background work.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -177,6 +179,7 @@ log "registry at http://$host (pid $reg_pid); temp $tmp"
 
 if [[ $on26 == 1 ]]; then
   H26="$(bash scripts/engine26.sh start containerd)"
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$tmp/sign.pem" 2>/dev/null
   D26BIN="$(bash scripts/engine26.sh bin)"
   # a private DOCKER_CONFIG with buildx as a CLI plugin (buildx keeps its state there)
   D26CFG="$tmp/docker-config"
@@ -265,7 +268,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f\n", b - a }'; }
 # median of the arguments
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR%2) print a[(NR+1)/2]; else printf "%.3f\n", (a[NR/2]+a[NR/2+1])/2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "" && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-fmt() { awk -v a="$1" 'BEGIN { if (a == "") print "n/a"; else printf "%.2f", a }'; }
+fmt() { awk -v a="$1" 'BEGIN { if (a == "" || a == "n/a") print "n/a"; else printf "%.2f", a }'; }
 passfail() { awk -v v="$1" -v t="$2" 'BEGIN { print (v != "n/a" && v <= t) ? "PASS" : "FAIL" }'; }
 
 # polyarch against one engine, with one private cache dir.
@@ -306,6 +309,13 @@ run_tested() {
 run_attested() {
   write_project "$1" "$2" "$(plats_of "$3")"
   COSIGN_PASSWORD=polyarch-fixture run_pa "$1.polyarch.yaml" --sbom --sign-key "$root/fixtures/sign/cosign.key"
+}
+# run_attested_pem DIR REPO "amd64 arm64": the same with a PKCS#8 P-256 key (made once by
+# openssl below), which opens with no key derivation: cosign's key file seals its key
+# with scrypt (N = 65536, 64 MiB), 0.14 s of CPU that any tool opening it pays.
+run_attested_pem() {
+  write_project "$1" "$2" "$(plats_of "$3")"
+  run_pa "$1.polyarch.yaml" --sbom --sign-key "$tmp/sign.pem"
 }
 run_classic() { # DIR REPO "amd64 arm64"
   local dir="$1" repo="$2" a t0 refs=()
@@ -397,13 +407,55 @@ ensure_qemu() {
 reregistered=0
 
 declare -A T M
-add() { T[$1]+="$2 "; log "$1 run $3: $2s"; }
+declare -A R # seconds by "KEY#RUN", for the paired differences
+add() { T[$1]+="$2 "; R["$1#$3"]=$2; log "$1 run $3: $2s"; }
+# paired A B: the median over a loop's iterations of A's run minus B's run in the same
+# iteration; "n/a" when no iteration has both. Steadier than the difference of the
+# medians when the engine drifts over the loop.
+paired() {
+  local i d=()
+  for ((i = 1; i <= RUNS; i++)); do
+    [[ -n "${R[$1#$i]:-}" && -n "${R[$2#$i]:-}" ]] || continue
+    d+=("$(awk -v a="${R[$1#$i]}" -v b="${R[$2#$i]}" 'BEGIN { printf "%.3f", a - b }')")
+  done
+  if ((${#d[@]})); then median "${d[@]}"; else echo n/a; fi
+}
 failed_run() {
   local f
   log "$1 run $2 failed; the logs end with:"
   for f in polyarch classic buildx podman; do [[ -s "$tmp/$f.err" ]] && { echo "== $f" && tail -n 6 "$tmp/$f.err"; } >&2; done
   return 0
 }
+# settle: waits (at most 3 s) until the CPUs were at least 90 % idle over 0.1 s, so no
+# run starts while the engine still finishes the previous one's work in the background
+# (containerd's garbage collection, a test container's removal, buildx's build record);
+# that work would otherwise be charged to whichever contender comes next in the loop.
+settle() {
+  local tries a b
+  for ((tries = 0; tries < 30; tries++)); do
+    a=($(head -n 1 /proc/stat))
+    sleep 0.1
+    b=($(head -n 1 /proc/stat))
+    # fields: user nice system idle iowait irq softirq steal (waiting on the disk is not idle)
+    awk -v t0="$((a[1] + a[2] + a[3] + a[4] + a[5] + a[6] + a[7] + a[8]))" -v i0="${a[4]}" \
+      -v t1="$((b[1] + b[2] + b[3] + b[4] + b[5] + b[6] + b[7] + b[8]))" -v i1="${b[4]}" \
+      'BEGIN { exit !(t1 > t0 && (i1 - i0) / (t1 - t0) >= 0.9) }' && return 0
+  done
+  return 0
+}
+# in_turn RUN CONTENDER…: the contenders in the order given on odd runs, reversed on even
+# ones. Each run leaves the engine a little slower for the next (its build cache and
+# image store grow: on Docker 26.1, 1.0 s cold builds took 1.4 s eighteen runs later),
+# so a fixed order would charge the later contenders for the earlier ones' runs.
+in_turn() {
+  local run="$1"
+  shift
+  if ((run % 2)); then printf '%s\n' "$@"; else printf '%s\n' "$@" | tac; fi
+}
+# fresh_cache: empties the build cache of the bench's own engine (Docker 26.1 or 28.5, which
+# only polyarch's tests and this bench use) before an iteration of its loop, so every
+# iteration starts from the same engine state.
+fresh_cache() { DOCKER_HOST="$PA_HOST" "$1/docker" builder prune -af >/dev/null 2>&1 || true; }
 # cold CONTENDER KEY DIR REPO PLATFORMS RUN: a fresh context, then one timed run. A run
 # that fails because the QEMU registration vanished under it (another job's clean-up)
 # is made again on a fresh context once the registration is back.
@@ -412,11 +464,13 @@ cold() {
   make_ctx "$3"
   ensure_qemu
   sync
+  settle
   if ! s=$("run_$1" "$3" "$4" "$5"); then
     qemu_ok && { failed_run "$2" "$6"; return 1; }
     ensure_qemu
     make_ctx "$3"
     sync
+    settle
     s=$("run_$1" "$3" "$4" "$5")
   fi
   add "$2" "$s" "$6"
@@ -425,10 +479,12 @@ cold() {
 warm() {
   local s
   sync
+  settle
   if ! s=$("run_$1" "$3" "$4" "$5"); then
     qemu_ok && { failed_run "$2" "$6"; return 1; }
     ensure_qemu
     sync
+    settle
     s=$("run_$1" "$3" "$4" "$5")
   fi
   add "$2" "$s" "$6"
@@ -542,7 +598,7 @@ if [[ $on20 == 1 ]]; then
   # cold + warm; one cache dir for the figure (cold runs never match: fresh inputs)
   use_cache c20
   for ((i = 1; i <= RUNS; i++)); do
-    for c in polyarch classic; do
+    for c in $(in_turn "$i" polyarch classic); do
       for plats in "amd64 arm64" "amd64"; do
         key="c20-$c-$(wc -w <<<"$plats")p"
         cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "$plats" "$i"
@@ -629,7 +685,8 @@ if [[ $on26 == 1 ]]; then
   # --sbom --sign-key, issue 38)
   use_cache c26
   for ((i = 1; i <= RUNS; i++)); do
-    for c in polyarch buildx tested attested; do
+    fresh_cache "$D26BIN"
+    for c in $(in_turn "$i" polyarch buildx tested attested attested_pem); do
       key="c26-$c-2p"
       cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
       warm "$c" "c26-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
@@ -720,7 +777,8 @@ if [[ $on28 == 1 ]]; then
   run_buildx "$tmp/warmup-bx28" "$host/warmup/buildx28" "amd64 arm64" >/dev/null
   use_cache c28
   for ((i = 1; i <= RUNS; i++)); do
-    for c in polyarch buildx; do
+    fresh_cache "$D28BIN"
+    for c in $(in_turn "$i" polyarch buildx); do
       key="c28-$c-2p"
       cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
       warm "$c" "c28-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
@@ -740,7 +798,7 @@ if [[ $onpm == 1 ]]; then
   run_podman "$tmp/warmup-pm" "$host/warmup/podman" "amd64 arm64" >/dev/null
   use_cache cpm
   for ((i = 1; i <= RUNS; i++)); do
-    for c in polyarch podman; do
+    for c in $(in_turn "$i" polyarch podman); do
       key="cpm-$c-2p"
       cold "$c" "$key" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
       warm "$c" "cpm-$c-warm" "$tmp/$key-$i" "$host/$key-$i/x" "amd64 arm64" "$i"
@@ -896,24 +954,27 @@ table() {
   table
   if [[ $on26 == 1 ]]; then
     echo
-    echo "Tests before the tag moves (issue 37), Docker $engine26_version: \`test: {run: [/bin/busybox, \"true\"]}\` on both platforms against the same cold and warm figures without it, in the same loop:"
+    echo "Tests before the tag moves (issue 37), Docker $engine26_version: \`test: {run: [/bin/busybox, \"true\"]}\` on both platforms against the same cold and warm figures without it, in the same loop (added: the median over the loop's iterations of the difference between the two runs of one iteration):"
     echo
     echo "| figure | with test: | without | added | target | |"
     echo "| --- | ---: | ---: | ---: | --- | --- |"
     for f in 2p:cold:0.5 warm:warm:0.05; do
       IFS=: read -r k name tgt <<<"$f"
-      added=$(awk -v a="${M[c26-tested-$k]:-}" -v b="${M[c26-polyarch-$k]:-}" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.2f", a - b }')
+      added=$(fmt "$(paired "c26-tested-$k" "c26-polyarch-$k")")
       echo "| $name, 2 platforms | $(fmt "${M[c26-tested-$k]:-}")s | $(fmt "${M[c26-polyarch-$k]:-}")s | ${added}s | ≤ ${tgt}s | $(passfail "$added" "$tgt") |"
     done
     echo
-    echo "SBOMs and signatures (issue 38), Docker $engine26_version: \`--sbom --sign-key cosign.key\` against the same cold and warm figures without them, in the same loop:"
+    echo "SBOMs and signatures (issue 38), Docker $engine26_version: \`--sbom --sign-key KEY\` against the same cold and warm figures without them, in the same loop, with the fixture's cosign key (\`COSIGN_PASSWORD\`; its scrypt, N = 65536 over 64 MiB, costs 0.14 s of CPU, opened at the lowest priority beside the build) and with a PKCS#8 P-256 PEM key (no key derivation) (added: the median over the loop's iterations of the difference between the two runs of one iteration):"
     echo
-    echo "| figure | with --sbom --sign-key | without | added | target | |"
-    echo "| --- | ---: | ---: | ---: | --- | --- |"
+    echo "| figure | key | with --sbom --sign-key | without | added | target | |"
+    echo "| --- | --- | ---: | ---: | ---: | --- | --- |"
     for f in 2p:cold:0.15 warm:warm:0.05; do
       IFS=: read -r k name tgt <<<"$f"
-      added=$(awk -v a="${M[c26-attested-$k]:-}" -v b="${M[c26-polyarch-$k]:-}" 'BEGIN { if (a == "" || b == "") print "n/a"; else printf "%.2f", a - b }')
-      echo "| $name, 2 platforms | $(fmt "${M[c26-attested-$k]:-}")s | $(fmt "${M[c26-polyarch-$k]:-}")s | ${added}s | ≤ ${tgt}s | $(passfail "$added" "$tgt") |"
+      for key in "attested:cosign.key (scrypt)" "attested_pem:PKCS#8 PEM"; do
+        c=${key%%:*}
+        added=$(fmt "$(paired "c26-$c-$k" "c26-polyarch-$k")")
+        echo "| $name, 2 platforms | ${key#*:} | $(fmt "${M[c26-$c-$k]:-}")s | $(fmt "${M[c26-polyarch-$k]:-}")s | ${added}s | ≤ ${tgt}s | $(passfail "$added" "$tgt") |"
+      done
     done
   fi
   if [[ $on20 == 1 ]]; then
@@ -958,7 +1019,7 @@ table() {
   echo
   echo "- Registry: a throw-away CNCF distribution registry (Debian \`docker-registry\`) on 127.0.0.1:$registry_port, plain HTTP, data in the bench's temp dir; every figure uses its own repositories."
   echo "- Fixture of the cold and warm figures (generated per run): \`FROM scratch\`, \`COPY nonce /nonce\`, static Debian busybox per arch (\`COPY bin/\${TARGETARCH}/busybox /bin/busybox\`), \`RUN [\"/bin/busybox\", \"--install\", \"-s\", \"/bin\"]\` (arm64 runs under QEMU), \`COPY blob /blob\` with 20 MB from /dev/urandom. RUN steps get network \`none\` from every contender."
-  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The engines' build caches are not pruned (other users share the engines); the base is \`scratch\`, so nothing else could be cached. Before each timed run (every contender) the bench runs \`sync\`, untimed, so no run pays for writing back the pages an earlier run, or the making of its context, left dirty."
+  echo "- Cold runs: each run of each contender gets a new context (fresh nonce as the first step, fresh random blob) and a new repository, so the build cache misses from the first step on and the registry has none of the layers. The base is \`scratch\`, so nothing else could be cached. Each run leaves the engine a little slower for the next (a growing build cache and image store), so the contenders take turns: in the order listed on odd iterations, reversed on even ones; the build caches of Docker 26.1 and 28.5 (the bench's own engines) are emptied before each iteration of their loops, that of Docker 20.10 (the machine's, shared) is not. Before each timed run (every contender) the bench runs \`sync\`, untimed, so no run pays for writing back the pages an earlier run, or the making of its context, left dirty, then waits (at most 3 s) until the CPUs were 90 % idle over 0.1 s, so none pays for the engine's background work after the run before it."
   echo "- Warm runs: the same contender's cold context, repository and tag again, unchanged, right after the cold run."
   echo "- polyarch: \`polyarch build -f polyarch.yaml --record record.json --quiet\` (default -j 2; builds through the engine's BuildKit session API, exports, pushes, publishes the index, reads it back and checks every entry's manifest and config, writes the record), \`DOCKER_HOST\` set to the engine. Each figure has its own \`POLYARCH_CACHE_DIR\`, seeded only with the emulation memory (\`emulation.json\`: which emulators the engine's kernel has) of an untimed warm-up build on the same engine, never with build or push memory; warm runs use the memory their own cold run left."
   if [[ $on20 == 1 ]]; then

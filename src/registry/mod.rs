@@ -142,8 +142,11 @@ type BlobKey = (String, String);
 /// A manifest's bytes and digest as a registry served them.
 type ManifestRead = (Vec<u8>, Digest);
 
-/// A registry client shared by a run (boxed: it is large and lives in enums).
-pub struct Registry(Box<Inner>);
+/// A registry client shared by a run (behind an `Arc`: it is large and lives in enums,
+/// and work begun in the background, as an SBOM read once a platform is pushed, holds
+/// a clone of it).
+#[derive(Clone)]
+pub struct Registry(std::sync::Arc<Inner>);
 
 impl std::ops::Deref for Registry {
     type Target = Inner;
@@ -233,7 +236,7 @@ impl Registry {
                 source,
             })?;
         }
-        let registry = Registry(Box::new(Inner {
+        let registry = Registry(std::sync::Arc::new(Inner {
             clients: Clients {
                 ca_files,
                 extra_root_certificates: OnceLock::new(),

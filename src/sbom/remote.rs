@@ -15,8 +15,35 @@ use std::sync::Arc;
 type Result<T, E = SbomError> = std::result::Result<T, E>;
 
 /// The catalog of the platform manifest `subject` in `reference`'s repository, and its
-/// config's `created`.
+/// config's `created`: read once per run, whoever asks first (see [`read_ahead`]).
 pub async fn catalog_of(
+    registry: &Registry,
+    reference: &Reference,
+    subject: &Digest,
+) -> Result<(Catalog, Option<String>)> {
+    let made = registry
+        .derived(subject, || read_catalog(registry, reference, subject))
+        .await?;
+    Ok(made.as_ref().clone())
+}
+
+/// Starts reading the catalog of `subject`, a platform manifest just pushed, in the
+/// background, unless an SBOM is attached to it already: its layers are read while the
+/// run's other platforms build and push, and the SBOM that needs it later finds it read
+/// (or waits for the read under way). A failure here is forgotten: the SBOM's own read
+/// tries again and reports it.
+pub fn read_ahead(registry: &Registry, reference: Reference, subject: Digest) {
+    let registry = registry.clone();
+    tokio::spawn(async move {
+        let attached = registry.referrers(&reference, &subject).await;
+        if attached.is_ok_and(|r| !r.has_statement(SPDX_DOCUMENT)) {
+            let _ = catalog_of(&registry, &reference, &subject).await;
+        }
+    });
+}
+
+/// [`catalog_of`], read from the registry.
+async fn read_catalog(
     registry: &Registry,
     reference: &Reference,
     subject: &Digest,
@@ -52,8 +79,12 @@ pub async fn catalog_of(
     let config = registry.get_json_blob(&at, &config);
     // The layers at once (a few at a time), each read on its own: one that another
     // platform or image of the run holds too is read once.
-    let read = futures_util::stream::iter(layers.iter().enumerate())
+    // (The futures made first: a closure mapping the stream is not `Send` for every
+    // lifetime, as a spawned read ahead needs.)
+    let reads: Vec<_> = (layers.iter().enumerate())
         .map(|(i, digest)| layer_facts(registry, &at, i + 1, digest))
+        .collect();
+    let read = futures_util::stream::iter(reads)
         .buffered(LAYERS_AT_ONCE)
         .try_collect::<Vec<_>>();
     let (config, read) = futures_util::future::join(config, read).await;

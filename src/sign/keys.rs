@@ -391,7 +391,7 @@ impl Sealed {
                 )))
             }
         };
-        let params = scrypt::Params::new(log_n, r, p, 32)
+        let params = scrypt::Params::new(log_n, r, p)
             .map_err(|e| corrupt(format!("scrypt parameters: {e}")))?;
         let decode = |what: &str, text: &str| {
             BASE64

@@ -10,6 +10,7 @@ mod retry;
 mod together;
 mod unit;
 
+use crate::base::digest::Digest;
 use crate::base::join;
 use crate::base::progress::Reporter;
 use crate::builder::build_inputs;
@@ -298,7 +299,11 @@ async fn build_when_ready(
 async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pushed>> {
     let (destination, builders, run) = (shared.destination, shared.builders, shared.run);
     if let Some(engine) = libpod::built_by_libpod(units, builders) {
-        return libpod::build_and_push_image(engine, units, shared).await;
+        let pushed = libpod::build_and_push_image(engine, units, shared).await?;
+        for p in &pushed {
+            read_sbom_ahead_of(destination, units[0].image, p);
+        }
+        return Ok(pushed);
     }
     let together = match destination {
         Destination::Registry(registry) => {
@@ -315,9 +320,29 @@ async fn build_image(units: &[&Unit<'_>], shared: &Shared<'_>) -> Result<Vec<Pus
             .acquire()
             .await
             .map_err(|_| Error::Interrupted)?;
-        retry::build_on_builders(unit, shared).await
+        let pushed = retry::build_on_builders(unit, shared).await?;
+        read_sbom_ahead_of(destination, unit.image, &pushed);
+        Ok(pushed)
     }))
     .await
+}
+
+/// Starts reading the layers of `pushed`, built this run, for its SBOM when its image
+/// asks for one: while the other platforms build, and before its tests run.
+fn read_sbom_ahead_of(destination: &Destination, image: &ImageSpec, pushed: &Pushed) {
+    if let Destination::Registry(registry) = destination {
+        if !pushed.build.reused {
+            read_sbom_ahead(registry, image, &pushed.entry.digest);
+        }
+    }
+}
+
+/// Starts reading the layers of `platform`, a manifest of `image` pushed by digest, for
+/// its SBOM when the image asks for one (see [`crate::sbom::remote::read_ahead`]).
+pub(super) fn read_sbom_ahead(registry: &Registry, image: &ImageSpec, platform: &Digest) {
+    if let (true, Ok(reference)) = (image.sbom, image.first_tag()) {
+        crate::sbom::remote::read_ahead(registry, reference, platform.clone());
+    }
 }
 
 /// `build`: builds, pushes, publishes every tag as one index per image, reads it back.

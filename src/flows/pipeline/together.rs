@@ -6,7 +6,7 @@ use super::unit::{
     build_info, build_starts, build_unit, building, check_platform, pusher, reads, remember,
     remember_pushed, report_phase, reuse, Reuse,
 };
-use super::{Run, Shared};
+use super::{read_sbom_ahead, Run, Shared};
 use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::base::progress::Phase;
 use crate::builder;
@@ -121,14 +121,20 @@ async fn build_together(
             .await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
     let index = pushed_index(registry, &index_ref).await?;
+    let entries = units
+        .iter()
+        .map(|(unit, ..)| platform_entry(&index, &index_ref, unit))
+        .collect::<Result<Vec<_>>>()?;
+    for entry in &entries {
+        read_sbom_ahead(registry, image, &entry.digest);
+    }
     // One solve read the context for all its platforms: hashed once, remembered for each.
     let reads = match units.iter().any(|(_, settings, _)| settings.is_some()) {
         true => reads(run, image, &built.transfers, None).await,
         false => None,
     };
     let mut pushed = Vec::new();
-    for (unit, settings, emulated) in units {
-        let entry = platform_entry(&index, &index_ref, unit)?;
+    for ((unit, settings, emulated), entry) in units.iter().zip(entries) {
         if let (Some(key), Some(reads)) = (settings, &reads) {
             remember(run, key, entry.digest.as_str(), reads.clone());
         }
