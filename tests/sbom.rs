@@ -833,13 +833,30 @@ fn a_layer_both_platforms_share_is_read_once_for_their_sboms() {
     assert_eq!(layers.len(), 2, "{index}");
     let shared: Vec<&String> = layers[0].iter().filter(|d| layers[1].contains(d)).collect();
     assert_eq!(shared.len(), 1, "{layers:?}");
-    let log = proxy.log();
-    let reads = |digest: &str| {
+    let reads = |log: &[String], digest: &str| {
         log.iter()
             .filter(|line| line.starts_with("GET ") && line.contains(&format!("/blobs/{digest}")))
             .count()
     };
+    let log = proxy.log();
     for digest in layers.iter().flatten() {
-        assert_eq!(reads(digest), 1, "{digest}: {log:#?}");
+        assert_eq!(reads(&log, digest), 1, "{digest}: {log:#?}");
+    }
+
+    // A rerun that builds nothing keeps the SBOMs: no layer is read again (nor ahead).
+    let again = run(polyarch()
+        .args(["build", "--sbom", "-f"])
+        .arg(&file)
+        .env("POLYARCH_CACHE_DIR", cache.path()));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert_eq!(
+        stderr.matches("already has an SBOM attached; kept").count(),
+        2,
+        "{stderr}"
+    );
+    let log = proxy.log();
+    for digest in layers.iter().flatten() {
+        assert_eq!(reads(&log, digest), 1, "{digest}: {log:#?}");
     }
 }
