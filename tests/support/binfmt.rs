@@ -119,7 +119,7 @@ impl BinfmtGuard {
         }
         let now = entries();
         for (name, content) in &now {
-            if self.saved.get(name) != Some(content) {
+            if self.saved.get(name) != Some(content) || pinned_here_again(content) {
                 unregister(name);
             }
         }
@@ -151,6 +151,21 @@ impl BinfmtGuard {
             let _ = Command::new("umount").arg(BINFMT_MISC).status();
         }
     }
+}
+
+/// Whether an entry is put back from this host even though its text is as saved: one with
+/// flag F pins the interpreter file it was registered with, and a run during the test may
+/// have registered it again from inside polyarch's installer container, the same text
+/// pinning a file in that image's layers. Removing the image (as tests/binfmt.rs does)
+/// then breaks it: on Docker 20.10's fuse-overlayfs every later exec fails with "no
+/// such file or directory". Only when the interpreter is on this host to pin instead.
+fn pinned_here_again(content: &str) -> bool {
+    let flags = content
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .unwrap_or_default();
+    let interpreter = content.lines().find_map(|l| l.strip_prefix("interpreter "));
+    flags.contains('F') && interpreter.is_some_and(|i| Path::new(i).exists())
 }
 
 impl Drop for BinfmtGuard {
