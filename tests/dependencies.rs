@@ -7,8 +7,8 @@ mod support;
 use std::fs;
 use std::path::Path;
 use support::{
-    curl, polyarch, run, run_with_stdin, skopeo_digest, skopeo_inspect_raw_creds, unique_name,
-    Registry,
+    curl, layer_digests, polyarch, run, run_with_stdin, skopeo_digest, skopeo_inspect_raw_creds,
+    unique_name, Registry,
 };
 
 const PLATFORMS: [&str; 2] = ["amd64", "arm64"];
@@ -71,12 +71,7 @@ fn layers(reference: &str, arch: &str, creds: Creds) -> Vec<String> {
     let repository = reference.rsplit_once(':').unwrap().0;
     let digest = entry["digest"].as_str().unwrap();
     let manifest = skopeo_inspect_raw_creds(&format!("{repository}@{digest}"), creds);
-    manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["digest"].as_str().unwrap().to_string())
-        .collect()
+    layer_digests(&manifest)
 }
 
 /// `polyarch build` of the whole project (with `--username/--password-stdin` and an

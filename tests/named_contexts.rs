@@ -13,7 +13,7 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 use support::engines::docker26_cli;
-use support::{curl, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
+use support::{curl, layer_digests, polyarch, run, skopeo_inspect_raw, unique_name, Registry};
 
 const ARCHES: [&str; 2] = ["amd64", "arm64"];
 
@@ -79,12 +79,7 @@ fn layers(reference: &str, arch: &str) -> Vec<String> {
         "{repository}@{}",
         entry["digest"].as_str().unwrap()
     ));
-    manifest["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l["digest"].as_str().unwrap().to_string())
-        .collect()
+    layer_digests(&manifest)
 }
 
 /// `polyarch build` of `file` with its own cache directory: exit code, stderr, record.

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use support::gate::{deployment, Deploy};
 use support::supply_chain::assert_spdx_tools_accept;
 use support::{
-    as_a_user_runs_cargo, busybox, curl, hello_context, polyarch, repo_root, run,
+    as_a_user_runs_cargo, busybox, curl, hello_context, layer_digests, polyarch, repo_root, run,
     skopeo_inspect_raw, unique_name, write_project, Registry, HELLO,
 };
 
@@ -821,13 +821,10 @@ fn a_layer_both_platforms_share_is_read_once_for_their_sboms() {
         .iter()
         .map(|entry| {
             let digest = entry["digest"].as_str().unwrap();
-            let manifest = skopeo_inspect_raw(&format!("{}@{digest}", registry.repo(&repo)));
-            manifest["layers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|l| l["digest"].as_str().unwrap().to_string())
-                .collect()
+            layer_digests(&skopeo_inspect_raw(&format!(
+                "{}@{digest}",
+                registry.repo(&repo)
+            )))
         })
         .collect();
     assert_eq!(layers.len(), 2, "{index}");

@@ -55,29 +55,55 @@ pub fn hex_to_escaped(hex: &str) -> String {
         .collect()
 }
 
+/// The fields of an entry's content, as binfmt_misc lists them.
+struct Entry<'c> {
+    interpreter: &'c str,
+    flags: &'c str,
+    offset: &'c str,
+    magic: String,
+    mask: String,
+    extension: Option<&'c str>,
+}
+
+impl<'c> Entry<'c> {
+    fn read(content: &'c str) -> Entry<'c> {
+        let mut entry = Entry {
+            interpreter: "",
+            flags: "",
+            offset: "0",
+            magic: String::new(),
+            mask: String::new(),
+            extension: None,
+        };
+        for line in content.lines() {
+            if let Some(v) = line.strip_prefix("interpreter ") {
+                entry.interpreter = v;
+            } else if let Some(v) = line.strip_prefix("flags:") {
+                entry.flags = v.trim();
+            } else if let Some(v) = line.strip_prefix("offset ") {
+                entry.offset = v;
+            } else if let Some(v) = line.strip_prefix("magic ") {
+                entry.magic = hex_to_escaped(v);
+            } else if let Some(v) = line.strip_prefix("mask ") {
+                entry.mask = hex_to_escaped(v);
+            } else if let Some(v) = line.strip_prefix("extension .") {
+                entry.extension = Some(v);
+            }
+        }
+        entry
+    }
+}
+
 /// Rebuilds the `register` line from an entry's content.
 pub fn register_line(name: &str, content: &str) -> Option<String> {
-    let mut interpreter = "";
-    let mut flags = "";
-    let mut offset = "0";
-    let mut magic = String::new();
-    let mut mask = String::new();
-    let mut extension = None;
-    for line in content.lines() {
-        if let Some(v) = line.strip_prefix("interpreter ") {
-            interpreter = v;
-        } else if let Some(v) = line.strip_prefix("flags:") {
-            flags = v.trim();
-        } else if let Some(v) = line.strip_prefix("offset ") {
-            offset = v;
-        } else if let Some(v) = line.strip_prefix("magic ") {
-            magic = hex_to_escaped(v);
-        } else if let Some(v) = line.strip_prefix("mask ") {
-            mask = hex_to_escaped(v);
-        } else if let Some(v) = line.strip_prefix("extension .") {
-            extension = Some(v.to_string());
-        }
-    }
+    let Entry {
+        interpreter,
+        flags,
+        offset,
+        magic,
+        mask,
+        extension,
+    } = Entry::read(content);
     match extension {
         Some(ext) => Some(format!(":{name}:E::{ext}::{interpreter}:{flags}")),
         None if !magic.is_empty() => Some(format!(
@@ -160,12 +186,8 @@ impl BinfmtGuard {
 /// then breaks it: on Docker 20.10's fuse-overlayfs every later exec fails with "no
 /// such file or directory". Only when the interpreter is on this host to pin instead.
 fn pinned_here_again(content: &str) -> bool {
-    let flags = content
-        .lines()
-        .find_map(|l| l.strip_prefix("flags:"))
-        .unwrap_or_default();
-    let interpreter = content.lines().find_map(|l| l.strip_prefix("interpreter "));
-    flags.contains('F') && interpreter.is_some_and(|i| Path::new(i).exists())
+    let entry = Entry::read(content);
+    entry.flags.contains('F') && Path::new(entry.interpreter).exists()
 }
 
 impl Drop for BinfmtGuard {

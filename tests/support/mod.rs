@@ -137,6 +137,16 @@ pub fn platforms_of(index: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The layer digests of an image manifest (as [`skopeo_inspect_raw`] reads it), in order.
+pub fn layer_digests(manifest: &serde_json::Value) -> Vec<String> {
+    manifest["layers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not an image manifest: {manifest:#}"))
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// Like [`skopeo_inspect_raw`] with `--creds user:pass`.
 pub fn skopeo_inspect_raw_creds(reference: &str, creds: Option<(&str, &str)>) -> serde_json::Value {
     let mut cmd = Command::new("skopeo");
