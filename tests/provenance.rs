@@ -341,6 +341,46 @@ fn a_registry_with_the_referrers_api_is_read_through_it_and_gets_no_tag() {
 
 /// A registry whose referrers endpoint answers something that is not a listing: one line
 /// naming the reference, exit 3 where provenance is needed, a warning where it is not.
+/// A statement the run has just made goes in without a HEAD first (no registry can hold
+/// it yet: asking would only add a round trip), and its referrer manifest before the
+/// listing that names it.
+#[test]
+fn a_new_statement_is_uploaded_unasked_and_listed_after_its_manifest() {
+    let registry = Registry::start();
+    let proxy = Proxy::start(registry.port);
+    let dir = tempfile::tempdir().unwrap();
+    hello_context(dir.path(), HELLO);
+    let repo = unique_name("demo/unasked");
+    let file = project(dir.path(), &proxy.repo(&repo), true);
+    let out = build(&file, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let log = proxy.log();
+    let sent = |method: &str, path: &str| {
+        let line = format!("{method} /v2/{repo}/{path}");
+        log.iter().position(|l| l.starts_with(&line))
+    };
+    for entry in platform_entries(&format!("{}:v1", registry.repo(&repo))) {
+        let subject = entry["digest"].as_str().unwrap();
+        let referrer = check_referrer(&registry, &repo, subject);
+        let manifest = skopeo_inspect_raw(&format!("{}@{referrer}", registry.repo(&repo)));
+        let statement = manifest["layers"][0]["digest"].as_str().unwrap();
+        assert_eq!(
+            sent("HEAD", &format!("blobs/{statement}")),
+            None,
+            "{log:#?}"
+        );
+        let pushed = sent("PUT", &format!("manifests/{referrer}"));
+        let listed = sent(
+            "PUT",
+            &format!("manifests/{}", subject.replacen(':', "-", 1)),
+        );
+        assert!(
+            matches!((pushed, listed), (Some(p), Some(l)) if p < l),
+            "{log:#?}"
+        );
+    }
+}
+
 #[test]
 fn a_garbled_referrers_answer_is_one_line_and_never_a_panic() {
     let registry = Registry::start();

@@ -18,7 +18,7 @@ pub const SPDX_DOCUMENT: &str = "https://spdx.dev/Document";
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The empty config's media type, which artifacts without a config of their own name.
 pub const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
-const EMPTY_JSON: &[u8] = b"{}";
+pub const EMPTY_JSON: &[u8] = b"{}";
 /// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
 pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
 /// The artifact type (and layer media type) of a Sigstore bundle: a signature as cosign 3
@@ -33,8 +33,9 @@ pub struct Referrer {
     /// The platform manifest it is attached to.
     pub subject: Digest,
     pub manifest: ManifestBlob,
-    /// `(bytes, digest)` of the config and layer.
-    pub blobs: Vec<(Vec<u8>, Digest)>,
+    /// `(bytes, digest)` of its layer (the statement, the bundle), made by this run. Its
+    /// config is the empty JSON object ([`EMPTY_JSON`]) that every artifact shares.
+    pub layer: (Vec<u8>, Digest),
     pub predicate_type: String,
     pub artifact_type: &'static str,
     /// The manifest's annotations, which a referrers listing repeats.
@@ -143,7 +144,7 @@ impl Referrer {
                 bytes,
                 media_type: oci::OCI_MANIFEST,
             },
-            blobs: vec![(EMPTY_JSON.to_vec(), empty_digest), (layer, layer_digest)],
+            layer: (layer, layer_digest),
             predicate_type: String::new(),
             artifact_type,
             annotations,

@@ -177,7 +177,8 @@ async fn attach_all(
         };
         let subject = Subject::Index(index);
         let mut referrers = destination.referrers(image, &index.digest).await?;
-        let signature = signature(image, key, &subject, &referrers, reporter).await?;
+        let signature = signature(image, key, &subject, &referrers, reporter).await;
+        let signature = staged(destination, image, &referrers, signature).await?;
         attach_to(
             destination,
             image,
@@ -201,8 +202,9 @@ struct Attaching {
 }
 
 /// What the image asks for on one platform manifest: its provenance, its SBOM (its
-/// layers read while the signing key finishes opening) and its signature, attached
-/// together.
+/// layers read while the signing key finishes opening) and its signature, each staged
+/// as soon as it is made (the provenance and the signature while the SBOM's layers are
+/// still read), then attached together.
 async fn attach_to_platform(
     destination: &impl ImageStore,
     image: &ImageSpec,
@@ -212,27 +214,34 @@ async fn attach_to_platform(
 ) -> Result<()> {
     let subject = Subject::Platform(p);
     let mut referrers = destination.referrers(image, subject.digest()).await?;
-    let mut attaching = Vec::new();
-    if image.provenance {
-        let statement = provenance::statement(image, p, invocation);
-        attaching.push(Attaching {
-            referrer: provenance::referrer(p, &statement),
-            what: "SLSA provenance".into(),
+    let referrers_before = &referrers;
+    let provenance = async {
+        let made = image.provenance.then(|| {
+            let statement = provenance::statement(image, p, invocation);
+            Attaching {
+                referrer: provenance::referrer(p, &statement),
+                what: "SLSA provenance".into(),
+            }
         });
-    }
+        staged(destination, image, referrers_before, Ok(made)).await
+    };
     let sbom = async {
-        match image.sbom {
-            true => sbom(destination, image, p, &referrers, reporter).await,
+        let made = match image.sbom {
+            true => sbom(destination, image, p, referrers_before, reporter).await,
             false => Ok(None),
-        }
+        };
+        staged(destination, image, referrers_before, made).await
     };
     let signature = async {
-        match &image.signer {
-            Some(key) => signature(image, key, &subject, &referrers, reporter).await,
+        let made = match &image.signer {
+            Some(key) => signature(image, key, &subject, referrers_before, reporter).await,
             None => Ok(None),
-        }
+        };
+        staged(destination, image, referrers_before, made).await
     };
-    let (sbom, signature) = futures_util::future::join(sbom, signature).await;
+    let (provenance, sbom, signature) =
+        futures_util::future::join3(provenance, sbom, signature).await;
+    let mut attaching: Vec<Attaching> = provenance?.into_iter().collect();
     attaching.extend(sbom?);
     let signature = signature?;
     attach_to(
@@ -245,6 +254,23 @@ async fn attach_to_platform(
         reporter,
     )
     .await
+}
+
+/// Stages what was made for a subject (its blobs and manifest go in) unless its
+/// referrers list it already, so its upload overlaps what the subject still waits for.
+async fn staged(
+    destination: &impl ImageStore,
+    image: &ImageSpec,
+    referrers: &Referrers,
+    made: Result<Option<Attaching>>,
+) -> Result<Option<Attaching>> {
+    let made = made?;
+    if let Some(attaching) = &made {
+        if !attaching.referrer.already_in(referrers) {
+            destination.stage(image, &attaching.referrer).await?;
+        }
+    }
+    Ok(made)
 }
 
 /// Attaches what was made for `subject` (whose referrers are `referrers`) at once, says
@@ -702,6 +728,26 @@ mod tests {
         }
     }
 
+    /// The provenance and the signatures are pushed while the SBOMs' layers are still
+    /// read: only listing them waits for the SBOM.
+    #[tokio::test]
+    async fn provenance_and_signatures_go_in_while_the_layers_are_read() {
+        let (store, image) = (FakeStore::default(), with_everything("v1"));
+        let units = [pushed("amd64", 'a'), pushed("arm64", 'b')];
+        run(&store, &image, &units, &CancellationToken::new())
+            .await
+            .unwrap();
+        // 2 platforms x (provenance + signature), and the index's signature.
+        let staged_by_catalog = store.staged_by_catalog.lock().unwrap().clone();
+        assert!(
+            staged_by_catalog.iter().all(|n| *n >= 5),
+            "{staged_by_catalog:?}"
+        );
+        // Then each SBOM, and every referrer listed after it was staged.
+        assert_eq!(store.staged.lock().unwrap().len(), 7);
+        assert_eq!(store.attached.lock().unwrap().len(), 7);
+    }
+
     /// How many times `counts` says each of `subjects` was counted.
     fn counted(
         counts: &std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
@@ -843,6 +889,13 @@ mod tests {
             subject: &crate::base::digest::Digest,
         ) -> std::result::Result<Referrers, StoreError> {
             self.store.referrers(image, subject).await
+        }
+        async fn stage(
+            &self,
+            image: &ImageSpec,
+            referrer: &Referrer,
+        ) -> std::result::Result<(), StoreError> {
+            self.store.stage(image, referrer).await
         }
         async fn attach(
             &self,

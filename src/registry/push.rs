@@ -28,6 +28,13 @@ pub trait BlobPlaces: Send + Sync {
     fn forget(&self, registry: &str, digest: &Digest, repository: &str);
 }
 
+/// Whether a push asks the registry for the blob (HEAD) before uploading it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    First,
+    Not,
+}
+
 /// What a blob upload sends: a spooled file (restartable) or bytes in memory.
 enum Body<'a> {
     File { path: &'a Path, size: u64 },
@@ -50,8 +57,14 @@ impl Registry {
         size: u64,
         progress: &BlobProgress<'_>,
     ) -> Result<bool> {
-        self.push_blob(reference, digest, Body::File { path, size }, Some(progress))
-            .await
+        self.push_blob(
+            reference,
+            digest,
+            Body::File { path, size },
+            Some(progress),
+            Ask::First,
+        )
+        .await
     }
 
     pub async fn push_blob_bytes(
@@ -60,19 +73,35 @@ impl Registry {
         bytes: &[u8],
         digest: &Digest,
     ) -> Result<bool> {
-        self.push_blob(reference, digest, Body::Bytes(bytes), None)
+        self.push_blob(reference, digest, Body::Bytes(bytes), None, Ask::First)
             .await
     }
 
-    /// HEAD, then a cross-repository mount when this run put the blob in another
-    /// repository of the same registry, then an upload. Concurrent pushes of one digest
-    /// to one registry wait for each other, so a shared layer is uploaded once.
+    /// Uploads a small blob this run has just made (a statement, a signature), with no
+    /// HEAD first: the registry is all but sure not to hold it, so asking would only put
+    /// one more round trip before the upload. Uploading a blob the registry holds already
+    /// is harmless (the same bytes under the same digest).
+    pub async fn push_new_blob_bytes(
+        &self,
+        reference: &Reference,
+        bytes: &[u8],
+        digest: &Digest,
+    ) -> Result<bool> {
+        self.push_blob(reference, digest, Body::Bytes(bytes), None, Ask::Not)
+            .await
+    }
+
+    /// HEAD (unless `ask` says not to), then a cross-repository mount when this run put
+    /// the blob in another repository of the same registry, then an upload. Concurrent
+    /// pushes of one digest to one registry wait for each other, so a shared layer is
+    /// uploaded once.
     async fn push_blob(
         &self,
         reference: &Reference,
         digest: &Digest,
         body: Body<'_>,
         progress: Option<&BlobProgress<'_>>,
+        ask: Ask,
     ) -> Result<bool> {
         let key = (reference.registry().to_string(), digest.to_string());
         let repository = reference.repository().to_string();
@@ -113,7 +142,7 @@ impl Registry {
             }
         }
         let remember = || self.remember_blob(reference, digest);
-        if self.blob_exists(reference, digest).await? {
+        if ask == Ask::First && self.blob_exists(reference, digest).await? {
             remember();
             skipped(progress);
             return Ok(false);

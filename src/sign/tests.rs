@@ -17,7 +17,7 @@ fn subject(c: char) -> (Digest, Value) {
 
 /// The bundle layer of a signature referrer.
 fn bundle_of(referrer: &Referrer) -> Vec<u8> {
-    referrer.blobs[1].0.clone()
+    referrer.layer.0.clone()
 }
 
 #[test]

@@ -158,9 +158,8 @@ mod tests {
             referrer.manifest.bytes = serde_json::to_vec(&manifest).unwrap();
             referrer.manifest.digest = Digest::of(&referrer.manifest.bytes);
         }
-        for (bytes, _) in &referrer.blobs {
-            fake.put(bytes.clone());
-        }
+        fake.put(attachment::EMPTY_JSON.to_vec());
+        fake.put(referrer.layer.0.clone());
         fake.put(referrer.manifest.bytes.clone());
         fake.listings
             .entry(subject.clone())

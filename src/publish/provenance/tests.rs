@@ -103,7 +103,7 @@ fn the_referrer_is_an_in_toto_artifact_whose_subject_is_the_platform_manifest() 
     let layer = &manifest["layers"][0];
     assert_eq!(layer["mediaType"], IN_TOTO);
     assert_eq!(layer["annotations"][PREDICATE_TYPE], SLSA_PROVENANCE);
-    let (bytes, digest) = &referrer.blobs[1];
+    let (bytes, digest) = &referrer.layer;
     assert_eq!(layer["digest"], digest.as_str());
     assert_eq!(serde_json::from_slice::<Value>(bytes).unwrap(), statement);
     assert_eq!(

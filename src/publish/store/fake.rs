@@ -24,8 +24,12 @@ pub(crate) struct FakeStore {
     pub(crate) calls: Mutex<Vec<String>>,
     /// `tag` fails for this tag.
     pub(crate) refuse_tag: Option<String>,
-    /// `attach` fails.
+    /// `stage` and `attach` fail.
     pub(crate) refuse_attach: bool,
+    /// The manifest digest of every referrer staged.
+    pub(crate) staged: Mutex<Vec<String>>,
+    /// How many referrers were staged when each catalog's layers were read.
+    pub(crate) staged_by_catalog: Mutex<Vec<usize>>,
     /// `(subject, predicate type)` of every referrer attached.
     pub(crate) attached: Mutex<Vec<(String, String)>>,
     /// Each subject's referrers tag schema index: the descriptors it lists.
@@ -167,6 +171,16 @@ impl ImageStore for FakeStore {
         })
     }
 
+    async fn stage(&self, image: &ImageSpec, referrer: &Referrer) -> Result<()> {
+        if self.refuse_attach {
+            return Err(refused(image, "push a referrer"));
+        }
+        let digest = referrer.manifest.digest.to_string();
+        self.staged.lock().unwrap().push(digest);
+        Ok(())
+    }
+
+    /// As a registry: an index of referrers lists only manifests it holds.
     async fn attach(
         &self,
         image: &ImageSpec,
@@ -175,6 +189,15 @@ impl ImageStore for FakeStore {
     ) -> Result<Vec<Attachment>> {
         if self.refuse_attach {
             return Err(refused(image, "attach a referrer"));
+        }
+        let staged = self.staged.lock().unwrap().clone();
+        if let Some(missing) = (attaching.iter())
+            .find(|r| !r.already_in(referrers) && !staged.contains(&r.manifest.digest.to_string()))
+        {
+            return Err(refused(
+                image,
+                &format!("list {} unstaged", missing.manifest.digest),
+            ));
         }
         let subject = referrers.subject.to_string();
         let mut how = Vec::new();
@@ -215,6 +238,12 @@ impl ImageStore for FakeStore {
             .lock()
             .unwrap()
             .push(format!("catalog {subject}"));
+        // Reading layers takes a while: whatever else is ready goes on meanwhile.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        let staged = self.staged.lock().unwrap().len();
+        self.staged_by_catalog.lock().unwrap().push(staged);
         let package = crate::sbom::Package {
             ecosystem: crate::sbom::Ecosystem::Deb,
             name: "libc6".into(),

@@ -19,9 +19,7 @@ use crate::registry::{BlobProgress, ClientError, Registry, RegistryError, Regist
 use crate::sbom::{self, Catalog};
 use crate::verify::coverage_record::ImageCoverage;
 use crate::verify::{self, ReadMemory, Target};
-use futures_util::future::try_join_all;
 use oci_client::Reference;
-use std::collections::BTreeMap;
 use std::future::Future;
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -79,11 +77,15 @@ pub trait ImageStore {
         image: &ImageSpec,
         subject: &Digest,
     ) -> impl Future<Output = Result<Referrers>>;
+    /// Pushes a referrer of a manifest of `image`: its blobs, then its manifest by digest.
+    /// Nothing lists it yet (a registry with the referrers API does); [`ImageStore::attach`]
+    /// does, once every referrer of the subject is staged. No tag of the image moves.
+    fn stage(&self, image: &ImageSpec, referrer: &Referrer) -> impl Future<Output = Result<()>>;
     /// Attaches `attaching`, referrers of one manifest of `image` whose referrers are
-    /// `referrers` (which then list them too), each one not listed already: their blobs,
-    /// then their manifests by digest, then listed among the subject's referrers, in
-    /// one write of its tag schema index where that lists them. How each came to be
-    /// attached, in order. No tag of the image moves.
+    /// `referrers` (which then list them too): each one not listed already, staged
+    /// before, is listed among the subject's referrers, in one write of its tag schema
+    /// index where that lists them. How each came to be attached, in order. No tag of
+    /// the image moves.
     fn attach(
         &self,
         image: &ImageSpec,
@@ -245,6 +247,16 @@ impl ImageStore for Destination {
         }
     }
 
+    async fn stage(&self, image: &ImageSpec, referrer: &Referrer) -> Result<()> {
+        match self {
+            Destination::Registry(r) => stage_in_registry(r, image, referrer).await,
+            Destination::Layout(l) => Err(StoreError::AttachInLayout {
+                dir: l.dir.clone(),
+                image: image.name.clone(),
+            }),
+        }
+    }
+
     async fn attach(
         &self,
         image: &ImageSpec,
@@ -299,10 +311,34 @@ impl ImageStore for Destination {
     }
 }
 
-/// Pushes the referrers of one subject that `referrers` (listed before) do not hold, then
-/// lists them: a registry with the referrers API lists them by itself; otherwise the tag
-/// schema's index (`sha256-<hex>`) is written once for all of them, keeping what it held.
-/// Every blob is in before any manifest, and every manifest before the index.
+/// Pushes one referrer: its config (asked for first: every artifact shares the empty
+/// one) and its layer (made by this run, so uploaded without asking) at once, then its
+/// manifest by digest.
+async fn stage_in_registry(
+    registry: &Registry,
+    image: &ImageSpec,
+    referrer: &Referrer,
+) -> Result<()> {
+    let reference = image.first_tag()?;
+    let (layer, layer_digest) = &referrer.layer;
+    let empty = Digest::of(attachment::EMPTY_JSON);
+    futures_util::future::try_join(
+        registry.push_blob_bytes(&reference, attachment::EMPTY_JSON, &empty),
+        registry.push_new_blob_bytes(&reference, layer, layer_digest),
+    )
+    .await?;
+    let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
+    registry
+        .push_manifest(&by_digest, &referrer.manifest)
+        .await
+        .map_err(|e| refused(e, referrer))?;
+    Ok(())
+}
+
+/// Lists the referrers of one subject that `referrers` (listed before) do not hold, each
+/// staged already: a registry with the referrers API lists them by itself; otherwise the
+/// tag schema's index (`sha256-<hex>`) is written once for all of them, keeping what it
+/// held.
 async fn attach_in_registry(
     registry: &Registry,
     image: &ImageSpec,
@@ -319,29 +355,6 @@ async fn attach_in_registry(
     let Some(first) = new.first() else {
         return Ok(vec![Attachment::Kept; attaching.len()]);
     };
-    let reference = image.first_tag()?;
-    // Each blob once (they share the empty config), all at once; then the manifests.
-    let blobs: BTreeMap<&Digest, &[u8]> = new
-        .iter()
-        .flat_map(|r| &r.blobs)
-        .map(|(bytes, digest)| (digest, bytes.as_slice()))
-        .collect();
-    try_join_all(
-        blobs
-            .into_iter()
-            .map(|(digest, bytes)| registry.push_blob_bytes(&reference, bytes, digest)),
-    )
-    .await?;
-    try_join_all(new.iter().map(|referrer| {
-        let by_digest = reference.clone_with_digest(referrer.manifest.digest.to_string());
-        async move {
-            registry
-                .push_manifest(&by_digest, &referrer.manifest)
-                .await
-                .map_err(|e| refused(e, referrer))
-        }
-    }))
-    .await?;
     for referrer in &new {
         referrers.add(referrer.descriptor());
     }
