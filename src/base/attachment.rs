@@ -18,7 +18,7 @@ pub const SPDX_DOCUMENT: &str = "https://spdx.dev/Document";
 pub const STATEMENT_TYPE: &str = "https://in-toto.io/Statement/v1";
 /// The empty config's media type, which artifacts without a config of their own name.
 pub const EMPTY_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
-pub const EMPTY_JSON: &[u8] = b"{}";
+const EMPTY_JSON: &[u8] = b"{}";
 /// The annotation naming a statement's predicate type, as BuildKit and cosign write it.
 pub const PREDICATE_TYPE: &str = "in-toto.io/predicate-type";
 /// The artifact type (and layer media type) of a Sigstore bundle: a signature as cosign 3
@@ -34,7 +34,7 @@ pub struct Referrer {
     pub subject: Digest,
     pub manifest: ManifestBlob,
     /// `(bytes, digest)` of its layer (the statement, the bundle), made by this run. Its
-    /// config is the empty JSON object ([`EMPTY_JSON`]) that every artifact shares.
+    /// config is the empty one every artifact shares ([`Referrer::config`]).
     pub layer: (Vec<u8>, Digest),
     pub predicate_type: String,
     pub artifact_type: &'static str,
@@ -110,7 +110,7 @@ impl Referrer {
         annotations: Value,
     ) -> Referrer {
         let layer_digest = Digest::of(&layer);
-        let empty_digest = Digest::of(EMPTY_JSON);
+        let (_, empty_digest) = Referrer::config();
         let manifest = json!({
             "schemaVersion": 2,
             "mediaType": oci::OCI_MANIFEST,
@@ -149,6 +149,11 @@ impl Referrer {
             artifact_type,
             annotations,
         }
+    }
+
+    /// `(bytes, digest)` of the config of every referrer: the empty JSON object.
+    pub fn config() -> (&'static [u8], Digest) {
+        (EMPTY_JSON, Digest::of(EMPTY_JSON))
     }
 
     /// The descriptor a referrers listing holds for it.

@@ -111,8 +111,8 @@ impl SigningKey {
     }
 }
 
-/// A private key read and checked, not opened yet: a cosign key's scrypt costs about
-/// 0.14 s of CPU (N = 65536: 64 MiB), which only the signing needs.
+/// A private key read and checked, not opened yet: a cosign key's scrypt costs 0.14 s of
+/// CPU or more (N = 65536: 64 MiB), which only the signing needs.
 enum Closed {
     Plain(ecdsa::SigningKey),
     Cosign {

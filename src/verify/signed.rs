@@ -158,7 +158,7 @@ mod tests {
             referrer.manifest.bytes = serde_json::to_vec(&manifest).unwrap();
             referrer.manifest.digest = Digest::of(&referrer.manifest.bytes);
         }
-        fake.put(attachment::EMPTY_JSON.to_vec());
+        fake.put(attachment::Referrer::config().0.to_vec());
         fake.put(referrer.layer.0.clone());
         fake.put(referrer.manifest.bytes.clone());
         fake.listings

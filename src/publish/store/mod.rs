@@ -321,9 +321,9 @@ async fn stage_in_registry(
 ) -> Result<()> {
     let reference = image.first_tag()?;
     let (layer, layer_digest) = &referrer.layer;
-    let empty = Digest::of(attachment::EMPTY_JSON);
+    let (config, config_digest) = Referrer::config();
     futures_util::future::try_join(
-        registry.push_blob_bytes(&reference, attachment::EMPTY_JSON, &empty),
+        registry.push_blob_bytes(&reference, config, &config_digest),
         registry.push_new_blob_bytes(&reference, layer, layer_digest),
     )
     .await?;
