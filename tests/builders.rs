@@ -2,8 +2,9 @@
 //! Docker daemon started just for the test.
 //!
 //! The second dockerd gets its own data root, exec root, pid file, socket and managed
-//! containerd (namespaced), `--bridge=none --iptables=false`, the `vfs` storage driver and
-//! an empty `--config-file`, so it neither touches nor reads the shared daemon's setup. It
+//! containerd (namespaced), `--bridge=none --iptables=false` in a network namespace of its
+//! own, the `vfs` storage driver and an empty `--config-file`, so it neither touches nor
+//! reads the shared daemon's setup (docker0 among it). It
 //! is an amd64 engine assigned to `linux/arm64`; the fixture's only RUN is in a
 //! `--platform=$BUILDPLATFORM` stage, so neither engine needs emulation.
 //!
@@ -56,7 +57,13 @@ impl SecondDockerd {
         fs::write(root.join("daemon.json"), "{}\n").map_err(|e| e.to_string())?;
         let log = fs::File::create(root.join("dockerd.log")).map_err(|e| e.to_string())?;
         let namespace = format!("polyarch-test-{}", std::process::id());
-        let child = Command::new("dockerd")
+        let host_bridge = Path::new("/sys/class/net/docker0");
+        let had_bridge = host_bridge.exists();
+        // Its own network namespace: with `--bridge=none` dockerd deletes the interface
+        // `docker0` of the namespace it starts in, which on the host is the machine's
+        // engine's default bridge (RUN steps of later tests then fail).
+        let child = Command::new("unshare")
+            .args(["--net", "--", "dockerd"])
             .arg("--config-file")
             .arg(root.join("daemon.json"))
             .arg("--data-root")
@@ -88,6 +95,9 @@ impl SecondDockerd {
                 ));
             }
             if daemon.ping() {
+                if had_bridge && !host_bridge.exists() {
+                    return Err("the second dockerd deleted the machine's docker0".into());
+                }
                 return Ok(daemon);
             }
             if Instant::now() >= deadline {
