@@ -98,13 +98,14 @@ test:
 	  $(CARGO) test --test differential --no-fail-fast -- --exact differential $(TEST_ARGS)
 
 # The fuzz targets (fuzz/, nightly only to run) are checked to compile on stable, by `make
-# test` too: they call the library by path and went stale unnoticed twice.
+# test` too: they call the library by path and went stale unnoticed twice. They are a member
+# of the workspace, so the check reuses the test build's build scripts and proc macros.
 lint: fuzz-check
 	$(CARGO) clippy --all-targets -- -D warnings
 	$(CARGO) fmt --check
 
 fuzz-check:
-	$(CARGO) check --manifest-path fuzz/Cargo.toml --bins
+	$(CARGO) check -p polyarch-fuzz --locked --bins --no-default-features
 
 test-build:
 	$(CARGO) test --all-targets --no-run

@@ -32,6 +32,9 @@ fuzz_target!(|data: &[u8]| {
     }
     assert!(found.warnings.len() <= 1, "{:?}", found.warnings);
     for warning in &found.warnings {
-        assert!(warning.starts_with("/var/lib/rpm/rpmdb.sqlite"), "{warning}");
+        assert!(
+            warning.starts_with("/var/lib/rpm/rpmdb.sqlite"),
+            "{warning}"
+        );
     }
 });
