@@ -168,6 +168,7 @@ async fn buildkitd_builds_a_context_sent_through_its_control_session() {
         cache_from: vec![],
         cache_to: None,
         history: false,
+        hashes: None,
     };
     let solved = solve_on(
         Target::Daemon(&daemon),

@@ -152,11 +152,26 @@ impl FileHashes {
             return Ok(known);
         }
         let sha256 = read_all(file)?;
-        let settled = self.settled(&file_stamp, started, || rustix::fs::fstatfs(&*file));
-        if settled && Stamp::File(FileStamp::of(&file.metadata()?)) == stamp {
-            self.remember(key.to_string(), stamp, sha256.clone());
-        }
+        self.keep(key, file, file_stamp, started, &sha256)?;
         Ok(sha256)
+    }
+
+    /// Remembers `sha256`, the hash of `file` (at `key`) read in full from `before`, its
+    /// stat taken at `started`: only when the file had settled by then and its stat still
+    /// holds, so no change during or right before the read can hide behind it.
+    fn keep(
+        &self,
+        key: &str,
+        file: &std::fs::File,
+        before: FileStamp,
+        started: i64,
+        sha256: &str,
+    ) -> std::io::Result<()> {
+        let settled = self.settled(&before, started, || rustix::fs::fstatfs(file));
+        if settled && FileStamp::of(&file.metadata()?) == before {
+            self.remember(key.to_string(), Stamp::File(before), sha256.to_string());
+        }
+        Ok(())
     }
 
     /// Whether the last change `stamp` shows was long enough before `started` that any
@@ -324,6 +339,35 @@ impl HashFile for FileHashes {
     fn sha256(&self, path: &Path, file: &mut std::fs::File) -> std::io::Result<String> {
         self.sha256_at(path, file, unix_nanos())
     }
+
+    /// The file sync's read of a file it sends: the hash of those bytes is kept as one
+    /// read here would be, so the replay after the build does not read the file again.
+    fn sha256_while(
+        &self,
+        path: &Path,
+        file: &mut std::fs::File,
+        read: &mut dyn FnMut(&mut std::fs::File) -> std::io::Result<String>,
+    ) -> std::io::Result<String> {
+        self.sha256_while_at(path, file, unix_nanos(), read)
+    }
+}
+
+impl FileHashes {
+    /// [`HashFile::sha256_while`] at `started` (Unix nanoseconds) before the file's stat.
+    fn sha256_while_at(
+        &self,
+        path: &Path,
+        file: &mut std::fs::File,
+        started: i64,
+        read: &mut dyn FnMut(&mut std::fs::File) -> std::io::Result<String>,
+    ) -> std::io::Result<String> {
+        let before = FileStamp::of(&file.metadata()?);
+        let sha256 = read(file)?;
+        if let Some(key) = path.to_str() {
+            self.keep(key, file, before, started, &sha256)?;
+        }
+        Ok(sha256)
+    }
 }
 
 #[cfg(test)]
@@ -384,6 +428,52 @@ mod tests {
         std::fs::write(&other, b"cccc").unwrap();
         std::fs::rename(&other, &path).unwrap();
         assert_eq!(hash(&hashes, &path, later), sha256_hex(b"cccc"));
+    }
+
+    /// Sends `path` as the file sync does, as if at `started`, running `meanwhile` after
+    /// the read; the hash of the bytes sent.
+    fn send(hashes: &FileHashes, path: &Path, started: i64, meanwhile: impl Fn()) -> String {
+        let mut file = std::fs::File::open(path).unwrap();
+        let mut read = |file: &mut std::fs::File| {
+            let sent = read_all(file);
+            meanwhile();
+            sent
+        };
+        hashes
+            .sha256_while_at(path, &mut file, started, &mut read)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_settled_file_sent_is_known_to_the_replay_without_another_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let hashes = FileHashes::open(None);
+        let later = unix_nanos() + 10 * RACY_NANOS;
+        assert_eq!(send(&hashes, &path, later, || {}), sha256_hex(b"aaaa"));
+        let walked = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(
+            HashFile::remembered(&hashes, &path, &walked),
+            Some(sha256_hex(b"aaaa"))
+        );
+    }
+
+    #[test]
+    fn a_file_changed_while_it_was_sent_or_racy_is_not_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"aaaa").unwrap();
+        let hashes = FileHashes::open(None);
+        let later = unix_nanos() + 10 * RACY_NANOS;
+        let change = || std::fs::write(&path, b"bbbb").unwrap();
+        assert_eq!(send(&hashes, &path, later, change), sha256_hex(b"aaaa"));
+        assert!(!remembered(&hashes, &path));
+        assert_eq!(
+            send(&hashes, &path, unix_nanos(), || {}),
+            sha256_hex(b"bbbb")
+        );
+        assert!(!remembered(&hashes, &path));
     }
 
     #[test]

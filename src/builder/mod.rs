@@ -307,7 +307,17 @@ async fn run_build(
     };
     let platforms = std::slice::from_ref(platform);
     Ok(
-        match solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await {
+        match solve_in_session(
+            engine,
+            spec,
+            platforms,
+            exporter,
+            hashes,
+            reporter,
+            &mut on_status,
+        )
+        .await
+        {
             Ok(solved) => (None, Some(solved), None),
             Err(error) => (Some(Stopped::from(error)), None, None),
         },
@@ -509,6 +519,7 @@ async fn solve_in_session(
     spec: &ImageSpec,
     platforms: &[Platform],
     exporter: buildkit::Exporter,
+    hashes: &std::sync::Arc<file_hashes::FileHashes>,
     reporter: &dyn Reporter,
     on_status: &mut (dyn FnMut(StatusResponse) + Send),
 ) -> std::result::Result<buildkit::Solved, buildkit::SolveError> {
@@ -541,6 +552,7 @@ async fn solve_in_session(
             .collect(),
         cache_to,
         history: spec.build_history,
+        hashes: Some(hashes.clone()),
     };
     // A cache BuildKit cannot import (on a first run it is not pushed yet) only costs the
     // build its cached steps: BuildKit goes on without it, and so does polyarch, saying so

@@ -23,6 +23,7 @@ pub async fn build_platforms(
     spec: &ImageSpec,
     platforms: &[Platform],
     repository: &str,
+    hashes: &std::sync::Arc<super::file_hashes::FileHashes>,
     reporter: &dyn Reporter,
 ) -> Result<BuiltIndex> {
     let started = Instant::now();
@@ -32,7 +33,16 @@ pub async fn build_platforms(
     let solved = {
         let mut on_status = |status| logs.route(status);
         let exporter = registry_exporter(engine, repository, spec);
-        solve_in_session(engine, spec, platforms, exporter, reporter, &mut on_status).await
+        solve_in_session(
+            engine,
+            spec,
+            platforms,
+            exporter,
+            hashes,
+            reporter,
+            &mut on_status,
+        )
+        .await
     };
     // A solve BuildKit answered with success succeeded, whatever its steps said: the
     // platforms' requests share the steps they have in common (a base image's layers

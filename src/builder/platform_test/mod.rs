@@ -167,6 +167,7 @@ pub async fn test_on_engine(engine: &Engine, of: TestOf<'_>) -> Result<TestOutco
         cache_from: Vec::new(),
         cache_to: None,
         history: false,
+        hashes: None,
     };
     let mut output = Output::default();
     let started = Instant::now();

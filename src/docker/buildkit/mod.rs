@@ -131,6 +131,8 @@ pub struct DockerfileBuild<'a> {
     /// Recorded in BuildKit's build history; otherwise the solve is marked internal, as
     /// buildx marks its own helper solves, and BuildKit writes no record.
     pub history: bool,
+    /// Told the hash of each context file sent, for the replay after the build.
+    pub hashes: Option<filesync::SharedHashes>,
 }
 
 /// A finished solve.
@@ -176,6 +178,7 @@ pub async fn solve_on(
         source,
     };
     let (dirs, filename) = synced_dirs(build.context, build.dockerfile, &build.named_dirs);
+    let dirs = dirs.with_hashes(build.hashes);
     let services = Services {
         dirs: dirs.clone(),
         auth,

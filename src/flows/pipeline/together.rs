@@ -116,8 +116,10 @@ async fn build_together(
         );
         build_starts(run, unit, *emulated, message);
     }
+    let hashes = run.replays.hashes();
+    let repository = &image.repository;
     let built =
-        builder::build_platforms(engine, image, &platforms, &image.repository, run.reporter)
+        builder::build_platforms(engine, image, &platforms, repository, &hashes, run.reporter)
             .await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
     let index = pushed_index(registry, &index_ref).await?;

@@ -189,20 +189,35 @@ impl SentEntry {
 }
 
 /// How a replay learns the sha256 of a regular file: a cache may answer from the walk's
-/// own stat, so an unchanged file is not even opened, or from the opened file's.
+/// own stat, so an unchanged file is not even opened, or from the opened file's; the file
+/// sync tells it the hash of each file it sent.
 pub trait HashFile {
     /// The hash known for `path` while its stat is `walked` (the walk's lstat).
     fn remembered(&self, path: &Path, walked: &fs::Metadata) -> Option<String>;
     fn sha256(&self, path: &Path, file: &mut fs::File) -> io::Result<String>;
+    /// Reads `file`, open at `path`, in full with `read`, which answers the sha256 of the
+    /// bytes it read (while sending them, say); a cache keeps that hash as one of its own
+    /// reads, for a replay to find.
+    fn sha256_while(
+        &self,
+        path: &Path,
+        file: &mut fs::File,
+        read: &mut dyn FnMut(&mut fs::File) -> io::Result<String>,
+    ) -> io::Result<String>;
 }
+
+/// The run's [`HashFile`], shared by the session's file sync and the replays.
+pub type SharedHashes = Arc<dyn HashFile + Send + Sync>;
 
 /// The directories a session serves, by the names BuildKit asks for (`context`,
 /// `dockerfile`), and the record of what it was sent. Clones share the record, so keep one
 /// to read [`SyncedDirs::transfers`] after handing the other to `FileSyncServer::new`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct SyncedDirs {
     dirs: HashMap<String, PathBuf>,
     transfers: Arc<Mutex<Vec<Transfer>>>,
+    /// Told the hash of every file sent.
+    hashes: Option<SharedHashes>,
 }
 
 impl SyncedDirs {
@@ -213,6 +228,12 @@ impl SyncedDirs {
     /// Serves `dir` under `name`.
     pub fn with_dir(mut self, name: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
         self.dirs.insert(name.into(), dir.into());
+        self
+    }
+
+    /// Tells `hashes` the sha256 of each file it sends.
+    pub fn with_hashes(mut self, hashes: Option<SharedHashes>) -> Self {
+        self.hashes = hashes;
         self
     }
 
@@ -252,11 +273,19 @@ impl FileSync for SyncedDirs {
                 .map_err(|e| Status::from(&e))?
         };
         let (outgoing, response) = mpsc::channel(OUTGOING_QUEUE);
-        let transfers = Arc::clone(&self.transfers);
+        let (transfers, hashes) = (Arc::clone(&self.transfers), self.hashes.clone());
         let incoming = request.into_inner();
         tokio::spawn(async move {
             let mut entries = Vec::new();
-            let result = send(&root, &filter, incoming, outgoing.clone(), &mut entries).await;
+            let result = send(
+                &root,
+                &filter,
+                hashes,
+                incoming,
+                outgoing.clone(),
+                &mut entries,
+            )
+            .await;
             if let Err(error) = &result {
                 let _ = outgoing.send(Err(Status::from(error))).await;
             }

@@ -6,11 +6,13 @@ use super::*;
 
 /// Serves `root` to one receiver, as fsutil's `Send`: every STAT, an empty STAT, DATA for
 /// each REQ, FIN for FIN. `entries` receives every stat sent (its index is the file id) and
-/// the sha256 of each file sent, even when the transfer fails part way. A walk error or a
-/// bad REQ is sent to the receiver as an ERR packet before the error is returned.
+/// the sha256 of each file sent, even when the transfer fails part way; `hashes` is told
+/// each file's too. A walk error or a bad REQ is sent to the receiver as an ERR packet
+/// before the error is returned.
 pub async fn send<S>(
     root: &Path,
     filter: &Filter,
+    hashes: Option<SharedHashes>,
     incoming: S,
     outgoing: mpsc::Sender<Result<Packet, Status>>,
     entries: &mut Vec<SentEntry>,
@@ -51,6 +53,7 @@ where
                         let job = FileJob {
                             withheld: !filter.opens(&path),
                             path: root.join(path),
+                            hashes: hashes.clone(),
                             id,
                             out: outgoing.clone(),
                             stop: Arc::clone(&stop),
@@ -135,6 +138,7 @@ struct FileJob {
     pub(super) path: PathBuf,
     /// Listed by the walk but refused by the filter's open check: sent empty.
     withheld: bool,
+    hashes: Option<SharedHashes>,
     pub(super) id: u32,
     pub(super) out: mpsc::Sender<Result<Packet, Status>>,
     stop: Arc<AtomicBool>,
@@ -163,30 +167,57 @@ impl FileJob {
                 ..packet(PacketType::PacketData)
             })
         };
-        let mut hasher = Sha256::new();
         let file = (!self.withheld).then(|| open_regular(&self.path)).flatten();
-        if let Some(mut file) = file {
-            let mut buf = vec![0; CHUNK_SIZE];
-            loop {
-                let n = match file.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(SyncError::io(&self.path, e)),
+        let sha256 = match file {
+            Some(mut file) => {
+                // What stopped the read, kept whole: `read` answers io errors only.
+                let mut stopped = None;
+                let mut read = |file: &mut fs::File| {
+                    self.send_content(file, &data)
+                        .map_err(|e| io::Error::other(stopped.insert(e).to_string()))
                 };
-                if self.stop.load(Ordering::Relaxed) {
-                    return Err(SyncError::Cancelled);
+                let sent = match &self.hashes {
+                    Some(hashes) => hashes.sha256_while(&self.path, &mut file, &mut read),
+                    None => read(&mut file),
+                };
+                match (sent, stopped) {
+                    (Ok(sha256), _) => sha256,
+                    (Err(_), Some(error)) => return Err(error),
+                    (Err(e), None) => return Err(SyncError::io(&self.path, e)),
                 }
-                hasher.update(&buf[..n]);
-                self.out
-                    .blocking_send(data(buf[..n].to_vec()))
-                    .map_err(|_| SyncError::Closed)?;
             }
-        }
+            None => hex::encode(Sha256::digest([])),
+        };
         self.out
             .blocking_send(data(Vec::new()))
             .map_err(|_| SyncError::Closed)?;
-        Ok((self.id, hex::encode(hasher.finalize())))
+        Ok((self.id, sha256))
+    }
+
+    /// Sends `file`'s content as DATA packets; the hex sha256 of what was sent.
+    fn send_content(
+        &self,
+        file: &mut fs::File,
+        data: &dyn Fn(Vec<u8>) -> Result<Packet, Status>,
+    ) -> Result<String, SyncError> {
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0; CHUNK_SIZE];
+        loop {
+            let n = match file.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(SyncError::io(&self.path, e)),
+            };
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(SyncError::Cancelled);
+            }
+            hasher.update(&buf[..n]);
+            self.out
+                .blocking_send(data(buf[..n].to_vec()))
+                .map_err(|_| SyncError::Closed)?;
+        }
+        Ok(hex::encode(hasher.finalize()))
     }
 }
 

@@ -371,6 +371,16 @@ struct Receiver {
 
 impl Receiver {
     fn start(root: &Path, filter: Filter, queue: usize) -> Receiver {
+        Self::telling(root, filter, queue, None)
+    }
+
+    /// A receiver whose sender tells `hashes` what it sends.
+    fn telling(
+        root: &Path,
+        filter: Filter,
+        queue: usize,
+        hashes: Option<SharedHashes>,
+    ) -> Receiver {
         let (to_sender, incoming) = mpsc::channel(16);
         let (outgoing, from_sender) = mpsc::channel(queue);
         let root = root.to_path_buf();
@@ -379,6 +389,7 @@ impl Receiver {
             let result = send(
                 &root,
                 &filter,
+                hashes,
                 ReceiverStream::new(incoming),
                 outgoing,
                 &mut entries,
@@ -543,6 +554,15 @@ impl HashFile for KnowsAll {
 
     fn sha256(&self, path: &Path, _: &mut fs::File) -> io::Result<String> {
         panic!("{} was opened although its hash was known", path.display())
+    }
+
+    fn sha256_while(
+        &self,
+        path: &Path,
+        _: &mut fs::File,
+        _: &mut dyn FnMut(&mut fs::File) -> io::Result<String>,
+    ) -> io::Result<String> {
+        panic!("{} was sent by a replay", path.display())
     }
 }
 
@@ -856,4 +876,68 @@ impl HashFile for ReadEach {
         io::copy(file, &mut hasher)?;
         Ok(hex::encode(hasher.finalize()))
     }
+
+    fn sha256_while(
+        &self,
+        _: &Path,
+        file: &mut fs::File,
+        read: &mut dyn FnMut(&mut fs::File) -> io::Result<String>,
+    ) -> io::Result<String> {
+        read(file)
+    }
+}
+
+/// Keeps what the sender tells it of each file it sent.
+#[derive(Default)]
+struct ToldSent(Mutex<Vec<(PathBuf, String)>>);
+
+impl HashFile for ToldSent {
+    fn remembered(&self, _: &Path, _: &fs::Metadata) -> Option<String> {
+        None
+    }
+
+    fn sha256(&self, path: &Path, _: &mut fs::File) -> io::Result<String> {
+        panic!("the sender hashed {} apart from sending it", path.display())
+    }
+
+    fn sha256_while(
+        &self,
+        path: &Path,
+        file: &mut fs::File,
+        read: &mut dyn FnMut(&mut fs::File) -> io::Result<String>,
+    ) -> io::Result<String> {
+        let sha256 = read(file)?;
+        lock(&self.0).push((path.to_path_buf(), sha256.clone()));
+        Ok(sha256)
+    }
+}
+
+/// The replay after a build finds each file sent already hashed: the sender tells the
+/// run's hashes the sha256 of the very bytes it sent, and nothing of a withheld file.
+#[tokio::test]
+async fn the_sender_tells_the_hashes_what_it_sent() {
+    let dir = tree(&["a.txt", "dir/b.bin", "dir/c.txt"]);
+    let root = dir.path();
+    let big: Vec<u8> = (0..(3 * CHUNK_SIZE + 7)).map(|i| (i % 251) as u8).collect();
+    fs::write(root.join("dir/b.bin"), &big).unwrap();
+    let told = Arc::new(ToldSent::default());
+    let hashes: SharedHashes = told.clone();
+    let filter = Filter::new(root, &[], &["dir/c.txt".into()], &[]).unwrap();
+    let mut rx = Receiver::telling(root, filter, 4, Some(hashes));
+    let stats = rx.stats().await;
+    let (a, b) = (id_of(&stats, "a.txt"), id_of(&stats, "dir/b.bin"));
+    rx.put(PacketType::PacketReq, a).await;
+    rx.put(PacketType::PacketReq, b).await;
+    let data = rx.data(&[a, b]).await;
+    rx.put(PacketType::PacketFin, 0).await;
+    assert_eq!(rx.next().await.r#type, PacketType::PacketFin as i32);
+    let (result, entries) = rx.finish().await;
+    result.unwrap();
+    let mut told = lock(&told.0).clone();
+    told.sort();
+    let expected = [(a, "a.txt"), (b, "dir/b.bin")].map(|(id, path)| {
+        assert_eq!(entries[id as usize].sha256, Some(sha256_hex(&data[&id])));
+        (root.join(path), sha256_hex(&data[&id]))
+    });
+    assert_eq!(told, expected);
 }
