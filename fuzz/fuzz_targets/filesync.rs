@@ -416,6 +416,15 @@ impl HashFile for ReadEach {
             .map(|b| format!("{b:02x}"))
             .collect())
     }
+
+    fn sha256_while(
+        &self,
+        _: &Path,
+        file: &mut fs::File,
+        read: &mut dyn FnMut(&mut fs::File) -> std::io::Result<String>,
+    ) -> std::io::Result<String> {
+        read(file)
+    }
 }
 
 fn sha256_hex(data: &[u8]) -> String {
@@ -640,6 +649,7 @@ async fn drive(root: PathBuf, filter: Filter) -> Sent {
         let result = send(
             &root,
             &filter,
+            None,
             tokio_stream::wrappers::ReceiverStream::new(incoming),
             outgoing,
             &mut entries,
