@@ -787,10 +787,10 @@ fn a_layer_both_platforms_share_is_read_once_for_their_sboms() {
     let registry = Registry::start();
     let proxy = Proxy::start(registry.port);
     let dir = tempfile::tempdir().unwrap();
-    hello_context(
-        dir.path(),
-        &format!("{HELLO}COPY shared.txt /etc/shared.txt\n"),
-    );
+    // Into `/`, which the layer does not hold: a directory the COPY made (`/etc`) would
+    // carry the time of each platform's step, and two steps a second apart would give
+    // the platforms two different layers.
+    hello_context(dir.path(), &format!("{HELLO}COPY shared.txt /shared.txt\n"));
     fs::write(
         dir.path().join("shared.txt"),
         "the same on every platform\n",
