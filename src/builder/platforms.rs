@@ -18,12 +18,15 @@ pub struct BuiltIndex {
 /// them by digest to `repository` (an engine on containerd's image store): one session,
 /// one context transfer and one exporter run for the image instead of one per platform.
 /// Each platform's steps and logs are reported as its own build's would be.
+/// `manifests_pushed` hears of the platform manifests once the exporter has pushed them,
+/// before the solve returns (see [`PushWatch`]).
 pub async fn build_platforms(
     engine: &Engine,
     spec: &ImageSpec,
     platforms: &[Platform],
     repository: &str,
     hashes: &std::sync::Arc<super::file_hashes::FileHashes>,
+    manifests_pushed: &(dyn Fn(&[Digest]) + Sync),
     reporter: &dyn Reporter,
 ) -> Result<BuiltIndex> {
     let started = Instant::now();
@@ -31,7 +34,13 @@ pub async fn build_platforms(
     let stage = BuildStage::default();
     let mut logs = PlatformLogs::new(&spec.name, platforms, &engine.native, &stage, reporter);
     let solved = {
-        let mut on_status = |status| logs.route(status);
+        let mut watch = PushWatch::default();
+        let mut on_status = |status: StatusResponse| {
+            if let Some(pushed) = watch.pushed(&status) {
+                manifests_pushed(&pushed);
+            }
+            logs.route(status)
+        };
         let exporter = registry_exporter(engine, repository, spec);
         solve_in_session(
             engine,
@@ -239,5 +248,92 @@ impl<'a> PlatformLogs<'a> {
             .iter()
             .position(|log| log.vertex_error.is_some() && !cancelled(log))
             .or_else(|| self.logs.iter().position(|log| log.vertex_error.is_some()))
+    }
+}
+
+/// The manifests an image exporter pushed, known from its progress: BuildKit names each
+/// manifest it writes (`exporting manifest sha256:…`; the index is `exporting manifest
+/// list …`), then pushes the layers and then every manifest (`pushing manifest for
+/// REPO`). When that push completes the manifests are in the registry, some 20 ms before
+/// the solve returns, and their layers can be read from there.
+#[derive(Debug, Default)]
+pub(super) struct PushWatch {
+    manifests: Vec<Digest>,
+    told: bool,
+}
+
+impl PushWatch {
+    /// The manifests exported, once: with the status saying their push completed.
+    pub(super) fn pushed(&mut self, status: &StatusResponse) -> Option<Vec<Digest>> {
+        for step in &status.statuses {
+            let exported = (step.id.strip_prefix("exporting manifest "))
+                .and_then(|digest| digest.parse::<Digest>().ok());
+            if let Some(digest) = exported {
+                if !self.manifests.contains(&digest) {
+                    self.manifests.push(digest);
+                }
+            } else if step.id.starts_with("pushing manifest for ")
+                && step.completed.is_some()
+                && !self.told
+            {
+                self.told = true;
+                return Some(self.manifests.clone());
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bollard_buildkit_proto::moby::buildkit::v1::VertexStatus;
+
+    fn status(id: &str, completed: bool) -> StatusResponse {
+        StatusResponse {
+            statuses: vec![VertexStatus {
+                id: id.to_string(),
+                completed: completed.then(Default::default),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    const AMD64: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const ARM64: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const INDEX: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+
+    #[test]
+    fn the_platform_manifests_are_told_once_their_push_completed() {
+        let mut watch = PushWatch::default();
+        let exported = [
+            format!("exporting manifest {AMD64}"),
+            format!("exporting config {INDEX}"),
+            format!("exporting manifest {ARM64}"),
+            format!("exporting manifest {AMD64}"),
+            format!("exporting manifest list {INDEX}"),
+            "pushing layers".to_string(),
+        ];
+        for id in &exported {
+            assert_eq!(watch.pushed(&status(id, true)), None, "{id}");
+        }
+        let pushing = "pushing manifest for 127.0.0.1:5000/app";
+        assert_eq!(watch.pushed(&status(pushing, false)), None);
+        let told = watch.pushed(&status(pushing, true));
+        let expected: Vec<Digest> = [AMD64, ARM64].iter().map(|d| d.parse().unwrap()).collect();
+        assert_eq!(told, Some(expected));
+        assert_eq!(watch.pushed(&status(pushing, true)), None, "told twice");
+    }
+
+    #[test]
+    fn a_solve_that_pushes_nothing_tells_nothing() {
+        let mut watch = PushWatch::default();
+        for id in [
+            format!("exporting manifest {AMD64}"),
+            "exporting to image".into(),
+        ] {
+            assert_eq!(watch.pushed(&status(&id, true)), None);
+        }
     }
 }

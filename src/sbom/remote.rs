@@ -30,16 +30,38 @@ pub async fn catalog_of(
 /// Starts reading the catalog of `subject`, a platform manifest just pushed, in the
 /// background, unless an SBOM is attached to it already: its layers are read while the
 /// run's other platforms build and push, and the SBOM that needs it later finds it read
-/// (or waits for the read under way). A failure here is forgotten: the SBOM's own read
+/// (or waits for the read under way). Once per subject: a solve says what it pushed
+/// before it returns, and again after. A failure here is forgotten: the SBOM's own read
 /// tries again and reports it.
 pub fn read_ahead(registry: &Registry, reference: Reference, subject: Digest) {
     let registry = registry.clone();
     tokio::spawn(async move {
-        let attached = registry.referrers(&reference, &subject).await;
-        if attached.is_ok_and(|r| !r.has_statement(SPDX_DOCUMENT)) {
-            let _ = catalog_of(&registry, &reference, &subject).await;
-        }
+        let once = registry.derived(&subject, || async {
+            read_unless_attached(&registry, &reference, &subject).await;
+            Ok::<_, std::convert::Infallible>(ReadAhead)
+        });
+        let _ = once.await;
     });
+}
+
+/// A subject whose layers were read ahead (or found to need no SBOM).
+struct ReadAhead;
+
+/// [`catalog_of`] `subject` unless its referrers list an SBOM. Both are asked at once:
+/// the read is dropped, a few milliseconds in, if an SBOM is attached, or if the listing
+/// fails.
+async fn read_unless_attached(registry: &Registry, reference: &Reference, subject: &Digest) {
+    let read = catalog_of(registry, reference, subject);
+    let listed = registry.referrers(reference, subject);
+    tokio::pin!(read);
+    tokio::select! {
+        listed = listed => {
+            if listed.is_ok_and(|r| !r.has_statement(SPDX_DOCUMENT)) {
+                let _ = read.await;
+            }
+        }
+        _ = &mut read => {}
+    }
 }
 
 /// [`catalog_of`], read from the registry.

@@ -7,6 +7,7 @@ use super::unit::{
     remember_pushed, report_phase, reuse, Reuse,
 };
 use super::{read_sbom_ahead, Run, Shared};
+use crate::base::digest::Digest;
 use crate::base::oci::{self, ConfigPlatform, IndexEntry};
 use crate::base::progress::Phase;
 use crate::builder;
@@ -118,9 +119,23 @@ async fn build_together(
     }
     let hashes = run.replays.hashes();
     let repository = &image.repository;
-    let built =
-        builder::build_platforms(engine, image, &platforms, repository, &hashes, run.reporter)
-            .await?;
+    // The layers of each platform are read for its SBOM as soon as the exporter has pushed
+    // them, while the solve still finishes.
+    let manifests_pushed = |manifests: &[Digest]| {
+        for manifest in manifests {
+            read_sbom_ahead(registry, image, manifest);
+        }
+    };
+    let built = builder::build_platforms(
+        engine,
+        image,
+        &platforms,
+        repository,
+        &hashes,
+        &manifests_pushed,
+        run.reporter,
+    )
+    .await?;
     let index_ref = registry::parse_reference(&format!("{}@{}", image.repository, built.digest))?;
     let index = pushed_index(registry, &index_ref).await?;
     let entries = units
