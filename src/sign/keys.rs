@@ -113,6 +113,7 @@ impl SigningKey {
 
 /// A private key read and checked, not opened yet: a cosign key's scrypt costs 0.14 s of
 /// CPU or more (N = 65536: 64 MiB), which only the signing needs.
+#[derive(Clone)]
 enum Closed {
     Plain(ecdsa::SigningKey),
     Cosign {
@@ -176,8 +177,10 @@ impl Closed {
 /// signature (before any tag moves).
 pub struct OpeningKey {
     opening: Shared<BoxFuture<'static, Opened>>,
-    /// The key and where its opening goes, until [`OpeningKey::begin`] starts it.
-    unopened: std::sync::Mutex<Option<(Closed, tokio::sync::oneshot::Sender<Opened>)>>,
+    /// The key and where its opening goes: until [`OpeningKey::begin`] starts it, then
+    /// (a cosign key) until the first signature, which opens it again at full priority
+    /// if the lowest-priority opening has not finished.
+    openers: std::sync::Mutex<Openers>,
     /// The signatures it attached before, by key file, repository and subject: the
     /// referrer manifest's digest. Its digest is its content, so a referrers listing
     /// that names it says the manifest is signed by this key, with nothing opened or
@@ -188,6 +191,57 @@ pub struct OpeningKey {
 }
 
 type Opened = Result<Arc<SigningKey>, Arc<KeyError>>;
+
+/// Where the key's opening stands, for who opens it next.
+enum Openers {
+    /// Nothing started: a build starts it at the lowest priority, a signature at full.
+    Unopened(Closed, tokio::sync::mpsc::Sender<Opened>),
+    /// Opening at the lowest priority beside the build; a copy in case a signature
+    /// cannot wait for it.
+    Yielding(Closed, tokio::sync::mpsc::Sender<Opened>),
+    /// Nothing more to start.
+    Started,
+}
+
+/// How a thread that opens the key runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Priority {
+    /// At nice 19, beside the build.
+    Yielding,
+    /// As the rest of the run.
+    Full,
+}
+
+impl Openers {
+    /// The opening to start when a build starts (`signing`: false) or a signature waits
+    /// for the key (true), and at which priority. The build's opening yields to the
+    /// engine; once a signature waits, the engine is done, and an opening at nice 19
+    /// would then wait behind the run's own reading of layers and the registry: the
+    /// signature starts the scrypt again at full priority, and the first opening to
+    /// finish is the key. That costs one more scrypt's CPU and memory (64 MiB) only on a
+    /// run whose build left it too little idle CPU to finish.
+    fn next(&mut self, signing: bool, done: bool) -> Option<(Closed, Sender, Priority)> {
+        match (std::mem::replace(self, Openers::Started), signing) {
+            (Openers::Unopened(closed, send), false) => {
+                if matches!(closed, Closed::Cosign { .. }) {
+                    *self = Openers::Yielding(closed.clone(), send.clone());
+                }
+                Some((closed, send, Priority::Yielding))
+            }
+            (Openers::Unopened(closed, send), true) => Some((closed, send, Priority::Full)),
+            (Openers::Yielding(closed, send), true) if !done => {
+                Some((closed, send, Priority::Full))
+            }
+            (kept @ Openers::Yielding(..), false) => {
+                *self = kept;
+                None
+            }
+            (Openers::Yielding(..) | Openers::Started, _) => None,
+        }
+    }
+}
+
+type Sender = tokio::sync::mpsc::Sender<Opened>;
 
 impl std::fmt::Debug for OpeningKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -201,10 +255,11 @@ impl OpeningKey {
         let text = read(path)?;
         let closed = Closed::parse(path, &text, password)?;
         let file = format!("sha256:{:x}", Sha256::digest(text.as_bytes()));
-        let (send, receive) = tokio::sync::oneshot::channel();
+        // Room for both openers' answers: the first one is the key.
+        let (send, mut receive) = tokio::sync::mpsc::channel(2);
         let path = path.to_path_buf();
         let opening = async move {
-            receive.await.unwrap_or_else(|_| {
+            receive.recv().await.unwrap_or_else(|| {
                 Err(Arc::new(KeyError::Unsupported {
                     path,
                     why: "opening it stopped half-way".into(),
@@ -213,21 +268,31 @@ impl OpeningKey {
         };
         Ok(OpeningKey {
             opening: opening.boxed().shared(),
-            unopened: std::sync::Mutex::new(Some((closed, send))),
+            openers: std::sync::Mutex::new(Openers::Unopened(closed, send)),
             made: Store::open("signatures.json"),
             file,
         })
     }
 
-    /// Starts opening the key on a thread of its own, once: when a build starts (it
-    /// hides the scrypt), or at the first signature. A plain thread, not the runtime's
-    /// blocking pool, so a run that never signs exits without waiting for it.
+    /// Starts opening the key on a thread of its own, at the lowest priority, once a
+    /// build starts (it hides the scrypt).
     pub fn begin(&self) {
-        let unopened = self.unopened.lock().expect("key lock").take();
-        if let Some((closed, send)) = unopened {
+        self.start_next(false);
+    }
+
+    /// Starts what [`Openers::next`] says, on a plain thread, not the runtime's blocking
+    /// pool, so a run that never signs exits without waiting for it.
+    fn start_next(&self, signing: bool) {
+        // Polled once: an answer already sent counts as done even if nobody awaited it.
+        let done = self.opening.clone().now_or_never().is_some();
+        let next = self.openers.lock().expect("key lock").next(signing, done);
+        if let Some((closed, send, priority)) = next {
             std::thread::spawn(move || {
-                yield_to_the_build();
-                send.send(closed.open().map(Arc::new).map_err(Arc::new))
+                if priority == Priority::Yielding {
+                    yield_to_the_build();
+                }
+                // The second opener's answer finds the first one taken: nobody waits.
+                let _ = send.try_send(closed.open().map(Arc::new).map_err(Arc::new));
             });
         }
     }
@@ -239,7 +304,7 @@ impl OpeningKey {
         let opened: Opened = Ok(Arc::new(key));
         OpeningKey {
             opening: async move { opened }.boxed().shared(),
-            unopened: std::sync::Mutex::new(None),
+            openers: std::sync::Mutex::new(Openers::Started),
             made: Store::at(made),
             file: "sha256:test".into(),
         }
@@ -268,9 +333,10 @@ impl OpeningKey {
         self.made.save();
     }
 
-    /// The opened key, waiting for the opening (once, however many ask).
+    /// The opened key, waiting for the opening (once, however many ask), which a
+    /// signature hurries (see [`Openers::next`]).
     pub async fn opened(&self) -> Opened {
-        self.begin();
+        self.start_next(true);
         self.opening.clone().await
     }
 }
@@ -361,6 +427,7 @@ struct Cipher {
 }
 
 /// cosign's sealed key, decoded and its parameters checked.
+#[derive(Clone)]
 struct Sealed {
     params: scrypt::Params,
     salt: Vec<u8>,
@@ -501,6 +568,50 @@ mod tests {
         assert_eq!(
             right.opened().await.unwrap().fingerprint,
             public.fingerprint
+        );
+        // Begun beside a build, then hurried by a signature: two openers, one key.
+        let hurried = OpeningKey::start(&path, Some("polyarch-fixture")).unwrap();
+        hurried.begin();
+        let (first, second) = tokio::join!(hurried.opened(), hurried.opened());
+        for opened in [first.unwrap(), second.unwrap()] {
+            assert_eq!(opened.fingerprint, public.fingerprint);
+        }
+    }
+
+    /// A build opens a cosign key at the lowest priority; a signature that finds it still
+    /// opening opens it again at full priority, once. A finished opening, a plain key, or
+    /// a signature with no build before it, opens it once.
+    #[test]
+    fn a_signature_hurries_a_cosign_key_still_opening_once() {
+        use Priority::{Full, Yielding};
+        let path = fixture("cosign.key");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cosign = Closed::parse(&path, &text, Some("polyarch-fixture")).unwrap();
+        let plain = Closed::Plain(SigningKey::random().key);
+        let (send, _receive) = tokio::sync::mpsc::channel(2);
+        // (signing, done) for each call, and the priority of what each call starts.
+        let started = |closed: &Closed, calls: &[(bool, bool)]| -> Vec<Option<Priority>> {
+            let mut openers = Openers::Unopened(closed.clone(), send.clone());
+            (calls.iter())
+                .map(|&(signing, done)| openers.next(signing, done).map(|(.., p)| p))
+                .collect::<Vec<_>>()
+        };
+        let (build, slow_signature) = ((false, false), (true, false));
+        assert_eq!(
+            started(&cosign, &[build, build, slow_signature, slow_signature]),
+            [Some(Yielding), None, Some(Full), None]
+        );
+        assert_eq!(
+            started(&cosign, &[build, (true, true), slow_signature]),
+            [Some(Yielding), None, None]
+        );
+        assert_eq!(
+            started(&cosign, &[slow_signature, build, slow_signature]),
+            [Some(Full), None, None]
+        );
+        assert_eq!(
+            started(&plain, &[build, slow_signature]),
+            [Some(Yielding), None]
         );
     }
 
