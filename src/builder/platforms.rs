@@ -257,14 +257,14 @@ impl<'a> PlatformLogs<'a> {
 /// REPO`). When that push completes the manifests are in the registry, some 20 ms before
 /// the solve returns, and their layers can be read from there.
 #[derive(Debug, Default)]
-pub(super) struct PushWatch {
+struct PushWatch {
     manifests: Vec<Digest>,
     told: bool,
 }
 
 impl PushWatch {
     /// The manifests exported, once: with the status saying their push completed.
-    pub(super) fn pushed(&mut self, status: &StatusResponse) -> Option<Vec<Digest>> {
+    fn pushed(&mut self, status: &StatusResponse) -> Option<Vec<Digest>> {
         for step in &status.statuses {
             let exported = (step.id.strip_prefix("exporting manifest "))
                 .and_then(|digest| digest.parse::<Digest>().ok());

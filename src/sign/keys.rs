@@ -195,10 +195,10 @@ type Opened = Result<Arc<SigningKey>, Arc<KeyError>>;
 /// Where the key's opening stands, for who opens it next.
 enum Openers {
     /// Nothing started: a build starts it at the lowest priority, a signature at full.
-    Unopened(Closed, tokio::sync::mpsc::Sender<Opened>),
+    Unopened(Closed, Sender),
     /// Opening at the lowest priority beside the build; a copy in case a signature
     /// cannot wait for it.
-    Yielding(Closed, tokio::sync::mpsc::Sender<Opened>),
+    Yielding(Closed, Sender),
     /// Nothing more to start.
     Started,
 }

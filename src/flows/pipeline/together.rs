@@ -142,6 +142,8 @@ async fn build_together(
         .iter()
         .map(|(unit, ..)| platform_entry(&index, &index_ref, unit))
         .collect::<Result<Vec<_>>>()?;
+    // Started already when the solve's statuses named the pushed manifests; this starts it
+    // for an engine whose statuses did not.
     for entry in &entries {
         read_sbom_ahead(registry, image, &entry.digest);
     }
